@@ -1,0 +1,44 @@
+# Two commands matter: `make demo` (the embedded demo) and `make test` (everything CI runs).
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint types unit reliability fuzz-long bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/agentfn-asgi demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check agentfn_asgi tests examples benchmarks
+	$(BIN)/ruff format --check agentfn_asgi tests examples benchmarks
+
+types: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: lint types unit
+
+reliability: $(STAMP)
+	$(BIN)/pytest -q -m reliability
+
+# The long hostile-input profile: many more hypothesis examples than `make test` runs.
+fuzz-long: $(STAMP)
+	AGENTFN_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q -m reliability tests/test_fuzz_webhook.py
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks.run --quick
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info

@@ -1,0 +1,253 @@
+"""One exception tree for everything agentfn-asgi raises.
+
+Every error the package raises on purpose derives from :class:`AgentFnError`, so a host can
+catch the whole family with one ``except``. Third-party errors (httpx, pydantic, drivers) are
+translated at the boundary with ``raise ... from exc``.
+
+::
+
+    AgentFnError
+    ├── ConfigurationError              bad setup: missing secret, bad store URL, missing extra
+    ├── ToolDefinitionError             refused at registration: name, signature, duplicates,
+    │                                   definitions over the API's 3 MiB limit
+    ├── ToolError                       raised by a handler; its text goes to the model as written
+    ├── ArgumentValidationError         arguments do not match the tool's schema (model-safe text)
+    ├── ResultError                     a handler's return value cannot be sent
+    │   ├── ResultEncodingError         not JSON-serialisable (NaN, bytes, arbitrary objects)
+    │   └── ResultTooLargeError         the serialised event exceeds the size budget
+    ├── WebhookVerificationError        a delivery is malformed or not authentic
+    │   ├── WebhookHeaderError          missing or malformed webhook-* header       → 400
+    │   ├── WebhookSignatureError       no signature matched any secret             → 401
+    │   └── WebhookTimestampError       timestamp outside the tolerance window      → 401
+    ├── StoreError                      the durable store failed
+    │   └── StoreUnavailableError       cannot reach the store now (webhook answers 503)
+    ├── CompletionTokenError            a worker's completion token is refused      → 401
+    │   └── CompletionTokenExpiredError the token was authentic but has expired     → 401
+    └── APIError                        talking to the Agents API failed
+        ├── APIConnectionError          no HTTP response (connect/read error)
+        │   └── APITimeoutError         the request or the total deadline timed out
+        └── APIStatusError              a non-2xx response (status, code, message, param,
+            │                           request_id)
+            ├── BadRequestError         400
+            │   └── UnknownPendingToolCallError  400 "Unknown pending tool call: <id>"
+            ├── AuthenticationError     401
+            ├── PermissionDeniedError   403
+            ├── NotFoundError           404
+            ├── ConflictError           409
+            ├── RateLimitError          429
+            └── InternalServerError     5xx
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AgentFnError",
+    "ArgumentValidationError",
+    "AuthenticationError",
+    "BadRequestError",
+    "CompletionTokenError",
+    "CompletionTokenExpiredError",
+    "ConfigurationError",
+    "ConflictError",
+    "InternalServerError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "ResultEncodingError",
+    "ResultError",
+    "ResultTooLargeError",
+    "StoreError",
+    "StoreUnavailableError",
+    "ToolDefinitionError",
+    "ToolError",
+    "UnknownPendingToolCallError",
+    "WebhookHeaderError",
+    "WebhookSignatureError",
+    "WebhookTimestampError",
+    "WebhookVerificationError",
+]
+
+
+class AgentFnError(Exception):
+    """Base class of every error agentfn-asgi raises on purpose."""
+
+
+class ConfigurationError(AgentFnError):
+    """The package was set up wrongly (missing secret, bad URL, optional extra not installed)."""
+
+
+class ToolDefinitionError(AgentFnError):
+    """A tool was refused at registration time, never at call time."""
+
+
+class ToolError(AgentFnError):
+    """Raise from a handler to fail the call with a message the model sees as written.
+
+    Use it for expected failures the model can act on ("order 42 is already refunded").
+    Any other exception is reported to the model as a fixed, safe message instead, because
+    exception text may contain secrets.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ArgumentValidationError(AgentFnError):
+    """The model's arguments do not match the tool's schema.
+
+    ``message`` names field paths and expected types only, never the submitted values, so it
+    is safe to show the model (which can then correct its call).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ResultError(AgentFnError):
+    """A handler's return value cannot be turned into a ``tool_result`` event."""
+
+
+class ResultEncodingError(ResultError):
+    """The value is not JSON-serialisable (NaN, bytes, an arbitrary object...)."""
+
+
+class ResultTooLargeError(ResultError):
+    """The serialised ``tool_result`` event is larger than the allowed budget."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"tool result is {size} bytes, over the {limit}-byte limit")
+        self.size = size
+        self.limit = limit
+
+
+class WebhookVerificationError(AgentFnError):
+    """A webhook delivery is malformed or not authentic. ``status_code`` is the HTTP answer."""
+
+    status_code: int = 400
+
+
+class WebhookHeaderError(WebhookVerificationError):
+    """A ``webhook-*`` header is missing or malformed."""
+
+    status_code = 400
+
+
+class WebhookSignatureError(WebhookVerificationError):
+    """No ``v1`` signature in the header matches any configured secret."""
+
+    status_code = 401
+
+
+class WebhookTimestampError(WebhookVerificationError):
+    """The ``webhook-timestamp`` is outside the tolerance window (too old or too new)."""
+
+    status_code = 401
+
+
+class StoreError(AgentFnError):
+    """The durable store failed."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be reached right now; callers should back off and retry."""
+
+
+class CompletionTokenError(AgentFnError):
+    """A worker's completion token is forged, tampered with, or bound to another call."""
+
+
+class CompletionTokenExpiredError(CompletionTokenError):
+    """A completion token was authentic but is past its lifetime."""
+
+
+class APIError(AgentFnError):
+    """A request to the Agents API failed.
+
+    Attributes mirror the API's error body (agents-api.md §10.1): ``status`` (None when no
+    response arrived), ``code``, ``message``, ``param``, ``type`` and ``request_id`` (from
+    ``x-request-id``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        type: str | None = None,  # noqa: A002 - mirrors the wire field name
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.param = param
+        self.type = type
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.status is not None:
+            parts.append(f"status={self.status}")
+        if self.code:
+            parts.append(f"code={self.code}")
+        if self.param:
+            parts.append(f"param={self.param}")
+        if self.request_id:
+            parts.append(f"request_id={self.request_id}")
+        return " ".join(parts)
+
+
+class APIConnectionError(APIError):
+    """No HTTP response arrived (connection refused, reset, protocol error)."""
+
+
+class APITimeoutError(APIConnectionError):
+    """A request, or the client's total deadline for it, timed out."""
+
+
+class APIStatusError(APIError):
+    """The API answered with a non-2xx status."""
+
+
+class BadRequestError(APIStatusError):
+    """HTTP 400."""
+
+
+class UnknownPendingToolCallError(BadRequestError):
+    """HTTP 400 ``Unknown pending tool call: <call_id>`` persisted after the short race retries.
+
+    Either the call is not registered yet (the registration race) or it is no longer pending
+    (answered, cancelled). Re-read the session: ``required_actions`` decides.
+    """
+
+
+class AuthenticationError(APIStatusError):
+    """HTTP 401."""
+
+
+class PermissionDeniedError(APIStatusError):
+    """HTTP 403."""
+
+
+class NotFoundError(APIStatusError):
+    """HTTP 404."""
+
+
+class ConflictError(APIStatusError):
+    """HTTP 409."""
+
+
+class RateLimitError(APIStatusError):
+    """HTTP 429."""
+
+
+class InternalServerError(APIStatusError):
+    """HTTP 5xx."""

@@ -1,0 +1,1 @@
+"""Durable stores: the protocol and ``open_store(url)``."""

@@ -1,0 +1,430 @@
+"""Handler output → ``agent.session.input.tool_result`` event, and the size budget.
+
+Encoding rules (:func:`encode_output`):
+
+- ``str`` is sent as written.
+- ``None``, booleans, numbers, dicts, lists, tuples, pydantic models and dataclasses become
+  compact JSON. NaN/infinity, bytes, sets and arbitrary objects are refused with
+  :class:`~agentfn_asgi.errors.ResultEncodingError` naming the type, never the value.
+- A list of content parts (:class:`TextPart`, :class:`ImagePart`, or the equivalent
+  ``input_text``/``input_image`` dicts) is sent as a content array.
+
+Error texts the model sees (:func:`model_error_message`): a :class:`ToolError` as written;
+argument problems as field paths and expected types; anything else a fixed safe message,
+because exception text may contain secrets.
+
+The Agents API asks that a result stays under 4 MiB (4,194,304 bytes) with room left for
+its metadata; :func:`check_size` measures the whole request body the event travels in.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import re
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
+from pydantic_core.core_schema import ErrorType
+
+from .errors import (
+    ArgumentValidationError,
+    ResultEncodingError,
+    ResultTooLargeError,
+    ToolError,
+)
+
+__all__ = [
+    "DEFAULT_SAFETY_MARGIN",
+    "INTERNAL_ERROR_MESSAGE",
+    "TOOL_RESULT_LIMIT",
+    "TOOL_RESULT_TYPE",
+    "ImagePart",
+    "TextPart",
+    "check_size",
+    "encode_output",
+    "encoded_size",
+    "error_type_for",
+    "event_json",
+    "failure_event",
+    "fit_text_output",
+    "image_from_bytes",
+    "image_part",
+    "model_error_message",
+    "success_event",
+    "text_part",
+    "timeout_message",
+    "too_large_message",
+    "truncate_text",
+    "validation_error_message",
+]
+
+#: The API's size limit for one tool result (agents-api.md §9.1).
+TOOL_RESULT_LIMIT = 4_194_304
+#: Bytes kept free under the limit. The API asks for "room for API metadata" without saying
+#: how much; 16 KiB covers ids, the event envelope and server-side wrapping with a wide
+#: margin while costing under 0.4% of the budget.
+DEFAULT_SAFETY_MARGIN = 16_384
+TOOL_RESULT_TYPE = "agent.session.input.tool_result"
+#: What the model sees for any failure that is not a ToolError, a validation error, a
+#: timeout or an oversized result.
+INTERNAL_ERROR_MESSAGE = (
+    "The tool failed with an internal error. "
+    "Do not retry with the same arguments unless the user asks."
+)
+
+# The request body is `{"events":[<event>]}`; the limit applies to all of it.
+_BODY_PREFIX = '{"events":['
+_BODY_SUFFIX = "]}"
+_MIME_RE = re.compile(r"image/[A-Za-z0-9.+-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    """An ``input_text`` content part. Return a list of parts to send a content array."""
+
+    text: str
+    type: str = field(default="input_text", init=False)
+
+    def to_dict(self) -> dict[str, str]:
+        """The part as the API takes it."""
+        return {"type": "input_text", "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePart:
+    """An ``input_image`` content part; ``image_url`` may be an https or a ``data:`` URL."""
+
+    image_url: str
+    type: str = field(default="input_image", init=False)
+
+    def to_dict(self) -> dict[str, str]:
+        """The part as the API takes it."""
+        return {"type": "input_image", "image_url": self.image_url}
+
+
+def text_part(text: str) -> dict[str, str]:
+    """An ``input_text`` content part as a dict."""
+    return TextPart(text).to_dict()
+
+
+def image_part(url: str) -> dict[str, str]:
+    """An ``input_image`` content part as a dict."""
+    return ImagePart(url).to_dict()
+
+
+def image_from_bytes(data: bytes, mime_type: str = "image/png") -> dict[str, str]:
+    """An ``input_image`` part carrying ``data`` inline as a base64 ``data:`` URL.
+
+    Base64 grows the image by a third; mind the 4 MiB result limit.
+    """
+    if not _MIME_RE.fullmatch(mime_type):
+        raise ResultEncodingError(f"image mime type must look like 'image/png', not {mime_type!r}")
+    encoded = base64.b64encode(bytes(data)).decode("ascii")
+    return image_part(f"data:{mime_type};base64,{encoded}")
+
+
+def encode_output(value: Any) -> str | list[dict[str, str]]:
+    """Turn a handler's return value into a ``tool_result`` ``output``.
+
+    Returns the string as is, a content array for content parts, otherwise compact JSON.
+    Raises ResultEncodingError for values JSON cannot carry (NaN, bytes, sets, objects).
+    """
+    if isinstance(value, str):
+        return value
+    parts = _content_parts(value)
+    if parts is not None:
+        return parts
+    try:
+        return json.dumps(
+            value,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+            default=_json_default,
+        )
+    except _UnsupportedValueError as exc:
+        raise ResultEncodingError(
+            f"a value of type {exc.type_name} in the tool result is not JSON-serialisable"
+        ) from None
+    except (TypeError, ValueError, RecursionError, PydanticSerializationError) as exc:
+        # `from None` and no str(exc): the messages can quote the value.
+        raise ResultEncodingError(_encoding_failure(value, exc)) from None
+
+
+class _UnsupportedValueError(TypeError):
+    def __init__(self, type_name: str) -> None:
+        super().__init__(type_name)
+        self.type_name = type_name
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # Shallow, so models and dataclasses nested inside come back through this hook.
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    raise _UnsupportedValueError(type(value).__qualname__)
+
+
+def _encoding_failure(value: Any, exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "the tool result is nested too deeply to serialise"
+    if isinstance(exc, ValueError) and "Circular reference" in str(exc):
+        return "the tool result contains a circular reference"
+    if isinstance(exc, ValueError) and "Out of range float" in str(exc):
+        return "the tool result contains NaN or infinity, which JSON cannot carry"
+    if isinstance(exc, TypeError) and "keys must be" in str(exc):
+        return "the tool result has a dict key that is not a str, int, float, bool or None"
+    return f"the tool result (a {type(value).__qualname__}) is not JSON-serialisable"
+
+
+def _content_parts(value: Any) -> list[dict[str, str]] | None:
+    if isinstance(value, TextPart | ImagePart):
+        return [value.to_dict()]
+    if not isinstance(value, list | tuple) or not value:
+        return None
+    parts: list[dict[str, str]] = []
+    for item in value:
+        part = _as_part(item)
+        if part is None:
+            return None
+        parts.append(part)
+    return parts
+
+
+def _as_part(item: Any) -> dict[str, str] | None:
+    if isinstance(item, TextPart | ImagePart):
+        return item.to_dict()
+    if isinstance(item, Mapping):
+        kind = item.get("type")
+        key = {"input_text": "text", "input_image": "image_url"}.get(kind, "") if kind else ""
+        if key and set(item) == {"type", key} and isinstance(item[key], str):
+            return {"type": str(kind), key: item[key]}
+    return None
+
+
+def success_event(turn_id: str, call_id: str, output: str | list[dict[str, str]]) -> dict[str, Any]:
+    """A successful ``tool_result`` event carrying ``output``."""
+    return {
+        "type": TOOL_RESULT_TYPE,
+        "turn_id": turn_id,
+        "call_id": call_id,
+        "success": True,
+        "output": output,
+    }
+
+
+def failure_event(turn_id: str, call_id: str, message: str) -> dict[str, Any]:
+    """A failed ``tool_result`` event; ``message`` is what the model reads."""
+    return {
+        "type": TOOL_RESULT_TYPE,
+        "turn_id": turn_id,
+        "call_id": call_id,
+        "success": False,
+        "error": message,
+    }
+
+
+def event_json(event: Mapping[str, Any]) -> str:
+    """Compact JSON of one event (non-ASCII kept as is: it is measured in UTF-8 bytes)."""
+    return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def encoded_size(event_json: str) -> int:
+    """UTF-8 size of the request body ``{"events":[<event>]}`` that carries this event."""
+    return len(_BODY_PREFIX) + len(event_json.encode("utf-8")) + len(_BODY_SUFFIX)
+
+
+def check_size(
+    event_json: str, *, limit: int = TOOL_RESULT_LIMIT, margin: int = DEFAULT_SAFETY_MARGIN
+) -> int:
+    """Return the body size, or raise ResultTooLargeError(size, limit - margin) over it."""
+    size = encoded_size(event_json)
+    budget = limit - margin
+    if size > budget:
+        raise ResultTooLargeError(size, budget)
+    return size
+
+
+def truncate_text(text: str, max_bytes: int) -> str:
+    """Cut ``text`` to at most ``max_bytes`` UTF-8 bytes, marker included.
+
+    The cut falls on a character boundary and the marker ``\\n[truncated: N of M bytes]``
+    tells the model how much it is missing. Text already within the budget is unchanged.
+    """
+    encoded = text.encode("utf-8")
+    total = len(encoded)
+    if total <= max_bytes:
+        return text
+    # Reserve the marker at its widest (kept has at most as many digits as total).
+    reserve = len(f"\n[truncated: {total} of {total} bytes]".encode())
+    if max_bytes < reserve:
+        return encoded[: max(max_bytes, 0)].decode("utf-8", errors="ignore")
+    kept_text = encoded[: max_bytes - reserve].decode("utf-8", errors="ignore")
+    kept = len(kept_text.encode("utf-8"))
+    return f"{kept_text}\n[truncated: {kept} of {total} bytes]"
+
+
+def fit_text_output(
+    turn_id: str,
+    call_id: str,
+    text: str,
+    *,
+    limit: int = TOOL_RESULT_LIMIT,
+    margin: int = DEFAULT_SAFETY_MARGIN,
+) -> str:
+    """Truncate ``text`` so its success event passes :func:`check_size`.
+
+    Accounts for JSON escaping (quotes, newlines and control characters grow when escaped),
+    which a plain byte budget on the text misses.
+    """
+    budget = limit - margin
+    max_bytes = len(text.encode("utf-8"))
+    while True:
+        candidate = truncate_text(text, max_bytes)
+        size = encoded_size(event_json(success_event(turn_id, call_id, candidate)))
+        if size <= budget or max_bytes <= 0:
+            return candidate
+        # Scale by budget/size (escaping grows text roughly uniformly); always shrink by at
+        # least one byte so the loop ends.
+        max_bytes = max(0, min(max_bytes - 1, max_bytes * budget // size))
+
+
+def too_large_message(size: int, limit: int) -> str:
+    """Model-facing text for an oversized result, so it can ask for less."""
+    return (
+        f"The tool result was {size} bytes, over the {limit}-byte limit for tool results. "
+        "Call the tool again asking for less data (a narrower query, fewer fields or a page)."
+    )
+
+
+def timeout_message(tool_name: str, seconds: float | None) -> str:
+    """Model-facing text for a handler that ran out of time."""
+    if seconds is None:
+        return f"Tool '{tool_name}' timed out."
+    return f"Tool '{tool_name}' timed out after {seconds:g} seconds."
+
+
+def model_error_message(exc: BaseException, *, tool_name: str, timeout: float | None = None) -> str:
+    """The text the model sees for a failed call. Only ToolError text is passed through;
+    everything the package does not control becomes :data:`INTERNAL_ERROR_MESSAGE`."""
+    if isinstance(exc, ToolError):
+        return exc.message
+    if isinstance(exc, ArgumentValidationError):
+        return f"Invalid arguments for {tool_name}: {exc.message}"
+    if isinstance(exc, ResultTooLargeError):
+        return too_large_message(exc.size, exc.limit)
+    if isinstance(exc, ResultEncodingError):
+        return (
+            f"Tool '{tool_name}' produced a result that could not be sent. "
+            "Do not retry with the same arguments unless the user asks."
+        )
+    if isinstance(exc, TimeoutError):
+        return timeout_message(tool_name, timeout)
+    return INTERNAL_ERROR_MESSAGE
+
+
+def error_type_for(exc: BaseException) -> str:
+    """A low-cardinality label for metrics and spans (``error.type``)."""
+    if isinstance(exc, ToolError):
+        return "tool_error"
+    if isinstance(exc, ArgumentValidationError):
+        return "validation_error"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ResultTooLargeError):
+        return "too_large"
+    if isinstance(exc, ResultEncodingError):
+        return "encoding_error"
+    return "handler_error"
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument validation errors, worded for the model without the submitted values.
+
+_BUILTIN_ERROR_TYPES = frozenset(typing.get_args(ErrorType))
+# Context keys pydantic fills from the schema, never from the input.
+_SAFE_CTX_KEYS = frozenset(
+    {
+        "class_name", "gt", "ge", "lt", "le", "multiple_of", "field_type", "min_length",
+        "max_length", "actual_length", "expected_plural", "pattern", "expected",
+        "discriminator", "expected_tags", "expected_schemes", "expected_version",
+        "max_digits", "decimal_places", "whole_digits", "tz_expected", "method_name",
+        "class",
+    }
+)  # fmt: skip
+# Fixed texts for error types whose message would quote the input (or a validator's own
+# message, which often does).
+_VALUE_FREE_MESSAGES = {
+    "missing": "Field required",
+    "extra_forbidden": "Unexpected field (not in the schema)",
+    "value_error": "Value is not valid",
+    "assertion_error": "Value is not valid",
+    "union_tag_invalid": "Tag does not match any of the expected tags",
+    "json_invalid": "Invalid JSON",
+    "get_attribute_error": "Error extracting attribute",
+    "iteration_error": "Error iterating over the value",
+    "mapping_type": "Input should be a valid mapping",
+    "bytes_invalid_encoding": "Data is not validly encoded",
+    "date_parsing": "Input should be a valid date in the format YYYY-MM-DD",
+    "date_from_datetime_parsing": "Input should be a valid date or datetime",
+    "time_parsing": "Input should be in a valid time format",
+    "datetime_parsing": "Input should be a valid datetime",
+    "datetime_object_invalid": "Invalid datetime object",
+    "datetime_from_date_parsing": "Input should be a valid datetime or date",
+    "timezone_offset": "Wrong timezone offset",
+    "time_delta_parsing": "Input should be a valid timedelta",
+    "url_parsing": "Input should be a valid URL",
+    "url_syntax_violation": "Input violated strict URL syntax rules",
+    "uuid_parsing": "Input should be a valid UUID",
+    "no_such_attribute": "Object has no such attribute",
+}
+_SAFE_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+_MAX_LISTED_ERRORS = 10
+
+
+def validation_error_message(errors: list[Any]) -> str:
+    """Render pydantic error dicts as ``path: what was wrong; ...`` without input values.
+
+    Only ``loc``, ``type`` and schema-derived ``ctx`` are read, never ``input``. pydantic's
+    own ``msg`` is used only for its built-in error types and when every context value it
+    was formatted from comes from the schema; otherwise a fixed text stands in.
+    """
+    parts: list[str] = []
+    for error in errors[:_MAX_LISTED_ERRORS]:
+        path = _format_loc(error.get("loc", ()))
+        message = _safe_message(error)
+        parts.append(f"{path}: {message}" if path else message)
+    if len(errors) > _MAX_LISTED_ERRORS:
+        parts.append(f"and {len(errors) - _MAX_LISTED_ERRORS} more errors")
+    return "; ".join(parts) or "arguments are not valid"
+
+
+def _safe_message(error: Mapping[str, Any]) -> str:
+    kind = str(error.get("type", ""))
+    if kind in _VALUE_FREE_MESSAGES:
+        return _VALUE_FREE_MESSAGES[kind]
+    ctx = error.get("ctx") or {}
+    msg = error.get("msg")
+    if kind in _BUILTIN_ERROR_TYPES and isinstance(msg, str) and set(ctx) <= _SAFE_CTX_KEYS:
+        return msg
+    return f"Invalid value ({kind})" if _SAFE_KEY_RE.fullmatch(kind) else "Invalid value"
+
+
+def _format_loc(loc: object) -> str:
+    path = ""
+    for part in loc if isinstance(loc, tuple | list) else ():
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif isinstance(part, str) and _SAFE_KEY_RE.fullmatch(part):
+            path += f".{part}" if path else part
+        else:
+            # Dict keys come from the input too; an odd-looking one is only a placeholder.
+            path += "[<key>]"
+    return path

@@ -1,0 +1,317 @@
+"""``AgentWebhookApp``: the pure ASGI sub-app that receives ``agent.*`` webhooks.
+
+It only gathers bytes, calls the pure cores and maps their errors to status codes; the work
+happens in :class:`~agentfn_asgi.dispatch.Dispatcher`. Every answer is deliberate:
+
+========================================================  ======
+situation                                                 status
+========================================================  ======
+verified ``action_required`` (function call), recorded    200
+duplicate ``webhook-id`` (already recorded)               200
+other event types, non-function actions                  200 (ignored)
+missing or malformed ``webhook-*`` header                 400
+body is not a JSON webhook envelope / no session id       400
+bad signature, timestamp outside the tolerance            401
+method other than POST (GET ``/healthz`` aside)           405
+body not received within ``body_timeout``                 408
+body larger than ``max_body_size``                        413
+store unavailable, shutting down, unexpected failure      503 (the sender retries)
+========================================================  ======
+
+No untrusted input can produce a 500 or run a handler: handlers only run for calls read from
+the live session after a verified delivery was recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from .client import AgentsClient
+from .dispatch import Dispatcher, DispatchSettings
+from .errors import ConfigurationError, StoreError, WebhookVerificationError
+from .signing import WebhookVerifier, parse_secrets
+from .store import Store, open_store
+from .tools import FunctionTools
+from .wire import parse_webhook_event
+
+__all__ = ["AgentWebhookApp"]
+
+logger = logging.getLogger("agentfn_asgi.app")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+
+ACTION_REQUIRED = "agent.session.action_required"
+DEFAULT_MAX_BODY = 1024 * 1024
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+class _DisconnectedError(Exception):
+    pass
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any], **headers: str) -> None:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    raw_headers += [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _sub_path(scope: Scope) -> str:
+    """The path below the mount point (``root_path``), so ``Mount`` and plain routes both work."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    return path.rstrip("/")
+
+
+class AgentWebhookApp:
+    """Mount this at your webhook URL; it verifies, records, acknowledges and dispatches.
+
+    Args:
+        tools: the registry whose handlers run and whose definitions you gave the agent.
+        webhook_secret: one ``whsec_...`` secret or several (rotation); default
+            ``OPENAI_WEBHOOK_SECRET`` (several separated by spaces or commas).
+        client: an :class:`AgentsClient`; default ``AgentsClient.from_env()``.
+        store: a :class:`Store` or a store URL; default ``AGENTFN_STORE_URL`` or
+            ``sqlite:///agentfn.sqlite3``.
+        tolerance: accepted webhook timestamp skew, seconds, both directions.
+        max_body_size: larger bodies get 413 without being read.
+        body_timeout: a sender slower than this gets 408.
+        settings: how calls run (:class:`DispatchSettings`).
+        resources: any object handed to handlers as ``ToolContext.resources`` (a database
+            pool, settings, clients created at start-up).
+        drain_timeout: on shutdown, how long in-flight calls may finish before they are left
+            to recovery.
+        telemetry: a :class:`~agentfn_asgi.tracing.Telemetry` (spans and metrics).
+    """
+
+    def __init__(
+        self,
+        tools: FunctionTools,
+        *,
+        webhook_secret: str | Sequence[str] | None = None,
+        client: AgentsClient | None = None,
+        store: Store | str | None = None,
+        tolerance: float = 300.0,
+        max_body_size: int = DEFAULT_MAX_BODY,
+        body_timeout: float = 10.0,
+        settings: DispatchSettings | None = None,
+        resources: Any = None,
+        drain_timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        telemetry: Any = None,
+    ) -> None:
+        secret = (
+            webhook_secret
+            if webhook_secret is not None
+            else os.environ.get("OPENAI_WEBHOOK_SECRET")
+        )
+        if not secret:
+            raise ConfigurationError(
+                "no webhook secret: pass webhook_secret= or set OPENAI_WEBHOOK_SECRET "
+                "(the whsec_... value shown when the webhook endpoint was created)"
+            )
+        self.verifier = WebhookVerifier(parse_secrets(secret), tolerance=tolerance, clock=clock)
+        self._owns_client = client is None
+        self.client = client if client is not None else AgentsClient.from_env()
+        self.store: Store = (
+            store
+            if store is not None and not isinstance(store, str)
+            else open_store(store, clock=clock)
+        )
+        self.max_body_size = max_body_size
+        self.body_timeout = body_timeout
+        self.drain_timeout = drain_timeout
+        self.tools = tools
+        self.dispatcher = Dispatcher(
+            tools,
+            self.client,
+            self.store,
+            settings=settings,
+            resources=resources,
+            clock=clock,
+            telemetry=telemetry,
+        )
+        self._start_lock = asyncio.Lock()
+        self._draining = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def startup(self) -> None:
+        """Open the store and start dispatching, with a recovery sweep. Idempotent."""
+        async with self._start_lock:
+            if not self.dispatcher.started and not self._draining:
+                await self.dispatcher.start(recover=True)
+
+    async def shutdown(self) -> None:
+        """Stop taking work (503), drain in-flight calls, then release the store and client."""
+        self._draining = True
+        await self.dispatcher.stop(drain_timeout=self.drain_timeout)
+        with contextlib.suppress(StoreError):
+            await self.store.close()
+        if self._owns_client:
+            await self.client.aclose()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
+        """Start-up recovery and graceful shutdown, in one line for the host.
+
+        ``Starlette(lifespan=webhooks.lifespan)``, ``FastAPI(lifespan=webhooks.lifespan)``,
+        or ``async with webhooks.lifespan(): ...`` inside your own lifespan. Without it the
+        app starts lazily on its first request (hosts rarely forward lifespan to mounts).
+        """
+        await self.startup()
+        try:
+            yield
+        finally:
+            await self.shutdown()
+
+    async def recover(self, session_id: str | None = None) -> None:
+        """Re-read one session (or run a full recovery sweep) and finish what is owed."""
+        await self.startup()
+        await self.dispatcher.recover(session_id)
+
+    # -- ASGI ----------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan_protocol(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # websockets are not ours; closing without accept refuses them
+        path = _sub_path(scope)
+        method = scope.get("method", "GET")
+        if path == "":
+            if method != "POST":
+                await _send_json(send, 405, {"error": "method not allowed"}, allow="POST")
+                return
+            await self._webhook(scope, receive, send)
+        elif path == "/healthz":
+            await self._health(send)
+        else:
+            await _send_json(send, 404, {"error": "not found"})
+
+    async def _lifespan_protocol(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _health(self, send: Send) -> None:
+        try:
+            await asyncio.wait_for(self.store.ping(), timeout=2.0)
+        except (StoreError, TimeoutError) as exc:
+            await _send_json(send, 503, {"status": "unavailable", "store": str(exc)})
+            return
+        status = "draining" if self._draining else "ok"
+        await _send_json(
+            send,
+            503 if self._draining else 200,
+            {"status": status, "store": "ok", "inflight": self.dispatcher.inflight},
+        )
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    continue
+                if declared > self.max_body_size:
+                    raise _BodyTooLargeError
+        chunks: list[bytes] = []
+        size = 0
+        async with asyncio.timeout(self.body_timeout):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _DisconnectedError
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_body_size:
+                    raise _BodyTooLargeError
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+
+    async def _webhook(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._draining:
+            await _send_json(send, 503, {"error": "shutting down"}, retry_after="5")
+            return
+        try:
+            body = await self._read_body(scope, receive)
+        except _BodyTooLargeError:
+            await _send_json(send, 413, {"error": f"body over {self.max_body_size} bytes"})
+            return
+        except TimeoutError:
+            await _send_json(send, 408, {"error": "body not received in time"})
+            return
+        except _DisconnectedError:
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        try:
+            delivery = self.verifier.verify(body, headers)
+        except WebhookVerificationError as exc:
+            await _send_json(send, exc.status_code, {"error": str(exc)})
+            return
+        try:
+            await self._accept(delivery.msg_id, body, send)
+        except Exception:
+            # Verified but something of ours failed: never a 500; 503 makes the sender retry.
+            logger.exception("could not accept delivery %s", delivery.msg_id)
+            await _send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
+
+    async def _accept(self, delivery_id: str, body: bytes, send: Send) -> None:
+        try:
+            event = parse_webhook_event(body)
+        except ValueError:
+            await _send_json(send, 400, {"error": "body is not a webhook event envelope"})
+            return
+        if event.type != ACTION_REQUIRED or event.required_action_type not in (
+            None,
+            "function_call",
+        ):
+            await _send_json(send, 200, {"status": "ignored"})
+            return
+        session_id = event.session_id
+        if not session_id:
+            await _send_json(send, 400, {"error": "data.id (the session id) is missing"})
+            return
+        try:
+            await self.startup()
+            is_new = await self.store.record_delivery(delivery_id, session_id)
+        except StoreError as exc:
+            logger.warning("store unavailable, asking the sender to retry: %s", exc)
+            await _send_json(send, 503, {"error": "store unavailable"}, retry_after="5")
+            return
+        if not is_new:
+            await _send_json(send, 200, {"status": "duplicate"})
+            return
+        # Acknowledge only after the delivery is durably recorded (DESIGN step 5).
+        self.dispatcher.schedule(session_id, delivery_id)
+        await _send_json(send, 200, {"status": "accepted"})

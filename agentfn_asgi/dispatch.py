@@ -1,0 +1,573 @@
+"""The durable dispatcher: from "session S needs attention" to submitted tool results.
+
+Steps 6-11 of DESIGN.md "One delivery, end to end"::
+
+    schedule(S) ─▶ resolve(S)   single-flight per session (a second request while S is being
+                  │              resolved marks it dirty: S is read once more afterwards)
+                  ├ GET /agents/sessions/S → required_actions (the only proof a result is owed)
+                  └ for each function_call (turn, call):
+                       claim in the store (lease) ─┬ CLAIMED   → run → save → submit
+                                                   ├ IN_DOUBT  → in-doubt policy (below)
+                                                   ├ SAVED     → submit the saved result again
+                                                   └ BUSY/DONE → nothing
+
+In-doubt policy (a claim expired with no saved result, so the handler may have run):
+plain tools run again (at-least-once); side-effect tools ask their ``reconcile`` hook: ``Ran``
+→ its result is saved and submitted, ``NotRun`` → run now, ``Unknown`` (or no hook) →
+quarantine: by default a model-safe failure is submitted, or with ``in_doubt="hold"`` the
+call is held for an operator and nothing is sent.
+
+The result is saved durably *before* it is submitted, with an idempotency key derived from
+the call and the result bytes, so a resubmission from any replica is the same request. A
+call the API no longer waits for (400 "Unknown pending tool call", 409, 404) is checked
+against a fresh read of the session and becomes ``stale``: never run again.
+
+A recovery sweep (at start-up, then every ``recovery_interval``) re-resolves deliveries that
+were never resolved and sessions with expired claims, resubmits saved-but-unsubmitted
+results, and prunes records past the dedup window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+
+from .client import AgentsClient
+from .errors import (
+    APIError,
+    ArgumentValidationError,
+    ConflictError,
+    NotFoundError,
+    ResultEncodingError,
+    ResultTooLargeError,
+    StoreError,
+    ToolError,
+    UnknownPendingToolCallError,
+)
+from .results import (
+    DEFAULT_SAFETY_MARGIN,
+    TOOL_RESULT_LIMIT,
+    check_size,
+    encode_output,
+    error_type_for,
+    event_json,
+    failure_event,
+    model_error_message,
+    success_event,
+    timeout_message,
+    too_large_message,
+    truncate_text,
+)
+from .store.base import CallKey, CallRecord, ClaimStatus, SavedResult, Store
+from .tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, derive_idempotency_key
+from .wire import AgentSession, FunctionCallAction
+
+__all__ = ["DispatchSettings", "Dispatcher"]
+
+logger = logging.getLogger("agentfn_asgi.dispatch")
+
+#: What the model is told when a side-effect call is in doubt and cannot be reconciled.
+IN_DOUBT_MESSAGE = (
+    "This call may or may not have completed: the service restarted while running it and "
+    "could not confirm the outcome. Do not repeat it; ask the user to check before retrying."
+)
+UNKNOWN_TOOL_MESSAGE = "No handler is registered for the function '{name}' in this service."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DispatchSettings:
+    """How calls are run. Every field has a safe default; see the README's configuration table.
+
+    ``lease_seconds`` bounds how long a crashed replica's calls wait before another replica
+    takes them over; live calls renew their lease every third of it.
+    """
+
+    lease_seconds: float = 30.0
+    max_concurrency: int = 1024
+    thread_pool_size: int = 32
+    default_timeout: float | None = 300.0
+    unknown_tools: Literal["fail", "ignore"] = "fail"
+    in_doubt: Literal["fail", "hold"] = "fail"
+    recovery_interval: float = 10.0
+    recovery_grace: float = 5.0
+    dedup_window: float = 72 * 3600.0
+    call_retention: float = 7 * 86400.0
+    result_limit: int = TOOL_RESULT_LIMIT
+    result_margin: int = DEFAULT_SAFETY_MARGIN
+    max_queued_sessions: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Work:
+    session_id: str
+    delivery_id: str | None
+
+
+def _submission_key(key: CallKey, event_json_text: str) -> str:
+    # Derived from the call *and* the bytes sent: the same result always travels under the
+    # same key (safe retries from any replica), a different body never reuses one.
+    digest = hashlib.sha256()
+    for part in (key.session_id, key.turn_id, key.call_id, event_json_text):
+        digest.update(part.encode())
+        digest.update(b"\x1f")
+    return "afn-submit-" + digest.hexdigest()[:48]
+
+
+def _events_body(event_json_text: str) -> bytes:
+    return b'{"events":[' + event_json_text.encode() + b"]}"
+
+
+class Dispatcher:
+    """Resolves sessions, runs claimed calls and submits their saved results.
+
+    It owns no HTTP server: :class:`~agentfn_asgi.app.AgentWebhookApp` records deliveries and
+    calls :meth:`schedule`; ``start``/``stop`` are driven by the app's lifespan (or lazily).
+    """
+
+    def __init__(
+        self,
+        tools: FunctionTools,
+        client: AgentsClient,
+        store: Store,
+        *,
+        settings: DispatchSettings | None = None,
+        owner: str | None = None,
+        resources: Any = None,
+        clock: Callable[[], float] = time.time,
+        telemetry: Any = None,
+    ) -> None:
+        self.tools = tools
+        self.client = client
+        self.store = store
+        self.settings = settings or DispatchSettings()
+        self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.resources = resources
+        self._clock = clock
+        self._telemetry = telemetry
+        self._queue: asyncio.Queue[_Work] | None = None
+        self._queued: set[str] = set()
+        self._resolving: set[str] = set()
+        self._dirty: dict[str, str | None] = {}
+        self._inflight: dict[CallKey, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._call_slots: asyncio.Semaphore | None = None
+        self._thread_limiter: anyio.CapacityLimiter | None = None
+        self._started = False
+        self._stopping = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return self._started and not self._stopping
+
+    async def start(self, *, recover: bool = True) -> None:
+        """Open the store and start the resolver workers and the periodic recovery sweep."""
+        if self._started:
+            return
+        await self.store.open()  # may raise StoreUnavailableError; we stay unstarted then
+        self._started = True
+        self._queue = asyncio.Queue()
+        self._call_slots = asyncio.Semaphore(self.settings.max_concurrency)
+        self._thread_limiter = anyio.CapacityLimiter(self.settings.thread_pool_size)
+        # A handful of resolvers is enough: each one only reads a session and spawns call
+        # tasks, so it never waits on a handler.
+        for _ in range(8):
+            self._spawn(self._resolver_loop())
+        self._spawn(self._sweep_loop(immediate=recover))
+
+    async def stop(self, *, drain_timeout: float = 10.0) -> None:
+        """Stop taking work, wait for in-flight calls up to ``drain_timeout``, cancel the rest.
+
+        Cancelled calls keep their claims; another replica (or the next start) takes them
+        over through the recovery sweep once the lease expires.
+        """
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        calls = list(self._inflight.values())
+        if calls:
+            _, pending = await asyncio.wait(calls, timeout=drain_timeout)
+            for task in pending:
+                task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- scheduling ----------------------------------------------------------------------
+    def schedule(self, session_id: str, delivery_id: str | None = None) -> None:
+        """Ask for ``session_id`` to be resolved soon (single-flight, never blocks)."""
+        if self._queue is None or self._stopping:
+            return
+        if session_id in self._resolving:
+            self._dirty.setdefault(session_id, delivery_id)
+            return
+        if session_id in self._queued:
+            return
+        if len(self._queued) >= self.settings.max_queued_sessions:
+            # The delivery is recorded in the store; the recovery sweep will pick it up.
+            # Bounded memory beats an ever-growing queue under a flood.
+            return
+        self._queued.add(session_id)
+        self._queue.put_nowait(_Work(session_id, delivery_id))
+
+    async def _resolver_loop(self) -> None:
+        assert self._queue is not None
+        while True:
+            work = await self._queue.get()
+            self._queued.discard(work.session_id)
+            self._resolving.add(work.session_id)
+            try:
+                await self._resolve_logged(work.session_id, work.delivery_id)
+                while work.session_id in self._dirty:
+                    delivery_id = self._dirty.pop(work.session_id)
+                    await self._resolve_logged(work.session_id, delivery_id)
+            finally:
+                self._resolving.discard(work.session_id)
+
+    async def _resolve_logged(self, session_id: str, delivery_id: str | None) -> None:
+        try:
+            await self.resolve(session_id, delivery_id=delivery_id)
+        except (APIError, StoreError) as exc:
+            # Left unresolved on purpose: the recovery sweep retries it.
+            logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
+        except Exception:
+            logger.exception("unexpected error resolving session %s", session_id)
+
+    # -- resolution ----------------------------------------------------------------------
+    async def resolve(self, session_id: str, *, delivery_id: str | None = None) -> None:
+        """Read the session and dispatch each pending function call (claims decide who runs)."""
+        try:
+            session = await self.client.retrieve_session(session_id)
+        except NotFoundError:
+            logger.info("session %s no longer exists; nothing to do", session_id)
+            await self._forget_session(session_id)
+            if delivery_id is not None:
+                await self.store.mark_delivery_resolved(delivery_id)
+            return
+        await self._dispatch_session(session, delivery_id)
+        if delivery_id is not None:
+            await self.store.mark_delivery_resolved(delivery_id)
+
+    async def _dispatch_session(self, session: AgentSession, delivery_id: str | None) -> None:
+        pending: set[CallKey] = set()
+        for action in session.function_calls:
+            key = CallKey(session.id, action.turn_id, action.call_id)
+            pending.add(key)
+            if key in self._inflight:
+                continue
+            await self._start_call(key, action, delivery_id)
+        await self._settle_missing(session.id, pending)
+
+    async def _settle_missing(self, session_id: str, pending: set[CallKey]) -> None:
+        """Calls we hold records for that the session no longer waits for become stale."""
+        now = self._clock()
+        for record in await self.store.calls_for_session(session_id):
+            if record.key in pending or record.key in self._inflight or record.state.terminal:
+                continue
+            claimed_elsewhere = record.state == "claimed" and record.lease_expires_at > now
+            if not claimed_elsewhere:
+                await self.store.mark_stale(record.key)
+
+    async def _forget_session(self, session_id: str) -> None:
+        for record in await self.store.calls_for_session(session_id):
+            if not record.state.terminal and record.key not in self._inflight:
+                await self.store.mark_stale(record.key)
+
+    async def _start_call(
+        self, key: CallKey, action: FunctionCallAction, delivery_id: str | None
+    ) -> None:
+        tool = self.tools.get(action.name)
+        if tool is None and self.settings.unknown_tools == "ignore":
+            return
+        # Bound concurrent handlers. The slot is taken before the claim so that a claimed
+        # call starts (and heartbeats) at once; waiting here slows the resolver down
+        # (back-pressure on reads) instead of piling up tasks without limit.
+        assert self._call_slots is not None
+        await self._call_slots.acquire()
+        try:
+            outcome = await self.store.claim_call(
+                key,
+                tool_name=action.name,
+                owner=self.owner,
+                lease_seconds=self.settings.lease_seconds,
+                delivery_id=delivery_id,
+            )
+        except BaseException:
+            self._call_slots.release()
+            raise
+        if outcome.status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT):
+            in_doubt = outcome.status is ClaimStatus.IN_DOUBT
+            self._track(key, self._execute(key, action, tool, outcome.record.attempt, in_doubt))
+            return
+        self._call_slots.release()
+        if outcome.status is ClaimStatus.SAVED:
+            self._track(key, self._submit(outcome.record))
+
+    def _track(self, key: CallKey, coro: Any) -> None:
+        task = self._spawn(coro)
+        self._inflight[key] = task
+
+        def _done(_: asyncio.Task[None]) -> None:
+            if self._inflight.get(key) is task:
+                del self._inflight[key]
+
+        task.add_done_callback(_done)
+
+    # -- execution -----------------------------------------------------------------------
+    async def _execute(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        attempt: int,
+        in_doubt: bool,
+    ) -> None:
+        assert self._call_slots is not None
+        try:
+            result = await self._obtain_result(key, action, tool, attempt, in_doubt)
+            if result is None:
+                return
+            record = await self.store.save_result(key, owner=self.owner, result=result)
+            await self._submit(record)
+        except (APIError, StoreError) as exc:
+            logger.warning("call %s left for recovery: %s", key, exc)
+        finally:
+            self._call_slots.release()
+
+    async def _obtain_result(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        attempt: int,
+        in_doubt: bool,
+    ) -> SavedResult | None:
+        if tool is None:
+            message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
+            return self._failure(key, message, "unknown_tool")
+        context = self._context(key, tool, attempt)
+        try:
+            arguments = tool.parse_arguments(action.arguments)
+        except ArgumentValidationError as exc:
+            return self._failure(
+                key, model_error_message(exc, tool_name=tool.name), "validation_error"
+            )
+        if in_doubt and tool.side_effects:
+            verdict = await tool.run_reconcile(arguments, context)
+            if isinstance(verdict, Ran):
+                return self._encode(key, tool, verdict.result, source="reconciled")
+            if not isinstance(verdict, NotRun):
+                return await self._quarantine(key, tool, getattr(verdict, "reason", ""))
+        return await self._run(key, tool, arguments, context)
+
+    def _context(self, key: CallKey, tool: FunctionTool, attempt: int) -> ToolContext:
+        timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
+        return ToolContext(
+            session_id=key.session_id,
+            turn_id=key.turn_id,
+            call_id=key.call_id,
+            tool_name=tool.name,
+            attempt=attempt,
+            deadline=None if timeout is None else self._clock() + timeout,
+            idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
+            resources=self.resources,
+        )
+
+    async def _run(
+        self,
+        key: CallKey,
+        tool: FunctionTool,
+        arguments: dict[str, Any],
+        context: ToolContext,
+    ) -> SavedResult:
+        timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
+        heartbeat = self._spawn(self._heartbeat(key))
+        try:
+            with anyio.fail_after(timeout):
+                value = await tool.invoke(arguments, context, limiter=self._thread_limiter)
+        except TimeoutError:
+            assert timeout is not None
+            return self._failure(key, timeout_message(tool.name, timeout), "timeout")
+        except (ToolError, ArgumentValidationError) as exc:
+            return self._failure(
+                key, model_error_message(exc, tool_name=tool.name), error_type_for(exc)
+            )
+        except Exception as exc:
+            logger.exception("tool %s failed for call %s", tool.name, key)
+            return self._failure(
+                key, model_error_message(exc, tool_name=tool.name), "handler_error"
+            )
+        finally:
+            heartbeat.cancel()
+        return self._encode(key, tool, value, source="ran")
+
+    async def _heartbeat(self, key: CallKey) -> None:
+        interval = max(self.settings.lease_seconds / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(StoreError):
+                await self.store.renew_lease(
+                    key, owner=self.owner, lease_seconds=self.settings.lease_seconds
+                )
+
+    def _encode(self, key: CallKey, tool: FunctionTool, value: Any, *, source: str) -> SavedResult:
+        try:
+            output = encode_output(value)
+        except ResultEncodingError as exc:
+            logger.error(
+                "tool %s returned an unsendable value for call %s: %s", tool.name, key, exc
+            )
+            return self._failure(
+                key, model_error_message(exc, tool_name=tool.name), "encoding_error"
+            )
+        text = event_json(success_event(key.turn_id, key.call_id, output))
+        try:
+            check_size(text, limit=self.settings.result_limit, margin=self.settings.result_margin)
+        except ResultTooLargeError as exc:
+            if tool.truncate_oversize and isinstance(output, str):
+                overhead = len(text.encode()) - len(output.encode())
+                budget = exc.limit - overhead - 256
+                truncated = truncate_text(output, max(budget, 0))
+                text = event_json(success_event(key.turn_id, key.call_id, truncated))
+                return SavedResult(True, text, _submission_key(key, text), None, source)
+            failure = self._failure(key, too_large_message(exc.size, exc.limit), "too_large")
+            # Keep the full result: an operator (or a smarter retry) may still want it.
+            full = output if isinstance(output, str) else event_json({"output": output})
+            return SavedResult(
+                False, failure.event_json, failure.idempotency_key, "too_large", source, full
+            )
+        return SavedResult(True, text, _submission_key(key, text), None, source)
+
+    def _failure(
+        self, key: CallKey, message: str, error_type: str, source: str = "ran"
+    ) -> SavedResult:
+        text = event_json(failure_event(key.turn_id, key.call_id, message))
+        return SavedResult(False, text, _submission_key(key, text), error_type, source)
+
+    async def _quarantine(
+        self, key: CallKey, tool: FunctionTool, reason: str
+    ) -> SavedResult | None:
+        logger.warning(
+            "side-effect call %s of %s is in doubt and could not be reconciled (%s); policy=%s",
+            key,
+            tool.name,
+            reason or "no reconcile hook",
+            self.settings.in_doubt,
+        )
+        if self.settings.in_doubt == "hold":
+            await self.store.quarantine(key, owner=self.owner, reason=reason or "in doubt")
+            return None
+        return self._failure(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
+
+    # -- submission ----------------------------------------------------------------------
+    async def _submit(self, record: CallRecord) -> None:
+        result = record.result
+        if result is None or record.state.terminal:
+            return
+        key = record.key
+        try:
+            await self.client.submit_raw_events(
+                key.session_id,
+                _events_body(result.event_json),
+                idempotency_key=result.idempotency_key,
+            )
+        except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
+            await self._after_rejection(key, exc)
+            return
+        except APIError as exc:
+            logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
+            return
+        await self.store.mark_submitted(key)
+
+    async def _after_rejection(self, key: CallKey, exc: APIError) -> None:
+        """The API refused our result: only a fresh read of the session says what that means."""
+        if not isinstance(exc, NotFoundError):
+            try:
+                session = await self.client.retrieve_session(key.session_id)
+            except NotFoundError:
+                pass
+            else:
+                still_pending = any(
+                    a.turn_id == key.turn_id and a.call_id == key.call_id
+                    for a in session.function_calls
+                )
+                if still_pending:
+                    # The registration race outlived the client's short retries: keep the
+                    # saved result; the sweep resubmits it (same bytes, same key).
+                    logger.info("call %s still pending after %s; will resubmit", key, exc)
+                    return
+        logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
+        await self.store.mark_stale(key)
+
+    # -- recovery ------------------------------------------------------------------------
+    async def recover(self, session_id: str | None = None) -> None:
+        """Run recovery now: one session (re-read and re-dispatch), or a full sweep."""
+        if session_id is not None:
+            await self.resolve(session_id)
+            for record in await self.store.calls_for_session(session_id):
+                if record.state.has_result and not record.state.terminal:
+                    await self._submit(record)
+            return
+        await self.sweep()
+
+    async def sweep(self) -> None:
+        """One pass of the recovery sweep (see the module docstring)."""
+        now = self._clock()
+        sessions: dict[str, str | None] = {}
+        for delivery in await self.store.unresolved_deliveries(
+            older_than=now - self.settings.recovery_grace
+        ):
+            sessions.setdefault(delivery.session_id, delivery.delivery_id)
+        for record in await self.store.expired_claims():
+            if record.key not in self._inflight:
+                sessions.setdefault(record.key.session_id, None)
+        for record in await self.store.unsubmitted_results():
+            # A result saved moments ago is being submitted by whoever saved it.
+            fresh = record.updated_at > now - self.settings.recovery_grace
+            if record.key not in self._inflight and not fresh:
+                self._track(record.key, self._submit(record))
+        for session_id, delivery_id in sessions.items():
+            if session_id in self._resolving or session_id in self._queued:
+                if delivery_id is not None:
+                    self._dirty.setdefault(session_id, delivery_id)
+                continue
+            await self._resolve_logged(session_id, delivery_id)
+        await self.store.prune(
+            deliveries_before=now - self.settings.dedup_window,
+            calls_before=now - self.settings.call_retention,
+        )
+
+    async def _sweep_loop(self, *, immediate: bool) -> None:
+        if not immediate:
+            await asyncio.sleep(self.settings.recovery_interval)
+        while True:
+            try:
+                await self.sweep()
+            except (APIError, StoreError) as exc:
+                logger.warning("recovery sweep failed, retrying later: %s", exc)
+            except Exception:
+                logger.exception("unexpected error in the recovery sweep")
+            await asyncio.sleep(self.settings.recovery_interval)
+
+    # -- introspection -------------------------------------------------------------------
+    @property
+    def inflight(self) -> int:
+        """Calls currently being run or submitted by this process."""
+        return len(self._inflight)

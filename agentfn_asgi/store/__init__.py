@@ -1,1 +1,161 @@
-"""Durable stores: the protocol and ``open_store(url)``."""
+"""Durable stores: the :class:`Store` protocol and :func:`open_store` to pick one by URL.
+
+===================================  ==============================================
+``memory://``                        :class:`MemoryStore`: tests, one process
+``sqlite:///relative/path.sqlite3``  :class:`SQLiteStore`: one host (the default)
+``sqlite:////absolute/path.sqlite3``
+``redis://…``, ``rediss://…``        ``RedisStore``: several replicas (extra ``redis``)
+``postgresql://…``, ``postgres://…`` ``PostgresStore``: several replicas (extra
+                                     ``postgres``)
+===================================  ==============================================
+
+Redis and PostgreSQL backends are imported only when their URL is opened, so their
+drivers stay optional.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Final
+from urllib.parse import parse_qsl, unquote
+
+from agentfn_asgi.errors import ConfigurationError
+from agentfn_asgi.store.base import (
+    CallKey,
+    CallRecord,
+    CallState,
+    ClaimOutcome,
+    ClaimStatus,
+    DeliveryRecord,
+    SavedResult,
+    Store,
+    StoreStats,
+)
+from agentfn_asgi.store.memory import MemoryStore
+from agentfn_asgi.store.sqlite import SQLiteStore
+
+__all__ = [
+    "CallKey",
+    "CallRecord",
+    "CallState",
+    "ClaimOutcome",
+    "ClaimStatus",
+    "DeliveryRecord",
+    "MemoryStore",
+    "SQLiteStore",
+    "SavedResult",
+    "Store",
+    "StoreStats",
+    "open_store",
+]
+
+#: Used when neither an argument nor ``AGENTFN_STORE_URL`` names a store: a file in the
+#: working directory.
+DEFAULT_STORE_URL: Final = "sqlite:///agentfn.sqlite3"
+
+# scheme -> (module, class, pip extra, top-level driver package)
+_LAZY_BACKENDS: Final = {
+    "redis": ("agentfn_asgi.store.redis", "RedisStore", "redis", "redis"),
+    "rediss": ("agentfn_asgi.store.redis", "RedisStore", "redis", "redis"),
+    "postgresql": ("agentfn_asgi.store.postgres", "PostgresStore", "postgres", "asyncpg"),
+    "postgres": ("agentfn_asgi.store.postgres", "PostgresStore", "postgres", "asyncpg"),
+}
+_SQLITE_QUERY_OPTIONS: Final = {"synchronous": str, "busy_timeout": float}
+
+
+def open_store(
+    url: str | None = None, *, clock: Callable[[], float] = time.time, **options: Any
+) -> Store:
+    """Create the store named by ``url`` (not yet connected: the first use opens it).
+
+    ``url`` defaults to the ``AGENTFN_STORE_URL`` environment variable, then to
+    :data:`DEFAULT_STORE_URL`. ``clock`` (Unix seconds) is shared by every backend;
+    ``options`` go to the backend's constructor as keywords (``synchronous=``,
+    ``busy_timeout=`` for SQLite, which also accepts them as URL query parameters;
+    ``key_prefix=`` for Redis; ``schema=`` for PostgreSQL).
+
+    Raises :class:`ConfigurationError` for an unknown scheme, a malformed URL, an unknown
+    option, or a backend whose optional driver is not installed.
+    """
+    if url is None:
+        url = os.environ.get("AGENTFN_STORE_URL", "").strip() or DEFAULT_STORE_URL
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or not scheme:
+        raise ConfigurationError(
+            f"store URL {_redact(url)!r} has no scheme: use memory://, sqlite:///path, "
+            "redis://host or postgresql://host/db"
+        )
+    if scheme == "memory":
+        return _construct(MemoryStore, url, clock=clock, **options)
+    if scheme == "sqlite":
+        path, query = _parse_sqlite(url, rest)
+        return _construct(SQLiteStore, url, path, clock=clock, **{**query, **options})
+    backend = _LAZY_BACKENDS.get(scheme)
+    if backend is None:
+        raise ConfigurationError(
+            f"unknown store scheme {scheme!r} in {_redact(url)!r}: use memory://, "
+            "sqlite:///path, redis://, rediss://, postgresql:// or postgres://"
+        )
+    module_name, class_name, extra, driver = backend
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if exc.name is not None and exc.name.partition(".")[0] == driver:
+            raise ConfigurationError(
+                f"{scheme}:// stores need the {driver!r} driver: "
+                f"pip install 'agentfn-asgi[{extra}]'"
+            ) from exc
+        raise ConfigurationError(f"cannot load the {scheme}:// store: {exc}") from exc
+    store_class = getattr(module, class_name)
+    return _construct(store_class, url, url, clock=clock, **options)
+
+
+def _parse_sqlite(url: str, rest: str) -> tuple[str, dict[str, Any]]:
+    """``sqlite:///a/b`` → ``a/b`` (relative), ``sqlite:////a/b`` → ``/a/b`` (absolute)."""
+    location, _, query = rest.partition("?")
+    if not location.startswith("/") or location == "/":
+        raise ConfigurationError(
+            f"SQLite store URL {url!r} needs a path: sqlite:///relative/file.sqlite3 or "
+            "sqlite:////absolute/file.sqlite3"
+        )
+    path = unquote(location[1:])
+    if path == ":memory:":
+        raise ConfigurationError(
+            "sqlite:///:memory: is private to one connection and lost on restart: "
+            "use memory:// for tests or give a file path"
+        )
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        convert = _SQLITE_QUERY_OPTIONS.get(name)
+        if convert is None:
+            raise ConfigurationError(
+                f"unknown SQLite store option {name!r} in {url!r}: "
+                f"known options are {sorted(_SQLITE_QUERY_OPTIONS)}"
+            )
+        try:
+            options[name] = convert(value)
+        except ValueError as exc:
+            raise ConfigurationError(f"bad value {value!r} for {name} in {url!r}") from exc
+    return path, options
+
+
+def _construct(factory: Callable[..., Any], url: str, *args: Any, **kwargs: Any) -> Store:
+    try:
+        store: Store = factory(*args, **kwargs)
+    except TypeError as exc:  # an option this backend does not take
+        raise ConfigurationError(f"bad options for store {_redact(url)!r}: {exc}") from exc
+    return store
+
+
+def _redact(url: str) -> str:
+    """Hide a password in ``scheme://user:password@host`` before it reaches a message."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    user = credentials.partition(":")[0]
+    return f"{scheme}://{user}:***@{host}"

@@ -1,0 +1,553 @@
+"""The store contract: every backend must pass every test here (see base.py's docstrings).
+
+Time is the fake clock from conftest, so leases expire by ``clock.advance`` without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentfn_asgi.errors import StoreError, StoreUnavailableError
+from agentfn_asgi.store import (
+    CallKey,
+    CallState,
+    ClaimStatus,
+    DeliveryRecord,
+    SavedResult,
+    Store,
+)
+from tests.store.conftest import FakeClock, StoreFactory, require_service
+
+pytestmark = pytest.mark.anyio
+
+KEY = CallKey("sess_1", "turn_1", "call_1")
+LEASE = 30.0
+
+
+def result(text: str = "ok", *, success: bool = True, key: str = "idem-1") -> SavedResult:
+    event = {"type": "agent.session.input.tool_result", "output": text}
+    return SavedResult(
+        success=success,
+        event_json=json.dumps(event, separators=(",", ":")),
+        idempotency_key=key,
+        error_type=None if success else "handler_error",
+    )
+
+
+async def claim(store: Store, owner: str, key: CallKey = KEY) -> ClaimStatus:
+    outcome = await store.claim_call(key, tool_name="lookup", owner=owner, lease_seconds=LEASE)
+    return outcome.status
+
+
+# -- lifecycle -----------------------------------------------------------------------------
+
+
+async def test_store_satisfies_protocol_and_lifecycle_is_idempotent(store: Store) -> None:
+    """Every backend is a runtime Store; open() and close() may be repeated."""
+    assert isinstance(store, Store)
+    await store.open()
+    await store.ping()
+    await store.close()
+    await store.close()
+    await store.open()
+    await store.ping()
+
+
+async def test_first_use_opens_implicitly(store_factory: StoreFactory) -> None:
+    """A store that was never opened opens itself on first use."""
+    store = await store_factory(opened=False)
+    assert await store.record_delivery("d1", "sess_1") is True
+    assert await store.get_call(KEY) is None
+
+
+async def test_closed_store_raises_unavailable(store: Store) -> None:
+    """Operations after close() fail with StoreUnavailableError, never a driver error."""
+    await store.close()
+    with pytest.raises(StoreUnavailableError):
+        await store.record_delivery("d1", "sess_1")
+    with pytest.raises(StoreUnavailableError):
+        await store.get_call(KEY)
+
+
+# -- deliveries ----------------------------------------------------------------------------
+
+
+async def test_record_delivery_dedups_by_id(store: Store) -> None:
+    """The first record of a delivery id is new, every later one is a duplicate."""
+    assert await store.record_delivery("msg_1", "sess_1") is True
+    assert await store.record_delivery("msg_1", "sess_1") is False
+    assert await store.record_delivery("msg_1", "sess_other") is False
+    assert await store.record_delivery("msg_2", "sess_1") is True
+
+
+async def test_unresolved_deliveries_and_mark_resolved(store: Store, clock: FakeClock) -> None:
+    """Recovery sees unresolved deliveries up to older_than, oldest first, until resolved."""
+    t0 = clock.now
+    await store.record_delivery("msg_1", "sess_1")
+    clock.advance(10)
+    await store.record_delivery("msg_2", "sess_2")
+    clock.advance(10)
+    await store.record_delivery("msg_3", "sess_3")
+
+    assert await store.unresolved_deliveries(older_than=t0 + 5) == [
+        DeliveryRecord("msg_1", "sess_1", t0, False)
+    ]
+    found = await store.unresolved_deliveries(older_than=clock.now)
+    assert [d.delivery_id for d in found] == ["msg_1", "msg_2", "msg_3"]
+    assert [d.received_at for d in found] == [t0, t0 + 10, t0 + 20]
+    limited = await store.unresolved_deliveries(older_than=clock.now, limit=2)
+    assert [d.delivery_id for d in limited] == ["msg_1", "msg_2"]
+
+    await store.mark_delivery_resolved("msg_1")
+    await store.mark_delivery_resolved("msg_1")
+    await store.mark_delivery_resolved("never_seen")
+    found = await store.unresolved_deliveries(older_than=clock.now)
+    assert [d.delivery_id for d in found] == ["msg_2", "msg_3"]
+    assert await store.record_delivery("msg_1", "sess_1") is False
+
+
+# -- claims --------------------------------------------------------------------------------
+
+
+async def test_claim_new_call_is_claimed_attempt_1(store: Store, clock: FakeClock) -> None:
+    """An absent call is inserted as claimed by the caller, attempt 1, with a lease."""
+    outcome = await store.claim_call(
+        KEY, tool_name="lookup", owner="a", lease_seconds=LEASE, delivery_id="msg_1"
+    )
+    assert outcome.status is ClaimStatus.CLAIMED
+    record = outcome.record
+    assert record.key == KEY
+    assert record.tool_name == "lookup"
+    assert record.state is CallState.CLAIMED
+    assert record.attempt == 1
+    assert record.owner == "a"
+    assert record.lease_expires_at == pytest.approx(clock.now + LEASE)
+    assert record.created_at == pytest.approx(clock.now)
+    assert record.delivery_id == "msg_1"
+    assert record.result is None
+    assert await store.get_call(KEY) == record
+
+
+async def test_claim_with_live_lease_is_busy(store: Store, clock: FakeClock) -> None:
+    """A live lease keeps every other claimant out, including the owner itself."""
+    assert await claim(store, "a") is ClaimStatus.CLAIMED
+    clock.advance(LEASE - 1)
+    assert await claim(store, "b") is ClaimStatus.BUSY
+    assert await claim(store, "a") is ClaimStatus.BUSY
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert (record.owner, record.attempt) == ("a", 1)
+
+
+async def test_claim_after_lease_expired_is_in_doubt(store: Store, clock: FakeClock) -> None:
+    """An expired claim with no result is taken over: new owner, attempt + 1, new lease."""
+    first = await store.claim_call(
+        KEY, tool_name="lookup", owner="a", lease_seconds=LEASE, delivery_id="msg_1"
+    )
+    clock.advance(LEASE + 1)
+    outcome = await store.claim_call(
+        KEY, tool_name="lookup", owner="b", lease_seconds=LEASE, delivery_id="msg_2"
+    )
+    assert outcome.status is ClaimStatus.IN_DOUBT
+    assert outcome.record.state is CallState.CLAIMED
+    assert outcome.record.owner == "b"
+    assert outcome.record.attempt == 2
+    assert outcome.record.lease_expires_at == pytest.approx(clock.now + LEASE)
+    assert outcome.record.created_at == pytest.approx(first.record.created_at)
+    assert await claim(store, "c") is ClaimStatus.BUSY
+
+    clock.advance(LEASE + 1)
+    again = await store.claim_call(KEY, tool_name="lookup", owner="c", lease_seconds=LEASE)
+    assert (again.status, again.record.attempt, again.record.owner) == (
+        ClaimStatus.IN_DOUBT,
+        3,
+        "c",
+    )
+
+
+@pytest.mark.parametrize("success", [True, False])
+async def test_claim_after_save_is_saved(store: Store, clock: FakeClock, success: bool) -> None:
+    """A saved (not yet submitted) result is never re-run: claims answer SAVED with it."""
+    await claim(store, "a")
+    saved = result("answer", success=success)
+    await store.save_result(KEY, owner="a", result=saved)
+    clock.advance(LEASE * 10)
+    outcome = await store.claim_call(KEY, tool_name="lookup", owner="b", lease_seconds=LEASE)
+    assert outcome.status is ClaimStatus.SAVED
+    assert outcome.record.state is (CallState.SUCCEEDED if success else CallState.FAILED)
+    assert outcome.record.result == saved
+    assert outcome.record.attempt == 1
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+async def test_save_result_moves_claimed_to_succeeded_or_failed(store: Store) -> None:
+    """save_result stores the exact result and returns the new record."""
+    await claim(store, "a")
+    record = await store.save_result(KEY, owner="a", result=result("yes"))
+    assert record.state is CallState.SUCCEEDED
+    assert record.result == result("yes")
+    assert await store.get_call(KEY) == record
+
+    other = CallKey("sess_1", "turn_1", "call_2")
+    await claim(store, "a", other)
+    failed = await store.save_result(other, owner="a", result=result("no", success=False))
+    assert failed.state is CallState.FAILED
+    assert failed.result is not None
+    assert failed.result.error_type == "handler_error"
+
+
+async def test_save_result_first_writer_wins(store: Store, clock: FakeClock) -> None:
+    """Once a result is saved, later saves (any owner) get the stored record unchanged."""
+    await claim(store, "a")
+    clock.advance(LEASE + 1)
+    assert await claim(store, "b") is ClaimStatus.IN_DOUBT
+    winner = await store.save_result(KEY, owner="b", result=result("from b", key="kb"))
+    loser = await store.save_result(KEY, owner="a", result=result("from a", key="ka"))
+    assert loser == winner
+    assert loser.result == result("from b", key="kb")
+    again = await store.save_result(KEY, owner="b", result=result("twice", key="kb2"))
+    assert again.result == result("from b", key="kb")
+
+
+async def test_save_after_own_lease_expired_succeeds(store: Store, clock: FakeClock) -> None:
+    """A slow owner whose lease lapsed may still save if nobody saved since."""
+    await claim(store, "a")
+    clock.advance(LEASE * 3)
+    record = await store.save_result(KEY, owner="a", result=result("late"))
+    assert record.state is CallState.SUCCEEDED
+    assert record.result == result("late")
+
+
+async def test_save_result_for_unknown_call_raises(store: Store) -> None:
+    """A result for a call that was never claimed is a StoreError, not a silent insert."""
+    with pytest.raises(StoreError):
+        await store.save_result(KEY, owner="a", result=result())
+
+
+async def test_mark_submitted_is_terminal(store: Store) -> None:
+    """submitted answers DONE; marking a call without a result does nothing."""
+    await claim(store, "a")
+    await store.mark_submitted(KEY)
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert record.state is CallState.CLAIMED
+
+    await store.save_result(KEY, owner="a", result=result())
+    await store.mark_submitted(KEY)
+    await store.mark_submitted(KEY)
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert record.state is CallState.SUBMITTED
+    assert record.result == result()
+    assert await claim(store, "b") is ClaimStatus.DONE
+    await store.mark_submitted(CallKey("x", "y", "z"))  # unknown: ignored
+
+
+async def test_mark_stale_is_terminal(store: Store, clock: FakeClock) -> None:
+    """stale answers DONE from claimed or saved, and never overrides submitted."""
+    await claim(store, "a")
+    await store.mark_stale(KEY)
+    clock.advance(LEASE + 1)
+    assert await claim(store, "b") is ClaimStatus.DONE
+
+    saved_key = CallKey("sess_1", "turn_1", "call_saved")
+    await claim(store, "a", saved_key)
+    await store.save_result(saved_key, owner="a", result=result())
+    await store.mark_stale(saved_key)
+    assert await claim(store, "b", saved_key) is ClaimStatus.DONE
+
+    done_key = CallKey("sess_1", "turn_1", "call_done")
+    await claim(store, "a", done_key)
+    await store.save_result(done_key, owner="a", result=result())
+    await store.mark_submitted(done_key)
+    await store.mark_stale(done_key)
+    record = await store.get_call(done_key)
+    assert record is not None
+    assert record.state is CallState.SUBMITTED
+    await store.mark_stale(CallKey("x", "y", "z"))  # unknown: ignored
+
+
+async def test_quarantine_is_terminal_and_owner_only(store: Store, clock: FakeClock) -> None:
+    """Only the current owner quarantines a claimed call; a saved result is never replaced."""
+    await claim(store, "a")
+    clock.advance(LEASE + 1)
+    await claim(store, "b")
+    await store.quarantine(KEY, owner="a", reason="stale owner")
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert record.state is CallState.CLAIMED
+
+    await store.quarantine(KEY, owner="b", reason="reconcile could not decide")
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert record.state is CallState.QUARANTINED
+    clock.advance(LEASE + 1)
+    assert await claim(store, "c") is ClaimStatus.DONE
+
+    saved_key = CallKey("sess_1", "turn_1", "call_saved")
+    await claim(store, "a", saved_key)
+    await store.save_result(saved_key, owner="a", result=result())
+    await store.quarantine(saved_key, owner="a", reason="too late")
+    record = await store.get_call(saved_key)
+    assert record is not None
+    assert record.state is CallState.SUCCEEDED
+
+
+async def test_renew_lease(store: Store, clock: FakeClock) -> None:
+    """The owner extends its lease; anyone else, or a call no longer claimed, gets False."""
+    await claim(store, "a")
+    clock.advance(LEASE - 1)
+    assert await store.renew_lease(KEY, owner="a", lease_seconds=LEASE) is True
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert record.lease_expires_at == pytest.approx(clock.now + LEASE)
+    clock.advance(LEASE - 1)  # past the original lease, inside the renewed one
+    assert await claim(store, "b") is ClaimStatus.BUSY
+    assert await store.renew_lease(KEY, owner="b", lease_seconds=LEASE) is False
+    assert await store.renew_lease(CallKey("x", "y", "z"), owner="a", lease_seconds=1) is False
+
+    clock.advance(LEASE + 1)
+    assert await claim(store, "b") is ClaimStatus.IN_DOUBT
+    assert await store.renew_lease(KEY, owner="a", lease_seconds=LEASE) is False
+    await store.save_result(KEY, owner="b", result=result())
+    assert await store.renew_lease(KEY, owner="b", lease_seconds=LEASE) is False
+
+
+# -- queries -------------------------------------------------------------------------------
+
+
+async def test_get_call_and_calls_for_session(store: Store, clock: FakeClock) -> None:
+    """get_call finds one call; calls_for_session every call of that session only."""
+    assert await store.get_call(KEY) is None
+    keys = [
+        CallKey("sess_1", "turn_1", "call_1"),
+        CallKey("sess_1", "turn_1", "call_2"),
+        CallKey("sess_1", "turn_2", "call_3"),
+    ]
+    for key in keys:
+        await claim(store, "a", key)
+        clock.advance(1)
+    await claim(store, "a", CallKey("sess_2", "turn_1", "call_1"))
+    await store.save_result(keys[1], owner="a", result=result())
+
+    records = await store.calls_for_session("sess_1")
+    assert [r.key for r in records] == keys
+    assert [r.state for r in records] == [
+        CallState.CLAIMED,
+        CallState.SUCCEEDED,
+        CallState.CLAIMED,
+    ]
+    assert await store.calls_for_session("sess_none") == []
+
+
+async def test_unsubmitted_results(store: Store, clock: FakeClock) -> None:
+    """Recovery sees saved-but-unsubmitted results (succeeded and failed) only."""
+    keys = [CallKey("s", "t", f"c{i}") for i in range(5)]
+    for key in keys:
+        await claim(store, "a", key)
+    await store.save_result(keys[0], owner="a", result=result())
+    clock.advance(1)
+    await store.save_result(keys[1], owner="a", result=result(success=False))
+    clock.advance(1)
+    await store.save_result(keys[2], owner="a", result=result())
+    await store.mark_submitted(keys[2])
+    await store.mark_stale(keys[3])
+
+    found = await store.unsubmitted_results()
+    assert {r.key for r in found} == {keys[0], keys[1]}
+    assert all(r.result is not None for r in found)
+    assert len(await store.unsubmitted_results(limit=1)) == 1
+
+
+async def test_expired_claims(store: Store, clock: FakeClock) -> None:
+    """Recovery sees claims whose lease expired, not live ones nor saved ones."""
+    old = CallKey("s", "t", "old")
+    saved = CallKey("s", "t", "saved")
+    await claim(store, "a", old)
+    await claim(store, "a", saved)
+    await store.save_result(saved, owner="a", result=result())
+    clock.advance(LEASE + 1)
+    fresh = CallKey("s", "t", "fresh")
+    await claim(store, "a", fresh)
+
+    found = await store.expired_claims()
+    assert [r.key for r in found] == [old]
+    assert found[0].state is CallState.CLAIMED
+    clock.advance(LEASE + 1)
+    assert {r.key for r in await store.expired_claims()} == {old, fresh}
+    assert len(await store.expired_claims(limit=1)) == 1
+
+
+async def test_prune_removes_old_deliveries_and_old_terminal_calls(
+    store: Store, clock: FakeClock
+) -> None:
+    """prune drops old deliveries and old terminal calls; pending calls are never pruned."""
+    await store.record_delivery("old_resolved", "s")
+    await store.mark_delivery_resolved("old_resolved")
+    await store.record_delivery("old_unresolved", "s")
+    keys = {name: CallKey("s", "t", name) for name in ("submitted", "stale", "claimed", "saved")}
+    for key in keys.values():
+        await claim(store, "a", key)
+    await store.save_result(keys["submitted"], owner="a", result=result())
+    await store.mark_submitted(keys["submitted"])
+    await store.mark_stale(keys["stale"])
+    await store.save_result(keys["saved"], owner="a", result=result())
+    cutoff = clock.now + 1
+    clock.advance(100)
+    await store.record_delivery("new", "s")
+    recent = CallKey("s", "t", "recent")
+    await claim(store, "a", recent)
+    await store.mark_stale(recent)
+
+    removed = await store.prune(deliveries_before=cutoff, calls_before=cutoff)
+    assert removed == 4
+    assert await store.record_delivery("new", "s") is False
+    assert await store.record_delivery("old_resolved", "s") is True
+    assert await store.get_call(keys["submitted"]) is None
+    assert await store.get_call(keys["stale"]) is None
+    assert await store.get_call(keys["claimed"]) is not None
+    assert await store.get_call(keys["saved"]) is not None
+    assert await store.get_call(recent) is not None
+    assert await store.prune(deliveries_before=0, calls_before=0) == 0
+
+
+async def test_prune_many_rows(store: Store, clock: FakeClock) -> None:
+    """prune removes everything due even when that is more than one batch."""
+    await asyncio.gather(*(store.record_delivery(f"d{i}", "s") for i in range(1234)))
+    clock.advance(10)
+    assert await store.prune(deliveries_before=clock.now, calls_before=0) == 1234
+    assert (await store.stats()).deliveries == 0
+
+
+async def test_stats(store: Store, clock: FakeClock) -> None:
+    """stats counts deliveries, calls per state, in-doubt claims and the oldest pending call."""
+    empty = await store.stats()
+    assert (empty.deliveries, empty.unresolved_deliveries, empty.in_doubt) == (0, 0, 0)
+    assert empty.oldest_pending_at is None
+    assert not any(empty.calls_by_state.values())
+
+    await store.record_delivery("d1", "s")
+    await store.record_delivery("d2", "s")
+    await store.mark_delivery_resolved("d1")
+    first_created = clock.now
+    await claim(store, "a", CallKey("s", "t", "expired"))
+    clock.advance(LEASE + 1)
+    await claim(store, "a", CallKey("s", "t", "live"))
+    await claim(store, "a", CallKey("s", "t", "saved"))
+    await store.save_result(CallKey("s", "t", "saved"), owner="a", result=result())
+    await claim(store, "a", CallKey("s", "t", "done"))
+    await store.save_result(CallKey("s", "t", "done"), owner="a", result=result())
+    await store.mark_submitted(CallKey("s", "t", "done"))
+
+    stats = await store.stats()
+    assert stats.deliveries == 2
+    assert stats.unresolved_deliveries == 1
+    assert {k: v for k, v in stats.calls_by_state.items() if v} == {
+        "claimed": 2,
+        "succeeded": 1,
+        "submitted": 1,
+    }
+    assert stats.in_doubt == 1
+    assert stats.oldest_pending_at == pytest.approx(first_created)
+
+
+# -- concurrency and payloads --------------------------------------------------------------
+
+
+async def test_concurrent_claims_have_one_winner(store_factory: StoreFactory) -> None:
+    """50 simultaneous claims of one call, over two store instances: exactly one CLAIMED."""
+    stores = [await store_factory(), await store_factory()]
+    outcomes = await asyncio.gather(
+        *(
+            stores[i % 2].claim_call(KEY, tool_name="t", owner=f"o{i}", lease_seconds=LEASE)
+            for i in range(50)
+        )
+    )
+    statuses = [o.status for o in outcomes]
+    assert statuses.count(ClaimStatus.CLAIMED) == 1
+    assert statuses.count(ClaimStatus.BUSY) == 49
+    winner = next(o.record.owner for o in outcomes if o.status is ClaimStatus.CLAIMED)
+    record = await stores[1].get_call(KEY)
+    assert record is not None
+    assert record.owner == winner
+
+
+async def test_concurrent_takeovers_have_one_winner(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    """50 simultaneous claims of one expired call: exactly one takes it over (IN_DOUBT)."""
+    stores = [await store_factory(), await store_factory()]
+    await claim(stores[0], "first")
+    clock.advance(LEASE + 1)
+    outcomes = await asyncio.gather(
+        *(
+            stores[i % 2].claim_call(KEY, tool_name="t", owner=f"o{i}", lease_seconds=LEASE)
+            for i in range(50)
+        )
+    )
+    statuses = [o.status for o in outcomes]
+    assert statuses.count(ClaimStatus.IN_DOUBT) == 1
+    assert statuses.count(ClaimStatus.BUSY) == 49
+
+
+async def test_concurrent_saves_have_one_winner(store_factory: StoreFactory) -> None:
+    """20 simultaneous saves: every caller gets the same, first, result back."""
+    stores = [await store_factory(), await store_factory()]
+    await claim(stores[0], "a")
+    records = await asyncio.gather(
+        *(
+            stores[i % 2].save_result(KEY, owner=f"o{i}", result=result(f"r{i}", key=f"k{i}"))
+            for i in range(20)
+        )
+    )
+    assert len({r.result for r in records}) == 1
+    assert await stores[1].get_call(KEY) == records[0]
+
+
+async def test_concurrent_record_delivery_has_one_winner(store_factory: StoreFactory) -> None:
+    """200 simultaneous records of one delivery id, over two instances: exactly one True."""
+    stores = [await store_factory(), await store_factory()]
+    answers = await asyncio.gather(
+        *(stores[i % 2].record_delivery("msg_same", "sess_1") for i in range(200))
+    )
+    assert answers.count(True) == 1
+
+
+async def test_saved_result_round_trip_unicode_and_4mib(store: Store) -> None:
+    """A result comes back byte-for-byte: unicode, newlines, a 4 MiB event, every field."""
+    text = 'naïve ☃ 中文 \U0001f600 "quoted" \\ back\nline\x00nul'
+    event_json = json.dumps({"output": text + "x" * (4 * 1024 * 1024)}, ensure_ascii=False)
+    saved = SavedResult(
+        success=False,
+        event_json=event_json,
+        idempotency_key="idem-☃",
+        error_type="too_large",
+        source="worker",
+        full_output="full ☃ output",
+    )
+    await claim(store, "a")
+    record = await store.save_result(KEY, owner="a", result=saved)
+    assert record.result == saved
+    stored = await store.get_call(KEY)
+    assert stored is not None
+    assert stored.result == saved
+    assert (await store.unsubmitted_results())[0].result == saved
+
+
+# -- the suite's own rule ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", "fail"), ("", "skip"), ("false", "skip")])
+def test_require_service_fails_only_under_ci(
+    monkeypatch: pytest.MonkeyPatch, ci: str, outcome: str
+) -> None:
+    """A missing Redis/PostgreSQL skips locally but fails the run when CI=true."""
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if outcome == "fail" else pytest.skip.Exception
+    with pytest.raises(expected, match="redis unavailable: not running"):
+        require_service("redis", "not running")

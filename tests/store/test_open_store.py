@@ -1,0 +1,148 @@
+"""open_store(url): schemes, the environment default, options, and configuration errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import agentfn_asgi.store as store_package
+from agentfn_asgi.errors import ConfigurationError
+from agentfn_asgi.store import MemoryStore, SQLiteStore, Store, open_store
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """The package re-exports the protocol names, the stores and open_store, sorted."""
+    assert store_package.__all__ == sorted(store_package.__all__)
+    for name in store_package.__all__:
+        assert hasattr(store_package, name), name
+    assert {"Store", "CallKey", "open_store", "MemoryStore", "SQLiteStore"} <= set(
+        store_package.__all__
+    )
+
+
+def test_memory_scheme() -> None:
+    """memory:// gives a MemoryStore using the given clock."""
+    store = open_store("memory://", clock=lambda: 42.0)
+    assert isinstance(store, MemoryStore)
+    assert isinstance(store, Store)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("sqlite:///agentfn.sqlite3", "agentfn.sqlite3"),
+        ("sqlite:///data/agentfn.sqlite3", "data/agentfn.sqlite3"),
+        ("sqlite:////var/lib/agentfn.sqlite3", "/var/lib/agentfn.sqlite3"),
+        ("SQLITE:///with%20space.sqlite3", "with space.sqlite3"),
+    ],
+)
+def test_sqlite_paths(url: str, expected: str) -> None:
+    """Three slashes: a path relative to the working directory; four: an absolute path."""
+    store = open_store(url)
+    assert isinstance(store, SQLiteStore)
+    assert store.path == expected
+
+
+def test_sqlite_options_from_query_and_keywords() -> None:
+    """synchronous/busy_timeout come from the URL query; keywords override them."""
+    store = open_store("sqlite:///x.sqlite3?synchronous=FULL&busy_timeout=2.5")
+    assert isinstance(store, SQLiteStore)
+    assert (store.synchronous, store.busy_timeout) == ("FULL", 2.5)
+    store = open_store("sqlite:///x.sqlite3?synchronous=FULL", synchronous="NORMAL")
+    assert isinstance(store, SQLiteStore)
+    assert store.synchronous == "NORMAL"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///:memory:",
+        "sqlite://",
+        "sqlite:///",
+        "sqlite://relative.sqlite3",
+        "sqlite:///x.sqlite3?journal=delete",
+        "sqlite:///x.sqlite3?busy_timeout=soon",
+        "sqlite:///x.sqlite3?synchronous=OFF",
+        "mysql://localhost/db",
+        "no-scheme-at-all",
+        "://nothing",
+    ],
+)
+def test_bad_urls_are_configuration_errors(url: str) -> None:
+    """Malformed, unknown or unsafe store URLs raise ConfigurationError."""
+    with pytest.raises(ConfigurationError):
+        open_store(url)
+
+
+def test_unknown_option_is_configuration_error() -> None:
+    """An option the backend does not take is a ConfigurationError, not a TypeError."""
+    with pytest.raises(ConfigurationError, match="bad options"):
+        open_store("memory://", key_prefix="x")
+
+
+def test_password_is_not_echoed() -> None:
+    """Errors about a URL hide its password."""
+    with pytest.raises(ConfigurationError) as info:
+        open_store("mysql://user:hunter2@db/app")
+    assert "hunter2" not in str(info.value)
+    assert "user:***@db" in str(info.value)
+
+
+def test_env_url_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an argument, AGENTFN_STORE_URL names the store."""
+    monkeypatch.setenv("AGENTFN_STORE_URL", "memory://")
+    assert isinstance(open_store(), MemoryStore)
+
+
+@pytest.mark.parametrize("value", [None, "", "  "])
+def test_default_is_sqlite_in_working_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str | None
+) -> None:
+    """Without argument or environment, the store is ./agentfn.sqlite3."""
+    if value is None:
+        monkeypatch.delenv("AGENTFN_STORE_URL", raising=False)
+    else:
+        monkeypatch.setenv("AGENTFN_STORE_URL", value)
+    monkeypatch.chdir(tmp_path)
+    store = open_store()
+    assert isinstance(store, SQLiteStore)
+    assert os.path.abspath(store.path) == str(tmp_path / "agentfn.sqlite3")
+
+
+@pytest.mark.parametrize(
+    ("url", "class_name"),
+    [
+        ("redis://127.0.0.1:6379/0", "RedisStore"),
+        ("rediss://127.0.0.1:6380/0", "RedisStore"),
+        ("postgresql://postgres@127.0.0.1:5432/test", "PostgresStore"),
+        ("postgres://postgres@127.0.0.1:5432/test", "PostgresStore"),
+    ],
+)
+def test_network_schemes_load_their_backend(url: str, class_name: str) -> None:
+    """redis(s):// and postgres(ql):// construct the lazily imported backend classes."""
+    store = open_store(url)
+    assert type(store).__name__ == class_name
+    assert isinstance(store, Store)
+
+
+@pytest.mark.parametrize(
+    ("url", "driver", "module", "extra"),
+    [
+        ("redis://127.0.0.1", "redis", "agentfn_asgi.store.redis", "redis"),
+        ("postgresql://127.0.0.1/db", "asyncpg", "agentfn_asgi.store.postgres", "postgres"),
+    ],
+)
+def test_missing_driver_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, url: str, driver: str, module: str, extra: str
+) -> None:
+    """Without the driver installed, the error says which extra to install."""
+    # A None entry in sys.modules makes `import <driver>` fail as if it were not installed.
+    for name in [n for n in sys.modules if n == driver or n.startswith(f"{driver}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, driver, None)
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    with pytest.raises(ConfigurationError, match=rf"pip install 'agentfn-asgi\[{extra}\]'"):
+        open_store(url)

@@ -1,0 +1,312 @@
+"""Redis-specific behaviour of :class:`RedisStore` (the shared contract is test_contract.py).
+
+Needs Redis on 127.0.0.1:6379; skipped when it is unreachable, failed instead under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn
+
+import pytest
+
+from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
+from agentfn_asgi.store.base import CallKey, CallState, ClaimStatus, SavedResult
+
+pytestmark = [pytest.mark.anyio, pytest.mark.backends]
+
+redis_asyncio = pytest.importorskip("redis.asyncio")
+from agentfn_asgi.store.redis import RedisStore  # noqa: E402 - after the driver check
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+NOW = 1_700_000_000.123456
+
+
+class Clock:
+    """A fake Unix clock."""
+
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _unavailable(reason: str) -> NoReturn:
+    message = f"redis unavailable: {reason}"
+    if os.environ.get("CI", "").strip().lower() == "true":
+        pytest.fail(f"{message} (CI=true requires every backend)", pytrace=False)
+    pytest.skip(message)
+
+
+StoreMaker = Callable[..., Any]
+
+
+@pytest.fixture
+async def make_store() -> AsyncIterator[StoreMaker]:
+    """Factory of opened RedisStores on one unique prefix; closes them and deletes the keys."""
+    prefix = f"agentfn-test:{uuid.uuid4().hex}:"
+    made: list[RedisStore] = []
+
+    async def make(url: str = REDIS_URL, **options: Any) -> RedisStore:
+        options.setdefault("key_prefix", prefix)
+        store = RedisStore(url, **options)
+        made.append(store)
+        try:
+            await store.open()
+        except StoreUnavailableError as exc:
+            _unavailable(str(exc))
+        return store
+
+    try:
+        yield make
+    finally:
+        for store in made:
+            await store.close()
+        cleaner = RedisStore(REDIS_URL, key_prefix=prefix)
+        try:
+            await cleaner.destroy()
+        except StoreUnavailableError:
+            pass
+        finally:
+            await cleaner.close()
+
+
+async def _keys(pattern: str) -> list[str]:
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        return [key async for key in client.scan_iter(match=pattern, count=1000)]
+    finally:
+        await client.aclose()
+
+
+def _result(text: str = "ok") -> SavedResult:
+    return SavedResult(success=True, event_json=f'{{"output":"{text}"}}', idempotency_key="ik")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_dedup_window_is_the_key_expiry(make_store: StoreMaker) -> None:
+    """A delivery id is refused inside the dedup window and accepted again once it expired."""
+    store = await make_store(clock=Clock(), dedup_window=0.3)
+    assert await store.record_delivery("msg_1", "sess_1") is True
+    assert await store.record_delivery("msg_1", "sess_1") is False
+    await asyncio.sleep(0.5)
+    assert await store.record_delivery("msg_1", "sess_1") is True
+
+
+async def test_prune_drops_index_entries_of_expired_keys(make_store: StoreMaker) -> None:
+    """After Redis expired the keys, prune removes their index entries and stats agree."""
+    clock = Clock()
+    store = await make_store(clock=clock, dedup_window=0.2, call_retention=0.2)
+    key = CallKey("sess", "turn", "call")
+    await store.record_delivery("msg_1", "sess")
+    await store.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
+    await store.save_result(key, owner="a", result=_result())
+    await store.mark_submitted(key)
+    await asyncio.sleep(0.4)
+    # Expired keys are already invisible to the readers...
+    assert await store.get_call(key) is None
+    assert await store.calls_for_session("sess") == []
+    assert await store.unresolved_deliveries(older_than=clock.now) == []
+    # ...and prune (with cut-offs older than everything) removes what the indexes still hold.
+    assert await store.prune(deliveries_before=0.0, calls_before=0.0) == 0
+    stats = await store.stats()
+    assert stats.deliveries == 0
+    assert stats.calls_by_state[CallState.SUBMITTED] == 0
+    assert await _keys(f"{store._prefix}*") == []
+
+
+async def test_keys_stay_under_the_prefix_and_destroy_removes_only_them(
+    make_store: StoreMaker,
+) -> None:
+    """Two prefixes never see each other's data; destroy() empties one prefix only."""
+    other_prefix = f"agentfn-test:{uuid.uuid4().hex}:"
+    mine = await make_store(clock=Clock())
+    other = await make_store(clock=Clock(), key_prefix=other_prefix)
+    key = CallKey("sess", "turn", "call")
+    for store in (mine, other):
+        assert await store.record_delivery("msg_1", "sess") is True
+        assert (await store.claim_call(key, tool_name="t", owner="a", lease_seconds=30)).status is (
+            ClaimStatus.CLAIMED
+        )
+    mine_keys = await _keys(f"{mine._prefix}*")
+    assert mine_keys
+    assert all(k.startswith(mine._prefix) for k in mine_keys)
+    await other.destroy()
+    assert await _keys(f"{other_prefix}*") == []
+    assert await mine.get_call(key) is not None
+
+
+async def test_identifiers_of_any_shape_are_distinct_and_round_trip(make_store: StoreMaker) -> None:
+    """Separators, glob characters, unicode and very long ids cannot collide or break keys."""
+    clock = Clock()
+    store = await make_store(clock=clock)
+    keys = [
+        CallKey("a:b", "c", "d"),
+        CallKey("a", "b:c", "d"),
+        CallKey("a", "b", "c:d"),
+        CallKey("*?[x]\\", '"quoted"', "ü🙂"),
+        CallKey("s" * 5000, "t" * 5000, "c" * 5000),
+    ]
+    for key in keys:
+        outcome = await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
+        assert outcome.status is ClaimStatus.CLAIMED
+        assert outcome.record.key == key
+        clock.now += 1
+    for key in keys:
+        record = await store.get_call(key)
+        assert record is not None
+        assert record.key == key
+    assert [r.key for r in await store.calls_for_session("a")] == [keys[1], keys[2]]
+    assert await store.record_delivery("x" * 10_000, "ü🙂") is True
+    assert [d.session_id for d in await store.unresolved_deliveries(older_than=clock.now)] == [
+        "ü🙂"
+    ]
+
+
+async def test_clock_values_round_trip_exactly(make_store: StoreMaker) -> None:
+    """Times go through Lua as strings, so no digits are lost (Lua prints 14)."""
+    clock = Clock(1_712_345_678.987654321)
+    store = await make_store(clock=clock)
+    key = CallKey("s", "t", "c")
+    outcome = await store.claim_call(key, tool_name="t", owner="o", lease_seconds=0.000123)
+    assert outcome.record.created_at == clock.now
+    assert outcome.record.lease_expires_at == clock.now + 0.000123
+    await store.record_delivery("m", "s")
+    [delivery] = await store.unresolved_deliveries(older_than=clock.now)
+    assert delivery.received_at == clock.now
+
+
+async def test_lease_takeover_uses_the_callers_clock_not_redis_time(make_store: StoreMaker) -> None:
+    """Lease expiry is judged by the injected clock: a clock far in the past still sees it live."""
+    clock = Clock(1000.0)
+    store = await make_store(clock=clock)
+    key = CallKey("s", "t", "c")
+    await store.claim_call(key, tool_name="t", owner="a", lease_seconds=5)
+    clock.now += 4
+    assert (await store.claim_call(key, tool_name="t", owner="b", lease_seconds=5)).status is (
+        ClaimStatus.BUSY
+    )
+    clock.now += 2
+    taken = await store.claim_call(key, tool_name="t", owner="b", lease_seconds=5)
+    assert taken.status is ClaimStatus.IN_DOUBT
+    assert taken.record.attempt == 2
+
+
+async def test_terminal_calls_expire_after_call_retention(make_store: StoreMaker) -> None:
+    """A submitted call's hash expires after call_retention; non-terminal calls never do."""
+    store = await make_store(clock=Clock(), call_retention=0.2)
+    done, pending = CallKey("s", "t", "done"), CallKey("s", "t", "pending")
+    for key in (done, pending):
+        await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
+        await store.save_result(key, owner="o", result=_result())
+    await store.mark_submitted(done)
+    await asyncio.sleep(0.4)
+    assert await store.get_call(done) is None
+    assert [r.key for r in await store.calls_for_session("s")] == [pending]
+    assert [r.key for r in await store.unsubmitted_results()] == [pending]
+
+
+async def test_concurrent_claims_from_two_instances_elect_one_owner(make_store: StoreMaker) -> None:
+    """Two stores (two pools) racing on one call: exactly one CLAIMED, the rest BUSY."""
+    clock = Clock()
+    first, second = await make_store(clock=clock), await make_store(clock=clock)
+    key = CallKey("sess", "turn", "call")
+    outcomes = await asyncio.gather(
+        *(
+            store.claim_call(key, tool_name="t", owner=f"owner-{i}", lease_seconds=30)
+            for i, store in enumerate([first, second] * 25)
+        )
+    )
+    statuses = [o.status for o in outcomes]
+    assert statuses.count(ClaimStatus.CLAIMED) == 1
+    assert statuses.count(ClaimStatus.BUSY) == 49
+
+
+async def test_200_concurrent_record_delivery_accept_one(make_store: StoreMaker) -> None:
+    """200 concurrent records of one delivery id over two instances: exactly one is new."""
+    clock = Clock()
+    stores = [await make_store(clock=clock, max_connections=8) for _ in range(2)]
+    results = await asyncio.gather(
+        *(stores[i % 2].record_delivery("msg_same", "sess") for i in range(200))
+    )
+    assert results.count(True) == 1
+    assert len(await stores[0].unresolved_deliveries(older_than=clock.now)) == 1
+
+
+async def test_unreachable_redis_raises_unavailable_quickly() -> None:
+    """A closed port gives StoreUnavailableError within about a second, for open and for use."""
+    store = RedisStore(f"redis://127.0.0.1:{_free_port()}/0", key_prefix="x:", socket_timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match="unavailable"):
+        await store.open()
+    with pytest.raises(StoreUnavailableError):
+        await store.record_delivery("m", "s")
+    assert time.monotonic() - started < 3.0
+    await store.close()
+
+
+async def test_closed_store_is_unavailable(make_store: StoreMaker) -> None:
+    """After close() every call raises StoreUnavailableError; open() makes it usable again."""
+    store = await make_store(clock=Clock())
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreUnavailableError):
+        await store.ping()
+    await store.open()
+    await store.ping()
+
+
+def test_bad_url_is_a_configuration_error() -> None:
+    """A URL the driver cannot parse is reported as ConfigurationError on first use."""
+    store = RedisStore("http://127.0.0.1:6379")
+    with pytest.raises(ConfigurationError):
+        store._redis()
+
+
+async def test_recovers_after_its_connections_are_killed(make_store: StoreMaker) -> None:
+    """CLIENT KILL of every connection of the store: the next call reconnects and succeeds."""
+    name = f"agentfn-test-{uuid.uuid4().hex[:12]}"
+    store = await make_store(f"{REDIS_URL}?client_name={name}", clock=Clock())
+    await asyncio.gather(*(store.record_delivery(f"m{i}", "s") for i in range(10)))
+    admin = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        # Kill by name, not TYPE normal: other test processes may share this Redis.
+        ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
+        assert ids
+        for client_id in ids:
+            await admin.execute_command("CLIENT", "KILL", "ID", client_id)
+    finally:
+        await admin.aclose()
+    assert await store.record_delivery("after-kill", "s") is True
+    await store.ping()
+
+
+async def test_prune_keeps_a_call_recreated_after_its_terminal_record_expired(
+    make_store: StoreMaker,
+) -> None:
+    """An old index entry of an expired terminal call never deletes a new call with that key."""
+    clock = Clock()
+    store = await make_store(clock=clock, call_retention=0.2)
+    key = CallKey("s", "t", "c")
+    await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
+    await store.mark_stale(key)
+    await asyncio.sleep(0.4)
+    again = await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
+    assert again.status is ClaimStatus.CLAIMED
+    assert await store.prune(deliveries_before=0.0, calls_before=clock.now + 3600) == 0
+    record = await store.get_call(key)
+    assert record is not None
+    assert record.state is CallState.CLAIMED
+    assert [r.key for r in await store.calls_for_session("s")] == [key]
+    assert (await store.stats()).calls_by_state[CallState.STALE] == 0

@@ -1,0 +1,309 @@
+"""SQLite specifics: WAL, persistence, sharing a file, a free event loop, clean errors."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.store import CallKey, CallState, ClaimStatus, SavedResult, SQLiteStore
+from agentfn_asgi.store.sqlite import SCHEMA_VERSION
+
+pytestmark = pytest.mark.anyio
+
+KEY = CallKey("sess_1", "turn_1", "call_1")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "nested" / "dir" / "agentfn.sqlite3"
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
+    store = SQLiteStore(db_path)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_opens_in_wal_mode_with_schema_version(store: SQLiteStore, db_path: Path) -> None:
+    """open() creates missing directories, switches the file to WAL and stamps the schema."""
+    assert await asyncio.to_thread(db_path.exists)
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"deliveries", "calls"} <= tables
+
+
+async def test_data_survives_reopen(db_path: Path) -> None:
+    """Deliveries, claims and saved results are still there after close and a new instance."""
+    first = SQLiteStore(db_path)
+    await first.record_delivery("msg_1", "sess_1")  # first use opens implicitly
+    await first.claim_call(KEY, tool_name="t", owner="a", lease_seconds=30)
+    saved = SavedResult(success=True, event_json='{"x":"☃"}', idempotency_key="k")
+    await first.save_result(KEY, owner="a", result=saved)
+    await first.close()
+
+    second = SQLiteStore(db_path)
+    try:
+        assert await second.record_delivery("msg_1", "sess_1") is False
+        record = await second.get_call(KEY)
+        assert record is not None
+        assert record.state is CallState.SUCCEEDED
+        assert record.result == saved
+    finally:
+        await second.close()
+
+
+async def test_two_instances_share_one_file(store: SQLiteStore, db_path: Path) -> None:
+    """A second instance on the same file sees the first one's writes and claims."""
+    other = SQLiteStore(db_path)
+    try:
+        assert await store.record_delivery("msg_1", "s") is True
+        assert await other.record_delivery("msg_1", "s") is False
+        claimed = await store.claim_call(KEY, tool_name="t", owner="a", lease_seconds=30)
+        assert claimed.status is ClaimStatus.CLAIMED
+        busy = await other.claim_call(KEY, tool_name="t", owner="b", lease_seconds=30)
+        assert busy.status is ClaimStatus.BUSY
+        assert busy.record.owner == "a"
+    finally:
+        await other.close()
+
+
+@pytest.mark.slow
+def test_two_processes_claim_each_call_once(tmp_path: Path) -> None:
+    """Two processes racing over the same 300 calls on one file claim each exactly once."""
+    path = tmp_path / "shared.sqlite3"
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        from agentfn_asgi.store import CallKey, ClaimStatus, SQLiteStore
+
+        async def main() -> None:
+            store = SQLiteStore(sys.argv[1])
+            await store.open()
+            print("ready", flush=True)
+            sys.stdin.readline()
+            outcomes = await asyncio.gather(*(
+                store.claim_call(CallKey("s", "t", f"c{i}"), tool_name="t",
+                                 owner=sys.argv[2], lease_seconds=60)
+                for i in range(300)
+            ))
+            await store.close()
+            won = [o.record.key.call_id for o in outcomes if o.status is ClaimStatus.CLAIMED]
+            print(" ".join(won))
+
+        asyncio.run(main())
+        """
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(path), owner],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for owner in ("p1", "p2")
+    ]
+    for proc in procs:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    outputs = [proc.communicate("go\n", timeout=60)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0]
+    won = [output.split() for output in outputs]
+    assert len(won[0]) + len(won[1]) == 300
+    assert set(won[0]).isdisjoint(won[1])
+
+
+async def test_event_loop_keeps_running_during_writes(store: SQLiteStore) -> None:
+    """2000 writes run on the store's thread while an asyncio ticker keeps ticking."""
+    ticks: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    started = time.perf_counter()
+    for i in range(0, 2000, 100):
+        await asyncio.gather(*(store.record_delivery(f"d{i + j}", "s") for j in range(100)))
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await task
+    assert (await store.stats()).deliveries == 2000
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(ticks) >= 5
+    assert max(gaps) < max(0.25, elapsed / 4)
+
+
+async def test_waiting_for_a_lock_does_not_block_the_loop(
+    store: SQLiteStore, db_path: Path
+) -> None:
+    """While another connection holds the write lock, the loop runs; the write then lands."""
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold_lock() -> None:
+        with sqlite3.connect(db_path, isolation_level=None) as raw:
+            raw.execute("BEGIN IMMEDIATE")
+            locked.set()
+            release.wait(5)
+            raw.execute("COMMIT")
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    assert await asyncio.to_thread(locked.wait, 5)
+    write = asyncio.create_task(store.record_delivery("msg_1", "s"))
+    ticks = 0
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert not write.done()
+    release.set()
+    assert await write is True
+    await asyncio.to_thread(holder.join)
+    assert ticks == 20
+
+
+async def test_lock_held_past_busy_timeout_is_unavailable(db_path: Path) -> None:
+    """A writer that cannot get the lock in time gets StoreUnavailableError, not sqlite3's."""
+    store = SQLiteStore(db_path, busy_timeout=0.1)
+    await store.open()
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        raw.execute("BEGIN IMMEDIATE")
+        with pytest.raises(StoreUnavailableError, match="locked") as info:
+            await store.record_delivery("msg_1", "s")
+        assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+        raw.execute("COMMIT")
+        assert await store.record_delivery("msg_1", "s") is True
+    finally:
+        raw.close()
+        await store.close()
+
+
+async def test_directory_path_is_unavailable(tmp_path: Path) -> None:
+    """A path that is a directory cannot be opened: StoreUnavailableError, no sqlite3 leak."""
+    store = SQLiteStore(tmp_path)
+    with pytest.raises(StoreUnavailableError):
+        await store.open()
+    with pytest.raises(StoreUnavailableError):
+        await store.ping()
+    await store.close()
+
+
+async def test_unwritable_parent_recovers_once_fixed(tmp_path: Path) -> None:
+    """A parent that is a file fails with StoreUnavailableError; once fixed, the store works."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a directory")
+    store = SQLiteStore(blocker / "agentfn.sqlite3")
+    try:
+        with pytest.raises(StoreUnavailableError):
+            await store.record_delivery("msg_1", "s")
+        blocker.unlink()
+        assert await store.record_delivery("msg_1", "s") is True
+    finally:
+        await store.close()
+
+
+async def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
+    """A file that is not SQLite raises StoreError (a configuration fault, not an outage)."""
+    path = tmp_path / "garbage.sqlite3"
+    path.write_bytes(b"this is not a database, just some bytes" * 100)
+    store = SQLiteStore(path)
+    with pytest.raises(StoreError) as info:
+        await store.open()
+    assert not isinstance(info.value, StoreUnavailableError)
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+    await store.close()
+
+
+async def test_newer_schema_is_refused(db_path: Path) -> None:
+    """A file written by a newer version is refused instead of being misread."""
+    db_path.parent.mkdir(parents=True)
+    with sqlite3.connect(db_path) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    store = SQLiteStore(db_path)
+    with pytest.raises(StoreError, match="schema version"):
+        await store.open()
+    await store.close()
+
+
+async def test_closed_store_refuses_then_reopens(db_path: Path) -> None:
+    """close() finishes queued work; later calls fail until open() is called again."""
+    store = SQLiteStore(db_path)
+    pending = [asyncio.create_task(store.record_delivery(f"d{i}", "s")) for i in range(50)]
+    await asyncio.sleep(0)
+    await store.close()
+    assert all(await asyncio.gather(*pending))
+    with pytest.raises(StoreUnavailableError, match="closed"):
+        await store.stats()
+    await store.open()
+    assert (await store.stats()).deliveries == 50
+    await store.close()
+
+
+async def test_cancelled_call_does_not_wedge_the_store(store: SQLiteStore) -> None:
+    """Cancelling awaiters leaves the store usable and consistent."""
+    tasks = [asyncio.create_task(store.record_delivery(f"d{i}", "s")) for i in range(200)]
+    await asyncio.sleep(0)
+    for task in tasks[::2]:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert await store.record_delivery("after", "s") is True
+    stats = await store.stats()
+    assert 101 <= stats.deliveries <= 201
+
+
+def _worker_threads(path: Path) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"agentfn-sqlite:{path}"]
+
+
+async def test_forgotten_store_stops_its_thread(db_path: Path) -> None:
+    """A store dropped without close() does not leak its worker thread."""
+    store = SQLiteStore(db_path)
+    await store.ping()
+    assert len(_worker_threads(db_path)) == 1
+    del store
+    gc.collect()
+    for _ in range(100):
+        if not _worker_threads(db_path):
+            break
+        await asyncio.sleep(0.01)
+    assert _worker_threads(db_path) == []
+
+
+def test_bad_options_are_configuration_errors(tmp_path: Path) -> None:
+    """:memory: and unknown synchronous modes are refused at construction."""
+    with pytest.raises(ConfigurationError, match="memory://"):
+        SQLiteStore(":memory:")
+    with pytest.raises(ConfigurationError, match="synchronous"):
+        SQLiteStore(tmp_path / "x.sqlite3", synchronous="OFF")
+    assert SQLiteStore(tmp_path / "x.sqlite3", synchronous="full").synchronous == "FULL"
+
+
+async def test_synchronous_full_works(tmp_path: Path) -> None:
+    """The durable-against-power-loss mode is a working option, not just accepted."""
+    store = SQLiteStore(tmp_path / "full.sqlite3", synchronous="FULL")
+    try:
+        assert await store.record_delivery("msg_1", "s") is True
+    finally:
+        await store.close()

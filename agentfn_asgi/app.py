@@ -33,12 +33,21 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from ._crash import crash_point
 from .client import AgentsClient
 from .dispatch import Dispatcher, DispatchSettings
-from .errors import ConfigurationError, StoreError, WebhookVerificationError
+from .errors import (
+    ConfigurationError,
+    StoreError,
+    WebhookHeaderError,
+    WebhookSignatureError,
+    WebhookTimestampError,
+    WebhookVerificationError,
+)
 from .signing import WebhookVerifier, parse_secrets
 from .store import Store, open_store
 from .tools import FunctionTools
+from .tracing import DeliverySpan, Telemetry
 from .wire import parse_webhook_event
 
 __all__ = ["AgentWebhookApp"]
@@ -71,6 +80,21 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any], **headers
     raw_headers += [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})
+
+
+_REJECT_REASONS: dict[type[Exception], str] = {
+    WebhookHeaderError: "bad_header",
+    WebhookSignatureError: "bad_signature",
+    WebhookTimestampError: "bad_timestamp",
+}
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            # Untrusted, so bounded before it becomes a span attribute.
+            return str(value[:256].decode("latin-1"))
+    return None
 
 
 def _sub_path(scope: Scope) -> str:
@@ -117,7 +141,7 @@ class AgentWebhookApp:
         resources: Any = None,
         drain_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
-        telemetry: Any = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         secret = (
             webhook_secret
@@ -130,8 +154,15 @@ class AgentWebhookApp:
                 "(the whsec_... value shown when the webhook endpoint was created)"
             )
         self.verifier = WebhookVerifier(parse_secrets(secret), tolerance=tolerance, clock=clock)
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
         self._owns_client = client is None
-        self.client = client if client is not None else AgentsClient.from_env()
+        # An owned client reports its retries as span events; pass
+        # on_retry=telemetry.client_retry to a client of your own for the same.
+        self.client = (
+            client
+            if client is not None
+            else AgentsClient.from_env(on_retry=self.telemetry.client_retry)
+        )
         self.store: Store = (
             store
             if store is not None and not isinstance(store, str)
@@ -148,7 +179,7 @@ class AgentWebhookApp:
             settings=settings,
             resources=resources,
             clock=clock,
-            telemetry=telemetry,
+            telemetry=self.telemetry,
         )
         self._start_lock = asyncio.Lock()
         self._draining = False
@@ -260,58 +291,80 @@ class AgentWebhookApp:
                     return b"".join(chunks)
 
     async def _webhook(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with self.telemetry.delivery(delivery_id=_header(scope, b"webhook-id")) as span:
+            await self._webhook_in_span(scope, receive, send, span)
+
+    async def _webhook_in_span(
+        self, scope: Scope, receive: Receive, send: Send, span: DeliverySpan
+    ) -> None:
         if self._draining:
+            span.set_outcome("unavailable", "draining")
             await _send_json(send, 503, {"error": "shutting down"}, retry_after="5")
             return
         try:
             body = await self._read_body(scope, receive)
         except _BodyTooLargeError:
+            span.set_outcome("rejected", "too_large")
             await _send_json(send, 413, {"error": f"body over {self.max_body_size} bytes"})
             return
         except TimeoutError:
+            span.set_outcome("rejected", "body_timeout")
             await _send_json(send, 408, {"error": "body not received in time"})
             return
         except _DisconnectedError:
+            span.set_outcome("rejected", "disconnected")
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
         try:
             delivery = self.verifier.verify(body, headers)
         except WebhookVerificationError as exc:
+            span.set_outcome("rejected", _REJECT_REASONS.get(type(exc), "verification"))
             await _send_json(send, exc.status_code, {"error": str(exc)})
             return
         try:
-            await self._accept(delivery.msg_id, body, send)
+            await self._accept(delivery.msg_id, body, send, span)
         except Exception:
+            span.set_outcome("unavailable", "internal_error")
             # Verified but something of ours failed: never a 500; 503 makes the sender retry.
             logger.exception("could not accept delivery %s", delivery.msg_id)
             await _send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
 
-    async def _accept(self, delivery_id: str, body: bytes, send: Send) -> None:
+    async def _accept(self, delivery_id: str, body: bytes, send: Send, span: DeliverySpan) -> None:
         try:
             event = parse_webhook_event(body)
         except ValueError:
+            span.set_outcome("rejected", "malformed_body")
             await _send_json(send, 400, {"error": "body is not a webhook event envelope"})
             return
         if event.type != ACTION_REQUIRED or event.required_action_type not in (
             None,
             "function_call",
         ):
+            span.set_event_type(event.type)
+            span.set_outcome("ignored")
             await _send_json(send, 200, {"status": "ignored"})
             return
         session_id = event.session_id
         if not session_id:
+            span.set_outcome("rejected", "no_session_id")
             await _send_json(send, 400, {"error": "data.id (the session id) is missing"})
             return
         try:
             await self.startup()
             is_new = await self.store.record_delivery(delivery_id, session_id)
         except StoreError as exc:
+            span.set_outcome("unavailable", "store")
             logger.warning("store unavailable, asking the sender to retry: %s", exc)
             await _send_json(send, 503, {"error": "store unavailable"}, retry_after="5")
             return
+        span.set_session(session_id)
         if not is_new:
+            span.set_outcome("duplicate")
             await _send_json(send, 200, {"status": "duplicate"})
             return
         # Acknowledge only after the delivery is durably recorded (DESIGN step 5).
+        crash_point("before_ack")
+        span.set_outcome("accepted")  # also remembers the span: the call spans link to it
         self.dispatcher.schedule(session_id, delivery_id)
         await _send_json(send, 200, {"status": "accepted"})
+        crash_point("after_ack")

@@ -31,17 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import os
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 
+from ._crash import crash_point
 from .client import AgentsClient
 from .errors import (
     APIError,
@@ -62,14 +65,15 @@ from .results import (
     error_type_for,
     event_json,
     failure_event,
+    fit_text_output,
     model_error_message,
     success_event,
     timeout_message,
     too_large_message,
-    truncate_text,
 )
 from .store.base import CallKey, CallRecord, ClaimStatus, SavedResult, Store
 from .tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, derive_idempotency_key
+from .tracing import CallSpan, Telemetry
 from .wire import AgentSession, FunctionCallAction
 
 __all__ = ["DispatchSettings", "Dispatcher"]
@@ -144,7 +148,7 @@ class Dispatcher:
         owner: str | None = None,
         resources: Any = None,
         clock: Callable[[], float] = time.time,
-        telemetry: Any = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.tools = tools
         self.client = client
@@ -153,7 +157,10 @@ class Dispatcher:
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(4)}"
         self.resources = resources
         self._clock = clock
-        self._telemetry = telemetry
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        # When each delivery arrived (bounded): the delivery-to-result latency metric.
+        self._received: OrderedDict[str, float] = OrderedDict()
+        self._running_since: dict[CallKey, float] = {}
         self._queue: asyncio.Queue[_Work] | None = None
         self._queued: set[str] = set()
         self._resolving: set[str] = set()
@@ -184,6 +191,7 @@ class Dispatcher:
         for _ in range(8):
             self._spawn(self._resolver_loop())
         self._spawn(self._sweep_loop(immediate=recover))
+        self.telemetry.observe_pending(self._oldest_running_age)
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
         """Stop taking work, wait for in-flight calls up to ``drain_timeout``, cancel the rest.
@@ -205,7 +213,9 @@ class Dispatcher:
         self._tasks.clear()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
+        # A fresh context: work must not inherit the span of the request that started it
+        # (a lazy start inside a delivery would parent every later span to that delivery).
+        task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -215,6 +225,10 @@ class Dispatcher:
         """Ask for ``session_id`` to be resolved soon (single-flight, never blocks)."""
         if self._queue is None or self._stopping:
             return
+        if delivery_id is not None:
+            self._received[delivery_id] = time.monotonic()
+            if len(self._received) > 10_000:
+                self._received.popitem(last=False)
         if session_id in self._resolving:
             self._dirty.setdefault(session_id, delivery_id)
             return
@@ -253,8 +267,11 @@ class Dispatcher:
     # -- resolution ----------------------------------------------------------------------
     async def resolve(self, session_id: str, *, delivery_id: str | None = None) -> None:
         """Read the session and dispatch each pending function call (claims decide who runs)."""
+        link = self.telemetry.link_for_delivery(delivery_id)
         try:
-            session = await self.client.retrieve_session(session_id)
+            with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
+                session = await self.client.retrieve_session(session_id)
+                span.set_pending_calls(len(session.function_calls))
         except NotFoundError:
             logger.info("session %s no longer exists; nothing to do", session_id)
             await self._forget_session(session_id)
@@ -313,12 +330,15 @@ class Dispatcher:
             self._call_slots.release()
             raise
         if outcome.status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT):
+            crash_point("after_claim", action.name)
             in_doubt = outcome.status is ClaimStatus.IN_DOUBT
-            self._track(key, self._execute(key, action, tool, outcome.record.attempt, in_doubt))
+            self._track(
+                key, self._execute(key, action, tool, outcome.record.attempt, in_doubt, delivery_id)
+            )
             return
         self._call_slots.release()
         if outcome.status is ClaimStatus.SAVED:
-            self._track(key, self._submit(outcome.record))
+            self._track(key, self._resubmit(outcome.record, delivery_id))
 
     def _track(self, key: CallKey, coro: Any) -> None:
         task = self._spawn(coro)
@@ -338,18 +358,53 @@ class Dispatcher:
         tool: FunctionTool | None,
         attempt: int,
         in_doubt: bool,
+        delivery_id: str | None = None,
     ) -> None:
         assert self._call_slots is not None
+        self._running_since[key] = time.monotonic()
+        span_scope = self.telemetry.tool_call(
+            tool_name=action.name,
+            session_id=key.session_id,
+            turn_id=key.turn_id,
+            call_id=key.call_id,
+            attempt=attempt,
+            delivery_link=self.telemetry.link_for_delivery(delivery_id),
+            description=tool.description if tool is not None else None,
+        )
         try:
-            result = await self._obtain_result(key, action, tool, attempt, in_doubt)
-            if result is None:
-                return
-            record = await self.store.save_result(key, owner=self.owner, result=result)
-            await self._submit(record)
+            with span_scope as span:
+                span.set_arguments(action.arguments)
+                result = await self._obtain_result(key, action, tool, attempt, in_doubt)
+                if result is None:
+                    span.set_source("held")
+                    return
+                crash_point("after_handler", action.name)
+                record = await self.store.save_result(key, owner=self.owner, result=result)
+                crash_point("after_save", action.name)
+                _describe(span, record)
+                await self._submit(record, delivery_id)
         except (APIError, StoreError) as exc:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
+            self._running_since.pop(key, None)
             self._call_slots.release()
+
+    async def _resubmit(self, record: CallRecord, delivery_id: str | None = None) -> None:
+        """Submit a saved result again, as its own attempt span (source ``saved``)."""
+        key = record.key
+        with self.telemetry.tool_call(
+            tool_name=record.tool_name,
+            session_id=key.session_id,
+            turn_id=key.turn_id,
+            call_id=key.call_id,
+            attempt=record.attempt,
+            delivery_link=self.telemetry.link_for_delivery(delivery_id),
+        ) as span:
+            _describe(span, record, source="saved")
+            try:
+                await self._submit(record, delivery_id)
+            except (APIError, StoreError) as exc:
+                logger.warning("resubmitting %s failed; will retry: %s", key, exc)
 
     async def _obtain_result(
         self,
@@ -442,9 +497,13 @@ class Dispatcher:
             check_size(text, limit=self.settings.result_limit, margin=self.settings.result_margin)
         except ResultTooLargeError as exc:
             if tool.truncate_oversize and isinstance(output, str):
-                overhead = len(text.encode()) - len(output.encode())
-                budget = exc.limit - overhead - 256
-                truncated = truncate_text(output, max(budget, 0))
+                truncated = fit_text_output(
+                    key.turn_id,
+                    key.call_id,
+                    output,
+                    limit=self.settings.result_limit,
+                    margin=self.settings.result_margin,
+                )
                 text = event_json(success_event(key.turn_id, key.call_id, truncated))
                 return SavedResult(True, text, _submission_key(key, text), None, source)
             failure = self._failure(key, too_large_message(exc.size, exc.limit), "too_large")
@@ -477,26 +536,38 @@ class Dispatcher:
         return self._failure(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
 
     # -- submission ----------------------------------------------------------------------
-    async def _submit(self, record: CallRecord) -> None:
+    async def _submit(self, record: CallRecord, delivery_id: str | None = None) -> None:
         result = record.result
         if result is None or record.state.terminal:
             return
         key = record.key
-        try:
-            await self.client.submit_raw_events(
-                key.session_id,
-                _events_body(result.event_json),
-                idempotency_key=result.idempotency_key,
-            )
-        except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
-            await self._after_rejection(key, exc)
-            return
-        except APIError as exc:
-            logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
-            return
-        await self.store.mark_submitted(key)
+        with self.telemetry.submission(
+            session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
+        ) as span:
+            try:
+                await self.client.submit_raw_events(
+                    key.session_id,
+                    _events_body(result.event_json),
+                    idempotency_key=result.idempotency_key,
+                )
+            except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
+                stale = await self._after_rejection(key, exc)
+                span.set_outcome("stale" if stale else "failed")
+                return
+            except APIError as exc:
+                span.set_outcome("failed")
+                logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
+                return
+            span.set_outcome("submitted")
+            crash_point("after_submit", record.tool_name)
+            await self.store.mark_submitted(key)
+        received = self._received.get(delivery_id) if delivery_id is not None else None
+        self.telemetry.record_submission(
+            attempts=span.attempts,
+            delivery_to_submit_seconds=None if received is None else time.monotonic() - received,
+        )
 
-    async def _after_rejection(self, key: CallKey, exc: APIError) -> None:
+    async def _after_rejection(self, key: CallKey, exc: APIError) -> bool:
         """The API refused our result: only a fresh read of the session says what that means."""
         if not isinstance(exc, NotFoundError):
             try:
@@ -512,9 +583,10 @@ class Dispatcher:
                     # The registration race outlived the client's short retries: keep the
                     # saved result; the sweep resubmits it (same bytes, same key).
                     logger.info("call %s still pending after %s; will resubmit", key, exc)
-                    return
+                    return False
         logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
         await self.store.mark_stale(key)
+        return True
 
     # -- recovery ------------------------------------------------------------------------
     async def recover(self, session_id: str | None = None) -> None:
@@ -523,7 +595,7 @@ class Dispatcher:
             await self.resolve(session_id)
             for record in await self.store.calls_for_session(session_id):
                 if record.state.has_result and not record.state.terminal:
-                    await self._submit(record)
+                    await self._resubmit(record)
             return
         await self.sweep()
 
@@ -542,7 +614,7 @@ class Dispatcher:
             # A result saved moments ago is being submitted by whoever saved it.
             fresh = record.updated_at > now - self.settings.recovery_grace
             if record.key not in self._inflight and not fresh:
-                self._track(record.key, self._submit(record))
+                self._track(record.key, self._resubmit(record))
         for session_id, delivery_id in sessions.items():
             if session_id in self._resolving or session_id in self._queued:
                 if delivery_id is not None:
@@ -567,7 +639,24 @@ class Dispatcher:
             await asyncio.sleep(self.settings.recovery_interval)
 
     # -- introspection -------------------------------------------------------------------
+    def _oldest_running_age(self) -> float | None:
+        if not self._running_since:
+            return None
+        return time.monotonic() - min(self._running_since.values())
+
     @property
     def inflight(self) -> int:
         """Calls currently being run or submitted by this process."""
         return len(self._inflight)
+
+
+def _describe(span: CallSpan, record: CallRecord, source: str | None = None) -> None:
+    """Put how the result was obtained, and its failure reason, on the call span."""
+    result = record.result
+    if result is None:
+        return
+    span.set_source(source or result.source)
+    if result.success:
+        span.set_result(result.event_json)
+    else:
+        span.set_error(result.error_type or "handler_error")

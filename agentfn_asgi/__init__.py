@@ -1,7 +1,93 @@
-"""agentfn-asgi: run function tools for OpenAI's Agents API from signed webhooks."""
+"""agentfn-asgi: run function tools for OpenAI's Agents API from signed webhooks.
+
+Mount :class:`AgentWebhookApp` in your ASGI service, register handlers on a
+:class:`FunctionTools` registry, and give the agent ``tools.definitions()``. See the README.
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from agentfn_asgi.app import AgentWebhookApp
+from agentfn_asgi.client import AgentsClient
+from agentfn_asgi.dispatch import DispatchSettings
+from agentfn_asgi.errors import (
+    AgentFnError,
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    ArgumentValidationError,
+    CompletionTokenError,
+    CompletionTokenExpiredError,
+    ConfigurationError,
+    ConflictError,
+    NotFoundError,
+    RateLimitError,
+    ResultEncodingError,
+    ResultError,
+    ResultTooLargeError,
+    StoreError,
+    StoreUnavailableError,
+    ToolDefinitionError,
+    ToolError,
+    UnknownPendingToolCallError,
+    WebhookHeaderError,
+    WebhookSignatureError,
+    WebhookTimestampError,
+    WebhookVerificationError,
+)
+from agentfn_asgi.results import ImagePart, TextPart, image_from_bytes, image_part, text_part
+from agentfn_asgi.signing import WebhookVerifier, sign, signed_headers
+from agentfn_asgi.store import Store, open_store
+from agentfn_asgi.tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, Unknown
+from agentfn_asgi.tracing import Telemetry, trace_id_for_call
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AgentFnError",
+    "AgentWebhookApp",
+    "AgentsClient",
+    "ArgumentValidationError",
+    "CompletionTokenError",
+    "CompletionTokenExpiredError",
+    "ConfigurationError",
+    "ConflictError",
+    "DispatchSettings",
+    "FunctionTool",
+    "FunctionTools",
+    "ImagePart",
+    "NotFoundError",
+    "NotRun",
+    "Ran",
+    "RateLimitError",
+    "ResultEncodingError",
+    "ResultError",
+    "ResultTooLargeError",
+    "Store",
+    "StoreError",
+    "StoreUnavailableError",
+    "Telemetry",
+    "TextPart",
+    "ToolContext",
+    "ToolDefinitionError",
+    "ToolError",
+    "Unknown",
+    "UnknownPendingToolCallError",
+    "WebhookHeaderError",
+    "WebhookSignatureError",
+    "WebhookTimestampError",
+    "WebhookVerificationError",
+    "WebhookVerifier",
+    "__version__",
+    "image_from_bytes",
+    "image_part",
+    "open_store",
+    "sign",
+    "signed_headers",
+    "text_part",
+    "trace_id_for_call",
+]

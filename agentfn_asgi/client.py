@@ -1,0 +1,491 @@
+"""``AgentsClient``: the few Agents API calls the middleware makes, with careful retries.
+
+One long-lived :class:`httpx.AsyncClient` (injected, or owned and closed by ``aclose``)
+carries every request. The retry policy follows the official client (agents-api.md §10.2)
+with a tighter cap and a total deadline:
+
+- retried: connection errors, timeouts, and statuses 408, 409, 429 and 5xx;
+- ``x-should-retry: true|false`` overrides the status rule;
+- ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date) is honoured up to
+  ``max_retry_after`` (60 s); a longer demand gives up at once, as the official client does
+  above 120 s;
+- otherwise exponential backoff: 0.25 s doubling, capped at 8 s, times a jitter in
+  [0.75, 1.0];
+- at most ``max_retries`` retries and never past ``total_deadline`` seconds from the first
+  attempt (the client never sleeps past it, and cuts a request short when it is reached);
+- every retry of a submission carries the same ``Idempotency-Key``.
+
+The registration race (agents-api.md §4.2: 400 ``invalid_request_error`` "Unknown pending tool
+call: <id>") is retried after 0.1, 0.3 and 0.6 s with the same key, then raised as
+:class:`~agentfn_asgi.errors.UnknownPendingToolCallError` so the caller re-reads the session.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import os
+import random as _random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import httpx
+
+from agentfn_asgi.errors import (
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConfigurationError,
+    ConflictError,
+    InternalServerError,
+    NotFoundError,
+    PermissionDeniedError,
+    RateLimitError,
+    UnknownPendingToolCallError,
+)
+from agentfn_asgi.wire import AgentSession, SessionEvent, parse_session_event
+
+__all__ = [
+    "DEFAULT_BASE_URL",
+    "DEFAULT_TIMEOUT",
+    "RACE_RETRY_DELAYS",
+    "AgentsClient",
+    "RetryEvent",
+]
+
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+DEFAULT_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+#: Delays before re-sending a result that hit the registration race (the official helper's).
+RACE_RETRY_DELAYS: tuple[float, ...] = (0.1, 0.3, 0.6)
+_RACE_PREFIX = "Unknown pending tool call"
+
+try:
+    _VERSION = metadata.version("agentfn-asgi")
+except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+    _VERSION = "0.0.0"
+USER_AGENT = f"agentfn-asgi/{_VERSION} httpx/{httpx.__version__}"
+
+_STATUS_ERRORS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    429: RateLimitError,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RetryEvent:
+    """Told to ``on_retry`` before each retry sleep.
+
+    ``attempt`` is the 1-based number of the attempt that just failed, ``delay`` the sleep
+    before the next one, ``reason`` one of ``"status"``, ``"connection"``, ``"timeout"`` or
+    ``"pending_call_race"``, and ``status`` the HTTP status (None without a response).
+    """
+
+    attempt: int
+    delay: float
+    reason: str
+    status: int | None
+
+
+class _AttemptFailedError(Exception):
+    """Internal: one failed attempt, why, and whether the retry policy may retry it."""
+
+    def __init__(
+        self, error: APIError, reason: str, *, retryable: bool, retry_after: float | None = None
+    ) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.reason = reason
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class AgentsClient:
+    """Async client for ``/agents/sessions`` retrieve, submit and stream.
+
+    ``api_key`` and ``base_url`` fall back to ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``
+    (default ``https://api.openai.com/v1``); a missing key raises
+    :class:`~agentfn_asgi.errors.ConfigurationError` here, not at the first request.
+    ``http_client`` is used as is and left open by :meth:`aclose`; without one the client
+    owns a pooled ``httpx.AsyncClient`` using ``timeout``. ``sleep``, ``random`` and
+    ``monotonic`` exist so tests can run the retry policy instantly and deterministically.
+    Every failure raises an :class:`~agentfn_asgi.errors.APIError` subclass.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        max_retries: int = 4,
+        total_deadline: float = 60.0,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        on_retry: Callable[[RetryEvent], None] | None = None,
+        backoff_base: float = 0.25,
+        backoff_cap: float = 8.0,
+        max_retry_after: float = 60.0,
+        race_delays: Sequence[float] = RACE_RETRY_DELAYS,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        random: Callable[[], float] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        if not key:
+            raise ConfigurationError(
+                "no API key: pass api_key= or set the OPENAI_API_KEY environment variable"
+            )
+        url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
+        self._base_url = url.rstrip("/")
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
+        self._headers = {
+            "Authorization": f"Bearer {key}",
+            "OpenAI-Beta": "agents=v1",
+            "User-Agent": USER_AGENT,
+        }
+        if max_retries < 0 or total_deadline <= 0:
+            raise ConfigurationError("max_retries must be >= 0 and total_deadline > 0")
+        self.max_retries = max_retries
+        self.total_deadline = total_deadline
+        self._on_retry = on_retry
+        self._backoff_base = backoff_base
+        self._backoff_cap = backoff_cap
+        self._max_retry_after = max_retry_after
+        self._race_delays = tuple(race_delays)
+        self._sleep = sleep or anyio.sleep
+        self._random = random or _random.random
+        self._monotonic = monotonic
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> AgentsClient:
+        """Build a client from ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL``; keywords override."""
+        overrides.setdefault("api_key", os.environ.get("OPENAI_API_KEY"))
+        overrides.setdefault("base_url", os.environ.get("OPENAI_BASE_URL"))
+        return cls(**overrides)
+
+    @property
+    def base_url(self) -> str:
+        """The API base URL, without a trailing slash (e.g. ``https://api.openai.com/v1``)."""
+        return self._base_url
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it; an injected one is left open."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- API calls ----------------------------------------------------------------------------
+
+    async def retrieve_session(self, session_id: str) -> AgentSession:
+        """``GET /agents/sessions/{id}``: the session with its ``required_actions``."""
+        response = await self._request("GET", _session_path(session_id))
+        try:
+            return AgentSession.model_validate_json(response.content)
+        except ValueError as exc:
+            raise APIError(
+                f"malformed session body: {exc}",
+                status=response.status_code,
+                request_id=response.headers.get("x-request-id"),
+            ) from exc
+
+    async def submit_events(
+        self,
+        session_id: str,
+        events: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+    ) -> None:
+        """``POST /agents/sessions/{id}/events`` with ``{"events": [...]}`` (202 expected).
+
+        Without ``idempotency_key`` a fresh UUID is used, the same for every retry.
+        """
+        body = json.dumps({"events": list(events)}, separators=(",", ":")).encode()
+        await self.submit_raw_events(
+            session_id, body, idempotency_key=idempotency_key or str(uuid.uuid4())
+        )
+
+    async def submit_raw_events(
+        self, session_id: str, body: bytes, *, idempotency_key: str
+    ) -> None:
+        """Send ``body`` (already ``{"events": [...]}`` JSON) byte for byte.
+
+        The dispatcher stores the exact event JSON with its key, so every resubmission, from
+        any replica, is the identical request.
+        """
+        await self._request(
+            "POST",
+            _session_path(session_id) + "/events",
+            content=body,
+            headers={
+                "Content-Type": "application/json",
+                "Accept": "*/*",
+                "Idempotency-Key": idempotency_key,
+            },
+        )
+
+    async def stream_events(
+        self, session_id: str, *, include_obfuscation: bool = True
+    ) -> AsyncIterator[SessionEvent]:
+        """``GET /agents/sessions/{id}/events``: yield each streamed event, typed.
+
+        Establishing the stream follows the retry policy; once events flow it is never
+        re-requested (the stream has no resume cursor). A streamed ``error`` is yielded as
+        :class:`~agentfn_asgi.wire.ErrorEvent`. Comments, ``event:``/``id:``/``retry:`` lines
+        and the ``obfuscation`` padding are tolerated; ``data: [DONE]`` or the end of the
+        body ends iteration. Use ``contextlib.aclosing`` to release the connection early.
+        """
+        params = None if include_obfuscation else {"include_obfuscation": "false"}
+        response = await self._request(
+            "GET",
+            _session_path(session_id) + "/events",
+            headers={"Accept": "text/event-stream"},
+            params=params,
+            stream=True,
+        )
+        request_id = response.headers.get("x-request-id")
+        try:
+            async for data in iter_sse_data(response.aiter_lines()):
+                if data == "[DONE]":
+                    return
+                try:
+                    yield parse_session_event(data)
+                except ValueError as exc:
+                    raise APIError(
+                        f"malformed event in stream: {exc}", request_id=request_id
+                    ) from exc
+        except httpx.TimeoutException as exc:
+            raise APITimeoutError(f"stream read timed out: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise APIConnectionError(f"stream interrupted: {exc}") from exc
+        finally:
+            await response.aclose()
+
+    # -- request loop -------------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        stream: bool = False,
+    ) -> httpx.Response:
+        request = self._http.build_request(
+            method,
+            self._base_url + path,
+            content=content,
+            headers={**self._headers, **(headers or {})},
+            params=params,
+        )
+        deadline = self._monotonic() + self.total_deadline
+        attempt = 0
+        retries = 0
+        races = 0
+        while True:
+            attempt += 1
+            remaining = deadline - self._monotonic()
+            if remaining <= 0:
+                raise APITimeoutError(f"total deadline of {self.total_deadline}s exceeded")
+            try:
+                return await self._attempt(request, remaining, stream=stream)
+            except _AttemptFailedError as failed:
+                error, reason = failed.error, failed.reason
+                if failed.reason == "pending_call_race":
+                    if races >= len(self._race_delays):
+                        raise error from None
+                    delay = self._race_delays[races]
+                    races += 1
+                elif not failed.retryable or retries >= self.max_retries:
+                    raise error from failed.__cause__
+                else:
+                    delay = failed.retry_after or self._backoff(retries)
+                    retries += 1
+                if self._monotonic() + delay > deadline:
+                    # Sleeping would pass the deadline: report the real failure instead.
+                    raise error from failed.__cause__
+            if self._on_retry is not None:
+                self._on_retry(RetryEvent(attempt, delay, reason, error.status))
+            await self._sleep(delay)
+
+    async def _attempt(
+        self, request: httpx.Request, remaining: float, *, stream: bool
+    ) -> httpx.Response:
+        """Send once; return a 2xx response or raise ``_AttemptFailedError``."""
+        try:
+            with anyio.fail_after(remaining):
+                response = await self._http.send(request, stream=stream)
+        except TimeoutError as exc:
+            # The total deadline cut the request short: nothing is left to retry with.
+            raise APITimeoutError(f"total deadline of {self.total_deadline}s exceeded") from exc
+        except httpx.TimeoutException as exc:
+            err: APIError = APITimeoutError(f"request timed out: {exc!r}")
+            raise _AttemptFailedError(err, "timeout", retryable=True) from exc
+        except httpx.TransportError as exc:
+            err = APIConnectionError(f"connection error: {exc!r}")
+            raise _AttemptFailedError(err, "connection", retryable=True) from exc
+        if response.is_success:
+            return response
+        try:
+            body = await response.aread()
+        except httpx.TransportError as exc:
+            err = APIConnectionError(f"connection error reading error body: {exc!r}")
+            raise _AttemptFailedError(err, "connection", retryable=True) from exc
+        finally:
+            await response.aclose()
+        error = status_error(response.status_code, body, response.headers)
+        if isinstance(error, UnknownPendingToolCallError):
+            raise _AttemptFailedError(error, "pending_call_race", retryable=True)
+        retryable, retry_after = self._retry_rule(response)
+        raise _AttemptFailedError(error, "status", retryable=retryable, retry_after=retry_after)
+
+    def _retry_rule(self, response: httpx.Response) -> tuple[bool, float | None]:
+        """Whether ``response`` may be retried, and the server-asked delay if any."""
+        retry_after = parse_retry_after(response.headers, now=time.time())
+        if retry_after is not None and retry_after > self._max_retry_after:
+            return False, None
+        verdict = response.headers.get("x-should-retry")
+        status = response.status_code
+        if verdict == "true":
+            retryable = True
+        elif verdict == "false":
+            retryable = False
+        else:
+            retryable = status in (408, 409, 429) or status >= 500
+        if retry_after is not None and retry_after <= 0:
+            retry_after = None
+        return retryable, retry_after
+
+    def _backoff(self, retries_taken: int) -> float:
+        base = min(self._backoff_base * 2.0**retries_taken, self._backoff_cap)
+        return base * (1.0 - 0.25 * self._random())
+
+
+def _session_path(session_id: str) -> str:
+    if not session_id or "/" in session_id:
+        raise ValueError(f"invalid session id: {session_id!r}")
+    return f"/agents/sessions/{session_id}"
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
+    """Seconds asked for by ``retry-after-ms`` or ``Retry-After`` (number or HTTP date).
+
+    None when absent or unreadable; an infinite or overflowing value is returned as ``inf``
+    so the caller refuses it rather than falling back to a short backoff.
+    """
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            delay = float(value)
+        except ValueError:
+            continue
+        if math.isnan(delay):
+            continue
+        return delay / divisor
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return parsed.timestamp() - now
+
+
+def status_error(status: int, body: bytes, headers: Mapping[str, str]) -> APIStatusError:
+    """Build the error for a non-2xx response from its body's ``error`` object.
+
+    A body that is not the JSON error envelope still gives an error, with the text (cut
+    short) as the message. 400 "Unknown pending tool call: …" with code
+    ``invalid_request_error`` becomes :class:`UnknownPendingToolCallError`.
+    """
+    detail: dict[str, Any] = {}
+    try:
+        decoded = json.loads(body) if body else None
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict):
+        inner = decoded.get("error")
+        detail = inner if isinstance(inner, dict) else decoded
+    message = detail.get("message")
+    if not isinstance(message, str) or not message:
+        text = body[:200].decode("utf-8", "replace").strip()
+        message = text or f"HTTP {status}"
+
+    def text_field(name: str) -> str | None:
+        value = detail.get(name)
+        return value if isinstance(value, str) else None
+
+    code = text_field("code")
+    cls: type[APIStatusError]
+    if status == 400 and code == "invalid_request_error" and message.startswith(_RACE_PREFIX):
+        cls = UnknownPendingToolCallError
+    elif status >= 500:
+        cls = InternalServerError
+    else:
+        cls = _STATUS_ERRORS.get(status, APIStatusError)
+    return cls(
+        message,
+        status=status,
+        code=code,
+        param=text_field("param"),
+        type=text_field("type"),
+        request_id=headers.get("x-request-id"),
+    )
+
+
+async def iter_sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Decode Server-Sent Events from text lines; yield each event's ``data`` text.
+
+    WHATWG rules: ``:`` starts a comment; ``field: value`` loses one leading space; several
+    ``data`` lines join with ``\\n``; a blank line dispatches; an event without data is
+    dropped; ``event``, ``id`` and ``retry`` are ignored (the JSON ``type`` decides).
+    """
+    data: list[str] = []
+    first = True
+    async for raw in lines:
+        line = raw.rstrip("\r\n")
+        if first:
+            line = line.removeprefix("\ufeff")
+            first = False
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        if field == "data":
+            data.append(value.removeprefix(" "))
+    if data:
+        # The body ended without the final blank line; the event is still complete.
+        yield "\n".join(data)

@@ -1,0 +1,399 @@
+"""``FakeAgentsAPI``: an in-memory Agents API for testing function tools end to end.
+
+It is a plain ASGI app. Use it in-process::
+
+    fake = FakeAgentsAPI(webhook_secret=SECRET, webhook_url="http://127.0.0.1:8000/webhooks")
+    async with fake:
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=fake), base_url="http://fake/v1")
+
+or over loopback with :func:`~agentfn_asgi.testing.serve_fake`. It serves
+``GET /v1/agents/sessions/{id}``, ``POST …/{id}/events``, ``GET …/{id}/events`` (SSE) and
+``DELETE …/{id}``, checks bearer auth and ``OpenAI-Beta: agents=v1``, sends signed webhooks,
+records what it accepted, and can inject the faults a real deployment meets.
+
+Scripted sessions: :meth:`FakeAgentsAPI.create_session` takes the *steps* of one turn; each
+step is a batch of parallel function calls that are pending together. When every call of a
+step has a result the session goes back to ``in_progress`` and the next step's calls (new
+call ids, the same turn id, as one real turn requesting several rounds) become pending; after
+the last step the turn completes and the session goes ``idle``. Each status change is
+streamed to SSE listeners and sent as a webhook (``agent.session.created``,
+``agent.session.in_progress``, ``agent.session.action_required``, ``agent.session.idle``).
+
+Every state change happens without an ``await`` between its check and its update, so several
+replicas hitting the fake at once see the same atomic behaviour as the real service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from agentfn_asgi.signing import parse_secrets
+from agentfn_asgi.testing.fake_http import (
+    FakeConnectionDropped,
+    FaultPlan,
+    InjectedFailure,
+    handle_http,
+)
+from agentfn_asgi.testing.fake_state import FakeCall, FakeSession, Submission
+from agentfn_asgi.testing.fake_webhooks import (
+    DEFAULT_WEBHOOK_RETRY_DELAYS,
+    DeliveryAttempt,
+    WebhookSender,
+)
+
+__all__ = [
+    "FakeAgentsAPI",
+    "FakeCall",
+    "FakeConnectionDropped",
+    "RecordedRequest",
+    "Route",
+    "Submission",
+]
+
+Route = Literal["retrieve", "submit", "stream", "delete"]
+_ROUTES = frozenset({"retrieve", "submit", "stream", "delete"})
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request the fake answered: ``status`` is None when the connection was dropped.
+
+    ``route`` is ``retrieve``, ``submit``, ``stream``, ``delete`` or ``unknown``; ``headers``
+    are lower-cased.
+    """
+
+    method: str
+    path: str
+    route: str
+    status: int | None
+    headers: Mapping[str, str]
+    at: float
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The request's ``Idempotency-Key`` header, if any."""
+        return self.headers.get("idempotency-key")
+
+
+class FakeAgentsAPI:
+    """An in-memory Agents API (see the module docstring).
+
+    ``api_key`` is the bearer token requests must carry. ``webhook_url`` (one or several)
+    receives signed webhooks; ``webhook_secret`` (one or several ``whsec_`` secrets, each
+    delivery signed with all) defaults to a random secret exposed as :attr:`webhook_secret`.
+    ``webhook_client`` sends them (e.g. over ``httpx.ASGITransport`` to an app in the same
+    process); by default the fake owns one. ``webhook_retry_delays`` is the backoff between
+    delivery attempts. ``step_delay`` delays the next step after a step's results (0: at
+    once). ``sse_keepalive`` is the seconds between ``: keepalive`` comments.
+
+    Use ``async with fake:`` (or the ASGI lifespan) so the webhook sender stops cleanly.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str = "sk-test",
+        webhook_secret: str | Sequence[str] | None = None,
+        webhook_url: str | Sequence[str] | None = None,
+        webhook_client: httpx.AsyncClient | None = None,
+        webhook_retry_delays: Sequence[float] = DEFAULT_WEBHOOK_RETRY_DELAYS,
+        step_delay: float = 0.0,
+        sse_keepalive: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api_key = api_key
+        secrets_ = (
+            parse_secrets(webhook_secret)
+            if webhook_secret is not None
+            else ("whsec_" + _b64(secrets.token_bytes(24)),)
+        )
+        urls = [webhook_url] if isinstance(webhook_url, str) else list(webhook_url or ())
+        self.webhooks = WebhookSender(
+            secrets=secrets_,
+            urls=urls,
+            client=webhook_client,
+            retry_delays=webhook_retry_delays,
+            clock=clock,
+        )
+        self.step_delay = step_delay
+        self.sse_keepalive = sse_keepalive
+        self.clock = clock
+        self.sessions: dict[str, FakeSession] = {}
+        self.submissions: list[Submission] = []
+        """Every result that took effect, in order of acceptance."""
+        self.duplicate_submissions: list[Submission] = []
+        """Identical repeats of an answered call's result (202, no effect). A replay with the
+        same Idempotency-Key and body is not listed: it never reaches the session."""
+        self.requests: list[RecordedRequest] = []
+        """Every request, in order, with the status it got."""
+        self.faults = FaultPlan()
+        """Faults waiting to happen; set them with the fault methods below."""
+        self.races: set[str] = set()
+        """Call ids whose next submission answers the registration-race 400."""
+        self.idempotency: dict[str, tuple[str, bytes]] = {}
+        """Accepted ``Idempotency-Key`` → (session id, exact body)."""
+        self._waiters: list[asyncio.Future[None]] = []
+
+    # -- configuration and inspection ---------------------------------------------------------
+
+    @property
+    def webhook_secret(self) -> str:
+        """The first webhook signing secret (give it to the app under test)."""
+        return self.webhooks.secrets[0]
+
+    @property
+    def webhook_secrets(self) -> tuple[str, ...]:
+        """Every secret each delivery is signed with."""
+        return self.webhooks.secrets
+
+    @property
+    def deliveries(self) -> list[DeliveryAttempt]:
+        """Every webhook delivery attempt, in order: webhook-id, type, URL, status."""
+        return self.webhooks.attempts
+
+    def add_webhook_url(self, url: str) -> None:
+        """Send future webhooks to ``url`` too."""
+        self.webhooks.urls.append(url)
+
+    def create_session(
+        self,
+        steps: Sequence[Sequence[FakeCall]],
+        *,
+        session_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> str:
+        """Create a session whose first turn runs ``steps``; return the session id.
+
+        Each step is a batch of parallel calls, pending together; the session is
+        ``requires_action`` on return (or ``idle`` if ``steps`` is empty). Emits
+        ``agent.session.created``, ``in_progress`` and ``action_required``.
+        """
+        sid = session_id or "sess_" + secrets.token_hex(12)
+        if sid in self.sessions:
+            raise ValueError(f"session {sid} already exists")
+        session = FakeSession(self, sid, dict(metadata or {}))
+        self.sessions[sid] = session
+        session.announce_created()
+        session.start_turn(steps)
+        return sid
+
+    def start_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> str:
+        """Start a new turn with ``steps`` on an idle session; return the turn id."""
+        return self._get(session_id).start_turn(steps)
+
+    def queue_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> None:
+        """Script the turn that the next ``agent.session.input.message`` starts."""
+        self._get(session_id).queued_turns.append([list(step) for step in steps])
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        """The JSON ``GET /agents/sessions/{id}`` returns now. KeyError if unknown."""
+        return self._get(session_id).snapshot()
+
+    def required_actions(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's ``required_actions`` now."""
+        return self._get(session_id).required_actions()
+
+    def events(self, session_id: str) -> list[dict[str, Any]]:
+        """Every session event emitted so far (what an SSE listener from the start saw)."""
+        return list(self._get(session_id).history)
+
+    def cancel_turn(self, session_id: str) -> bool:
+        """Cancel the active turn: its calls stop being pending, the session goes idle.
+
+        Returns False if no turn was active.
+        """
+        return self._get(session_id).cancel_turn()
+
+    def delete_session(self, session_id: str) -> None:
+        """Forget a session: every request for it then answers 404; streams end."""
+        self.sessions.pop(session_id).close_streams()
+
+    def redeliver(self, session_id: str) -> str | None:
+        """Send a fresh ``action_required`` webhook (a new webhook-id) if calls are pending.
+
+        This is what the real service does when it notices that a session still waits.
+        Returns the new webhook-id, or None when nothing is pending or no URL is set.
+        """
+        session = self._get(session_id)
+        if not session.pending_calls():
+            return None
+        return self.webhooks.emit(
+            "agent.session.action_required",
+            {"id": session_id, "required_action": {"type": "function_call"}},
+            session_id=session_id,
+        )
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def fail_next(
+        self,
+        route: Route,
+        n: int = 1,
+        status: int = 500,
+        *,
+        retry_after: float | str | None = None,
+        retry_after_ms: float | None = None,
+        body: Any = None,
+        should_retry: bool | None = None,
+    ) -> None:
+        """Answer the next ``n`` requests of ``route`` with ``status`` and no effect.
+
+        ``retry_after`` sets ``Retry-After`` (seconds, or any string such as an HTTP date),
+        ``retry_after_ms`` sets ``retry-after-ms``, ``should_retry`` sets ``x-should-retry``,
+        and ``body`` replaces the default error JSON (bytes are sent as is).
+        """
+        self._check_route(route)
+        headers: dict[str, str] = {}
+        if retry_after is not None:
+            headers["retry-after"] = str(retry_after)
+        if retry_after_ms is not None:
+            headers["retry-after-ms"] = str(retry_after_ms)
+        if should_retry is not None:
+            headers["x-should-retry"] = "true" if should_retry else "false"
+        for _ in range(n):
+            self.faults.failures[route].append(InjectedFailure(status, headers, body))
+
+    def set_latency(self, route: Route, seconds: float) -> None:
+        """Wait ``seconds`` before answering each request of ``route`` (0 turns it off)."""
+        self._check_route(route)
+        self.faults.latency[route] = seconds
+
+    def drop_next(self, route: Route, n: int = 1, *, after_processing: bool = False) -> None:
+        """Drop the connection on the next ``n`` requests of ``route`` without an answer.
+
+        With ``after_processing`` the request takes effect first (a result is accepted) and
+        only the answer is lost: the retry must then be harmless.
+
+        Over a real server the client sees the connection close mid-response. In-process over
+        ``httpx.ASGITransport`` the app raises :class:`FakeConnectionDropped`, a subclass of
+        ``httpx.RemoteProtocolError``, so an httpx client sees a transport error either way.
+        """
+        self._check_route(route)
+        for _ in range(n):
+            self.faults.drops[route].append(after_processing)
+
+    def race_once(self, call_id: str) -> None:
+        """The next submission for ``call_id`` answers the registration-race 400 once."""
+        self.races.add(call_id)
+
+    def duplicate_webhooks(self, on: bool = True) -> None:
+        """Send every webhook delivery twice, with the same webhook-id."""
+        self.webhooks.duplicate = on
+
+    def reorder_webhooks(self, on: bool = True) -> None:
+        """Deliver webhooks out of order: each delivery is overtaken by the next one."""
+        self.webhooks.reorder = on
+
+    # -- waiting ------------------------------------------------------------------------------
+
+    # The interface promises ``timeout`` arguments (ASYNC109): tests read better with them.
+
+    async def wait_idle(self, session_id: str, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait until the session is idle (TimeoutError after ``timeout`` seconds)."""
+        async with asyncio.timeout(timeout):
+            while self._get(session_id).status != "idle":
+                await self._next_change()
+
+    async def wait_for_submissions(
+        self,
+        n: int,
+        timeout: float = 10.0,  # noqa: ASYNC109
+    ) -> list[Submission]:
+        """Wait until at least ``n`` results took effect; return them all."""
+        async with asyncio.timeout(timeout):
+            while len(self.submissions) < n:
+                await self._next_change()
+        return list(self.submissions)
+
+    def notify(self) -> None:
+        """Wake the ``wait_*`` helpers: a session changed (called by the sessions)."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _next_change(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
+
+    async def drain_webhooks(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+        """Wait until every webhook was delivered or used up its attempts."""
+        await self.webhooks.drain(timeout)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop the webhook sender (pending retries are dropped) and end open streams."""
+        for session in self.sessions.values():
+            session.close_streams()
+        await self.webhooks.aclose()
+
+    async def __aenter__(self) -> Self:
+        self.webhooks.ensure_started()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- ASGI ---------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve HTTP requests; the lifespan starts and stops the webhook sender."""
+        if scope["type"] == "http":
+            await handle_http(self, scope, receive, send)
+        elif scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    self.webhooks.ensure_started()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        else:  # websocket: nothing to serve
+            await send({"type": "websocket.close", "code": 1000})
+
+    def record(
+        self,
+        method: str,
+        path: str,
+        route: str,
+        status: int | None,
+        headers: Mapping[str, str],
+    ) -> RecordedRequest:
+        """Build the log entry of one request (used by the HTTP layer)."""
+        return RecordedRequest(method, path, route, status, dict(headers), self.clock())
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _get(self, session_id: str) -> FakeSession:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise KeyError(f"no session {session_id!r}") from None
+
+    @staticmethod
+    def _check_route(route: str) -> None:
+        if route not in _ROUTES:
+            raise ValueError(f"unknown route {route!r}; use one of {sorted(_ROUTES)}")
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()

@@ -1,0 +1,305 @@
+"""The HTTP side of :class:`~agentfn_asgi.testing.FakeAgentsAPI`: routing, faults, auth,
+the three session endpoints and the SSE stream.
+
+Order of checks per request, as a real deployment layers them: latency, a dropped
+connection, an injected failure (a load balancer answers before auth), bearer auth (401),
+``OpenAI-Beta`` (400 ``invalid_beta``), the session (404), then the endpoint itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import random
+import re
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from agentfn_asgi.testing.fake_validation import (
+    MAX_REQUEST_BYTES,
+    Rejection,
+    error_body,
+    parse_events_body,
+)
+
+if TYPE_CHECKING:
+    from agentfn_asgi.testing.fake import FakeAgentsAPI
+
+__all__ = ["FakeConnectionDropped", "FaultPlan", "InjectedFailure", "handle_http"]
+
+_PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events)?/?")
+_ALNUM = string.ascii_letters + string.digits
+
+
+class FakeConnectionDropped(httpx.RemoteProtocolError):
+    """Raised by the fake's ASGI app to drop a connection (see ``drop_next``).
+
+    Over a real server the response is cut off mid-way and the server closes the socket; in
+    process, ``httpx.ASGITransport`` re-raises this, which httpx clients treat as a
+    transport error because it is an ``httpx.RemoteProtocolError``.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class InjectedFailure:
+    """One scripted error answer: ``status``, extra ``headers`` and ``body`` (JSON or bytes)."""
+
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass(slots=True)
+class FaultPlan:
+    """Faults waiting to happen, per route (``retrieve``, ``submit``, ``stream``, ``delete``)."""
+
+    failures: dict[str, collections.deque[InjectedFailure]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    drops: dict[str, collections.deque[bool]] = field(
+        default_factory=lambda: collections.defaultdict(collections.deque)
+    )
+    latency: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Reply:
+    status: int
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _route(method: str, path: str) -> tuple[str, str | None]:
+    match = _PATH.fullmatch(path)
+    if match is None:
+        return "unknown", None
+    session_id, events = match.group(1), match.group(2)
+    routes = {
+        ("GET", False): "retrieve",
+        ("DELETE", False): "delete",
+        ("POST", True): "submit",
+        ("GET", True): "stream",
+    }
+    return routes.get((method, events is not None), "unknown"), session_id
+
+
+async def handle_http(fake: FakeAgentsAPI, scope: Scope, receive: Receive, send: Send) -> None:
+    """Serve one HTTP request and record it in ``fake.requests``."""
+    fake.webhooks.ensure_started()
+    method: str = scope["method"]
+    path: str = scope["path"]
+    root = scope.get("root_path") or ""
+    if root and path.startswith(root):
+        path = path[len(root) :]
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    route, session_id = _route(method, path)
+    status: int | None = None
+    try:
+        body = await _read_body(receive)
+        if route in fake.faults.latency and fake.faults.latency[route] > 0:
+            await asyncio.sleep(fake.faults.latency[route])
+        drops = fake.faults.drops.get(route)
+        drop_after = drops.popleft() if drops else None
+        if drop_after is False or (drop_after and route == "stream"):
+            await _drop(send)
+        if route == "stream" and session_id is not None:
+            reply = _check_request(fake, route, session_id, headers)
+            if reply is None:
+                status = 200
+                await _stream(fake, session_id, scope, receive, send)
+                return
+        else:
+            reply = _check_request(fake, route, session_id, headers) or _serve(
+                fake, route, session_id, headers, body
+            )
+        if drop_after:
+            await _drop(send)
+        status = reply.status
+        await _send_reply(send, reply)
+    finally:
+        fake.requests.append(fake.record(method, path, route, status, headers))
+
+
+def _check_request(
+    fake: FakeAgentsAPI, route: str, session_id: str | None, headers: dict[str, str]
+) -> _Reply | None:
+    """Faults, auth, beta header and session lookup: an error reply, or None to proceed."""
+    failures = fake.faults.failures.get(route)
+    if failures:
+        failure = failures.popleft()
+        body = failure.body
+        if body is None:
+            body = error_body(
+                "Injected failure.", type="server_error" if failure.status >= 500 else "error"
+            )
+        return _Reply(failure.status, body, dict(failure.headers))
+    if route == "unknown" or session_id is None:
+        return _Reply(404, error_body("Invalid URL.", code=None))
+    if headers.get("authorization") != f"Bearer {fake.api_key}":
+        return _Reply(
+            401,
+            error_body("Incorrect API key provided.", code="invalid_api_key"),
+        )
+    beta = [part.strip() for part in headers.get("openai-beta", "").split(",")]
+    if "agents=v1" not in beta:
+        return _Reply(
+            400,
+            error_body(
+                "The OpenAI-Beta header must include 'agents=v1'.",
+                param="OpenAI-Beta",
+                code="invalid_beta",
+            ),
+        )
+    if session_id not in fake.sessions:
+        return _Reply(404, error_body(f"No session found with id '{session_id}'.", code=None))
+    return None
+
+
+def _serve(
+    fake: FakeAgentsAPI, route: str, session_id: str | None, headers: dict[str, str], body: bytes
+) -> _Reply:
+    assert session_id is not None
+    if route == "retrieve":
+        return _Reply(200, fake.sessions[session_id].snapshot())
+    if route == "delete":
+        fake.delete_session(session_id)
+        return _Reply(200, {"id": session_id, "deleted": True, "object": "agent.session.deleted"})
+    try:
+        _submit(fake, session_id, headers.get("idempotency-key"), body)
+    except Rejection as rejection:
+        return _Reply(rejection.status, rejection.body())
+    return _Reply(202)
+
+
+def _submit(fake: FakeAgentsAPI, session_id: str, key: str | None, body: bytes) -> None:
+    """Validate and apply a submission. No ``await``: the check and the update are atomic."""
+    events = parse_events_body(body)
+    if key is not None:
+        previous = fake.idempotency.get(key)
+        if previous == (session_id, body):
+            return  # a replay of an accepted request: 202, no effect
+        if previous is not None:
+            raise Rejection(
+                409,
+                "This Idempotency-Key was already used with a different request.",
+                code="idempotency_conflict",
+            )
+    fake.sessions[session_id].submit(events, key)
+    if key is not None:
+        fake.idempotency[key] = (session_id, body)
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        # Past the limit keep draining but stop storing; the size alone decides the answer.
+        if size <= MAX_REQUEST_BYTES + 1:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _send_reply(send: Send, reply: _Reply) -> None:
+    if reply.body is None:
+        payload = b""
+    elif isinstance(reply.body, bytes):
+        payload = reply.body
+    else:
+        payload = json.dumps(reply.body).encode()
+    headers = [
+        (b"content-length", str(len(payload)).encode()),
+        (b"x-request-id", ("req_" + secrets.token_hex(12)).encode()),
+    ]
+    if payload:
+        headers.append((b"content-type", b"application/json"))
+    headers.extend((k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items())
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+async def _drop(send: Send) -> None:
+    # Start a response that promises a body, then fail: a server closes the socket
+    # mid-response (it cannot send a clean 500 any more); ASGITransport re-raises.
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-length", b"1024"), (b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"{", "more_body": True})
+    raise FakeConnectionDropped("fake dropped the connection")
+
+
+async def _stream(
+    fake: FakeAgentsAPI, session_id: str, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Serve ``GET …/events`` as SSE until the session is idle (then ``data: [DONE]``)."""
+    session = fake.sessions[session_id]
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    obfuscate = query.get("include_obfuscation", ["true"])[-1].lower() != "false"
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    session.listeners.add(queue)
+
+    async def watch_disconnect() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        queue.put_nowait(None)
+
+    watcher = asyncio.create_task(watch_disconnect())
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-request-id", ("req_" + secrets.token_hex(12)).encode()),
+                ],
+            }
+        )
+
+        async def chunk(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        await chunk(b": connected\n\n")
+        live = session.current is not None
+        while live:
+            try:
+                event = await asyncio.wait_for(queue.get(), fake.sse_keepalive)
+            except TimeoutError:
+                await chunk(b": keepalive\n\n")
+                continue
+            if event is None:
+                break
+            if obfuscate:
+                event = {**event, "obfuscation": _padding()}
+            data = json.dumps(event, separators=(",", ":"))
+            await chunk(f"event: {event['type']}\ndata: {data}\n\n".encode())
+            live = event["type"] not in ("agent.session.idle", "agent.session.failed")
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+    finally:
+        session.listeners.discard(queue)
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+def _padding() -> str:
+    return "".join(random.choices(_ALNUM, k=random.randint(1, 24)))

@@ -1,0 +1,399 @@
+"""Session state machine of :class:`~agentfn_asgi.testing.FakeAgentsAPI`.
+
+One :class:`FakeSession` per session: turns made of steps of parallel calls, the status flow
+``in_progress → requires_action → in_progress → … → idle`` (agents-api.md §11), the events
+streamed to listeners and the webhooks each status change sends. Every method is synchronous,
+so each check-then-update is atomic on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from agentfn_asgi.testing.fake_validation import TOOL_RESULT, Rejection, normalised_result
+from agentfn_asgi.testing.fake_webhooks import WebhookSender
+
+__all__ = ["FakeCall", "FakeSession", "SessionHost", "Submission"]
+
+_STATUS_EVENTS = {
+    "in_progress": "agent.session.in_progress",
+    "requires_action": "agent.session.requires_action",
+    "idle": "agent.session.idle",
+    "failed": "agent.session.failed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FakeCall:
+    """One scripted function call: ``name`` with ``arguments``; ``call_id`` is generated
+    (``call_…``) unless given."""
+
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One ``tool_result`` the fake accepted (``received_at`` from the fake's clock)."""
+
+    session_id: str
+    turn_id: str
+    call_id: str
+    success: bool
+    output: Any
+    error: str | None
+    idempotency_key: str | None
+    received_at: float
+
+
+class SessionHost(Protocol):
+    """What a session needs from the fake that owns it."""
+
+    webhooks: WebhookSender
+    clock: Callable[[], float]
+    step_delay: float
+    races: set[str]
+    submissions: list[Submission]
+    duplicate_submissions: list[Submission]
+
+    def notify(self) -> None:
+        """Something changed: wake waiters."""
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: str
+    turn_id: str
+    name: str
+    arguments: dict[str, Any]
+    state: Literal["waiting", "pending", "answered", "cancelled"] = "waiting"
+    result: tuple[bool, str] | None = None
+
+    def action(self) -> dict[str, Any]:
+        return {
+            "type": "function_call",
+            "turn_id": self.turn_id,
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.arguments,
+        }
+
+
+@dataclass(slots=True)
+class _Turn:
+    id: str
+    session_id: str
+    created_at: int
+    steps: list[list[_Call]]
+    step: int = -1
+    status: str = "in_progress"
+    completed_at: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "agent.session.turn",
+            "agent_id": "agent_fake",
+            "session_id": self.session_id,
+            "status": self.status,
+            "created_at": self.created_at,
+            "started_at": self.created_at,
+            "completed_at": self.completed_at,
+            "error": None,
+            "usage": None,
+        }
+
+
+class FakeSession:
+    """The state of one fake session (internal to the test kit; inspect through the fake)."""
+
+    def __init__(self, host: SessionHost, session_id: str, metadata: dict[str, str]) -> None:
+        self.host = host
+        self.id = session_id
+        self.metadata = metadata
+        self.created_at = self.last_active_at = int(host.clock())
+        self.status = "idle"
+        self.turns: list[_Turn] = []
+        self.current: _Turn | None = None
+        self.calls: dict[str, _Call] = {}
+        self.tool_names: dict[str, None] = {}
+        self.queued_turns: list[list[list[FakeCall]]] = []
+        self.history: list[dict[str, Any]] = []
+        self.listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
+
+    # -- views --------------------------------------------------------------------------------
+
+    def pending_calls(self) -> list[_Call]:
+        """Calls of the open step that still wait for a result, in order."""
+        turn = self.current
+        if turn is None or not 0 <= turn.step < len(turn.steps):
+            return []
+        return [call for call in turn.steps[turn.step] if call.state == "pending"]
+
+    def required_actions(self) -> list[dict[str, Any]]:
+        """``required_actions`` as the API lists them."""
+        return [call.action() for call in self.pending_calls()]
+
+    def snapshot(self) -> dict[str, Any]:
+        """The full ``AgentSession`` JSON, shaped like the real one (agents-api.md §3)."""
+        return {
+            "id": self.id,
+            "object": "agent.session",
+            "status": self.status,
+            "required_actions": self.required_actions(),
+            "agent": {
+                "id": "agent_fake",
+                "model": "gpt-fake",
+                "instructions": None,
+                "name": None,
+                "multi_agent": {"enabled": False, "max_concurrent_subagents": None},
+                "reasoning": {"effort": None, "summary": None},
+                "service_tier": "auto",
+                "text": {"format": {"type": "text"}, "verbosity": "medium"},
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": name,
+                        "description": "",
+                        "parameters": {"type": "object", "properties": {}},
+                        "defer_loading": False,
+                    }
+                    for name in self.tool_names
+                ],
+            },
+            "environment": {"type": "none"},
+            "created_at": self.created_at,
+            "last_active_at": self.last_active_at,
+            "metadata": dict(self.metadata),
+            "error": None,
+            "usage": None,
+            "vault_ids": [],
+        }
+
+    # -- transitions --------------------------------------------------------------------------
+
+    def announce_created(self) -> None:
+        """Emit ``agent.session.created`` (stream and webhook)."""
+        self._emit({"type": "agent.session.created", "session": self.snapshot()})
+        self._webhook("agent.session.created")
+
+    def start_turn(self, steps: Sequence[Sequence[FakeCall]]) -> str:
+        """Start a turn running ``steps``; the session must be idle."""
+        if self.current is not None:
+            raise ValueError(f"session {self.id} already has an active turn")
+        turn = _Turn("turn_" + secrets.token_hex(12), self.id, int(self.host.clock()), [])
+        planned: set[str] = set()
+        for step in steps:
+            batch = []
+            for scripted in step:
+                call_id = scripted.call_id or "call_" + secrets.token_hex(12)
+                if call_id in self.calls or call_id in planned:
+                    raise ValueError(f"call id {call_id} is already used in session {self.id}")
+                planned.add(call_id)
+                batch.append(_Call(call_id, turn.id, scripted.name, dict(scripted.arguments)))
+            turn.steps.append(batch)
+        for batch in turn.steps:
+            for call in batch:
+                self.calls[call.call_id] = call
+                self.tool_names[call.name] = None
+        self.turns.append(turn)
+        self.current = turn
+        self._emit_turn("agent.session.turn.created", turn)
+        self._set_status("in_progress")
+        self._open_next_step(turn)
+        return turn.id
+
+    def cancel_turn(self) -> bool:
+        """Cancel the active turn; its calls stop being pending. False if none was active."""
+        turn = self.current
+        if turn is None:
+            return False
+        for batch in turn.steps:
+            for call in batch:
+                if call.state in ("waiting", "pending"):
+                    call.state = "cancelled"
+        turn.status = "cancelled"
+        turn.completed_at = int(self.host.clock())
+        self.current = None
+        self._emit_turn("agent.session.turn.cancelled", turn)
+        self._set_status("idle")
+        return True
+
+    def submit(self, events: list[dict[str, Any]], idempotency_key: str | None) -> list[Submission]:
+        """Check then apply a validated batch atomically; return the results that took effect.
+
+        Raises :class:`Rejection` (nothing applied) for the registration race, a call that is
+        not pending (400 "Unknown pending tool call: <id>"), a turn mismatch (400) or a
+        different result for an answered call (409).
+        """
+        plan: list[tuple[dict[str, Any], _Call | None, bool]] = []
+        seen: dict[str, tuple[bool, str]] = {}
+        for index, event in enumerate(events):
+            kind = event["type"]
+            if kind != TOOL_RESULT:
+                if kind.endswith("approval_request_result"):
+                    raise Rejection(400, f"Unknown pending approval request: {event['request_id']}")
+                plan.append((event, None, False))
+                continue
+            call_id = event["call_id"]
+            if call_id in self.host.races:
+                self.host.races.discard(call_id)
+                raise Rejection(400, f"Unknown pending tool call: {call_id}")
+            result = normalised_result(event)
+            call = self.calls.get(call_id)
+            previous = seen.get(call_id)
+            if previous is None and call is not None and call.state == "answered":
+                previous = call.result
+            if call is None or call.state in ("waiting", "cancelled"):
+                raise Rejection(400, f"Unknown pending tool call: {call_id}")
+            if event["turn_id"] != call.turn_id:
+                raise Rejection(
+                    400,
+                    f"Tool call {call_id} does not belong to turn {event['turn_id']}.",
+                    param=f"events[{index}].turn_id",
+                )
+            if previous is not None and previous != result:
+                raise Rejection(
+                    409,
+                    f"Tool call {call_id} already has a different result.",
+                    code="conflict_error",
+                )
+            seen[call_id] = result
+            plan.append((event, call, previous is not None))
+
+        now = self.host.clock()
+        applied: list[Submission] = []
+        for event, call, duplicate in plan:
+            if call is None:
+                self._apply_input(event)
+                continue
+            submission = Submission(
+                self.id,
+                call.turn_id,
+                call.call_id,
+                bool(event["success"]),
+                event.get("output"),
+                event.get("error"),
+                idempotency_key,
+                now,
+            )
+            if duplicate:
+                self.host.duplicate_submissions.append(submission)
+                continue
+            call.state = "answered"
+            call.result = normalised_result(event)
+            self.host.submissions.append(submission)
+            applied.append(submission)
+            self._answered(call, event)
+        return applied
+
+    def close_streams(self) -> None:
+        """End every open SSE stream of this session."""
+        for queue in self.listeners:
+            queue.put_nowait(None)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _apply_input(self, event: dict[str, Any]) -> None:
+        if event["type"] == "agent.session.input.cancel":
+            self.cancel_turn()
+        elif event["type"] == "agent.session.input.message" and self.current is None:
+            # A message on an idle session starts the next scripted turn (or an empty one);
+            # during a turn it only steers it, which the fake does not model.
+            self.start_turn(self.queued_turns.pop(0) if self.queued_turns else [])
+
+    def _answered(self, call: _Call, event: dict[str, Any]) -> None:
+        item = {
+            "type": "function_call_output",
+            "id": "item_" + secrets.token_hex(12),
+            "call_id": call.call_id,
+            "turn_id": call.turn_id,
+            "output": event.get("output"),
+            "error": event.get("error"),
+            "status": "completed" if event["success"] else "failed",
+        }
+        self._emit(
+            {
+                "type": "agent.session.turn.item.added",
+                "session_id": self.id,
+                "turn_id": call.turn_id,
+                "item": item,
+            }
+        )
+        turn = self.current
+        if turn is None or self.pending_calls():
+            return
+        # The step is complete: the model "thinks" (step_delay), then asks again or finishes.
+        turn.status = "in_progress"
+        self._set_status("in_progress")
+        try:
+            loop = asyncio.get_running_loop() if self.host.step_delay > 0 else None
+        except RuntimeError:  # called outside a loop: no timer to wait on
+            loop = None
+        if loop is not None:
+            loop.call_later(self.host.step_delay, self._resume, turn)
+        else:
+            self._open_next_step(turn)
+
+    def _resume(self, turn: _Turn) -> None:
+        if self.current is turn:
+            self._open_next_step(turn)
+
+    def _open_next_step(self, turn: _Turn) -> None:
+        turn.step += 1
+        if turn.step >= len(turn.steps):
+            turn.status = "completed"
+            turn.completed_at = int(self.host.clock())
+            self.current = None
+            self._emit_turn("agent.session.turn.completed", turn)
+            self._set_status("idle")
+            return
+        for output_index, call in enumerate(turn.steps[turn.step]):
+            call.state = "pending"
+            item = {"id": "item_" + secrets.token_hex(12), **call.action(), "status": "completed"}
+            self._emit(
+                {
+                    "type": "agent.session.turn.item.added",
+                    "session_id": self.id,
+                    "turn_id": turn.id,
+                    "item": item,
+                    "output_index": output_index,
+                }
+            )
+        turn.status = "waiting"
+        self._set_status("requires_action")
+
+    def _set_status(self, status: str) -> None:
+        self.status = status
+        self.last_active_at = int(self.host.clock())
+        self._emit({"type": _STATUS_EVENTS[status], "session": self.snapshot()})
+        if status == "requires_action":
+            self.host.webhooks.emit(
+                "agent.session.action_required",
+                {"id": self.id, "required_action": {"type": "function_call"}},
+                session_id=self.id,
+            )
+        else:
+            self._webhook(_STATUS_EVENTS[status])
+
+    def _webhook(self, event_type: str) -> None:
+        self.host.webhooks.emit(
+            event_type, {"id": self.id, "environment_type": "none"}, session_id=self.id
+        )
+
+    def _emit_turn(self, event_type: str, turn: _Turn) -> None:
+        self._emit(
+            {"type": event_type, "session_id": self.id, "turn_id": turn.id, "turn": turn.to_json()}
+        )
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        event = {"event_id": "event_" + secrets.token_hex(12), **event}
+        self.history.append(event)
+        for queue in self.listeners:
+            queue.put_nowait(event)
+        self.host.notify()

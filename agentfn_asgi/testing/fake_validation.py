@@ -1,0 +1,186 @@
+"""Request validation and error bodies of :class:`~agentfn_asgi.testing.FakeAgentsAPI`.
+
+``POST /agents/sessions/{id}/events`` is checked field by field as agents-api.md §4
+documents it, answering 400 ``invalid_request_error`` with ``param`` naming the first bad
+field (``events[0].output[1].text``), as the real service names fields in its errors.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentfn_asgi.wire import INPUT_EVENT_TYPES
+
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "InvalidRequestError",
+    "Rejection",
+    "error_body",
+    "normalised_result",
+    "parse_events_body",
+]
+
+#: Largest accepted request body: 4 MiB (agents-api.md §9.1).
+MAX_REQUEST_BYTES = 4_194_304
+
+TOOL_RESULT = "agent.session.input.tool_result"
+
+
+class Rejection(Exception):  # noqa: N818 - an answer to send, not a failure of the fake
+    """An error response to send: ``status`` and the fields of the error envelope."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error envelope."""
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+class InvalidRequestError(Rejection):
+    """A 400 ``invalid_request_error``; ``param`` names the field at fault."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(400, message, param=param)
+
+
+def error_body(
+    message: str,
+    *,
+    type: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """The standard error envelope ``{"error": {message, type, param, code}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def parse_events_body(body: bytes) -> list[dict[str, Any]]:
+    """Decode and validate a submission body; return its events.
+
+    Raises :class:`InvalidRequestError` for a body over 4 MiB ("too large"), a body that is
+    not a JSON object, a missing, non-list or empty ``events``, and any event that breaks
+    its type's documented shape.
+    """
+    if len(body) > MAX_REQUEST_BYTES:
+        raise InvalidRequestError(
+            f"Request body too large: {len(body)} bytes, over the {MAX_REQUEST_BYTES}-byte limit."
+        )
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        raise InvalidRequestError("The request body is not valid JSON.") from None
+    if not isinstance(payload, dict):
+        raise InvalidRequestError("The request body must be a JSON object.")
+    if "events" not in payload:
+        raise InvalidRequestError("Missing required parameter: 'events'.", param="events")
+    events = payload["events"]
+    if not isinstance(events, list):
+        raise InvalidRequestError("'events' must be an array.", param="events")
+    if not events:
+        raise InvalidRequestError("'events' must contain at least one event.", param="events")
+    for index, event in enumerate(events):
+        _check_event(event, f"events[{index}]")
+    return events
+
+
+def _check_event(event: object, where: str) -> None:
+    if not isinstance(event, dict):
+        raise InvalidRequestError(f"'{where}' must be an object.", param=where)
+    kind = event.get("type")
+    if not isinstance(kind, str):
+        raise InvalidRequestError(
+            f"Missing required parameter: '{where}.type'.", param=f"{where}.type"
+        )
+    if kind not in INPUT_EVENT_TYPES:
+        raise InvalidRequestError(
+            f"Invalid value for '{where}.type': {kind!r} is not a supported input event.",
+            param=f"{where}.type",
+        )
+    if kind == TOOL_RESULT:
+        _check_tool_result(event, where)
+    elif kind == "agent.session.input.message":
+        _require(event, where, "input", list)
+    elif kind in (
+        "agent.session.input.mcp_approval_request_result",
+        "agent.session.input.computer_use_approval_request_result",
+    ):
+        _require(event, where, "request_id", str)
+        _require(event, where, "response", dict)
+
+
+def _require(event: dict[str, Any], where: str, name: str, kind: type) -> None:
+    if name not in event:
+        raise InvalidRequestError(
+            f"Missing required parameter: '{where}.{name}'.", param=f"{where}.{name}"
+        )
+    value = event[name]
+    # bool is an int subclass in Python; JSON keeps them apart, so must we.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise InvalidRequestError(
+            f"Invalid type for '{where}.{name}': expected {_json_type(kind)}.",
+            param=f"{where}.{name}",
+        )
+
+
+def _json_type(kind: type) -> str:
+    names = {str: "a string", bool: "a boolean", list: "an array", dict: "an object"}
+    return names.get(kind, kind.__name__)
+
+
+def _check_tool_result(event: dict[str, Any], where: str) -> None:
+    _require(event, where, "turn_id", str)
+    _require(event, where, "call_id", str)
+    _require(event, where, "success", bool)
+    output = event.get("output")
+    if output is not None and not isinstance(output, str):
+        if not isinstance(output, list):
+            raise InvalidRequestError(
+                f"Invalid type for '{where}.output': expected a string, an array of content "
+                "parts, or null.",
+                param=f"{where}.output",
+            )
+        for index, part in enumerate(output):
+            _check_part(part, f"{where}.output[{index}]")
+    error = event.get("error")
+    if error is not None and not isinstance(error, str):
+        raise InvalidRequestError(
+            f"Invalid type for '{where}.error': expected a string or null.",
+            param=f"{where}.error",
+        )
+
+
+def _check_part(part: object, where: str) -> None:
+    if not isinstance(part, dict):
+        raise InvalidRequestError(f"'{where}' must be an object.", param=where)
+    kind = part.get("type")
+    if kind == "input_text":
+        _require(part, where, "text", str)
+    elif kind == "input_image":
+        _require(part, where, "image_url", str)
+    else:
+        raise InvalidRequestError(
+            f"Invalid value for '{where}.type': expected 'input_text' or 'input_image'.",
+            param=f"{where}.type",
+        )
+
+
+def normalised_result(event: dict[str, Any]) -> tuple[bool, str]:
+    """``(success, canonical JSON of output and error)``: equal for equal results."""
+    return bool(event["success"]), json.dumps(
+        [event.get("output"), event.get("error")], sort_keys=True, separators=(",", ":")
+    )

@@ -1,0 +1,267 @@
+"""The webhook sender of :class:`~agentfn_asgi.testing.FakeAgentsAPI`.
+
+It behaves like OpenAI's sender as far as it is documented (agents-api.md §8.4): a signed
+``POST`` per event and endpoint, any 2xx is success and anything else, 3xx included, is
+retried with exponential backoff, keeping the same ``webhook-id`` (the receiver's idempotency
+key) while each attempt is signed with a fresh timestamp. Deliveries go out one at a time, in
+order, from one background task, unless a fault asks for duplicates or reordering.
+
+asyncio only: the sender uses the running loop's timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+
+from agentfn_asgi.signing import signed_headers
+from agentfn_asgi.testing.deliveries import WEBHOOK_USER_AGENT, new_webhook_id, webhook_event
+
+__all__ = ["DEFAULT_WEBHOOK_RETRY_DELAYS", "DeliveryAttempt", "WebhookSender"]
+
+#: Fast backoff for tests: 6 attempts over about a second and a half.
+DEFAULT_WEBHOOK_RETRY_DELAYS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+#: How long a held delivery waits for a successor to swap with when reordering.
+_REORDER_HOLD = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryAttempt:
+    """One attempt to deliver one webhook to one URL.
+
+    ``status`` is None when no response came back (``error`` then says why); ``attempt``
+    counts from 1 per delivery; ``webhook_id`` is the same on every attempt (and on a
+    duplicate), while the body's ``event_id`` names the event.
+    """
+
+    webhook_id: str
+    event_id: str
+    event_type: str
+    session_id: str | None
+    url: str
+    attempt: int
+    status: int | None
+    error: str | None
+    at: float
+
+    @property
+    def ok(self) -> bool:
+        """True for a 2xx answer."""
+        return self.status is not None and 200 <= self.status < 300
+
+
+@dataclass(slots=True)
+class _Delivery:
+    webhook_id: str
+    event_id: str
+    event_type: str
+    session_id: str | None
+    url: str
+    body: bytes
+    attempt: int = 0
+
+
+class WebhookSender:
+    """Queues, signs, sends and retries webhook deliveries (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        secrets: Sequence[str],
+        urls: Sequence[str],
+        client: httpx.AsyncClient | None = None,
+        retry_delays: Sequence[float] = DEFAULT_WEBHOOK_RETRY_DELAYS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.secrets = tuple(secrets)
+        self.urls = list(urls)
+        self.retry_delays = tuple(retry_delays)
+        self.attempts: list[DeliveryAttempt] = []
+        self.duplicate = False
+        self.reorder = False
+        self._given_client = client
+        self._client: httpx.AsyncClient | None = client
+        self._clock = clock
+        self._queue: collections.deque[_Delivery] = collections.deque()
+        self._held: _Delivery | None = None
+        self._busy = 0  # deliveries in flight or waiting on a retry timer
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts per delivery: the first plus one per retry delay."""
+        return len(self.retry_delays) + 1
+
+    def emit(
+        self, event_type: str, data: dict[str, Any], *, session_id: str | None = None
+    ) -> str | None:
+        """Queue one event for every URL; return its ``webhook-id`` (None without URLs)."""
+        if not self.urls:
+            return None
+        event = webhook_event(event_type, data, clock=self._clock)
+        body = json.dumps(event, separators=(",", ":")).encode()
+        webhook_id = new_webhook_id()
+        for url in self.urls:
+            delivery = _Delivery(webhook_id, event["id"], event_type, session_id, url, body)
+            self._enqueue(delivery)
+            if self.duplicate:
+                self._enqueue(replace(delivery))
+        self.ensure_started()
+        return webhook_id
+
+    @property
+    def idle(self) -> bool:
+        """True when nothing is queued, held, in flight or waiting to be retried."""
+        return not self._queue and self._held is None and self._busy == 0
+
+    def ensure_started(self) -> None:
+        """Start the sender task on the running loop (no-op outside a loop)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._task is not None and not self._task.done() and self._loop is loop:
+            return
+        if self._loop is not loop:
+            # A new event loop (a new test): state bound to the old loop cannot be reused.
+            self._timers.clear()
+            self._busy = 0
+            if self._given_client is None:
+                self._client = None
+        self._loop = loop
+        self._wakeup = asyncio.Event()
+        self._task = loop.create_task(self._run(), name="fake-agents-webhook-sender")
+        if self._queue:
+            self._wakeup.set()
+
+    async def drain(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - promised API
+        """Wait until every queued delivery has succeeded or used up its attempts."""
+        self.ensure_started()
+        async with asyncio.timeout(timeout):
+            # Idleness changes in several places (send, timers, hold); polling keeps it simple.
+            while not self.idle:
+                self._flush_held()
+                await asyncio.sleep(0.005)
+
+    async def aclose(self) -> None:
+        """Stop the sender, drop pending retries and close the HTTP client it created."""
+        for timer in self._timers:
+            timer.cancel()
+        self._busy -= len(self._timers)
+        self._timers.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._given_client is None and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _enqueue(self, delivery: _Delivery) -> None:
+        if not self.reorder:
+            self._flush_held()
+            self._push(delivery)
+        elif self._held is None:
+            # Hold this one back; the next delivery overtakes it (or a timer releases it).
+            self._held = delivery
+            with contextlib.suppress(RuntimeError):  # no running loop: drain() flushes it
+                asyncio.get_running_loop().call_later(_REORDER_HOLD, self._flush_held)
+        else:
+            held, self._held = self._held, None
+            self._push(delivery)
+            self._push(held)
+
+    def _flush_held(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._push(held)
+
+    def _push(self, delivery: _Delivery) -> None:
+        self._queue.append(delivery)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            while not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            delivery = self._queue.popleft()
+            self._busy += 1
+            retry = False
+            try:
+                retry = await self._send(delivery)
+            finally:
+                if retry:
+                    self._schedule_retry(delivery)
+                else:
+                    self._busy -= 1
+
+    async def _send(self, delivery: _Delivery) -> bool:
+        """Make one attempt; return True if it failed and may be retried."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=5.0)
+        delivery.attempt += 1
+        headers = {
+            "content-type": "application/json",
+            "user-agent": WEBHOOK_USER_AGENT,
+            **signed_headers(
+                self.secrets,
+                delivery.body,
+                msg_id=delivery.webhook_id,
+                timestamp=int(self._clock()),
+            ),
+        }
+        status: int | None = None
+        error: str | None = None
+        try:
+            # Redirects are not followed: a sender counts a 3xx as a failed delivery.
+            response = await self._client.post(
+                delivery.url, content=delivery.body, headers=headers, follow_redirects=False
+            )
+            status = response.status_code
+        except Exception as exc:  # the fake must survive any receiver, even a crashing one
+            error = f"{type(exc).__name__}: {exc}"
+        self.attempts.append(
+            DeliveryAttempt(
+                webhook_id=delivery.webhook_id,
+                event_id=delivery.event_id,
+                event_type=delivery.event_type,
+                session_id=delivery.session_id,
+                url=delivery.url,
+                attempt=delivery.attempt,
+                status=status,
+                error=error,
+                at=self._clock(),
+            )
+        )
+        ok = status is not None and 200 <= status < 300
+        return not ok and delivery.attempt < self.max_attempts
+
+    def _schedule_retry(self, delivery: _Delivery) -> None:
+        assert self._loop is not None
+        delay = self.retry_delays[min(delivery.attempt - 1, len(self.retry_delays) - 1)]
+
+        def requeue() -> None:
+            self._timers.discard(timer)
+            self._busy -= 1
+            self._push(delivery)
+
+        timer = self._loop.call_later(delay, requeue)
+        self._timers.add(timer)

@@ -1,0 +1,563 @@
+"""Pydantic models of the Agents API wire format that agentfn-asgi reads and writes.
+
+Every model is tolerant: unknown fields are kept (``extra="allow"``), and an unknown
+``required_actions`` type or streamed event type becomes a generic model instead of a parse
+failure, because the beta API grows new members without notice (agents-api.md §3.1, §5.2).
+Fields the middleware does not need are left loose (``dict[str, Any]``) so parsing a session,
+which sits on the hot path of every webhook, stays cheap.
+
+Sources: agents-api.md §3 (session), §4 (input events), §5 (stream), §8.1 (webhooks),
+§10.1 (error body).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+
+__all__ = [
+    "AGENT_WEBHOOK_EVENT_TYPES",
+    "INPUT_EVENT_TYPES",
+    "APIErrorDetail",
+    "ActionRequiredWebhookData",
+    "AgentSession",
+    "ComputerUseApprovalRequestAction",
+    "ContentPart",
+    "EnvironmentConnectionAction",
+    "EnvironmentWebhookData",
+    "ErrorBody",
+    "ErrorEvent",
+    "FunctionCallAction",
+    "GenericAction",
+    "GenericSessionEvent",
+    "InputImagePart",
+    "InputTextPart",
+    "MCPApprovalRequestAction",
+    "RequiredAction",
+    "RequiredActionRef",
+    "SessionCreatedEvent",
+    "SessionEvent",
+    "SessionFailedEvent",
+    "SessionIdleEvent",
+    "SessionInProgressEvent",
+    "SessionRequiresActionEvent",
+    "SessionStatusEvent",
+    "SessionWebhookData",
+    "ToolResultEvent",
+    "Turn",
+    "TurnCancelledEvent",
+    "TurnCompletedEvent",
+    "TurnCreatedEvent",
+    "TurnEvent",
+    "TurnFailedEvent",
+    "TurnInProgressEvent",
+    "TurnItemAddedEvent",
+    "TurnItemDoneEvent",
+    "WebhookEvent",
+    "parse_session_event",
+    "parse_webhook_event",
+]
+
+#: ``type`` values of ``POST /agents/sessions/{id}/events`` input events (agents-api.md §4).
+INPUT_EVENT_TYPES: frozenset[str] = frozenset(
+    {
+        "agent.session.input.tool_result",
+        "agent.session.input.message",
+        "agent.session.input.cancel",
+        "agent.session.input.mcp_approval_request_result",
+        "agent.session.input.computer_use_approval_request_result",
+    }
+)
+
+#: Subscribable ``agent.*`` webhook event types (agents-api.md §8.5).
+AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
+    {
+        "agent.environment.ready",
+        "agent.environment.failed",
+        "agent.environment.suspended",
+        "agent.environment.expired",
+        "agent.session.created",
+        "agent.session.action_required",
+        "agent.session.in_progress",
+        "agent.session.idle",
+        "agent.session.failed",
+    }
+)
+
+
+class _Wire(BaseModel):
+    """Base of every wire model: keeps unknown fields, immutable once parsed."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Required actions (agents-api.md §3.1)
+
+
+class FunctionCallAction(_Wire):
+    """A pending function call: run ``name`` with ``arguments`` and submit a ``tool_result``.
+
+    It has no id of its own; it is keyed by ``(turn_id, call_id)``. ``arguments`` is normally
+    a decoded JSON object, but a JSON string is tolerated (the tool layer decodes it).
+    """
+
+    type: Literal["function_call"] = "function_call"
+    turn_id: str
+    call_id: str
+    name: str
+    arguments: Any = None
+
+
+class EnvironmentConnectionAction(_Wire):
+    """Reconnect a self-hosted environment (not handled by agentfn-asgi)."""
+
+    type: Literal["environment_connection"] = "environment_connection"
+    environment_id: str
+
+
+class MCPApprovalRequestAction(_Wire):
+    """Approve or deny an MCP tool call (not handled by agentfn-asgi)."""
+
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    request_id: str
+    turn_id: str
+    request: dict[str, Any] = Field(default_factory=dict)
+
+
+class ComputerUseApprovalRequestAction(_Wire):
+    """Respond to a computer-use request (not handled by agentfn-asgi)."""
+
+    type: Literal["computer_use_approval_request"] = "computer_use_approval_request"
+    request_id: str
+    turn_id: str
+    request: dict[str, Any] = Field(default_factory=dict)
+
+
+class GenericAction(_Wire):
+    """Any required action of a type this version does not know; extra fields are kept."""
+
+    type: str
+
+
+_KNOWN_ACTION_TYPES = frozenset(
+    {
+        "function_call",
+        "environment_connection",
+        "mcp_approval_request",
+        "computer_use_approval_request",
+    }
+)
+
+
+def _action_tag(value: Any) -> str:
+    # A callable discriminator sends unknown types to GenericAction in one dict lookup,
+    # instead of trying every union member (which would be slow and error-prone).
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in _KNOWN_ACTION_TYPES else "generic"
+
+
+RequiredAction = Annotated[
+    Annotated[FunctionCallAction, Tag("function_call")]
+    | Annotated[EnvironmentConnectionAction, Tag("environment_connection")]
+    | Annotated[MCPApprovalRequestAction, Tag("mcp_approval_request")]
+    | Annotated[ComputerUseApprovalRequestAction, Tag("computer_use_approval_request")]
+    | Annotated[GenericAction, Tag("generic")],
+    Discriminator(_action_tag),
+]
+"""One entry of ``AgentSession.required_actions``; unknown types parse as :class:`GenericAction`."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Session (agents-api.md §3)
+
+
+class AgentSession(_Wire):
+    """A managed agent session as returned by ``GET /agents/sessions/{id}``.
+
+    ``required_actions`` is the authority on what is still owed. ``status`` stays a plain
+    string so a new status value never breaks parsing. ``agent``, ``environment`` and
+    ``usage`` are kept as raw dicts: the middleware does not read them.
+    """
+
+    id: str
+    object: str = "agent.session"
+    status: str
+    required_actions: list[RequiredAction] = Field(default_factory=list)
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    created_at: int | None = None
+    last_active_at: int | None = None
+    agent: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    vault_ids: list[str] = Field(default_factory=list)
+
+    @property
+    def function_calls(self) -> list[FunctionCallAction]:
+        """The pending ``function_call`` actions, in the order the API listed them."""
+        return [a for a in self.required_actions if isinstance(a, FunctionCallAction)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Input events (agents-api.md §4)
+
+
+class InputTextPart(_Wire):
+    """A text content part of a tool result: ``{"type": "input_text", "text": ...}``."""
+
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class InputImagePart(_Wire):
+    """An image content part: ``{"type": "input_image", "image_url": ...}`` (URL or data URL)."""
+
+    type: Literal["input_image"] = "input_image"
+    image_url: str
+
+
+ContentPart = Annotated[InputTextPart | InputImagePart, Field(discriminator="type")]
+"""A content part of a ``tool_result`` output array."""
+
+
+class ToolResultEvent(_Wire):
+    """``agent.session.input.tool_result``: the answer to one pending function call.
+
+    ``success`` with ``output`` (a string or content parts); or ``success=False`` with an
+    ``error`` message the model can act on. Serialise with
+    ``model_dump(mode="json")``; ``name`` is never sent.
+    """
+
+    type: Literal["agent.session.input.tool_result"] = "agent.session.input.tool_result"
+    turn_id: str
+    call_id: str
+    success: bool
+    output: str | list[ContentPart] | None = None
+    error: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors (agents-api.md §10.1)
+
+
+class APIErrorDetail(_Wire):
+    """The ``error`` object of an error response or of a streamed ``error`` event."""
+
+    message: str = ""
+    type: str | None = None
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(_Wire):
+    """An error response body: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: APIErrorDetail
+
+
+# ---------------------------------------------------------------------------------------------
+# Webhooks (agents-api.md §8.1)
+
+
+class RequiredActionRef(_Wire):
+    """The ``required_action`` of an ``action_required`` webhook: the type only."""
+
+    type: str
+
+
+class SessionWebhookData(_Wire):
+    """``data`` of ``agent.session.created/in_progress/idle/failed`` webhooks."""
+
+    id: str
+    environment_type: str | None = None
+    environment_id: str | None = None
+
+
+class ActionRequiredWebhookData(_Wire):
+    """``data`` of ``agent.session.action_required``: the session id and one action type."""
+
+    id: str
+    required_action: RequiredActionRef
+
+
+class EnvironmentWebhookData(_Wire):
+    """``data`` of ``agent.environment.*`` webhooks: the environment id."""
+
+    id: str
+
+
+class WebhookEvent(_Wire):
+    """The webhook envelope ``{id, object: "event", created_at, type, data}``.
+
+    ``data`` stays a dict so that any event type parses; :meth:`typed_data` gives the
+    model of a known ``agent.*`` type. The body's ``id`` (``evt_…``) differs from the
+    ``webhook-id`` header, which is the delivery's idempotency key.
+    """
+
+    id: str
+    object: str = "event"
+    created_at: int
+    type: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def session_id(self) -> str | None:
+        """The session id of an ``agent.session.*`` event (``data.id``), else None."""
+        if not self.type.startswith("agent.session."):
+            return None
+        value = self.data.get("id")
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def required_action_type(self) -> str | None:
+        """``data.required_action.type`` of an ``action_required`` event, else None."""
+        action = self.data.get("required_action")
+        if isinstance(action, dict):
+            kind = action.get("type")
+            if isinstance(kind, str):
+                return kind
+        return None
+
+    def typed_data(
+        self,
+    ) -> ActionRequiredWebhookData | SessionWebhookData | EnvironmentWebhookData | None:
+        """Validate ``data`` against the model of this event type; None for other types.
+
+        Raises pydantic's ``ValidationError`` (a ``ValueError``) if a known type's data is
+        malformed.
+        """
+        if self.type == "agent.session.action_required":
+            return ActionRequiredWebhookData.model_validate(self.data)
+        if self.type.startswith("agent.session."):
+            return SessionWebhookData.model_validate(self.data)
+        if self.type.startswith("agent.environment."):
+            return EnvironmentWebhookData.model_validate(self.data)
+        return None
+
+
+def parse_webhook_event(body: bytes) -> WebhookEvent:
+    """Parse a webhook body (the raw bytes that were verified).
+
+    Raises ``ValueError`` (pydantic's ``ValidationError`` is one) for anything that is not
+    a JSON object with ``id``, ``created_at``, ``type`` and an object ``data``, including
+    bytes that are not UTF-8.
+    """
+    return WebhookEvent.model_validate_json(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Streamed session events (agents-api.md §5.2)
+
+
+class Turn(_Wire):
+    """A session turn (``agent.session.turn``); ``status`` is kept as a plain string."""
+
+    id: str
+    object: str = "agent.session.turn"
+    session_id: str | None = None
+    status: str
+    created_at: int | None = None
+    started_at: int | None = None
+    completed_at: int | None = None
+    error: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+
+class _EventBase(_Wire):
+    event_id: str
+    obfuscation: str | None = None
+
+
+class _SessionSnapshotEvent(_EventBase):
+    session: AgentSession
+
+
+class SessionCreatedEvent(_SessionSnapshotEvent):
+    """``agent.session.created`` with a session snapshot."""
+
+    type: Literal["agent.session.created"] = "agent.session.created"
+
+
+class SessionInProgressEvent(_SessionSnapshotEvent):
+    """``agent.session.in_progress`` with a session snapshot."""
+
+    type: Literal["agent.session.in_progress"] = "agent.session.in_progress"
+
+
+class SessionRequiresActionEvent(_SessionSnapshotEvent):
+    """``agent.session.requires_action``: ``session.required_actions`` lists what is owed."""
+
+    type: Literal["agent.session.requires_action"] = "agent.session.requires_action"
+
+
+class SessionIdleEvent(_SessionSnapshotEvent):
+    """``agent.session.idle`` with a session snapshot."""
+
+    type: Literal["agent.session.idle"] = "agent.session.idle"
+
+
+class SessionFailedEvent(_SessionSnapshotEvent):
+    """``agent.session.failed`` with a session snapshot."""
+
+    type: Literal["agent.session.failed"] = "agent.session.failed"
+
+
+SessionStatusEvent = (
+    SessionCreatedEvent
+    | SessionInProgressEvent
+    | SessionRequiresActionEvent
+    | SessionIdleEvent
+    | SessionFailedEvent
+)
+"""The session-level events, each carrying a full session snapshot."""
+
+
+class _TurnEventBase(_EventBase):
+    session_id: str
+    turn_id: str
+    turn: Turn
+
+
+class TurnCreatedEvent(_TurnEventBase):
+    """``agent.session.turn.created``."""
+
+    type: Literal["agent.session.turn.created"] = "agent.session.turn.created"
+
+
+class TurnInProgressEvent(_TurnEventBase):
+    """``agent.session.turn.in_progress``."""
+
+    type: Literal["agent.session.turn.in_progress"] = "agent.session.turn.in_progress"
+
+
+class TurnCompletedEvent(_TurnEventBase):
+    """``agent.session.turn.completed``."""
+
+    type: Literal["agent.session.turn.completed"] = "agent.session.turn.completed"
+    usage: dict[str, Any] | None = None
+
+
+class TurnFailedEvent(_TurnEventBase):
+    """``agent.session.turn.failed``."""
+
+    type: Literal["agent.session.turn.failed"] = "agent.session.turn.failed"
+    usage: dict[str, Any] | None = None
+
+
+class TurnCancelledEvent(_TurnEventBase):
+    """``agent.session.turn.cancelled``: its pending calls are no longer owed."""
+
+    type: Literal["agent.session.turn.cancelled"] = "agent.session.turn.cancelled"
+    usage: dict[str, Any] | None = None
+
+
+TurnEvent = (
+    TurnCreatedEvent
+    | TurnInProgressEvent
+    | TurnCompletedEvent
+    | TurnFailedEvent
+    | TurnCancelledEvent
+)
+"""The turn lifecycle events."""
+
+
+class TurnItemAddedEvent(_EventBase):
+    """``agent.session.turn.item.added``; a ``function_call`` item does not prove it is pending."""
+
+    type: Literal["agent.session.turn.item.added"] = "agent.session.turn.item.added"
+    session_id: str
+    turn_id: str | None = None
+    item: dict[str, Any]
+    output_index: int | None = None
+
+
+class TurnItemDoneEvent(_EventBase):
+    """``agent.session.turn.item.done``."""
+
+    type: Literal["agent.session.turn.item.done"] = "agent.session.turn.item.done"
+    session_id: str
+    turn_id: str | None = None
+    item: dict[str, Any]
+    output_index: int | None = None
+
+
+class ErrorEvent(_EventBase):
+    """A streamed ``error`` event: ``error`` carries ``code``, ``message``, ``param``, ``type``."""
+
+    type: Literal["error"] = "error"
+    error: APIErrorDetail
+    session_id: str | None = None
+
+
+class GenericSessionEvent(_Wire):
+    """Any streamed event of a type this version does not model; extra fields are kept."""
+
+    type: str
+    event_id: str | None = None
+    obfuscation: str | None = None
+
+
+_EVENT_CLASSES: dict[str, type[BaseModel]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        SessionCreatedEvent,
+        SessionInProgressEvent,
+        SessionRequiresActionEvent,
+        SessionIdleEvent,
+        SessionFailedEvent,
+        TurnCreatedEvent,
+        TurnInProgressEvent,
+        TurnCompletedEvent,
+        TurnFailedEvent,
+        TurnCancelledEvent,
+        TurnItemAddedEvent,
+        TurnItemDoneEvent,
+        ErrorEvent,
+    )
+}
+
+
+def _event_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in _EVENT_CLASSES else "generic"
+
+
+SessionEvent = Annotated[
+    Annotated[SessionCreatedEvent, Tag("agent.session.created")]
+    | Annotated[SessionInProgressEvent, Tag("agent.session.in_progress")]
+    | Annotated[SessionRequiresActionEvent, Tag("agent.session.requires_action")]
+    | Annotated[SessionIdleEvent, Tag("agent.session.idle")]
+    | Annotated[SessionFailedEvent, Tag("agent.session.failed")]
+    | Annotated[TurnCreatedEvent, Tag("agent.session.turn.created")]
+    | Annotated[TurnInProgressEvent, Tag("agent.session.turn.in_progress")]
+    | Annotated[TurnCompletedEvent, Tag("agent.session.turn.completed")]
+    | Annotated[TurnFailedEvent, Tag("agent.session.turn.failed")]
+    | Annotated[TurnCancelledEvent, Tag("agent.session.turn.cancelled")]
+    | Annotated[TurnItemAddedEvent, Tag("agent.session.turn.item.added")]
+    | Annotated[TurnItemDoneEvent, Tag("agent.session.turn.item.done")]
+    | Annotated[ErrorEvent, Tag("error")]
+    | Annotated[GenericSessionEvent, Tag("generic")],
+    Discriminator(_event_tag),
+]
+"""A streamed session event; unknown types parse as :class:`GenericSessionEvent`."""
+
+_SESSION_EVENT_ADAPTER: TypeAdapter[SessionEvent] = TypeAdapter(SessionEvent)
+
+
+def parse_session_event(obj: dict[str, Any] | str | bytes) -> SessionEvent:
+    """Parse one streamed event (a decoded ``data:`` object, or its JSON text).
+
+    Unknown ``type`` values give :class:`GenericSessionEvent`. A known type with missing or
+    mistyped fields, or input that is not a JSON object with a string ``type``, raises
+    ``ValueError`` (pydantic's ``ValidationError`` is one): a malformed event is a bug to
+    surface, not something to guess around.
+    """
+    if isinstance(obj, str | bytes):
+        decoded = json.loads(obj)
+        if not isinstance(decoded, dict):
+            raise ValueError("a session event must be a JSON object")
+        obj = decoded
+    return _SESSION_EVENT_ADAPTER.validate_python(obj)

@@ -18,6 +18,9 @@ body larger than ``max_body_size``                        413
 store unavailable, shutting down, unexpected failure      503 (the sender retries)
 ========================================================  ======
 
+``POST {mount}/calls/complete`` takes a worker's result for a queued call; its answers are
+listed in :mod:`agentfn_asgi.worker`.
+
 No untrusted input can produce a 500 or run a handler: handlers only run for calls read from
 the live session after a verified delivery was recorded.
 """
@@ -33,10 +36,14 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from starlette.types import Receive, Scope, Send
+
 from ._crash import crash_point
 from .client import AgentsClient
 from .dispatch import Dispatcher, DispatchSettings
 from .errors import (
+    CompletionTokenError,
+    CompletionTokenExpiredError,
     ConfigurationError,
     StoreError,
     WebhookHeaderError,
@@ -49,15 +56,18 @@ from .store import Store, open_store
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
 from .wire import parse_webhook_event
+from .worker import (
+    COMPLETE_PATH,
+    COMPLETION_BODY_LIMIT,
+    bearer_token,
+    completion_setup,
+    parse_completion,
+)
 
 __all__ = ["AgentWebhookApp"]
 
 logger = logging.getLogger("agentfn_asgi.app")
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[Message], Any]
 
 ACTION_REQUIRED = "agent.session.action_required"
 DEFAULT_MAX_BODY = 1024 * 1024
@@ -100,8 +110,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
 def _sub_path(scope: Scope) -> str:
     """The path below the mount point (``root_path``), so ``Mount`` and plain routes both work."""
     path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root):
+    root: str = scope.get("root_path", "").rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
         path = path[len(root) :]
     return path.rstrip("/")
 
@@ -125,6 +135,11 @@ class AgentWebhookApp:
         drain_timeout: on shutdown, how long in-flight calls may finish before they are left
             to recovery.
         telemetry: a :class:`~agentfn_asgi.tracing.Telemetry` (spans and metrics).
+        completion_secret: signs the completion tokens of tools with ``enqueue=`` (one, or
+            several for a rotation, newest last); default ``AGENTFN_COMPLETION_SECRET``.
+            Required when a tool enqueues. See :mod:`agentfn_asgi.worker`.
+        public_url: this app's public URL (where it is mounted), so that jobs carry
+            ``complete_url``; default ``AGENTFN_PUBLIC_URL``.
     """
 
     def __init__(
@@ -142,7 +157,12 @@ class AgentWebhookApp:
         drain_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
         telemetry: Telemetry | None = None,
+        completion_secret: str | Sequence[str] | None = None,
+        public_url: str | None = None,
     ) -> None:
+        tokens, completion_url = completion_setup(
+            tools, secret=completion_secret, public_url=public_url, clock=clock
+        )
         secret = (
             webhook_secret
             if webhook_secret is not None
@@ -180,6 +200,8 @@ class AgentWebhookApp:
             resources=resources,
             clock=clock,
             telemetry=self.telemetry,
+            completion_tokens=tokens,
+            completion_url=completion_url,
         )
         self._start_lock = asyncio.Lock()
         self._draining = False
@@ -235,6 +257,11 @@ class AgentWebhookApp:
             await self._webhook(scope, receive, send)
         elif path == "/healthz":
             await self._health(send)
+        elif path == COMPLETE_PATH:
+            if method != "POST":
+                await _send_json(send, 405, {"error": "method not allowed"}, allow="POST")
+                return
+            await self._complete(scope, receive, send)
         else:
             await _send_json(send, 404, {"error": "not found"})
 
@@ -266,14 +293,15 @@ class AgentWebhookApp:
             {"status": status, "store": "ok", "inflight": self.dispatcher.inflight},
         )
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int | None = None) -> bytes:
+        limit = self.max_body_size if limit is None else limit
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     continue
-                if declared > self.max_body_size:
+                if declared > limit:
                     raise _BodyTooLargeError
         chunks: list[bytes] = []
         size = 0
@@ -284,11 +312,65 @@ class AgentWebhookApp:
                     raise _DisconnectedError
                 chunk = message.get("body", b"")
                 size += len(chunk)
-                if size > self.max_body_size:
+                if size > limit:
                     raise _BodyTooLargeError
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     return b"".join(chunks)
+
+    async def _complete(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A worker's result: token first (nothing is read for a stranger), then the body."""
+        tokens = self.dispatcher.completion_tokens
+        if tokens is None:
+            await _send_json(send, 404, {"error": "not found"})
+            return
+        if self._draining:
+            await _send_json(send, 503, {"error": "shutting down"}, retry_after="5")
+            return
+        refused = 'Bearer error="invalid_token"'
+        try:
+            claims = tokens.verify(bearer_token(scope.get("headers", ())) or "")
+        except CompletionTokenExpiredError:
+            await _send_json(send, 401, {"error": "token_expired"}, www_authenticate=refused)
+            return
+        except CompletionTokenError:
+            await _send_json(send, 401, {"error": "invalid_token"}, www_authenticate=refused)
+            return
+        try:
+            body = await self._read_body(
+                scope, receive, limit=max(self.max_body_size, COMPLETION_BODY_LIMIT)
+            )
+            completion = parse_completion(body)
+        except _BodyTooLargeError:
+            await _send_json(send, 413, {"error": "body too large"})
+            return
+        except TimeoutError:
+            await _send_json(send, 408, {"error": "body not received in time"})
+            return
+        except _DisconnectedError:
+            return
+        except ValueError as exc:
+            await _send_json(send, 400, {"error": "invalid_body", "message": str(exc)})
+            return
+        try:
+            await self.startup()
+            status = await self.dispatcher.complete(
+                claims, success=completion.success, output=completion.output, error=completion.error
+            )
+        except CompletionTokenError:
+            await _send_json(send, 401, {"error": "invalid_token"}, www_authenticate=refused)
+            return
+        except Exception:
+            # Store down or a bug: never a 500; the worker retries (a repeat is harmless).
+            logger.exception("could not record the completion of %s", claims.key)
+            await _send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
+            return
+        if status == "conflict":
+            await _send_json(send, 409, {"error": "conflict", "status": status})
+        elif status == "unknown_tool":
+            await _send_json(send, 404, {"error": "unknown_tool", "status": status})
+        else:
+            await _send_json(send, 200, {"status": status})
 
     async def _webhook(self, scope: Scope, receive: Receive, send: Send) -> None:
         with self.telemetry.delivery(delivery_id=_header(scope, b"webhook-id")) as span:

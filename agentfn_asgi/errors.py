@@ -181,7 +181,7 @@ class APIError(AgentFnError):
         status: int | None = None,
         code: str | None = None,
         param: str | None = None,
-        type: str | None = None,  # noqa: A002 - mirrors the wire field name
+        type: str | None = None,  # mirrors the wire field name
         request_id: str | None = None,
     ) -> None:
         super().__init__(message)

@@ -165,9 +165,9 @@ class Store(Protocol):
     async def mark_delivery_resolved(self, delivery_id: str) -> None:
         """The session named by this delivery was read and its calls were dispatched."""
 
-    async def unresolved_deliveries(self, *, older_than: float, limit: int = 100) -> list[
-        DeliveryRecord
-    ]:
+    async def unresolved_deliveries(
+        self, *, older_than: float, limit: int = 100
+    ) -> list[DeliveryRecord]:
         """Deliveries recorded at or before ``older_than`` and never resolved (recovery)."""
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
@@ -230,5 +230,3 @@ class Store(Protocol):
 
     async def stats(self) -> StoreStats:
         """Counts for operators."""
-
-

@@ -1,0 +1,509 @@
+"""The embedded demo (``agentfn-asgi demo``, ``make demo``).
+
+The demo starts :class:`~agentfn_asgi.testing.FakeAgentsAPI` in this process and the
+Starlette example (``examples/starlette_app.py``) under uvicorn in a child process, both on
+free loopback ports, with a SQLite store in a temporary folder. It plays one session whose
+first step asks for six calls at once (a customer lookup, a refund, two slow echoes, an
+unknown tool, a refund that fails) and whose second step asks for one more, and prints what
+happens as it happens: signed deliveries, session reads, handlers (read from the example's
+store), submitted results, the turn completing. Then a summary, and everything is stopped.
+
+:func:`run_example` (start an example under uvicorn and wait until it is healthy) is also
+what the examples' end-to-end tests use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from .errors import AgentFnError, ConfigurationError
+from .store.base import CallRecord, CallState
+
+__all__ = [
+    "DEMO_STEPS",
+    "DemoError",
+    "RunningExample",
+    "find_project_root",
+    "free_port",
+    "run_demo",
+    "run_example",
+]
+
+WEBHOOK_PATH = "/openai/webhooks"
+
+
+class DemoError(AgentFnError):
+    """The demo (or an example it started) did not behave as scripted."""
+
+
+# -- running an example app ------------------------------------------------------------------
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def find_project_root() -> Path:
+    """The source checkout holding ``examples/`` (next to the package, else the cwd)."""
+    for candidate in (Path(__file__).resolve().parent.parent, Path.cwd()):
+        if (candidate / "examples" / "starlette_app.py").is_file():
+            return candidate
+    raise ConfigurationError(
+        "the demo runs examples/starlette_app.py from a source checkout: run it from the "
+        "repository root (make demo)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RunningExample:
+    """An example app running under uvicorn in a child process."""
+
+    url: str
+    """Root URL, ``http://127.0.0.1:PORT``."""
+    port: int
+    process: asyncio.subprocess.Process
+    log_path: Path
+
+    @property
+    def webhook_url(self) -> str:
+        """Where its webhook receiver answers."""
+        return self.url + WEBHOOK_PATH
+
+    def log(self) -> str:
+        """Everything the child wrote to stdout and stderr so far."""
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+@contextlib.asynccontextmanager
+async def run_example(
+    target: str,
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    cwd: Path | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    startup_timeout: float = 20.0,
+) -> AsyncIterator[RunningExample]:
+    """Run ``uvicorn TARGET`` (``module:attr``) in a child process until the block exits.
+
+    ``env`` is added to this process's environment. Yields once
+    ``GET /openai/webhooks/healthz`` answers 200; raises :class:`DemoError` with the
+    child's output if it exits or stays unhealthy for ``startup_timeout`` seconds. The child
+    is always stopped on exit (SIGTERM, then SIGKILL after 5 s).
+    """
+    port = port or free_port(host)
+    root = cwd or find_project_root()
+    child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+    # The project root must be importable (``examples.*``) whatever the caller's cwd.
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p
+    )
+    command = [sys.executable, "-m", "uvicorn", target, "--host", host, "--port", str(port)]
+    command += ["--log-level", "warning", "--lifespan", "on", "--timeout-graceful-shutdown", "5"]
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            *command, cwd=root, env=child_env, stdout=log_file, stderr=asyncio.subprocess.STDOUT
+        )
+    running = RunningExample(f"http://{host}:{port}", port, process, log_path)
+    try:
+        await _wait_healthy(running, startup_timeout)
+        yield running
+    finally:
+        await _stop(process)
+
+
+async def _wait_healthy(running: RunningExample, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    last = "no answer"
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while time.monotonic() < deadline:
+            if running.process.returncode is not None:
+                raise DemoError(
+                    f"the example exited with code {running.process.returncode} during "
+                    f"start-up:\n{running.log()}"
+                )
+            try:
+                response = await http.get(running.webhook_url + "/healthz")
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            else:
+                if response.status_code == 200:
+                    return
+                last = f"{response.status_code} {response.text}"
+            await asyncio.sleep(0.05)
+    raise DemoError(f"the example was not healthy after {limit:.0f} s ({last}):\n{running.log()}")
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), timeout=5.0)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
+# -- the scripted session --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Expect:
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    step: int
+    success: bool
+    check: str
+    """A substring the submitted output (success) or error (failure) must contain."""
+    note: str = ""
+
+
+DEMO_STEPS: tuple[tuple[_Expect, ...], ...] = (
+    (
+        _Expect(
+            "call_customer",
+            "get_customer",
+            {"customer_id": "123"},
+            1,
+            True,
+            '{"found":true,"customer":{"name":"Example Customer","plan":"pro"}}',
+        ),
+        _Expect(
+            "call_refund",
+            "create_refund",
+            {"order_id": "ord_1", "amount_cents": 1500},
+            1,
+            True,
+            '"order_id":"ord_1","amount_cents":1500',
+        ),
+        _Expect("call_echo_a", "slow_echo", {"text": "first", "delay_ms": 400}, 1, True, "first"),
+        _Expect("call_echo_b", "slow_echo", {"text": "second", "delay_ms": 400}, 1, True, "second"),
+        _Expect(
+            "call_unknown",
+            "lookup_invoice",
+            {"invoice_id": "inv_9"},
+            1,
+            False,
+            "lookup_invoice",
+            "unknown tool",
+        ),
+        _Expect(
+            "call_bad_refund",
+            "create_refund",
+            {"order_id": "ord_2", "amount_cents": 0},
+            1,
+            False,
+            "amount_cents must be positive",
+            "refund of 0 cents",
+        ),
+    ),
+    (
+        _Expect(
+            "call_customer_2",
+            "get_customer",
+            {"customer_id": "999"},
+            2,
+            True,
+            '{"found":false,"customer":null}',
+        ),
+    ),
+)
+
+
+@dataclass(slots=True)
+class _CallView:
+    expect: _Expect
+    started: float | None = None
+    finished: float | None = None
+    success: bool | None = None
+    error_type: str | None = None
+    submitted: float | None = None
+    submitted_text: str = ""
+
+
+@dataclass(slots=True)
+class _Timeline:
+    out: TextIO
+    t0: float
+    pending: list[tuple[float, str]] = field(default_factory=list)
+
+    def add(self, at: float, text: str) -> None:
+        self.pending.append((at, text))
+
+    def flush(self, *, lag: float = 0.05, final: bool = False) -> None:
+        # Sources are polled separately; holding lines for a moment prints them in order.
+        horizon = float("inf") if final else time.time() - lag
+        ready = sorted(item for item in self.pending if item[0] <= horizon)
+        self.pending = [item for item in self.pending if item[0] > horizon]
+        for at, text in ready:
+            print(f"  {at - self.t0:+8.3f}s  {text}", file=self.out, flush=True)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+async def run_demo(
+    *, time_limit: float = 30.0, verbose: bool = False, out: TextIO | None = None
+) -> int:
+    """Run the demo; print the timeline and summary to ``out``. Returns the exit code."""
+    stream = out or sys.stdout
+    workdir = Path(tempfile.mkdtemp(prefix="agentfn-demo-"))
+    try:
+        await _demo(workdir, time_limit=time_limit, verbose=verbose, out=stream)
+    except (DemoError, AgentFnError, TimeoutError, OSError) as exc:
+        message = str(exc) or type(exc).__name__
+        print(f"\ndemo FAILED: {message}", file=stream, flush=True)
+        return 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print("\ndemo passed: every call answered as scripted; nothing left running.", file=stream)
+    return 0
+
+
+async def _demo(workdir: Path, *, time_limit: float, verbose: bool, out: TextIO) -> None:
+    from .store import open_store
+    from .testing import FakeAgentsAPI, serve_fake
+
+    started = time.time()
+    store_url = f"sqlite:///{workdir / 'agentfn.sqlite3'}"
+    ledger = workdir / "ledger.jsonl"
+    app_port = free_port()
+    webhook_url = f"http://127.0.0.1:{app_port}{WEBHOOK_PATH}"
+    api_key = "sk-demo-" + secrets.token_hex(4)
+    fake = FakeAgentsAPI(api_key=api_key, webhook_url=webhook_url)
+    print(
+        "agentfn-asgi demo: FakeAgentsAPI -> signed webhooks -> examples/starlette_app.py\n",
+        file=out,
+    )
+    async with fake, serve_fake(fake) as base_url:
+        print(f"  setup  FakeAgentsAPI on {base_url}", file=out, flush=True)
+        env = {
+            "OPENAI_API_KEY": api_key,
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_WEBHOOK_SECRET": fake.webhook_secret,
+            "AGENTFN_STORE_URL": store_url,
+            "EXAMPLE_LEDGER": str(ledger),
+        }
+        print(
+            f"  setup  starting examples.starlette_app (uvicorn) on {webhook_url}, "
+            f"store {store_url}",
+            file=out,
+            flush=True,
+        )
+        log_path = workdir / "example.log"
+        async with run_example(
+            "examples.starlette_app:app", env=env, log_path=log_path, port=app_port
+        ) as app:
+            print(f"  setup  ready in {time.time() - started:.1f} s\n", file=out, flush=True)
+            store = open_store(store_url)
+            try:
+                views = await _play(fake, store, out=out, time_limit=time_limit)
+            finally:
+                await store.close()
+                if verbose:
+                    print("\nexample log:\n" + (app.log() or "(empty)"), file=out)
+        _summary(fake, views, ledger, out=out)
+
+
+async def _play(fake: Any, store: Any, *, out: TextIO, time_limit: float) -> dict[str, _CallView]:
+    from .testing import FakeCall
+
+    steps = [
+        [FakeCall(e.tool, e.arguments, call_id=e.call_id) for e in step] for step in DEMO_STEPS
+    ]
+    views = {e.call_id: _CallView(e) for step in DEMO_STEPS for e in step}
+    t0 = time.time()
+    timeline = _Timeline(out, t0)
+    session_id = fake.create_session(steps)
+    timeline.add(t0, f"session    {session_id} created")
+    announced: set[str] = set()
+    seen_deliveries = seen_requests = seen_submissions = 0
+    status = ""
+    deadline = t0 + time_limit
+    while True:
+        now = time.time()
+        for attempt in fake.deliveries[seen_deliveries:]:
+            seen_deliveries += 1
+            outcome = (
+                f"{attempt.status}"
+                if attempt.status is not None
+                else f"no answer ({attempt.error})"
+            )
+            meaning = ""
+            if attempt.ok and attempt.event_type == "agent.session.action_required":
+                meaning = "  delivery verified and recorded"
+            elif attempt.ok:
+                meaning = "  (acknowledged, nothing to run)"
+            timeline.add(attempt.at, f"webhook    {attempt.event_type} -> {outcome}{meaning}")
+        for request in fake.requests[seen_requests:]:
+            seen_requests += 1
+            if request.route == "retrieve":
+                timeline.add(request.at, f"read       GET {request.path} -> {request.status}")
+        records = await store.calls_for_session(session_id)
+        for submission in fake.submissions[seen_submissions:]:
+            seen_submissions += 1
+            view = views.get(submission.call_id)
+            if view is None:
+                continue
+            view.submitted = submission.received_at
+            view.success = submission.success
+            view.submitted_text = (
+                submission.output if submission.success else (submission.error or "")
+            )
+            verdict = "success" if submission.success else "failure"
+            timeline.add(
+                submission.received_at,
+                f"submitted  {view.expect.tool:<15} {view.expect.call_id:<16} {verdict}: "
+                f"{_short(view.submitted_text)}",
+            )
+        # After the submissions: a record first seen ``submitted`` takes its save time
+        # from its submission.
+        for record in records:
+            _observe(views, record, timeline)
+        pending_ids = {action["call_id"] for action in fake.required_actions(session_id)}
+        if pending_ids - announced:
+            announced |= pending_ids
+            step = max(views[c].expect.step for c in pending_ids if c in views)
+            timeline.add(now, f"session    step {step} asks for {len(pending_ids)} call(s)")
+        current = fake.session(session_id)["status"]
+        if current != status:
+            status = current
+            if status == "idle":
+                timeline.add(now, "session    turn completed, session idle")
+        timeline.flush()
+        if status == "idle" and all(v.submitted for v in views.values()):
+            break
+        if now > deadline:
+            timeline.flush(final=True)
+            raise DemoError(
+                f"the session was not finished after {time_limit:.0f} s (status {status})"
+            )
+        await asyncio.sleep(0.01)
+    # Let the last handler records settle into the timeline.
+    await asyncio.sleep(0.05)
+    for record in await store.calls_for_session(session_id):
+        _observe(views, record, timeline)
+    timeline.flush(final=True)
+    return views
+
+
+def _observe(views: dict[str, _CallView], record: CallRecord, timeline: _Timeline) -> None:
+    view = views.get(record.key.call_id)
+    if view is None:
+        return
+    tool, call_id = view.expect.tool, view.expect.call_id
+    if view.started is None:
+        view.started = record.created_at
+        if view.expect.note == "unknown tool":
+            timeline.add(
+                record.created_at, f"claimed    {tool:<15} {call_id:<16} no handler registered"
+            )
+        else:
+            timeline.add(record.created_at, f"handler    {tool:<15} {call_id:<16} started")
+    if (
+        view.finished is None
+        and record.state is not CallState.CLAIMED
+        and record.result is not None
+    ):
+        saved_at = record.updated_at
+        if record.state is CallState.SUBMITTED and view.submitted is not None:
+            # Seen only once submitted: ``updated_at`` is then the submission's time, and
+            # the result was saved before the API received it.
+            saved_at = min(saved_at, view.submitted)
+        view.finished = saved_at
+        view.error_type = record.result.error_type
+        took = (saved_at - record.created_at) * 1000
+        result = "ok" if record.result.success else f"failed ({record.result.error_type})"
+        timeline.add(saved_at, f"saved      {tool:<15} {call_id:<16} {result} in {took:.1f} ms")
+
+
+def _summary(fake: Any, views: dict[str, _CallView], ledger: Path, *, out: TextIO) -> None:
+    problems: list[str] = []
+    print("\nsummary", file=out)
+    print(f"  {'call':<16} {'tool':<15} {'step':>4}  {'result':<28} {'claim->saved':>12}", file=out)
+    for view in views.values():
+        e = view.expect
+        result = "ok" if view.success else f"failed ({view.error_type or '?'})"
+        took = (
+            f"{(view.finished - view.started) * 1000:7.1f} ms"
+            if view.started is not None and view.finished is not None
+            else "        -"
+        )
+        print(f"  {e.call_id:<16} {e.tool:<15} {e.step:>4}  {result:<28} {took:>12}", file=out)
+        if view.success is not e.success:
+            problems.append(f"{e.call_id}: expected {'success' if e.success else 'failure'}")
+        elif e.check not in view.submitted_text:
+            problems.append(f"{e.call_id}: {e.check!r} not in {view.submitted_text!r}")
+    ok = sum(1 for v in views.values() if v.success)
+    failed = [v.expect.note for v in views.values() if not v.success]
+    scripted = ", ".join(failed)
+    print(
+        f"\n  {len(views)} calls: {ok} ok, {len(failed)} failed as scripted ({scripted})", file=out
+    )
+    spans = [
+        (v.started, v.finished)
+        for v in views.values()
+        if v.expect.tool == "slow_echo" and v.started is not None and v.finished is not None
+    ]
+    if len(spans) == 2:
+        overlap = (min(end for _, end in spans) - max(start for start, _ in spans)) * 1000
+        if overlap > 0:
+            print(f"  slow_echo x2 ran in parallel: {overlap:.0f} ms of overlap", file=out)
+        else:
+            problems.append("the two slow_echo calls did not overlap")
+    deliveries = fake.deliveries
+    first_try = all(d.ok for d in deliveries)
+    reads = sum(1 for r in fake.requests if r.route == "retrieve")
+    print(
+        f"  {len(deliveries)} webhook deliveries ({'all 2xx' if first_try else 'some retried'}), "
+        f"{reads} session reads, {len(fake.submissions)} results accepted, "
+        f"{len(fake.duplicate_submissions)} duplicates",
+        file=out,
+    )
+    lines = [line for line in _read_lines(ledger) if line]
+    print(f"  ledger: {len(lines)} refund line(s) written", file=out)
+    if len(lines) != 1:
+        problems.append(f"expected exactly one refund in the ledger, found {len(lines)}")
+    if views:
+        first = min(v.started or float("inf") for v in views.values())
+        last = max(v.submitted or 0.0 for v in views.values())
+        if first != float("inf"):
+            print(f"  first claim to last result: {(last - first) * 1000:.0f} ms", file=out)
+    if problems:
+        raise DemoError("; ".join(problems))
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,1 @@
+"""The Django project: settings, URLs, the ASGI entry point and the tools it serves."""

@@ -1,0 +1,152 @@
+"""The three tools every example registers, shared so all three apps behave identically.
+
+- ``get_customer(customer_id)``: the lookup from OpenAI's function-tools guide;
+- ``create_refund(order_id, amount_cents)``: a side effect, written to an append-only JSON
+  lines ledger (``EXAMPLE_LEDGER``, default ``ledger.jsonl``), with a reconcile hook that
+  reads the ledger to tell whether an in-doubt call already ran;
+- ``slow_echo(text, delay_ms)``: waits without blocking other calls, then echoes.
+
+Handlers reach host resources through ``ctx.resources`` (no module globals): each example
+hands its app an object with a ``ledger`` attribute, created at start-up. When the host
+never ran its start-up (no lifespan), the ledger falls back to the environment.
+
+Print the definitions to paste into ``agent.tools``::
+
+    agentfn-asgi tools examples.shared_tools:tools
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agentfn_asgi import FunctionTools, NotRun, Ran, ToolContext, ToolError
+
+__all__ = ["CUSTOMERS", "ExampleResources", "Ledger", "build_tools", "tools"]
+
+#: The one customer of the guide's example.
+CUSTOMERS: dict[str, dict[str, str]] = {"123": {"name": "Example Customer", "plan": "pro"}}
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """An append-only JSON lines file of refunds: the example's "payment provider"."""
+
+    path: Path
+
+    @classmethod
+    def from_env(cls) -> Ledger:
+        """The ledger named by ``EXAMPLE_LEDGER`` (default ``ledger.jsonl``)."""
+        return cls(Path(os.environ.get("EXAMPLE_LEDGER", "ledger.jsonl")))
+
+    def append(self, entry: dict[str, Any]) -> None:
+        """Append one line durably.
+
+        One ``os.write`` on an ``O_APPEND`` descriptor is atomic with respect to other
+        appenders, so lines from concurrent processes never interleave; ``fsync`` makes the
+        line survive a crash before the result is saved (what reconcile relies on).
+        """
+        line = (json.dumps(entry, separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every complete line; a torn last line (a crash mid-write) is skipped."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        found: list[dict[str, Any]] = []
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    found.append(entry)
+        return found
+
+    def find(self, call_id: str) -> dict[str, Any] | None:
+        """The refund recorded for ``call_id``, if the call already ran."""
+        return next((e for e in self.entries() if e.get("call_id") == call_id), None)
+
+
+@dataclass(frozen=True, slots=True)
+class ExampleResources:
+    """What an example hands its webhook app as ``resources`` when it has no ``app.state``."""
+
+    ledger: Ledger
+
+
+def _ledger(ctx: ToolContext) -> Ledger:
+    ledger = getattr(ctx.resources, "ledger", None)
+    return ledger if isinstance(ledger, Ledger) else Ledger.from_env()
+
+
+def _refund_result(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+    # Derived from the call's idempotency key: the same call always names the same refund,
+    # whether it just ran or was reconciled from the ledger after a crash.
+    refund_id = "re_" + hashlib.sha256(ctx.idempotency_key.encode()).hexdigest()[:16]
+    return {"refund_id": refund_id, "order_id": order_id, "amount_cents": amount_cents}
+
+
+def build_tools() -> FunctionTools:
+    """A fresh registry holding the three example tools."""
+    registry = FunctionTools()
+
+    @registry.function
+    async def get_customer(customer_id: str) -> dict[str, Any]:
+        """Look up a customer by ID.
+
+        Args:
+            customer_id: The customer's ID.
+        """
+        customer = CUSTOMERS.get(customer_id)
+        return {"found": customer is not None, "customer": customer}
+
+    def reconcile_refund(ctx: ToolContext, arguments: dict[str, Any]) -> Ran | NotRun:
+        entry = _ledger(ctx).find(ctx.call_id)
+        if entry is None:
+            return NotRun()
+        return Ran(_refund_result(ctx, entry["order_id"], entry["amount_cents"]))
+
+    @registry.function(side_effects=True, reconcile=reconcile_refund, timeout=30)
+    def create_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+        """Refund part of an order.
+
+        Args:
+            order_id: The order to refund.
+            amount_cents: How much to refund, in cents (positive).
+        """
+        if amount_cents <= 0:
+            raise ToolError(f"amount_cents must be positive, got {amount_cents}")
+        _ledger(ctx).append(
+            {"call_id": ctx.call_id, "order_id": order_id, "amount_cents": amount_cents}
+        )
+        return _refund_result(ctx, order_id, amount_cents)
+
+    @registry.function
+    async def slow_echo(text: str, delay_ms: int) -> str:
+        """Wait, then echo the text back.
+
+        Args:
+            text: What to echo.
+            delay_ms: How long to wait first, in milliseconds.
+        """
+        await anyio.sleep(max(delay_ms, 0) / 1000)
+        return text
+
+    return registry
+
+
+#: The registry the example apps serve (``agentfn-asgi tools examples.shared_tools:tools``).
+tools = build_tools()

@@ -1,0 +1,92 @@
+"""The embedded demo (``make demo``): it plays the scripted session against the Starlette
+example, prints the timeline and summary, exits 0 on success and 1 with a clear message on
+failure, and leaves no process or temporary folder behind."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agentfn_asgi.demo import find_project_root, run_demo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _workdir(output: str) -> Path:
+    match = re.search(r"store sqlite:///(\S+)/agentfn\.sqlite3", output)
+    assert match, output
+    return Path(match.group(1))
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_demo_plays_the_session_and_cleans_up() -> None:
+    """Every stage of the timeline is printed, the summary names each call, and afterwards
+    no child process runs and the temporary folder is gone."""
+    out = io.StringIO()
+    code = await run_demo(out=out)
+    output = out.getvalue()
+    assert code == 0, output
+    for stage in (
+        "delivery verified and recorded",
+        "read       GET /v1/agents/sessions/",
+        "handler    get_customer",
+        "saved      create_refund   call_bad_refund  failed (tool_error)",
+        "claimed    lookup_invoice  call_unknown     no handler registered",
+        "submitted  slow_echo",
+        "step 2 asks for 1 call(s)",
+        "turn completed, session idle",
+        "summary",
+        "slow_echo x2 ran in parallel",
+        "ledger: 1 refund line(s) written",
+        "demo passed",
+    ):
+        assert stage in output, stage
+    assert psutil.Process().children(recursive=True) == []
+    assert not _workdir(output).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_demo_failure_is_clear_and_cleans_up() -> None:
+    """A demo that cannot finish in time exits 1 with the reason, and still stops the
+    example and removes its folder."""
+    out = io.StringIO()
+    code = await run_demo(time_limit=0.0, out=out)
+    output = out.getvalue()
+    assert code == 1
+    assert "demo FAILED: the session was not finished" in output
+    assert psutil.Process().children(recursive=True) == []
+    assert not _workdir(output).exists()
+
+
+@pytest.mark.slow
+def test_cli_demo_exits_0_within_seconds() -> None:
+    """``python -m agentfn_asgi demo`` (what ``make demo`` runs) ends by itself, fast."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "agentfn_asgi", "demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "demo passed" in done.stdout
+    assert time.monotonic() - started < 20
+
+
+def test_project_root_is_found_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo finds ``examples/`` next to the package even when run from another folder."""
+    monkeypatch.chdir(tmp_path)
+    assert find_project_root() == ROOT

@@ -1,0 +1,285 @@
+"""The three example apps, end to end over real HTTP, plus the shared tools they serve.
+
+Each e2e test starts FakeAgentsAPI on a loopback port, runs the example under uvicorn in a
+child process configured only through environment variables, lets the fake send real
+signed webhooks to it, and asserts on what the fake received and on the refund ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agentfn_asgi.demo import free_port, run_example
+from agentfn_asgi.testing import (
+    FakeAgentsAPI,
+    FakeCall,
+    Submission,
+    serve_fake,
+    signed_delivery,
+    webhook_event,
+)
+from agentfn_asgi.tools import NotRun, Ran, ToolContext, derive_idempotency_key
+from examples.shared_tools import ExampleResources, Ledger, build_tools, tools
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD_SECRET = "whsec_b2xkLXNlY3JldC1vbGQtc2VjcmV0LW9sZA=="
+NEW_SECRET = "whsec_bmV3LXNlY3JldC1uZXctc2VjcmV0LW5ldw=="
+CUSTOMER_123 = '{"found":true,"customer":{"name":"Example Customer","plan":"pro"}}'
+
+
+# -- the shared tools ------------------------------------------------------------------------
+
+
+def _context(call_id: str, ledger: Ledger) -> ToolContext:
+    return ToolContext(
+        session_id="sess_1",
+        turn_id="turn_1",
+        call_id=call_id,
+        tool_name="create_refund",
+        attempt=1,
+        deadline=None,
+        idempotency_key=derive_idempotency_key("sess_1", "turn_1", call_id),
+        resources=ExampleResources(ledger=ledger),
+    )
+
+
+def test_definitions_match_the_contract() -> None:
+    """The three tools, their parameters, and create_refund declared with side effects."""
+    definitions = {d["name"]: d for d in tools.definitions()}
+    assert set(definitions) == {"get_customer", "create_refund", "slow_echo"}
+    assert definitions["get_customer"]["description"] == "Look up a customer by ID."
+    assert definitions["get_customer"]["parameters"]["required"] == ["customer_id"]
+    assert definitions["create_refund"]["parameters"]["properties"]["amount_cents"]["type"] == (
+        "integer"
+    )
+    refund = tools.get("create_refund")
+    assert refund is not None
+    assert refund.side_effects
+    assert refund.reconcile is not None
+
+
+@pytest.mark.anyio
+async def test_refund_writes_one_line_and_reconcile_reads_it(tmp_path: Path) -> None:
+    """A real refund appends one ``{call_id, order_id, amount_cents}`` line; reconcile then
+    answers ``Ran`` with the same result, and ``NotRun`` for a call that never ran."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    refund = tools.get("create_refund")
+    assert refund is not None
+    args = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 1500})
+    ran_ctx = _context("call_1", ledger)
+    result = await refund.invoke(args, ran_ctx)
+    assert result["order_id"] == "ord_1"
+    assert result["amount_cents"] == 1500
+    assert result["refund_id"].startswith("re_")
+    assert ledger.entries() == [{"call_id": "call_1", "order_id": "ord_1", "amount_cents": 1500}]
+    assert await refund.run_reconcile(args, ran_ctx) == Ran(result)
+    assert await refund.run_reconcile(args, _context("call_2", ledger)) == NotRun()
+
+
+@pytest.mark.anyio
+async def test_refund_of_zero_is_a_tool_error_and_writes_nothing(tmp_path: Path) -> None:
+    """``amount_cents <= 0`` raises ToolError before any side effect."""
+    from agentfn_asgi.errors import ToolError
+
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    refund = tools.get("create_refund")
+    assert refund is not None
+    args = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 0})
+    with pytest.raises(ToolError, match="must be positive"):
+        await refund.invoke(args, _context("call_1", ledger))
+    assert ledger.entries() == []
+
+
+def test_ledger_lines_never_interleave(tmp_path: Path) -> None:
+    """Concurrent appenders (threads here, processes in production) each write whole lines;
+    a torn last line is skipped by readers."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    padding = "x" * 2000
+
+    def append_many(worker: int) -> None:
+        for i in range(50):
+            ledger.append({"call_id": f"c{worker}_{i}", "order_id": padding, "amount_cents": i})
+
+    threads = [threading.Thread(target=append_many, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with ledger.path.open("a", encoding="utf-8") as handle:
+        handle.write('{"call_id": "torn"')
+    entries = ledger.entries()
+    assert len(entries) == 400
+    assert len({e["call_id"] for e in entries}) == 400
+    assert ledger.find("torn") is None
+
+
+def test_build_tools_gives_independent_registries() -> None:
+    """Each call builds a fresh registry (Django adds a tool to its own copy)."""
+    assert build_tools() is not tools
+    assert [t.name for t in build_tools()] == [t.name for t in tools]
+
+
+# -- end to end over real HTTP ---------------------------------------------------------------
+
+STEPS = [
+    [
+        FakeCall("get_customer", {"customer_id": "123"}, call_id="call_customer"),
+        FakeCall(
+            "create_refund", {"order_id": "ord_1", "amount_cents": 1500}, call_id="call_refund"
+        ),
+        FakeCall("slow_echo", {"text": "left", "delay_ms": 300}, call_id="call_echo_a"),
+        FakeCall("slow_echo", {"text": "right", "delay_ms": 300}, call_id="call_echo_b"),
+        FakeCall("create_refund", {"order_id": "ord_2", "amount_cents": 0}, call_id="call_bad"),
+    ],
+    [FakeCall("get_customer", {"customer_id": "999"}, call_id="call_customer_2")],
+]
+
+
+def _base_env(tmp_path: Path, base_url: str, secret: str) -> dict[str, str]:
+    return {
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_WEBHOOK_SECRET": secret,
+        "AGENTFN_STORE_URL": f"sqlite:///{tmp_path / 'store.sqlite3'}",
+        "EXAMPLE_LEDGER": str(tmp_path / "ledger.jsonl"),
+    }
+
+
+async def _play(
+    target: str,
+    tmp_path: Path,
+    *,
+    steps: list[list[FakeCall]],
+    env: dict[str, str] | None = None,
+    fake_secret: str | None = None,
+    app_secret: str | None = None,
+) -> tuple[dict[str, Submission], list[dict[str, Any]], str]:
+    """Run ``target`` against a loopback fake; return submissions by call id, the ledger
+    lines, and the app's root URL (already stopped)."""
+    port = free_port()
+    webhook_url = f"http://127.0.0.1:{port}/openai/webhooks"
+    fake = FakeAgentsAPI(webhook_secret=fake_secret, webhook_url=webhook_url)
+    async with fake, serve_fake(fake) as base_url:
+        app_env = _base_env(tmp_path, base_url, app_secret or fake.webhook_secret)
+        app_env.update(env or {})
+        log = tmp_path / "app.log"
+        async with run_example(target, env=app_env, log_path=log, port=port) as app:
+            await _check_routing(app.url, fake.webhook_secret)
+            session_id = fake.create_session(steps)
+            try:
+                await fake.wait_idle(session_id, timeout=15)
+            except TimeoutError:
+                pytest.fail(f"session not finished; app log:\n{app.log()}")
+            assert all(d.ok for d in fake.deliveries), app.log()
+    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    return {s.call_id: s for s in fake.submissions}, ledger, app.url
+
+
+async def _check_routing(root: str, secret: str) -> None:
+    # Exact path and trailing slash both answered by the receiver itself, never a redirect.
+    async with httpx.AsyncClient(follow_redirects=False) as http:
+        for url in (root + "/openai/webhooks", root + "/openai/webhooks/"):
+            body, headers = signed_delivery(
+                secret, webhook_event("agent.session.idle", {"id": "s"})
+            )
+            response = await http.post(url, content=body, headers=headers)
+            assert response.status_code == 200, (url, response.status_code, response.text)
+            assert response.json() == {"status": "ignored"}
+        home = await http.get(root + "/")
+        assert home.status_code == 200
+
+
+def _assert_common(submissions: dict[str, Submission], ledger: list[dict[str, Any]]) -> None:
+    assert submissions["call_customer"].success
+    assert submissions["call_customer"].output == CUSTOMER_123
+    refund = json.loads(submissions["call_refund"].output)
+    assert refund["order_id"] == "ord_1"
+    assert refund["amount_cents"] == 1500
+    assert refund["refund_id"].startswith("re_")
+    assert submissions["call_echo_a"].output == "left"
+    assert submissions["call_echo_b"].output == "right"
+    bad = submissions["call_bad"]
+    assert not bad.success
+    assert bad.error is not None
+    assert "amount_cents must be positive" in bad.error
+    assert submissions["call_customer_2"].output == '{"found":false,"customer":null}'
+    assert ledger == [{"call_id": "call_refund", "order_id": "ord_1", "amount_cents": 1500}]
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_starlette_example_end_to_end(tmp_path: Path) -> None:
+    """examples/starlette_app.py answers every call of a two-step session over real HTTP."""
+    submissions, ledger, _ = await _play("examples.starlette_app:app", tmp_path, steps=STEPS)
+    assert set(submissions) == {c.call_id for step in STEPS for c in step}
+    _assert_common(submissions, ledger)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_fastapi_example_end_to_end_during_a_secret_rotation(tmp_path: Path) -> None:
+    """examples/fastapi_app.py, configured with two secrets (old and new, comma-separated)
+    during a rotation, accepts deliveries signed with the new one and answers every call."""
+    submissions, ledger, _ = await _play(
+        "examples.fastapi_app:app",
+        tmp_path,
+        steps=STEPS,
+        fake_secret=NEW_SECRET,
+        app_secret=f"{OLD_SECRET}, {NEW_SECRET}",
+    )
+    _assert_common(submissions, ledger)
+
+
+@pytest.fixture
+def django_db_file(tmp_path: Path) -> Path:
+    """The Django example's database, migrated (orders table with ``ord_1``)."""
+    db = tmp_path / "django.sqlite3"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "examples.django_app.exampleproject.settings",
+        "EXAMPLE_DJANGO_DB": str(db),
+        "PYTHONPATH": str(ROOT),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return db
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_django_example_end_to_end(tmp_path: Path, django_db_file: Path) -> None:
+    """The Django project serves the same three tools beside Django, plus an ORM-backed
+    ``lookup_order``, over real HTTP with lifespan handled by the wrapper."""
+    steps = [
+        [*STEPS[0], FakeCall("lookup_order", {"order_id": "ord_1"}, call_id="call_order")],
+        [*STEPS[1], FakeCall("lookup_order", {"order_id": "ord_404"}, call_id="call_order_2")],
+    ]
+    submissions, ledger, _ = await _play(
+        "examples.django_app.exampleproject.asgi:application",
+        tmp_path,
+        steps=steps,
+        env={"EXAMPLE_DJANGO_DB": str(django_db_file)},
+    )
+    _assert_common(submissions, ledger)
+    assert json.loads(submissions["call_order"].output) == {
+        "found": True,
+        "order": {"order_id": "ord_1", "customer_id": "123", "total_cents": 4200},
+    }
+    assert submissions["call_order_2"].output == '{"found":false,"order":null}'

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any, Final
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl, unquote, urlencode
 
 from agentfn_asgi.errors import ConfigurationError
 from agentfn_asgi.store.base import (
@@ -75,7 +75,8 @@ def open_store(
     :data:`DEFAULT_STORE_URL`. ``clock`` (Unix seconds) is shared by every backend;
     ``options`` go to the backend's constructor as keywords (``synchronous=``,
     ``busy_timeout=`` for SQLite, which also accepts them as URL query parameters;
-    ``key_prefix=`` for Redis; ``schema=`` for PostgreSQL).
+    ``key_prefix=`` for Redis and ``schema=`` for PostgreSQL, also accepted as URL query
+    parameters: ``redis://host/0?key_prefix=app1:``, ``postgresql://host/db?schema=app1``).
 
     Raises :class:`ConfigurationError` for an unknown scheme, a malformed URL, an unknown
     option, or a backend whose optional driver is not installed.
@@ -111,7 +112,28 @@ def open_store(
             ) from exc
         raise ConfigurationError(f"cannot load the {scheme}:// store: {exc}") from exc
     store_class = getattr(module, class_name)
-    return _construct(store_class, url, url, clock=clock, **options)
+    url, query_options = _pop_store_options(url, _URL_OPTIONS[extra])
+    return _construct(store_class, url, url, clock=clock, **{**query_options, **options})
+
+
+#: Options a Redis/PostgreSQL URL may carry for us (removed before the driver sees the URL),
+#: so several apps can share one server from configuration alone (``AGENTFN_STORE_URL``).
+_URL_OPTIONS: Final = {"redis": ("key_prefix",), "postgres": ("schema",)}
+
+
+def _pop_store_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+    """``redis://h/0?key_prefix=app1:`` → (``redis://h/0``, {"key_prefix": "app1:"})."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, {}
+    kept: list[tuple[str, str]] = []
+    ours: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name in names:
+            ours[name] = value
+        else:
+            kept.append((name, value))
+    return (f"{base}?{urlencode(kept)}" if kept else base), ours
 
 
 def _parse_sqlite(url: str, rest: str) -> tuple[str, dict[str, Any]]:

@@ -95,6 +95,9 @@ class FakeAgentsAPI:
     process); by default the fake owns one. ``webhook_retry_delays`` is the backoff between
     delivery attempts. ``step_delay`` delays the next step after a step's results (0: at
     once). ``sse_keepalive`` is the seconds between ``: keepalive`` comments.
+    ``webhook_concurrency`` is how many deliveries may be in flight at once (1: strictly in
+    order; more: every URL of an event is posted at the same time, as a real sender with
+    several endpoints, or a load balancer plus retries, would).
 
     Use ``async with fake:`` (or the ASGI lifespan) so the webhook sender stops cleanly.
     """
@@ -109,6 +112,7 @@ class FakeAgentsAPI:
         webhook_retry_delays: Sequence[float] = DEFAULT_WEBHOOK_RETRY_DELAYS,
         step_delay: float = 0.0,
         sse_keepalive: float = 1.0,
+        webhook_concurrency: int = 1,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.api_key = api_key
@@ -123,6 +127,7 @@ class FakeAgentsAPI:
             urls=urls,
             client=webhook_client,
             retry_delays=webhook_retry_delays,
+            concurrency=webhook_concurrency,
             clock=clock,
         )
         self.step_delay = step_delay

@@ -3,8 +3,9 @@
 It behaves like OpenAI's sender as far as it is documented (agents-api.md §8.4): a signed
 ``POST`` per event and endpoint, any 2xx is success and anything else, 3xx included, is
 retried with exponential backoff, keeping the same ``webhook-id`` (the receiver's idempotency
-key) while each attempt is signed with a fresh timestamp. Deliveries go out one at a time, in
-order, from one background task, unless a fault asks for duplicates or reordering.
+key) while each attempt is signed with a fresh timestamp. By default deliveries go out one at
+a time, in order, from one background task, unless a fault asks for duplicates or
+reordering; with ``concurrency`` > 1 up to that many are in flight at once.
 
 asyncio only: the sender uses the running loop's timers.
 """
@@ -80,8 +81,13 @@ class WebhookSender:
         urls: Sequence[str],
         client: httpx.AsyncClient | None = None,
         retry_delays: Sequence[float] = DEFAULT_WEBHOOK_RETRY_DELAYS,
+        concurrency: int = 1,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.concurrency = concurrency
+        self._sending: set[asyncio.Task[None]] = set()
         self.secrets = tuple(secrets)
         self.urls = list(urls)
         self.retry_delays = tuple(retry_delays)
@@ -97,6 +103,7 @@ class WebhookSender:
         self._timers: set[asyncio.TimerHandle] = set()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -141,6 +148,7 @@ class WebhookSender:
             if self._given_client is None:
                 self._client = None
         self._loop = loop
+        self._slots = None
         self._wakeup = asyncio.Event()
         self._task = loop.create_task(self._run(), name="fake-agents-webhook-sender")
         if self._queue:
@@ -166,6 +174,10 @@ class WebhookSender:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+        self._sending.clear()
         if self._given_client is None and self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -204,14 +216,28 @@ class WebhookSender:
                 await self._wakeup.wait()
             delivery = self._queue.popleft()
             self._busy += 1
-            retry = False
-            try:
-                retry = await self._send(delivery)
-            finally:
-                if retry:
-                    self._schedule_retry(delivery)
-                else:
-                    self._busy -= 1
+            if self.concurrency == 1:
+                await self._deliver(delivery)
+                continue
+            slots = self._slots
+            if slots is None:
+                slots = self._slots = asyncio.Semaphore(self.concurrency)
+            await slots.acquire()
+            task = asyncio.get_running_loop().create_task(self._deliver(delivery, slots))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _deliver(self, delivery: _Delivery, slots: asyncio.Semaphore | None = None) -> None:
+        retry = False
+        try:
+            retry = await self._send(delivery)
+        finally:
+            if slots is not None:
+                slots.release()
+            if retry:
+                self._schedule_retry(delivery)
+            else:
+                self._busy -= 1
 
     async def _send(self, delivery: _Delivery) -> bool:
         """Make one attempt; return True if it failed and may be retried."""

@@ -1,0 +1,180 @@
+"""Three replicas of the Starlette example on one Redis or PostgreSQL store (issue 7).
+
+The worst a load balancer plus retries can do: ``FakeAgentsAPI`` posts every webhook to all
+three replicas at once. One replica is SIGKILLed mid-run; the other two finish its calls
+once its leases expire, following the in-doubt rules (``create_refund`` reconciles from the
+ledger, the others run again). Asserted: every call gets exactly one accepted result, and no
+refund appears twice in the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentfn_asgi.demo import RunningExample, free_port, run_example
+from agentfn_asgi.store import open_store
+from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
+
+from .store.conftest import require_service
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SESSIONS = 50
+LEASE_SECONDS = 2.0
+
+
+def _store_url(backend: str, tag: str) -> str:
+    if backend == "redis":
+        return f"redis://127.0.0.1:6379/0?key_prefix=afn-replicas-{tag}:"
+    return f"postgresql://postgres@127.0.0.1:5432/test?schema=afn_replicas_{tag}"
+
+
+async def _require(backend: str, url: str) -> None:
+    store = open_store(url)
+    try:
+        with anyio.fail_after(5):
+            await store.ping()
+    except Exception as exc:
+        require_service(backend, f"{type(exc).__name__}: {exc}")
+    finally:
+        with contextlib.suppress(Exception):
+            await store.close()
+
+
+async def _taken_over(url: str, session_ids: list[str]) -> int:
+    """Calls that needed a second attempt: the killed replica's, finished by the others."""
+    store = open_store(url)
+    try:
+        records = [r for sid in session_ids for r in await store.calls_for_session(sid)]
+    finally:
+        await store.close()
+    return sum(1 for r in records if r.attempt > 1)
+
+
+async def _destroy(url: str) -> None:
+    store = open_store(url)
+    try:
+        await store.destroy()  # type: ignore[attr-defined]  # Redis/PostgreSQL test helper
+    finally:
+        await store.close()
+
+
+def _sessions() -> list[list[list[FakeCall]]]:
+    """Each session: a turn of four parallel calls (one refund), then a second step."""
+    plans = []
+    for i in range(SESSIONS):
+        plans.append(
+            [
+                [
+                    FakeCall("get_customer", {"customer_id": "123"}, call_id=f"c{i}_customer"),
+                    FakeCall(
+                        "create_refund",
+                        {"order_id": f"ord_{i}", "amount_cents": 100 + i},
+                        call_id=f"c{i}_refund",
+                    ),
+                    FakeCall("slow_echo", {"text": f"a{i}", "delay_ms": 150}, call_id=f"c{i}_a"),
+                    FakeCall("slow_echo", {"text": f"b{i}", "delay_ms": 150}, call_id=f"c{i}_b"),
+                ],
+                [FakeCall("slow_echo", {"text": f"z{i}", "delay_ms": 10}, call_id=f"c{i}_z")],
+            ]
+        )
+    return plans
+
+
+@contextlib.asynccontextmanager
+async def _replicas(
+    env: dict[str, str], tmp_path: Path, ports: list[int]
+) -> AsyncIterator[list[RunningExample]]:
+    async with contextlib.AsyncExitStack() as stack:
+        running = [
+            await stack.enter_async_context(
+                run_example(
+                    "examples.starlette_app:app",
+                    env=env,
+                    log_path=tmp_path / f"replica{n}.log",
+                    port=port,
+                )
+            )
+            for n, port in enumerate(ports)
+        ]
+        yield running
+
+
+@pytest.mark.parametrize("backend", ["redis", "postgres"])
+async def test_three_replicas_one_store_one_result_per_call(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """≥200 calls across 50 sessions, every webhook to all three replicas, one SIGKILLed."""
+    tag = secrets.token_hex(4)
+    url = _store_url(backend, tag)
+    await _require(backend, url)
+    ledger = tmp_path / "ledger.jsonl"
+    ports = [free_port() for _ in range(3)]
+    fake = FakeAgentsAPI(
+        webhook_secret=SECRET,
+        webhook_url=[f"http://127.0.0.1:{p}/openai/webhooks" for p in ports],
+        webhook_concurrency=48,
+    )
+    plans = _sessions()
+    expected = {call.call_id for plan in plans for step in plan for call in step}
+    try:
+        async with fake, serve_fake(fake) as base_url:
+            env = {
+                "OPENAI_API_KEY": "sk-test",
+                "OPENAI_BASE_URL": base_url,
+                "OPENAI_WEBHOOK_SECRET": SECRET,
+                "AGENTFN_STORE_URL": url,
+                "EXAMPLE_LEDGER": str(ledger),
+                "AGENTFN_LEASE_SECONDS": str(LEASE_SECONDS),
+                "AGENTFN_RECOVERY_INTERVAL": "0.5",
+            }
+            async with _replicas(env, tmp_path, ports) as running:
+                began = time.monotonic()
+                session_ids = [fake.create_session(plan) for plan in plans]
+                with anyio.fail_after(30):
+                    while len(fake.submissions) < len(expected) // 4:
+                        await anyio.sleep(0.01)
+                victim = running[0]
+                victim.process.send_signal(signal.SIGKILL)
+                await victim.process.wait()
+                killed_at = len(fake.submissions)
+                try:
+                    with anyio.fail_after(60):
+                        for session_id in session_ids:
+                            await fake.wait_idle(session_id, timeout=60)
+                except TimeoutError:
+                    logs = "\n".join(r.log()[-3000:] for r in running)
+                    pytest.fail(f"not finished: {len(fake.submissions)} results\n{logs}")
+                elapsed = time.monotonic() - began
+            taken_over = await _taken_over(url, session_ids)
+    finally:
+        if "base_url" in locals():
+            await _destroy(url)
+    per_call = Counter(s.call_id for s in fake.submissions)
+    assert set(per_call) == expected
+    assert set(per_call.values()) == {1}, [c for c, n in per_call.items() if n > 1]
+    refunds = Counter(json.loads(line)["call_id"] for line in ledger.read_text().splitlines())
+    assert set(refunds.values()) == {1}
+    assert set(refunds) == {f"c{i}_refund" for i in range(SESSIONS)}
+    with capsys.disabled():
+        print(
+            f"\n[replicas/{backend}] {len(expected)} calls in {elapsed:.2f} s "
+            f"({len(expected) / elapsed:.0f} calls/s), replica 0 killed after {killed_at} "
+            f"results, {taken_over} of its calls taken over after the lease, "
+            f"{len(fake.duplicate_submissions)} identical resubmissions absorbed"
+        )
+    # The killed replica had calls in flight: the others finished them (in-doubt rules).
+    assert taken_over >= 1
+    assert os.environ.get("AGENTFN_CRASH_AT") is None

@@ -196,7 +196,7 @@ class AgentWebhookApp:
             tools,
             self.client,
             self.store,
-            settings=settings,
+            settings=settings if settings is not None else DispatchSettings.from_env(),
             resources=resources,
             clock=clock,
             telemetry=self.telemetry,

@@ -38,7 +38,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,6 +49,8 @@ from .client import AgentsClient
 from .errors import (
     APIError,
     ArgumentValidationError,
+    CompletionTokenError,
+    ConfigurationError,
     ConflictError,
     NotFoundError,
     ResultEncodingError,
@@ -71,10 +73,19 @@ from .results import (
     timeout_message,
     too_large_message,
 )
-from .store.base import CallKey, CallRecord, ClaimStatus, SavedResult, Store
+from .store.base import CallKey, CallRecord, CallState, ClaimStatus, SavedResult, Store
 from .tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, derive_idempotency_key
 from .tracing import CallSpan, Telemetry
 from .wire import AgentSession, FunctionCallAction
+from .worker import (
+    ENQUEUE_FAILED_MESSAGE,
+    JOB_DEADLINE_MESSAGE,
+    CompletionStatus,
+    CompletionTokens,
+    TokenClaims,
+    build_job,
+    call_enqueue,
+)
 
 __all__ = ["DispatchSettings", "Dispatcher"]
 
@@ -109,6 +120,47 @@ class DispatchSettings:
     result_limit: int = TOOL_RESULT_LIMIT
     result_margin: int = DEFAULT_SAFETY_MARGIN
     max_queued_sessions: int = 10_000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> DispatchSettings:
+        """Defaults overridden by ``AGENTFN_*`` variables (see the README's table).
+
+        ``AGENTFN_LEASE_SECONDS``, ``AGENTFN_MAX_CONCURRENCY``, ``AGENTFN_THREAD_POOL_SIZE``,
+        ``AGENTFN_TOOL_TIMEOUT``, ``AGENTFN_RECOVERY_INTERVAL``, ``AGENTFN_UNKNOWN_TOOLS``
+        (``fail``/``ignore``) and ``AGENTFN_IN_DOUBT`` (``fail``/``hold``).
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var, field_name, kind in _ENV_SETTINGS:
+            raw = env.get(var, "").strip()
+            if not raw:
+                continue
+            try:
+                value: Any = kind(raw)
+            except ValueError:
+                raise ConfigurationError(f"{var}={raw!r} is not a valid {kind.__name__}") from None
+            if kind is str and value not in _ENV_CHOICES[field_name]:
+                choices = ", ".join(_ENV_CHOICES[field_name])
+                raise ConfigurationError(f"{var}={raw!r}: expected one of {choices}")
+            if kind is not str and value <= 0:
+                raise ConfigurationError(f"{var}={raw!r} must be positive")
+            values[field_name] = value
+        return cls(**values)
+
+
+_ENV_SETTINGS: tuple[tuple[str, str, type], ...] = (
+    ("AGENTFN_LEASE_SECONDS", "lease_seconds", float),
+    ("AGENTFN_MAX_CONCURRENCY", "max_concurrency", int),
+    ("AGENTFN_THREAD_POOL_SIZE", "thread_pool_size", int),
+    ("AGENTFN_TOOL_TIMEOUT", "default_timeout", float),
+    ("AGENTFN_RECOVERY_INTERVAL", "recovery_interval", float),
+    ("AGENTFN_UNKNOWN_TOOLS", "unknown_tools", str),
+    ("AGENTFN_IN_DOUBT", "in_doubt", str),
+)
+_ENV_CHOICES: dict[str, tuple[str, ...]] = {
+    "unknown_tools": ("fail", "ignore"),
+    "in_doubt": ("fail", "hold"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +201,13 @@ class Dispatcher:
         resources: Any = None,
         clock: Callable[[], float] = time.time,
         telemetry: Telemetry | None = None,
+        completion_tokens: CompletionTokens | None = None,
+        completion_url: str | None = None,
     ) -> None:
         self.tools = tools
+        # Worker jobs (worker.py): tokens sign completions; the URL goes into each job.
+        self.completion_tokens = completion_tokens
+        self.completion_url = completion_url
         self.client = client
         self.store = store
         self.settings = settings or DispatchSettings()
@@ -424,6 +481,9 @@ class Dispatcher:
             return self._failure(
                 key, model_error_message(exc, tool_name=tool.name), "validation_error"
             )
+        if in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
+            # Its job may still be running: fail the call rather than queue it again.
+            return self._failure(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
         if in_doubt and tool.side_effects:
             verdict = await tool.run_reconcile(arguments, context)
             if isinstance(verdict, Ran):
@@ -451,7 +511,9 @@ class Dispatcher:
         tool: FunctionTool,
         arguments: dict[str, Any],
         context: ToolContext,
-    ) -> SavedResult:
+    ) -> SavedResult | None:
+        if tool.enqueue is not None:
+            return await self._enqueue(key, tool, arguments, context)
         timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
         heartbeat = self._spawn(self._heartbeat(key))
         try:
@@ -534,6 +596,102 @@ class Dispatcher:
             await self.store.quarantine(key, owner=self.owner, reason=reason or "in doubt")
             return None
         return self._failure(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
+
+    # -- worker jobs (worker.py) -------------------------------------------------------------
+    async def _job_overdue(self, key: CallKey, tool: FunctionTool) -> bool:
+        """An in-doubt queued call is past its job deadline (else its claim expired early:
+        the process died between claiming it and handing over its job)."""
+        record = await self.store.get_call(key)
+        return record is None or self._clock() >= record.created_at + tool.job_deadline
+
+    async def _enqueue(
+        self, key: CallKey, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> SavedResult | None:
+        """Hand the call to the tool's queue; its claim then lasts until the job deadline."""
+        assert tool.enqueue is not None
+        timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
+        heartbeat = self._spawn(self._heartbeat(key))
+        try:
+            if self.completion_tokens is None:
+                raise RuntimeError("no completion secret configured")  # the app checks first
+            job = build_job(
+                key,
+                tool,
+                arguments,
+                tokens=self.completion_tokens,
+                owner=self.owner,
+                attempt=context.attempt,
+                idempotency_key=context.idempotency_key,
+                now=self._clock(),
+                complete_url=self.completion_url,
+            )
+            with anyio.fail_after(timeout):
+                await call_enqueue(tool.enqueue, job, limiter=self._thread_limiter)
+        except Exception:
+            logger.exception("could not enqueue call %s of tool %s", key, tool.name)
+            message = ENQUEUE_FAILED_MESSAGE.format(name=tool.name)
+            return self._failure(key, message, "enqueue_error")
+        finally:
+            heartbeat.cancel()
+            # A renewal in flight must land before the longer one below, not after it.
+            await asyncio.gather(heartbeat, return_exceptions=True)
+        # No heartbeat while the job is out: the lease itself is the deadline. (False when
+        # a fast worker already completed it: nothing left to hold.)
+        await self.store.renew_lease(key, owner=self.owner, lease_seconds=tool.job_deadline)
+        return None
+
+    async def complete(
+        self, claims: TokenClaims, *, success: bool, output: Any = None, error: str | None = None
+    ) -> CompletionStatus:
+        """Save and submit a worker's result for the one call its verified token names.
+
+        ``accepted``: saved now, submission started. ``duplicate``: this same result was
+        already saved. ``conflict``: another one was (another completion, the deadline
+        failure) or the call was quarantined. ``stale``: the API no longer waits for it.
+        ``unknown_tool``: this app does not register the tool. Raises StoreError.
+        """
+        key = claims.key
+        record = await self.store.get_call(key)
+        if record is None or record.state is CallState.STALE:
+            return "stale"
+        if record.tool_name != claims.tool_name:
+            raise CompletionTokenError("the token names another tool than its call")
+        tool = self.tools.get(claims.tool_name)
+        if tool is None:
+            return "unknown_tool"
+        if success:
+            result = self._encode(key, tool, output, source="worker")
+        else:
+            result = self._failure(key, error or "", "worker_error", source="worker")
+        fresh = record.state is CallState.CLAIMED
+        if fresh:
+            record = await self.store.save_result(key, owner=claims.owner, result=result)
+            crash_point("after_save", claims.tool_name)
+        if record.state is CallState.STALE:
+            return "stale"
+        if record.result is None or record.result.event_json != result.event_json:
+            return "conflict"
+        if not record.state.terminal:
+            # Even if the call's own task is still finishing (a fast worker completes before
+            # the enqueuing attempt returns): a second submission of these bytes is harmless.
+            self._track(key, self._submit_completed(record))
+        return "accepted" if fresh else "duplicate"
+
+    async def _submit_completed(self, record: CallRecord) -> None:
+        """Submit a worker's saved result under its own call span (source ``worker``)."""
+        key = record.key
+        with self.telemetry.tool_call(
+            tool_name=record.tool_name,
+            session_id=key.session_id,
+            turn_id=key.turn_id,
+            call_id=key.call_id,
+            attempt=record.attempt,
+        ) as span:
+            _describe(span, record)
+            try:
+                await self._submit(record)
+            except (APIError, StoreError) as exc:
+                logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
 
     # -- submission ----------------------------------------------------------------------
     async def _submit(self, record: CallRecord, delivery_id: str | None = None) -> None:

@@ -50,7 +50,7 @@ import typing
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Any, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar, overload
 
 import anyio
 import anyio.to_thread
@@ -63,8 +63,13 @@ from pydantic.json_schema import PydanticJsonSchemaWarning
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .results import validation_error_message
 
+if TYPE_CHECKING:
+    from .worker import Job
+
 __all__ = [
+    "DEFAULT_JOB_DEADLINE",
     "TOOL_DEFINITIONS_LIMIT",
+    "EnqueueHook",
     "FunctionTool",
     "FunctionTools",
     "NotRun",
@@ -75,6 +80,9 @@ __all__ = [
     "Unknown",
     "derive_idempotency_key",
 ]
+
+#: Seconds a job handed to ``enqueue=`` may take before its call fails (see worker.py).
+DEFAULT_JOB_DEADLINE = 3600.0
 
 logger = logging.getLogger("agentfn_asgi.tools")
 
@@ -156,6 +164,8 @@ ReconcileOutcome: TypeAlias = Ran | NotRun | Unknown
 ReconcileHook: TypeAlias = Callable[
     [ToolContext, dict[str, Any]], ReconcileOutcome | Awaitable[ReconcileOutcome]
 ]
+#: ``enqueue(job)``, sync or async: hands a call to the host's queue (agentfn_asgi.worker).
+EnqueueHook: TypeAlias = "Callable[[Job], Any]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +197,8 @@ class FunctionTool:
     reconcile: ReconcileHook | None = None
     timeout: float | None = None
     truncate_oversize: bool = False
+    enqueue: EnqueueHook | None = None
+    job_deadline: float = DEFAULT_JOB_DEADLINE
     _spec: _ArgumentSpec | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -201,6 +213,8 @@ class FunctionTool:
         reconcile: ReconcileHook | None = None,
         timeout: float | None = None,
         truncate_oversize: bool = False,
+        enqueue: EnqueueHook | None = None,
+        job_deadline: float = DEFAULT_JOB_DEADLINE,
     ) -> FunctionTool:
         """Build a tool from ``fn``, refusing anything the API or a call could not handle."""
         label = _label(fn)
@@ -225,6 +239,14 @@ class FunctionTool:
             isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
         ):
             raise ToolDefinitionError(f"{label}: timeout must be a positive number of seconds")
+        if enqueue is not None and not callable(enqueue):
+            raise ToolDefinitionError(f"{label}: enqueue must be callable")
+        if not (
+            isinstance(job_deadline, int | float)
+            and math.isfinite(job_deadline)
+            and job_deadline > 0
+        ):
+            raise ToolDefinitionError(f"{label}: job_deadline must be a positive number of seconds")
         spec, parameters = _build_arguments(fn, tool_name, arg_docs, label)
         return cls(
             name=tool_name,
@@ -237,6 +259,8 @@ class FunctionTool:
             reconcile=reconcile,
             timeout=None if timeout is None else float(timeout),
             truncate_oversize=truncate_oversize,
+            enqueue=enqueue,
+            job_deadline=float(job_deadline),
             _spec=spec,
         )
 
@@ -280,6 +304,21 @@ class FunctionTool:
         if spec.whole_param is not None:
             return {spec.whole_param: instance}
         return {param: getattr(instance, name) for name, param in spec.field_params}
+
+    def dump_arguments(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The inverse of :meth:`parse_arguments`: the argument object as JSON-safe data.
+
+        ``tool.parse_arguments(tool.dump_arguments(kwargs))`` gives ``kwargs`` back, so a job
+        can carry validated arguments to a worker that re-parses them with the same tool.
+        """
+        spec = self._require_spec()
+        if spec.whole_param is not None:
+            instance = arguments[spec.whole_param]
+        else:
+            instance = spec.model.model_validate(
+                {param: arguments[param] for _, param in spec.field_params if param in arguments}
+            )
+        return typing.cast(dict[str, Any], instance.model_dump(mode="json", by_alias=True))
 
     async def invoke(
         self,
@@ -374,6 +413,8 @@ class FunctionTools:
         reconcile: ReconcileHook | None = None,
         timeout: float | None = None,
         truncate_oversize: bool = False,
+        enqueue: EnqueueHook | None = None,
+        job_deadline: float = DEFAULT_JOB_DEADLINE,
     ) -> Callable[[F], F]: ...
 
     def function(
@@ -388,6 +429,8 @@ class FunctionTools:
         reconcile: ReconcileHook | None = None,
         timeout: float | None = None,
         truncate_oversize: bool = False,
+        enqueue: EnqueueHook | None = None,
+        job_deadline: float = DEFAULT_JOB_DEADLINE,
     ) -> F | Callable[[F], F]:
         """Register a function as a tool; use bare (``@tools.function``) or with options.
 
@@ -395,7 +438,9 @@ class FunctionTools:
         function's name and docstring summary; ``defer_loading`` hides the tool behind tool
         search; ``side_effects`` stops blind re-runs of in-doubt calls, whose ``reconcile``
         hook decides instead; ``timeout`` in seconds; ``truncate_oversize`` cuts an oversized
-        text result instead of failing the call.
+        text result instead of failing the call; ``enqueue`` hands each call to your queue
+        as a :class:`~agentfn_asgi.worker.Job` instead of running it here, and the call fails
+        if no worker completes it within ``job_deadline`` seconds.
         """
 
         def register(target: F) -> F:
@@ -408,6 +453,8 @@ class FunctionTools:
                 reconcile=reconcile,
                 timeout=timeout,
                 truncate_oversize=truncate_oversize,
+                enqueue=enqueue,
+                job_deadline=job_deadline,
             )
             return target
 
@@ -424,6 +471,8 @@ class FunctionTools:
         reconcile: ReconcileHook | None = None,
         timeout: float | None = None,
         truncate_oversize: bool = False,
+        enqueue: EnqueueHook | None = None,
+        job_deadline: float = DEFAULT_JOB_DEADLINE,
     ) -> FunctionTool:
         """Register ``fn`` without decorating it; returns the built tool."""
         tool = FunctionTool.from_function(
@@ -435,6 +484,8 @@ class FunctionTools:
             reconcile=reconcile,
             timeout=timeout,
             truncate_oversize=truncate_oversize,
+            enqueue=enqueue,
+            job_deadline=job_deadline,
         )
         self._insert([tool])
         return tool

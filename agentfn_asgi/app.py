@@ -284,7 +284,9 @@ class AgentWebhookApp:
         try:
             await asyncio.wait_for(self.store.ping(), timeout=2.0)
         except (StoreError, TimeoutError) as exc:
-            await _send_json(send, 503, {"status": "unavailable", "store": str(exc)})
+            # The detail (paths, hosts) is for the operator's log, not for anonymous callers.
+            logger.warning("health check: store unavailable: %s", exc)
+            await _send_json(send, 503, {"status": "unavailable", "store": "unavailable"})
             return
         status = "draining" if self._draining else "ok"
         await _send_json(

@@ -53,7 +53,7 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
-from agentfn_asgi.wire import AgentSession, SessionEvent, parse_session_event
+from agentfn_asgi.wire import SESSION_ID_RE, AgentSession, SessionEvent, parse_session_event
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -362,10 +362,12 @@ class AgentsClient:
         error = status_error(response.status_code, body, response.headers)
         if isinstance(error, UnknownPendingToolCallError):
             raise _AttemptFailedError(error, "pending_call_race", retryable=True)
-        retryable, retry_after = self._retry_rule(response)
+        retryable, retry_after = self._retry_rule(response, error.code)
         raise _AttemptFailedError(error, "status", retryable=retryable, retry_after=retry_after)
 
-    def _retry_rule(self, response: httpx.Response) -> tuple[bool, float | None]:
+    def _retry_rule(
+        self, response: httpx.Response, code: str | None = None
+    ) -> tuple[bool, float | None]:
         """Whether ``response`` may be retried, and the server-asked delay if any."""
         retry_after = parse_retry_after(response.headers, now=time.time())
         if retry_after is not None and retry_after > self._max_retry_after:
@@ -375,6 +377,9 @@ class AgentsClient:
         if verdict == "true":
             retryable = True
         elif verdict == "false":
+            retryable = False
+        elif status == 409 and code in _PERMANENT_CONFLICTS:
+            # A different answer is already recorded: retrying the same body cannot help.
             retryable = False
         else:
             retryable = status in (408, 409, 429) or status >= 500
@@ -387,8 +392,13 @@ class AgentsClient:
         return base * (1.0 - 0.25 * self._random())
 
 
+#: 409 codes that say the request conflicts with recorded state, not with a transient lock.
+_PERMANENT_CONFLICTS = frozenset({"conflict_error", "idempotency_conflict"})
+
+
 def _session_path(session_id: str) -> str:
-    if not session_id or "/" in session_id:
+    # The id goes into the URL path: refuse anything that could change the path or query.
+    if not SESSION_ID_RE.fullmatch(session_id):
         raise ValueError(f"invalid session id: {session_id!r}")
     return f"/agents/sessions/{session_id}"
 

@@ -38,7 +38,7 @@ import os
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -315,6 +315,13 @@ class Dispatcher:
     async def _resolve_logged(self, session_id: str, delivery_id: str | None) -> None:
         try:
             await self.resolve(session_id, delivery_id=delivery_id)
+        except ValueError as exc:
+            # A malformed session id can never be read: retrying would loop until the dedup
+            # window ends. (The app refuses such ids; this guards older records.)
+            logger.error("session id %r cannot be resolved: %s", session_id, exc)
+            if delivery_id is not None:
+                with contextlib.suppress(StoreError):
+                    await self.store.mark_delivery_resolved(delivery_id)
         except (APIError, StoreError) as exc:
             # Left unresolved on purpose: the recovery sweep retries it.
             logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
@@ -485,7 +492,10 @@ class Dispatcher:
             # Its job may still be running: fail the call rather than queue it again.
             return self._failure(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
         if in_doubt and tool.side_effects:
-            verdict = await tool.run_reconcile(arguments, context)
+            # The lease must outlive a slow reconcile hook, or another replica takes the call
+            # over, reconciles from the same state, and runs the side effect a second time.
+            async with self._lease_kept(key):
+                verdict = await tool.run_reconcile(arguments, context)
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
             if not isinstance(verdict, NotRun):
@@ -515,10 +525,10 @@ class Dispatcher:
         if tool.enqueue is not None:
             return await self._enqueue(key, tool, arguments, context)
         timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
-        heartbeat = self._spawn(self._heartbeat(key))
         try:
-            with anyio.fail_after(timeout):
-                value = await tool.invoke(arguments, context, limiter=self._thread_limiter)
+            async with self._lease_kept(key):
+                with anyio.fail_after(timeout):
+                    value = await tool.invoke(arguments, context, limiter=self._thread_limiter)
         except TimeoutError:
             assert timeout is not None
             return self._failure(key, timeout_message(tool.name, timeout), "timeout")
@@ -531,18 +541,36 @@ class Dispatcher:
             return self._failure(
                 key, model_error_message(exc, tool_name=tool.name), "handler_error"
             )
+        return self._encode(key, tool, value, source="ran")
+
+    @contextlib.asynccontextmanager
+    async def _lease_kept(self, key: CallKey) -> AsyncIterator[None]:
+        """Renew the call's lease every third of it while the block runs."""
+        heartbeat = self._spawn(self._heartbeat(key))
+        try:
+            yield
         finally:
             heartbeat.cancel()
-        return self._encode(key, tool, value, source="ran")
+            # A renewal in flight must land before anything the caller does next (the job
+            # hand-off sets a longer lease), not after it.
+            await asyncio.gather(heartbeat, return_exceptions=True)
 
     async def _heartbeat(self, key: CallKey) -> None:
         interval = max(self.settings.lease_seconds / 3, 0.05)
         while True:
             await asyncio.sleep(interval)
-            with contextlib.suppress(StoreError):
-                await self.store.renew_lease(
+            try:
+                kept = await self.store.renew_lease(
                     key, owner=self.owner, lease_seconds=self.settings.lease_seconds
                 )
+            except StoreError as exc:
+                logger.warning("could not renew the lease of %s (will retry): %s", key, exc)
+                continue
+            if not kept:
+                # Another replica took the call over (this one stalled past its lease):
+                # whatever it saves first wins; say so, as the handler may run twice.
+                logger.warning("lost the lease of %s to another replica", key)
+                return
 
     def _encode(self, key: CallKey, tool: FunctionTool, value: Any, *, source: str) -> SavedResult:
         try:
@@ -610,35 +638,41 @@ class Dispatcher:
         """Hand the call to the tool's queue; its claim then lasts until the job deadline."""
         assert tool.enqueue is not None
         timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
-        heartbeat = self._spawn(self._heartbeat(key))
         try:
-            if self.completion_tokens is None:
-                raise RuntimeError("no completion secret configured")  # the app checks first
-            job = build_job(
-                key,
-                tool,
-                arguments,
-                tokens=self.completion_tokens,
-                owner=self.owner,
-                attempt=context.attempt,
-                idempotency_key=context.idempotency_key,
-                now=self._clock(),
-                complete_url=self.completion_url,
-            )
-            with anyio.fail_after(timeout):
-                await call_enqueue(tool.enqueue, job, limiter=self._thread_limiter)
+            async with self._lease_kept(key):
+                with anyio.fail_after(timeout):
+                    await self._hand_off(key, tool, arguments, context)
         except Exception:
             logger.exception("could not enqueue call %s of tool %s", key, tool.name)
             message = ENQUEUE_FAILED_MESSAGE.format(name=tool.name)
             return self._failure(key, message, "enqueue_error")
-        finally:
-            heartbeat.cancel()
-            # A renewal in flight must land before the longer one below, not after it.
-            await asyncio.gather(heartbeat, return_exceptions=True)
         # No heartbeat while the job is out: the lease itself is the deadline. (False when
         # a fast worker already completed it: nothing left to hold.)
         await self.store.renew_lease(key, owner=self.owner, lease_seconds=tool.job_deadline)
         return None
+
+    async def _hand_off(
+        self,
+        key: CallKey,
+        tool: FunctionTool,
+        arguments: dict[str, Any],
+        context: ToolContext,
+    ) -> None:
+        assert tool.enqueue is not None
+        if self.completion_tokens is None:
+            raise RuntimeError("no completion secret configured")  # the app checks first
+        job = build_job(
+            key,
+            tool,
+            arguments,
+            tokens=self.completion_tokens,
+            owner=self.owner,
+            attempt=context.attempt,
+            idempotency_key=context.idempotency_key,
+            now=self._clock(),
+            complete_url=self.completion_url,
+        )
+        await call_enqueue(tool.enqueue, job, limiter=self._thread_limiter)
 
     async def complete(
         self, claims: TokenClaims, *, success: bool, output: Any = None, error: str | None = None

@@ -13,6 +13,7 @@ Sources: agents-api.md §3 (session), §4 (input events), §5 (stream), §8.1 (w
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
@@ -85,6 +86,10 @@ AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
         "agent.session.failed",
     }
 )
+
+
+#: What a session id may look like (``sess_...``); it is used in request paths.
+SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
 class _Wire(BaseModel):
@@ -305,11 +310,18 @@ class WebhookEvent(_Wire):
 
     @property
     def session_id(self) -> str | None:
-        """The session id of an ``agent.session.*`` event (``data.id``), else None."""
+        """The session id of an ``agent.session.*`` event (``data.id``), else None.
+
+        Only ids made of letters, digits, ``_`` and ``-`` (at most 256) count: the id becomes
+        part of a request path, so anything else (``/``, ``..``, ``?``, ``#``) is refused
+        here, before it is recorded.
+        """
         if not self.type.startswith("agent.session."):
             return None
         value = self.data.get("id")
-        return value if isinstance(value, str) and value else None
+        if isinstance(value, str) and SESSION_ID_RE.fullmatch(value):
+            return value
+        return None
 
     @property
     def required_action_type(self) -> str | None:

@@ -141,7 +141,7 @@ def _parse_sqlite(url: str, rest: str) -> tuple[str, dict[str, Any]]:
     location, _, query = rest.partition("?")
     if not location.startswith("/") or location == "/":
         raise ConfigurationError(
-            f"SQLite store URL {url!r} needs a path: sqlite:///relative/file.sqlite3 or "
+            f"SQLite store URL {_redact(url)!r} needs a path: sqlite:///relative/file.sqlite3 or "
             "sqlite:////absolute/file.sqlite3"
         )
     path = unquote(location[1:])
@@ -155,13 +155,13 @@ def _parse_sqlite(url: str, rest: str) -> tuple[str, dict[str, Any]]:
         convert = _SQLITE_QUERY_OPTIONS.get(name)
         if convert is None:
             raise ConfigurationError(
-                f"unknown SQLite store option {name!r} in {url!r}: "
+                f"unknown SQLite store option {name!r} in {_redact(url)!r}: "
                 f"known options are {sorted(_SQLITE_QUERY_OPTIONS)}"
             )
         try:
             options[name] = convert(value)
         except ValueError as exc:
-            raise ConfigurationError(f"bad value {value!r} for {name} in {url!r}") from exc
+            raise ConfigurationError(f"bad value {value!r} for {name} in {_redact(url)!r}") from exc
     return path, options
 
 

@@ -53,6 +53,28 @@ async def _require(backend: str, url: str) -> None:
             await store.close()
 
 
+async def _wait_for_claim_by(
+    url: str, fake: FakeAgentsAPI, session_ids: list[str], pid: int
+) -> None:
+    """Return once a slow call is claimed (handler running) by the replica with that pid."""
+    marker = f":{pid}:"  # Dispatcher owners are "host:pid:random"
+    store = open_store(url)
+    try:
+        while True:
+            for session_id in session_ids:
+                if not fake.required_actions(session_id):
+                    continue
+                for record in await store.calls_for_session(session_id):
+                    mine = marker in (record.owner or "")
+                    # slow_echo (first step only) runs 300 ms: still running when the SIGKILL
+                    # lands.
+                    if mine and record.state == "claimed" and record.tool_name == "slow_echo":
+                        return
+            await anyio.sleep(0.001)
+    finally:
+        await store.close()
+
+
 async def _taken_over(url: str, session_ids: list[str]) -> int:
     """Calls that needed a second attempt: the killed replica's, finished by the others."""
     store = open_store(url)
@@ -84,10 +106,10 @@ def _sessions() -> list[list[list[FakeCall]]]:
                         {"order_id": f"ord_{i}", "amount_cents": 100 + i},
                         call_id=f"c{i}_refund",
                     ),
-                    FakeCall("slow_echo", {"text": f"a{i}", "delay_ms": 150}, call_id=f"c{i}_a"),
-                    FakeCall("slow_echo", {"text": f"b{i}", "delay_ms": 150}, call_id=f"c{i}_b"),
+                    FakeCall("slow_echo", {"text": f"a{i}", "delay_ms": 300}, call_id=f"c{i}_a"),
+                    FakeCall("slow_echo", {"text": f"b{i}", "delay_ms": 300}, call_id=f"c{i}_b"),
                 ],
-                [FakeCall("slow_echo", {"text": f"z{i}", "delay_ms": 10}, call_id=f"c{i}_z")],
+                [FakeCall("get_customer", {"customer_id": f"{i}"}, call_id=f"c{i}_z")],
             ]
         )
     return plans
@@ -143,10 +165,10 @@ async def test_three_replicas_one_store_one_result_per_call(
             async with _replicas(env, tmp_path, ports) as running:
                 began = time.monotonic()
                 session_ids = [fake.create_session(plan) for plan in plans]
-                with anyio.fail_after(30):
-                    while len(fake.submissions) < len(expected) // 4:
-                        await anyio.sleep(0.01)
                 victim = running[0]
+                # Kill it while it holds a live claim, so the takeover path is always taken.
+                with anyio.fail_after(30):
+                    await _wait_for_claim_by(url, fake, session_ids, victim.process.pid)
                 victim.process.send_signal(signal.SIGKILL)
                 await victim.process.wait()
                 killed_at = len(fake.submissions)

@@ -1,0 +1,1 @@
+"""Issue 8: the crash matrix, API faults and hostile input (``make reliability``)."""

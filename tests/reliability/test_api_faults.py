@@ -1,0 +1,369 @@
+"""API faults (issue 8): each fault has its documented outcome and bounded retries.
+
+The app, client and store are real and in process; the fake injects the fault. "Bounded"
+is checked by counting the requests the fake saw: the client gives up after
+``max_retries`` (or its total deadline), the call is left to the recovery sweep, and the
+sweep retries once per ``recovery_interval``, so a fault lasting ``T`` seconds costs at
+most about ``(T / interval + 2) * (max_retries + 1)`` requests: no hot loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from agentfn_asgi.client import AgentsClient, RetryEvent
+from agentfn_asgi.dispatch import DispatchSettings
+from agentfn_asgi.errors import InternalServerError
+from agentfn_asgi.results import success_event
+from agentfn_asgi.store import CallRecord, CallState, Store
+from agentfn_asgi.testing import (
+    FakeAgentsAPI,
+    FakeCall,
+    RecordedRequest,
+    action_required_event,
+    signed_delivery,
+)
+from agentfn_asgi.testing.fake_validation import error_body
+from agentfn_asgi.tools import FunctionTools, ToolContext
+
+from ..support.stack import SECRET, Stack
+from .stacks import API_KEY, fault_stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+
+#: Quick sweeps so a call left for recovery is picked up within a few tenths of a second.
+QUICK = DispatchSettings(lease_seconds=2.0, recovery_interval=0.1, recovery_grace=0.1)
+
+
+class Tools:
+    """A plain tool and a gated side-effect tool, counting their runs."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, int] = {}
+        self.started = anyio.Event()
+        self.release = anyio.Event()
+        self.registry = FunctionTools()
+
+        @self.registry.function
+        def lookup(order_id: str) -> dict[str, str]:
+            """Look an order up."""
+            self.runs["lookup"] = self.runs.get("lookup", 0) + 1
+            return {"order_id": order_id, "status": "shipped"}
+
+        @self.registry.function(side_effects=True)
+        async def refund(ctx: ToolContext, order_id: str) -> str:
+            """Refund an order once the test releases it."""
+            self.runs["refund"] = self.runs.get("refund", 0) + 1
+            self.started.set()
+            await self.release.wait()
+            return f"refunded {order_id}"
+
+    async def wait_started(self) -> None:
+        with anyio.fail_after(5):
+            await self.started.wait()
+
+
+def requests(fake: FakeAgentsAPI, route: str, since: float = 0.0) -> list[RecordedRequest]:
+    return [r for r in fake.requests if r.route == route and r.at >= since]
+
+
+async def record_of(store: Store, session_id: str, call_id: str) -> CallRecord | None:
+    for record in await store.calls_for_session(session_id):
+        if record.key.call_id == call_id:
+            return record
+    return None
+
+
+async def wait_state(stack: Stack, session_id: str, call_id: str, state: CallState) -> CallRecord:
+    with anyio.fail_after(5):
+        while True:
+            record = await record_of(stack.store, session_id, call_id)
+            if record is not None and record.state is state:
+                return record
+            await anyio.sleep(0.02)
+
+
+async def settle(stack: Stack) -> None:
+    """Wait until the dispatcher holds nothing in flight (no task left behind)."""
+    with anyio.fail_after(5):
+        while stack.app.dispatcher.inflight:
+            await anyio.sleep(0.02)
+
+
+def lookup_session(fake: FakeAgentsAPI, call_id: str = "c1") -> str:
+    return fake.create_session([[FakeCall("lookup", {"order_id": "o1"}, call_id=call_id)]])
+
+
+async def test_read_timeouts_are_retried_boundedly_then_recovered() -> None:
+    """A session read slower than the client timeout: bounded attempts, then success later.
+
+    Over real sockets (``httpx.ASGITransport`` has no timeouts) each read times out after
+    0.1 s; the client tries twice and gives up, the delivery stays unresolved and the sweep
+    tries again once per interval. When the API is fast again the call runs once.
+    """
+    tools = Tools()
+    options: dict[str, Any] = {"timeout": 0.1, "max_retries": 1, "total_deadline": 2.0}
+    async with fault_stack(
+        tools.registry, settings=QUICK, loopback=True, client_options=options
+    ) as stack:
+        stack.fake.set_latency("retrieve", 0.4)
+        began = time.time()
+        sid = lookup_session(stack.fake)
+        await anyio.sleep(1.0)
+        stack.fake.set_latency("retrieve", 0)
+        await stack.fake.wait_idle(sid, timeout=5)
+        await settle(stack)
+    # Every request the slow window produced (they are logged when the fake answers).
+    slow = [r for r in requests(stack.fake, "retrieve") if r.at < began + 1.0 + 0.4]
+    assert 2 <= len(slow) <= 2 * (1.0 / QUICK.recovery_interval + 2)
+    assert tools.runs == {"lookup": 1}
+    assert [s.call_id for s in stack.fake.submissions] == ["c1"]
+
+
+async def test_a_submission_whose_answers_time_out_is_accepted_once() -> None:
+    """Submissions time out (the API applies the first but its answer is lost): every retry
+    and resubmission carries the same Idempotency-Key, so the result counts once."""
+    tools = Tools()
+    options: dict[str, Any] = {"timeout": 0.1, "max_retries": 1, "total_deadline": 2.0}
+    async with fault_stack(
+        tools.registry, settings=QUICK, loopback=True, client_options=options
+    ) as stack:
+        stack.fake.set_latency("submit", 0.3)
+        sid = lookup_session(stack.fake)
+        await stack.fake.wait_for_submissions(1, timeout=5)
+        await anyio.sleep(0.5)
+        stack.fake.set_latency("submit", 0)
+        await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+        await settle(stack)
+    submits = requests(stack.fake, "submit")
+    assert len({r.idempotency_key for r in submits}) == 1
+    assert len(submits) >= 2
+    assert tools.runs == {"lookup": 1}
+    assert len(stack.fake.submissions) == 1
+
+
+async def test_connection_drops_are_retried_with_the_same_key() -> None:
+    """A dropped read is retried; a submission applied before its connection dropped is
+    resent with the same key and answered 202 without a second effect."""
+    tools = Tools()
+    async with fault_stack(tools.registry, settings=QUICK) as stack:
+        stack.fake.drop_next("retrieve", 1)
+        stack.fake.drop_next("submit", 2, after_processing=True)
+        sid = lookup_session(stack.fake)
+        await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+        await settle(stack)
+    submits = requests(stack.fake, "submit")
+    assert [r.status for r in submits] == [None, None, 202]
+    assert len({r.idempotency_key for r in submits}) == 1
+    assert [r.status for r in requests(stack.fake, "retrieve")][:2] == [None, 200]
+    assert tools.runs == {"lookup": 1}
+    assert len(stack.fake.submissions) == 1
+
+
+async def test_429_retry_after_is_honoured() -> None:
+    """429 with ``Retry-After: 0.3``: the client waits exactly what was asked, twice, then
+    succeeds (real sleeps: the gaps between attempts are measured)."""
+    tools = Tools()
+    retries: list[RetryEvent] = []
+    async with fault_stack(
+        tools.registry,
+        settings=QUICK,
+        client_options={"on_retry": retries.append, "sleep": anyio.sleep},
+    ) as stack:
+        stack.fake.fail_next("submit", 2, 429, retry_after=0.3)
+        sid = lookup_session(stack.fake)
+        await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+    assert [(e.status, e.delay, e.reason) for e in retries] == [(429, 0.3, "status")] * 2
+    times = [r.at for r in requests(stack.fake, "submit")]
+    assert len(times) == 3
+    assert all(later - earlier >= 0.29 for earlier, later in itertools.pairwise(times))
+    assert len(stack.fake.submissions) == 1
+
+
+async def test_429_asking_for_too_long_gives_up_at_once_and_recovers() -> None:
+    """``Retry-After: 3600`` is beyond ``max_retry_after``: no retry and no hour-long sleep;
+    the saved result is resubmitted by the sweep (one request per interval at most)."""
+    tools = Tools()
+    retries: list[RetryEvent] = []
+    async with fault_stack(
+        tools.registry, settings=QUICK, client_options={"on_retry": retries.append}
+    ) as stack:
+        stack.fake.fail_next("submit", 1, 429, retry_after=3600)
+        sid = lookup_session(stack.fake)
+        await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+    assert retries == []
+    assert [r.status for r in requests(stack.fake, "submit")] == [429, 202]
+    assert tools.runs == {"lookup": 1}
+
+
+async def test_5xx_bursts_within_the_retry_budget_recover_in_one_pass() -> None:
+    """502s on the read and 500/503s on the submit, fewer than ``max_retries``: the client
+    rides them out; one run, one result."""
+    tools = Tools()
+    retries: list[RetryEvent] = []
+    async with fault_stack(
+        tools.registry, settings=QUICK, client_options={"on_retry": retries.append}
+    ) as stack:
+        stack.fake.fail_next("retrieve", 3, 502)
+        stack.fake.fail_next("submit", 2, 500)
+        stack.fake.fail_next("submit", 2, 503)
+        sid = lookup_session(stack.fake)
+        await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+    assert [r.status for r in requests(stack.fake, "retrieve")][:4] == [502, 502, 502, 200]
+    assert [r.status for r in requests(stack.fake, "submit")] == [500, 500, 503, 503, 202]
+    assert sorted(e.status or 0 for e in retries) == [500, 500, 502, 502, 502, 503, 503]
+    assert tools.runs == {"lookup": 1}
+
+
+async def test_a_long_503_outage_costs_bounded_requests() -> None:
+    """Submissions fail for a whole second: each pass makes ``max_retries + 1`` attempts and
+    passes come once per sweep interval; the result is sent when the API is back."""
+    tools = Tools()
+    async with fault_stack(
+        tools.registry, settings=QUICK, client_options={"max_retries": 2}
+    ) as stack:
+        stack.fake.fail_next("submit", 10_000, 503)
+        sid = lookup_session(stack.fake)
+        await anyio.sleep(1.0)
+        during = len(requests(stack.fake, "submit"))
+        stack.fake.faults.failures["submit"].clear()
+        await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+        await settle(stack)
+    assert 3 <= during <= (1.0 / QUICK.recovery_interval + 2) * 3
+    assert tools.runs == {"lookup": 1}
+    assert len(stack.fake.submissions) == 1
+
+
+async def test_the_client_gives_up_by_its_total_deadline() -> None:
+    """Permanent 503 with generous ``max_retries``: real backoff sleeps stop at the total
+    deadline, never past it."""
+    fake = FakeAgentsAPI(api_key=API_KEY, webhook_secret=SECRET)
+    fake.fail_next("retrieve", 1000, 503)
+    transport = httpx.ASGITransport(app=fake)
+    async with httpx.AsyncClient(transport=transport) as http:
+        client = AgentsClient(
+            api_key=API_KEY,
+            base_url="http://fake.test/v1",
+            http_client=http,
+            max_retries=50,
+            total_deadline=0.8,
+        )
+        began = time.monotonic()
+        with pytest.raises(InternalServerError):
+            await client.retrieve_session("sess_gone")
+        elapsed = time.monotonic() - began
+    assert elapsed < 1.0
+    # Backoff 0.25 s doubling (with jitter): three or four attempts fit in 0.8 s, not 51.
+    assert 2 <= len(requests(fake, "retrieve")) <= 5
+
+
+async def test_the_race_400_outlasting_the_client_is_resubmitted_by_the_sweep() -> None:
+    """ "Unknown pending tool call" for a call that *is* pending, four times: the client's
+    three race retries run out, a fresh read shows the call still pending, the saved result
+    is kept and the sweep resubmits it (same key): accepted once, never re-run."""
+    tools = Tools()
+    race = error_body("Unknown pending tool call: c1", code="invalid_request_error")
+    async with fault_stack(tools.registry, settings=QUICK) as stack:
+        stack.fake.fail_next("submit", 4, 400, body=race)
+        sid = lookup_session(stack.fake)
+        record = await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+    submits = requests(stack.fake, "submit")
+    assert [r.status for r in submits] == [400, 400, 400, 400, 202]
+    assert record.result is not None
+    assert {r.idempotency_key for r in submits} == {record.result.idempotency_key}
+    assert tools.runs == {"lookup": 1}
+    assert len(stack.fake.submissions) == 1
+
+
+async def test_a_409_for_a_different_answer_leaves_the_call_stale() -> None:
+    """Someone else answered the call while our handler ran: our submission gets 409
+    (retried within ``max_retries`` only), a fresh read shows the call is no longer pending,
+    and the call becomes stale. The other answer stands; the handler ran once."""
+    tools = Tools()
+    async with fault_stack(
+        tools.registry, settings=QUICK, client_options={"max_retries": 2}
+    ) as stack:
+        sid = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"}, call_id="c1")]])
+        await tools.wait_started()
+        [action] = stack.fake.required_actions(sid)
+        other = success_event(action["turn_id"], "c1", "answered elsewhere")
+        await stack.client.submit_events(sid, [other], idempotency_key="someone-else")
+        tools.release.set()
+        record = await wait_state(stack, sid, "c1", CallState.STALE)
+        await settle(stack)
+    ours = [
+        r
+        for r in requests(stack.fake, "submit")
+        if record.result is not None and r.idempotency_key == record.result.idempotency_key
+    ]
+    assert [r.status for r in ours] == [409, 409, 409]
+    assert [(s.output, s.idempotency_key) for s in stack.fake.submissions] == [
+        ("answered elsewhere", "someone-else")
+    ]
+    assert tools.runs == {"refund": 1}
+
+
+async def test_a_turn_cancelled_mid_call_leaves_the_call_stale() -> None:
+    """The turn is cancelled while a side-effect handler runs: the late result is refused,
+    retried only as the registration race (3 times), then the call is stale for good."""
+    tools = Tools()
+    async with fault_stack(tools.registry, settings=QUICK) as stack:
+        sid = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"}, call_id="c1")]])
+        await tools.wait_started()
+        assert stack.fake.cancel_turn(sid)
+        tools.release.set()
+        await wait_state(stack, sid, "c1", CallState.STALE)
+        await settle(stack)
+        stale_at = time.time()
+        await anyio.sleep(0.5)  # five sweep intervals: nothing more happens
+    assert [r.status for r in requests(stack.fake, "submit")] == [400] * 4
+    assert requests(stack.fake, "submit", since=stale_at) == []
+    assert len(requests(stack.fake, "retrieve", since=stale_at)) == 0
+    assert stack.fake.submissions == []
+    assert tools.runs == {"refund": 1}
+
+
+async def test_a_vanished_session_is_forgotten_without_a_hot_loop() -> None:
+    """The session is deleted while its handler runs: the submission's 404 makes the call
+    stale at once (no retry). A new delivery for the gone session is read once (404) and
+    resolved. Over the next second of 0.1 s sweeps, nobody asks about it again."""
+    tools = Tools()
+    async with fault_stack(tools.registry, settings=QUICK) as stack:
+        sid = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"}, call_id="c1")]])
+        await tools.wait_started()
+        stack.fake.delete_session(sid)
+        tools.release.set()
+        await wait_state(stack, sid, "c1", CallState.STALE)
+        body, headers = signed_delivery(SECRET, action_required_event(sid))
+        assert (await stack.post_webhook(body, headers)).status_code == 200
+        await anyio.sleep(0.2)
+        quiet_from = time.time()
+        await anyio.sleep(1.0)
+        stats = await stack.store.stats()
+    gone = [r for r in stack.fake.requests if sid in r.path]
+    assert [(r.route, r.status) for r in gone if r.route == "submit"] == [("submit", 404)]
+    assert [r.status for r in gone if r.route == "retrieve"] == [200, 404]
+    assert [r for r in gone if r.at >= quiet_from] == []
+    assert stats.unresolved_deliveries == 0
+    assert tools.runs == {"refund": 1}
+
+
+async def test_a_delivery_flood_keeps_the_queue_bounded() -> None:
+    """Scheduling far more sessions than ``max_queued_sessions`` does not grow the queue: the
+    overflow is dropped from memory (a recorded delivery behind it waits in the store for
+    the recovery sweep)."""
+    settings = DispatchSettings(
+        lease_seconds=2.0, recovery_interval=0.1, recovery_grace=0.1, max_queued_sessions=50
+    )
+    async with fault_stack(FunctionTools(), settings=settings, webhooks=False) as stack:
+        dispatcher = stack.app.dispatcher
+        for n in range(5000):
+            dispatcher.schedule(f"sess_flood_{n}")
+        queued = dispatcher._queue.qsize() if dispatcher._queue is not None else 0
+    assert queued <= 50

@@ -1,0 +1,211 @@
+"""The crash matrix (issue 8): SIGKILL a real uvicorn process at each step, restart, check.
+
+For each crash point (``agentfn_asgi._crash``) and each kind of tool (``crash_app``): the app
+runs in a child process on a SQLite file, the Agents API is a ``FakeAgentsAPI`` served by
+this process over loopback and outliving the app. The child dies at the point, a new child
+starts on the same port and store, the fake redelivers as the real service does, and then:
+
+- the call ends with exactly one accepted result: the handler's, the reconciled one, or the
+  documented quarantine (``IN_DOUBT_MESSAGE``) for an unreconcilable side effect;
+- the ledger shows no refund twice (a plain tool may run twice: at-least-once);
+- nothing stays pending: the session is idle, every call record is terminal, every recorded
+  delivery is resolved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agentfn_asgi.dispatch import IN_DOUBT_MESSAGE
+from agentfn_asgi.store import CallRecord, CallState, StoreStats, open_store
+from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
+
+from .crash_app import PLAIN, RECONCILED, UNRECONCILED, read_ledger
+from .process import AppProcess
+
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.slow]
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+API_KEY = "sk-crash-matrix"
+ACTION_REQUIRED = "agent.session.action_required"
+#: The fake retries a failed delivery every 0.25 s for 5 s: the same webhook-id reaches the
+#: restarted app soon after it is up, as OpenAI's sender would (more slowly).
+RETRY_DELAYS = (0.25,) * 20
+
+POINTS = (
+    "before_ack",  # body read, delivery recorded, 200 not sent
+    "after_ack",  # 200 sent, session not read
+    "after_claim",  # call claimed, handler not started
+    "during_handler",  # side effect done (ledger line), no result
+    "after_handler",  # handler returned, result not saved
+    "after_save",  # result saved, not submitted
+    "after_submit",  # result accepted by the API, not marked submitted
+)
+KINDS = (PLAIN, RECONCILED, UNRECONCILED)
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """The documented outcome of one (point, kind) cell."""
+
+    success: bool
+    runs: int  # ledger lines for the call: how many times the side effect happened
+    source: str  # how the submitted result was obtained (SavedResult.source)
+
+
+def expected(point: str, kind: str) -> Expected:
+    """The outcome DESIGN.md promises for a crash at ``point`` in a call of ``kind``."""
+    if point == "after_claim" and kind == UNRECONCILED:
+        # The handler never started, but nothing can prove it: quarantine, not a blind re-run.
+        return Expected(success=False, runs=0, source="quarantined")
+    if point in ("during_handler", "after_handler"):
+        return {
+            PLAIN: Expected(success=True, runs=2, source="ran"),  # at-least-once
+            RECONCILED: Expected(success=True, runs=1, source="reconciled"),
+            UNRECONCILED: Expected(success=False, runs=1, source="quarantined"),
+        }[kind]
+    return Expected(success=True, runs=1, source="ran")
+
+
+def crash_spec(point: str, kind: str) -> str:
+    # The ack points run before any tool is known, so they take no tool filter.
+    return point if point in ("before_ack", "after_ack") else f"{point}:{kind}"
+
+
+async def settled(store_url: str, session_id: str) -> tuple[list[CallRecord], StoreStats]:
+    """Wait until every call of the session is terminal and every delivery is resolved."""
+    store = open_store(store_url)
+    try:
+        with anyio.fail_after(15):
+            while True:
+                records = await store.calls_for_session(session_id)
+                stats = await store.stats()
+                if (
+                    records
+                    and all(record.state.terminal for record in records)
+                    and stats.unresolved_deliveries == 0
+                ):
+                    return records, stats
+                await anyio.sleep(0.05)
+    finally:
+        await store.close()
+
+
+@dataclass
+class Deployment:
+    """The fake Agents API (in this process) and the app (in a child process)."""
+
+    fake: FakeAgentsAPI
+    app: AppProcess
+
+
+@contextlib.asynccontextmanager
+async def deployment_of(
+    tmp_path: Path, retry_delays: tuple[float, ...]
+) -> AsyncIterator[Deployment]:
+    """A fake Agents API on loopback (it outlives every child) and the app process slot."""
+    fake = FakeAgentsAPI(api_key=API_KEY, webhook_secret=SECRET, webhook_retry_delays=retry_delays)
+    async with fake, serve_fake(fake) as api_base:
+        app = AppProcess(api_base=api_base, secret=SECRET, api_key=API_KEY, workdir=tmp_path)
+        fake.add_webhook_url(app.url)
+        try:
+            yield Deployment(fake, app)
+        finally:
+            await app.stop()
+            app.kill()
+
+
+async def run_case(
+    tmp_path: Path, point: str, kind: str, *, redeliver: bool, retry_delays: tuple[float, ...]
+) -> tuple[Deployment, str, CallRecord]:
+    """Crash at ``point`` while serving one call of ``kind``; restart; wait until settled."""
+    async with deployment_of(tmp_path, retry_delays) as deployment:
+        fake, app = deployment.fake, deployment.app
+        await app.start(crash_at=crash_spec(point, kind))
+        session_id = fake.create_session([[FakeCall(kind, {"order_id": "o1"}, call_id="c1")]])
+        assert await app.wait_exit() == -signal.SIGKILL, app.log_text()
+        await app.start()
+        if redeliver:
+            fake.redeliver(session_id)  # None when the call was answered before the crash
+        await fake.wait_idle(session_id, timeout=15)
+        [record], stats = await settled(app.store_url, session_id)
+        assert stats.in_doubt == 0
+        if point == "before_ack" and retry_delays:
+            await fake.drain_webhooks(timeout=10)
+    return deployment, session_id, record
+
+
+def check_outcome(
+    deployment: Deployment, session_id: str, record: CallRecord, point: str, kind: str
+) -> None:
+    """Assert the cell's documented outcome (see the module docstring)."""
+    want = expected(point, kind)
+    fake, app = deployment.fake, deployment.app
+    # Exactly one accepted result, and the one documented for this cell.
+    [accepted] = [s for s in fake.submissions if s.call_id == "c1"]
+    assert accepted.success is want.success
+    if not want.success:
+        assert accepted.error == IN_DOUBT_MESSAGE
+    else:
+        assert "o1" in str(accepted.output)
+    # No refund twice; a plain lookup may run twice (at-least-once, same idempotency key).
+    runs = [entry for entry in read_ledger(app.ledger) if entry["call_id"] == "c1"]
+    assert len(runs) == want.runs, runs
+    assert len({entry["key"] for entry in runs}) <= 1
+    # Nothing pending: the API waits for nothing, the store holds a submitted record.
+    assert fake.session(session_id)["status"] == "idle"
+    assert fake.required_actions(session_id) == []
+    assert record.state is CallState.SUBMITTED
+    assert record.result is not None and record.result.source == want.source
+    # Whatever the children logged on the way (warnings, recovery notes), no secret.
+    assert SECRET.removeprefix("whsec_") not in app.log_text()
+    assert API_KEY not in app.log_text()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("point", POINTS)
+async def test_crash_restart_and_redelivery(tmp_path: Path, point: str, kind: str) -> None:
+    """A SIGKILL at ``point`` in a ``kind`` call ends in its documented single outcome."""
+    deployment, session_id, record = await run_case(
+        tmp_path, point, kind, redeliver=True, retry_delays=RETRY_DELAYS
+    )
+    check_outcome(deployment, session_id, record, point, kind)
+    submits = [r for r in deployment.fake.requests if r.route == "submit"]
+    if point == "after_submit":
+        # The answer to the accepted submission was lost with the process: the restarted app
+        # sent the identical request again (same Idempotency-Key) and got a harmless 202.
+        keys = {r.idempotency_key for r in submits}
+        assert len(keys) == 1 and len(submits) >= 2
+        assert all(r.status == 202 for r in submits)
+    if point == "before_ack":
+        # The sender retried the unacknowledged delivery with the same webhook-id; the
+        # restarted app answered it (a duplicate: recorded before the crash).
+        first = next(a for a in deployment.fake.deliveries if a.event_type == ACTION_REQUIRED)
+        attempts = [a for a in deployment.fake.deliveries if a.webhook_id == first.webhook_id]
+        assert attempts[0].status is None and attempts[-1].ok
+
+
+@pytest.mark.parametrize(
+    ("point", "kind"),
+    [("after_ack", PLAIN), ("during_handler", RECONCILED), ("after_save", UNRECONCILED)],
+)
+async def test_recovery_sweep_alone_finishes_the_work(
+    tmp_path: Path, point: str, kind: str
+) -> None:
+    """No redelivery and no sender retry: the start-up/periodic sweep alone settles the call.
+
+    After ``after_ack`` the sender believes the delivery succeeded; only the recorded,
+    unresolved delivery brings the session back. After ``during_handler`` only the expired
+    claim does; after ``after_save`` only the saved, unsubmitted result.
+    """
+    deployment, session_id, record = await run_case(
+        tmp_path, point, kind, redeliver=False, retry_delays=()
+    )
+    check_outcome(deployment, session_id, record, point, kind)

@@ -440,7 +440,9 @@ class Dispatcher:
                 span.set_arguments(action.arguments)
                 result = await self._obtain_result(key, action, tool, attempt, in_doubt)
                 if result is None:
-                    span.set_source("held")
+                    # Handed to a worker queue, or held for an operator: no result yet.
+                    queued = tool is not None and tool.enqueue is not None
+                    span.set_source("queued" if queued else "held")
                     return
                 crash_point("after_handler", action.name)
                 record = await self.store.save_result(key, owner=self.owner, result=result)

@@ -679,3 +679,30 @@ async def test_stream_events_from_the_fake(
 
 async def collect_session(client: AgentsClient, sid: str) -> list[Any]:
     return [e async for e in client.stream_events(sid, include_obfuscation=False)]
+
+
+@pytest.mark.anyio
+async def test_an_httpx2_client_maps_its_errors_like_httpx() -> None:
+    """An injected httpx2 client (what the owned client is when httpx2 is installed):
+    a refused connection is retried, then raised as our APIConnectionError."""
+    import socket
+
+    import httpx2
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: nothing listens there
+    async with httpx2.AsyncClient() as http:
+        client = AgentsClient(
+            api_key="sk-test",
+            base_url=f"http://127.0.0.1:{port}/v1",
+            http_client=http,  # type: ignore[arg-type]  # duck-compatible with httpx
+            max_retries=1,
+            sleep=_no_sleep_for_httpx2,
+        )
+        with pytest.raises(APIConnectionError):
+            await client.retrieve_session("sess_1")
+
+
+async def _no_sleep_for_httpx2(_: float) -> None:
+    return None

@@ -25,6 +25,11 @@ against a fresh read of the session and becomes ``stale``: never run again.
 A recovery sweep (at start-up, then every ``recovery_interval``) re-resolves deliveries that
 were never resolved and sessions with expired claims, resubmits saved-but-unsubmitted
 results, and prunes records past the dedup window.
+
+The :class:`Dispatcher` here schedules, resolves, claims, runs and recovers; it delegates to
+``_settings.py`` (:class:`DispatchSettings`), ``_outcomes.py`` (values and failures as saved
+results), ``_lease.py`` (lease heartbeats), ``_submission.py`` (submitting, stale handling)
+and ``_jobs.py`` (calls handed to workers).
 """
 
 from __future__ import annotations
@@ -32,155 +37,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import hashlib
 import logging
 import os
 import secrets
 import time
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 
+from ._completion import JOB_DEADLINE_MESSAGE, CompletionStatus, CompletionTokens, TokenClaims
 from ._crash import crash_point
+from ._jobs import WorkerJobs
+from ._lease import LeaseKeeper
+
+# Defined with the other outcomes; still importable from here, where they were.
+from ._outcomes import IN_DOUBT_MESSAGE as IN_DOUBT_MESSAGE
+from ._outcomes import UNKNOWN_TOOL_MESSAGE as UNKNOWN_TOOL_MESSAGE
+from ._outcomes import describe, encode_result, failure_result
+from ._settings import DispatchSettings
+from ._submission import Submitter
 from .client import AgentsClient
 from .errors import (
     APIError,
     ArgumentValidationError,
-    CompletionTokenError,
-    ConfigurationError,
-    ConflictError,
     NotFoundError,
-    ResultEncodingError,
-    ResultTooLargeError,
     StoreError,
     ToolError,
-    UnknownPendingToolCallError,
 )
-from .results import (
-    DEFAULT_SAFETY_MARGIN,
-    TOOL_RESULT_LIMIT,
-    check_size,
-    encode_output,
-    error_type_for,
-    event_json,
-    failure_event,
-    fit_text_output,
-    model_error_message,
-    success_event,
-    timeout_message,
-    too_large_message,
-)
-from .store.base import CallKey, CallRecord, CallState, ClaimStatus, SavedResult, Store
+from .results import error_type_for, model_error_message, timeout_message
+from .store.base import CallKey, CallRecord, ClaimStatus, SavedResult, Store
 from .tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, derive_idempotency_key
-from .tracing import CallSpan, Telemetry
+from .tracing import Telemetry
 from .wire import AgentSession, FunctionCallAction
-from .worker import (
-    ENQUEUE_FAILED_MESSAGE,
-    JOB_DEADLINE_MESSAGE,
-    CompletionStatus,
-    CompletionTokens,
-    TokenClaims,
-    build_job,
-    call_enqueue,
-)
 
 __all__ = ["DispatchSettings", "Dispatcher"]
 
 logger = logging.getLogger("agentfn_asgi.dispatch")
-
-#: What the model is told when a side-effect call is in doubt and cannot be reconciled.
-IN_DOUBT_MESSAGE = (
-    "This call may or may not have completed: the service restarted while running it and "
-    "could not confirm the outcome. Do not repeat it; ask the user to check before retrying."
-)
-UNKNOWN_TOOL_MESSAGE = "No handler is registered for the function '{name}' in this service."
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DispatchSettings:
-    """How calls are run. Every field has a safe default; see the README's configuration table.
-
-    ``lease_seconds`` bounds how long a crashed replica's calls wait before another replica
-    takes them over; live calls renew their lease every third of it.
-    """
-
-    lease_seconds: float = 30.0
-    max_concurrency: int = 1024
-    thread_pool_size: int = 32
-    default_timeout: float | None = 300.0
-    unknown_tools: Literal["fail", "ignore"] = "fail"
-    in_doubt: Literal["fail", "hold"] = "fail"
-    recovery_interval: float = 10.0
-    recovery_grace: float = 5.0
-    dedup_window: float = 72 * 3600.0
-    call_retention: float = 7 * 86400.0
-    result_limit: int = TOOL_RESULT_LIMIT
-    result_margin: int = DEFAULT_SAFETY_MARGIN
-    max_queued_sessions: int = 10_000
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> DispatchSettings:
-        """Defaults overridden by ``AGENTFN_*`` variables (see the README's table).
-
-        ``AGENTFN_LEASE_SECONDS``, ``AGENTFN_MAX_CONCURRENCY``, ``AGENTFN_THREAD_POOL_SIZE``,
-        ``AGENTFN_TOOL_TIMEOUT``, ``AGENTFN_RECOVERY_INTERVAL``, ``AGENTFN_UNKNOWN_TOOLS``
-        (``fail``/``ignore``) and ``AGENTFN_IN_DOUBT`` (``fail``/``hold``).
-        """
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for var, field_name, kind in _ENV_SETTINGS:
-            raw = env.get(var, "").strip()
-            if not raw:
-                continue
-            try:
-                value: Any = kind(raw)
-            except ValueError:
-                raise ConfigurationError(f"{var}={raw!r} is not a valid {kind.__name__}") from None
-            if kind is str and value not in _ENV_CHOICES[field_name]:
-                choices = ", ".join(_ENV_CHOICES[field_name])
-                raise ConfigurationError(f"{var}={raw!r}: expected one of {choices}")
-            if kind is not str and value <= 0:
-                raise ConfigurationError(f"{var}={raw!r} must be positive")
-            values[field_name] = value
-        return cls(**values)
-
-
-_ENV_SETTINGS: tuple[tuple[str, str, type], ...] = (
-    ("AGENTFN_LEASE_SECONDS", "lease_seconds", float),
-    ("AGENTFN_MAX_CONCURRENCY", "max_concurrency", int),
-    ("AGENTFN_THREAD_POOL_SIZE", "thread_pool_size", int),
-    ("AGENTFN_TOOL_TIMEOUT", "default_timeout", float),
-    ("AGENTFN_RECOVERY_INTERVAL", "recovery_interval", float),
-    ("AGENTFN_UNKNOWN_TOOLS", "unknown_tools", str),
-    ("AGENTFN_IN_DOUBT", "in_doubt", str),
-)
-_ENV_CHOICES: dict[str, tuple[str, ...]] = {
-    "unknown_tools": ("fail", "ignore"),
-    "in_doubt": ("fail", "hold"),
-}
 
 
 @dataclass(frozen=True, slots=True)
 class _Work:
     session_id: str
     delivery_id: str | None
-
-
-def _submission_key(key: CallKey, event_json_text: str) -> str:
-    # Derived from the call *and* the bytes sent: the same result always travels under the
-    # same key (safe retries from any replica), a different body never reuses one.
-    digest = hashlib.sha256()
-    for part in (key.session_id, key.turn_id, key.call_id, event_json_text):
-        digest.update(part.encode())
-        digest.update(b"\x1f")
-    return "afn-submit-" + digest.hexdigest()[:48]
-
-
-def _events_body(event_json_text: str) -> bytes:
-    return b'{"events":[' + event_json_text.encode() + b"]}"
 
 
 class Dispatcher:
@@ -215,8 +115,6 @@ class Dispatcher:
         self.resources = resources
         self._clock = clock
         self.telemetry = telemetry if telemetry is not None else Telemetry()
-        # When each delivery arrived (bounded): the delivery-to-result latency metric.
-        self._received: OrderedDict[str, float] = OrderedDict()
         self._running_since: dict[CallKey, float] = {}
         self._queue: asyncio.Queue[_Work] | None = None
         self._queued: set[str] = set()
@@ -228,6 +126,20 @@ class Dispatcher:
         self._thread_limiter: anyio.CapacityLimiter | None = None
         self._started = False
         self._stopping = False
+        self._submitter = Submitter(client, store, self.telemetry)
+        self._leases = LeaseKeeper(
+            store, owner=self.owner, lease_seconds=self.settings.lease_seconds, spawn=self._spawn
+        )
+        self._jobs = WorkerJobs(
+            store,
+            tools=tools,
+            settings=self.settings,
+            leases=self._leases,
+            owner=self.owner,
+            clock=clock,
+            tokens=completion_tokens,
+            complete_url=completion_url,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -283,9 +195,7 @@ class Dispatcher:
         if self._queue is None or self._stopping:
             return
         if delivery_id is not None:
-            self._received[delivery_id] = time.monotonic()
-            if len(self._received) > 10_000:
-                self._received.popitem(last=False)
+            self._submitter.delivery_received(delivery_id)
         if session_id in self._resolving:
             self._dirty.setdefault(session_id, delivery_id)
             return
@@ -447,8 +357,8 @@ class Dispatcher:
                 crash_point("after_handler", action.name)
                 record = await self.store.save_result(key, owner=self.owner, result=result)
                 crash_point("after_save", action.name)
-                _describe(span, record)
-                await self._submit(record, delivery_id)
+                describe(span, record)
+                await self._submitter.submit(record, delivery_id)
         except (APIError, StoreError) as exc:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
@@ -466,9 +376,9 @@ class Dispatcher:
             attempt=record.attempt,
             delivery_link=self.telemetry.link_for_delivery(delivery_id),
         ) as span:
-            _describe(span, record, source="saved")
+            describe(span, record, source="saved")
             try:
-                await self._submit(record, delivery_id)
+                await self._submitter.submit(record, delivery_id)
             except (APIError, StoreError) as exc:
                 logger.warning("resubmitting %s failed; will retry: %s", key, exc)
 
@@ -482,21 +392,21 @@ class Dispatcher:
     ) -> SavedResult | None:
         if tool is None:
             message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
-            return self._failure(key, message, "unknown_tool")
+            return failure_result(key, message, "unknown_tool")
         context = self._context(key, tool, attempt)
         try:
             arguments = tool.parse_arguments(action.arguments)
         except ArgumentValidationError as exc:
-            return self._failure(
+            return failure_result(
                 key, model_error_message(exc, tool_name=tool.name), "validation_error"
             )
-        if in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
+        if in_doubt and tool.enqueue is not None and await self._jobs.overdue(key, tool):
             # Its job may still be running: fail the call rather than queue it again.
-            return self._failure(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
+            return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
         if in_doubt and tool.side_effects:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
-            async with self._lease_kept(key):
+            async with self._leases.kept(key):
                 verdict = await tool.run_reconcile(arguments, context)
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
@@ -525,92 +435,31 @@ class Dispatcher:
         context: ToolContext,
     ) -> SavedResult | None:
         if tool.enqueue is not None:
-            return await self._enqueue(key, tool, arguments, context)
+            return await self._jobs.enqueue(
+                key, tool, arguments, context, limiter=self._thread_limiter
+            )
         timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
         try:
-            async with self._lease_kept(key):
+            async with self._leases.kept(key):
                 with anyio.fail_after(timeout):
                     value = await tool.invoke(arguments, context, limiter=self._thread_limiter)
         except TimeoutError:
             assert timeout is not None
-            return self._failure(key, timeout_message(tool.name, timeout), "timeout")
+            return failure_result(key, timeout_message(tool.name, timeout), "timeout")
         except (ToolError, ArgumentValidationError) as exc:
-            return self._failure(
+            return failure_result(
                 key, model_error_message(exc, tool_name=tool.name), error_type_for(exc)
             )
         except Exception as exc:
             logger.exception("tool %s failed for call %s", tool.name, key)
-            return self._failure(
+            return failure_result(
                 key, model_error_message(exc, tool_name=tool.name), "handler_error"
             )
         return self._encode(key, tool, value, source="ran")
 
-    @contextlib.asynccontextmanager
-    async def _lease_kept(self, key: CallKey) -> AsyncIterator[None]:
-        """Renew the call's lease every third of it while the block runs."""
-        heartbeat = self._spawn(self._heartbeat(key))
-        try:
-            yield
-        finally:
-            heartbeat.cancel()
-            # A renewal in flight must land before anything the caller does next (the job
-            # hand-off sets a longer lease), not after it.
-            await asyncio.gather(heartbeat, return_exceptions=True)
-
-    async def _heartbeat(self, key: CallKey) -> None:
-        interval = max(self.settings.lease_seconds / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                kept = await self.store.renew_lease(
-                    key, owner=self.owner, lease_seconds=self.settings.lease_seconds
-                )
-            except StoreError as exc:
-                logger.warning("could not renew the lease of %s (will retry): %s", key, exc)
-                continue
-            if not kept:
-                # Another replica took the call over (this one stalled past its lease):
-                # whatever it saves first wins; say so, as the handler may run twice.
-                logger.warning("lost the lease of %s to another replica", key)
-                return
-
     def _encode(self, key: CallKey, tool: FunctionTool, value: Any, *, source: str) -> SavedResult:
-        try:
-            output = encode_output(value)
-        except ResultEncodingError as exc:
-            logger.error(
-                "tool %s returned an unsendable value for call %s: %s", tool.name, key, exc
-            )
-            return self._failure(
-                key, model_error_message(exc, tool_name=tool.name), "encoding_error"
-            )
-        text = event_json(success_event(key.turn_id, key.call_id, output))
-        try:
-            check_size(text, limit=self.settings.result_limit, margin=self.settings.result_margin)
-        except ResultTooLargeError as exc:
-            if tool.truncate_oversize and isinstance(output, str):
-                truncated = fit_text_output(
-                    key.turn_id,
-                    key.call_id,
-                    output,
-                    limit=self.settings.result_limit,
-                    margin=self.settings.result_margin,
-                )
-                text = event_json(success_event(key.turn_id, key.call_id, truncated))
-                return SavedResult(True, text, _submission_key(key, text), None, source)
-            failure = self._failure(key, too_large_message(exc.size, exc.limit), "too_large")
-            # Keep the full result: an operator (or a smarter retry) may still want it.
-            full = output if isinstance(output, str) else event_json({"output": output})
-            return SavedResult(
-                False, failure.event_json, failure.idempotency_key, "too_large", source, full
-            )
-        return SavedResult(True, text, _submission_key(key, text), None, source)
-
-    def _failure(
-        self, key: CallKey, message: str, error_type: str, source: str = "ran"
-    ) -> SavedResult:
-        text = event_json(failure_event(key.turn_id, key.call_id, message))
-        return SavedResult(False, text, _submission_key(key, text), error_type, source)
+        limit, margin = self.settings.result_limit, self.settings.result_margin
+        return encode_result(key, tool, value, source=source, limit=limit, margin=margin)
 
     async def _quarantine(
         self, key: CallKey, tool: FunctionTool, reason: str
@@ -625,57 +474,9 @@ class Dispatcher:
         if self.settings.in_doubt == "hold":
             await self.store.quarantine(key, owner=self.owner, reason=reason or "in doubt")
             return None
-        return self._failure(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
+        return failure_result(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
 
-    # -- worker jobs (worker.py) -------------------------------------------------------------
-    async def _job_overdue(self, key: CallKey, tool: FunctionTool) -> bool:
-        """An in-doubt queued call is past its job deadline (else its claim expired early:
-        the process died between claiming it and handing over its job)."""
-        record = await self.store.get_call(key)
-        return record is None or self._clock() >= record.created_at + tool.job_deadline
-
-    async def _enqueue(
-        self, key: CallKey, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
-    ) -> SavedResult | None:
-        """Hand the call to the tool's queue; its claim then lasts until the job deadline."""
-        assert tool.enqueue is not None
-        timeout = tool.timeout if tool.timeout is not None else self.settings.default_timeout
-        try:
-            async with self._lease_kept(key):
-                with anyio.fail_after(timeout):
-                    await self._hand_off(key, tool, arguments, context)
-        except Exception:
-            logger.exception("could not enqueue call %s of tool %s", key, tool.name)
-            message = ENQUEUE_FAILED_MESSAGE.format(name=tool.name)
-            return self._failure(key, message, "enqueue_error")
-        # No heartbeat while the job is out: the lease itself is the deadline. (False when
-        # a fast worker already completed it: nothing left to hold.)
-        await self.store.renew_lease(key, owner=self.owner, lease_seconds=tool.job_deadline)
-        return None
-
-    async def _hand_off(
-        self,
-        key: CallKey,
-        tool: FunctionTool,
-        arguments: dict[str, Any],
-        context: ToolContext,
-    ) -> None:
-        assert tool.enqueue is not None
-        if self.completion_tokens is None:
-            raise RuntimeError("no completion secret configured")  # the app checks first
-        job = build_job(
-            key,
-            tool,
-            arguments,
-            tokens=self.completion_tokens,
-            owner=self.owner,
-            attempt=context.attempt,
-            idempotency_key=context.idempotency_key,
-            now=self._clock(),
-            complete_url=self.completion_url,
-        )
-        await call_enqueue(tool.enqueue, job, limiter=self._thread_limiter)
-
+    # -- worker jobs (_jobs.py) --------------------------------------------------------------
     async def complete(
         self, claims: TokenClaims, *, success: bool, output: Any = None, error: str | None = None
     ) -> CompletionStatus:
@@ -686,32 +487,12 @@ class Dispatcher:
         failure) or the call was quarantined. ``stale``: the API no longer waits for it.
         ``unknown_tool``: this app does not register the tool. Raises StoreError.
         """
-        key = claims.key
-        record = await self.store.get_call(key)
-        if record is None or record.state is CallState.STALE:
-            return "stale"
-        if record.tool_name != claims.tool_name:
-            raise CompletionTokenError("the token names another tool than its call")
-        tool = self.tools.get(claims.tool_name)
-        if tool is None:
-            return "unknown_tool"
-        if success:
-            result = self._encode(key, tool, output, source="worker")
-        else:
-            result = self._failure(key, error or "", "worker_error", source="worker")
-        fresh = record.state is CallState.CLAIMED
-        if fresh:
-            record = await self.store.save_result(key, owner=claims.owner, result=result)
-            crash_point("after_save", claims.tool_name)
-        if record.state is CallState.STALE:
-            return "stale"
-        if record.result is None or record.result.event_json != result.event_json:
-            return "conflict"
-        if not record.state.terminal:
-            # Even if the call's own task is still finishing (a fast worker completes before
-            # the enqueuing attempt returns): a second submission of these bytes is harmless.
-            self._track(key, self._submit_completed(record))
-        return "accepted" if fresh else "duplicate"
+        status, record = await self._jobs.save_completion(
+            claims, success=success, output=output, error=error
+        )
+        if record is not None:
+            self._track(record.key, self._submit_completed(record))
+        return status
 
     async def _submit_completed(self, record: CallRecord) -> None:
         """Submit a worker's saved result under its own call span (source ``worker``)."""
@@ -723,64 +504,11 @@ class Dispatcher:
             call_id=key.call_id,
             attempt=record.attempt,
         ) as span:
-            _describe(span, record)
+            describe(span, record)
             try:
-                await self._submit(record)
+                await self._submitter.submit(record)
             except (APIError, StoreError) as exc:
                 logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
-
-    # -- submission ----------------------------------------------------------------------
-    async def _submit(self, record: CallRecord, delivery_id: str | None = None) -> None:
-        result = record.result
-        if result is None or record.state.terminal:
-            return
-        key = record.key
-        with self.telemetry.submission(
-            session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
-        ) as span:
-            try:
-                await self.client.submit_raw_events(
-                    key.session_id,
-                    _events_body(result.event_json),
-                    idempotency_key=result.idempotency_key,
-                )
-            except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
-                stale = await self._after_rejection(key, exc)
-                span.set_outcome("stale" if stale else "failed")
-                return
-            except APIError as exc:
-                span.set_outcome("failed")
-                logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
-                return
-            span.set_outcome("submitted")
-            crash_point("after_submit", record.tool_name)
-            await self.store.mark_submitted(key)
-        received = self._received.get(delivery_id) if delivery_id is not None else None
-        self.telemetry.record_submission(
-            attempts=span.attempts,
-            delivery_to_submit_seconds=None if received is None else time.monotonic() - received,
-        )
-
-    async def _after_rejection(self, key: CallKey, exc: APIError) -> bool:
-        """The API refused our result: only a fresh read of the session says what that means."""
-        if not isinstance(exc, NotFoundError):
-            try:
-                session = await self.client.retrieve_session(key.session_id)
-            except NotFoundError:
-                pass
-            else:
-                still_pending = any(
-                    a.turn_id == key.turn_id and a.call_id == key.call_id
-                    for a in session.function_calls
-                )
-                if still_pending:
-                    # The registration race outlived the client's short retries: keep the
-                    # saved result; the sweep resubmits it (same bytes, same key).
-                    logger.info("call %s still pending after %s; will resubmit", key, exc)
-                    return False
-        logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
-        await self.store.mark_stale(key)
-        return True
 
     # -- recovery ------------------------------------------------------------------------
     async def recover(self, session_id: str | None = None) -> None:
@@ -842,15 +570,3 @@ class Dispatcher:
     def inflight(self) -> int:
         """Calls currently being run or submitted by this process."""
         return len(self._inflight)
-
-
-def _describe(span: CallSpan, record: CallRecord, source: str | None = None) -> None:
-    """Put how the result was obtained, and its failure reason, on the call span."""
-    result = record.result
-    if result is None:
-        return
-    span.set_source(source or result.source)
-    if result.success:
-        span.set_result(result.event_json)
-    else:
-        span.set_error(result.error_type or "handler_error")

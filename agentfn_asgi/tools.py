@@ -45,21 +45,16 @@ import logging
 import math
 import re
 import time
-import types
 import typing
-import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, overload
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter, ValidationError
-from pydantic import create_model as _create_model
-from pydantic.errors import PydanticUserError
-from pydantic.fields import FieldInfo
-from pydantic.json_schema import PydanticJsonSchemaWarning
+from pydantic import ValidationError
 
+from ._schema import ArgumentSpec, build_arguments, decode_arguments, doc_of, parse_docstring
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .results import validation_error_message
 
@@ -90,9 +85,6 @@ logger = logging.getLogger("agentfn_asgi.tools")
 TOOL_DEFINITIONS_LIMIT = 3 * 1024 * 1024
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_ARGS_HEADER_RE = re.compile(r"(Args|Arguments|Parameters|Params)\s*:\s*")
-_SECTION_HEADER_RE = re.compile(r"[A-Z][A-Za-z ]*:\s*")
-_ARG_LINE_RE = re.compile(r"\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -169,20 +161,6 @@ EnqueueHook: TypeAlias = "Callable[[Job], Any]"
 
 
 @dataclass(frozen=True, slots=True)
-class _ArgumentSpec:
-    """How raw arguments become keyword arguments (private to :class:`FunctionTool`)."""
-
-    model: type[BaseModel]
-    # Set when a single pydantic model parameter is the whole argument object.
-    whole_param: str | None
-    # model field name -> parameter name (fields are aliased so any parameter name works).
-    field_params: tuple[tuple[str, str], ...]
-    context_param: str | None
-    # Top-level keys accepted in whole-model mode, whose model may not forbid extras itself.
-    root_keys: frozenset[str] | None
-
-
-@dataclass(frozen=True, slots=True)
 class FunctionTool:
     """One registered function tool. Build it with :meth:`FunctionTools.function` or
     :meth:`FunctionTool.from_function`; ``parameters`` is the JSON Schema sent to the API."""
@@ -199,7 +177,7 @@ class FunctionTool:
     truncate_oversize: bool = False
     enqueue: EnqueueHook | None = None
     job_deadline: float = DEFAULT_JOB_DEADLINE
-    _spec: _ArgumentSpec | None = field(default=None, repr=False, compare=False)
+    _spec: ArgumentSpec | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_function(
@@ -224,7 +202,7 @@ class FunctionTool:
                 f"{label}: tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'"
                 " (pass name=... to choose another)"
             )
-        summary, arg_docs = _parse_docstring(_doc_of(fn))
+        summary, arg_docs = parse_docstring(doc_of(fn))
         text = description if description is not None else summary
         if not text or not text.strip():
             raise ToolDefinitionError(
@@ -247,7 +225,7 @@ class FunctionTool:
             and job_deadline > 0
         ):
             raise ToolDefinitionError(f"{label}: job_deadline must be a positive number of seconds")
-        spec, parameters = _build_arguments(fn, tool_name, arg_docs, label)
+        spec, parameters = build_arguments(fn, tool_name, arg_docs, label, context_type=ToolContext)
         return cls(
             name=tool_name,
             description=text.strip(),
@@ -284,7 +262,7 @@ class FunctionTool:
         message lists field paths and what was expected, never the submitted values.
         """
         spec = self._require_spec()
-        data = _decode_arguments(raw)
+        data = decode_arguments(raw)
         if spec.root_keys is not None:
             unexpected = [key for key in data if key not in spec.root_keys]
             if unexpected:
@@ -383,7 +361,7 @@ class FunctionTool:
             )
         return outcome
 
-    def _require_spec(self) -> _ArgumentSpec:
+    def _require_spec(self) -> ArgumentSpec:
         if self._spec is None:
             raise ToolDefinitionError(
                 f"tool {self.name!r} was not built with FunctionTool.from_function"
@@ -568,195 +546,6 @@ class FunctionTools:
         return found
 
 
-# ---------------------------------------------------------------------------------------------
-# Signature → pydantic model → JSON Schema
-
-
-def _build_arguments(
-    fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str], label: str
-) -> tuple[_ArgumentSpec, dict[str, Any]]:
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as exc:
-        raise ToolDefinitionError(f"{label}: cannot read its signature") from exc
-    globalns = _globals_of(fn)
-    context_param: str | None = None
-    params: list[tuple[str, Any, Any]] = []  # (name, resolved annotation, default)
-    for param in signature.parameters.values():
-        where = f"{label}: parameter {param.name!r}"
-        if param.kind is param.VAR_POSITIONAL or param.kind is param.VAR_KEYWORD:
-            raise ToolDefinitionError(f"{where}: *args and **kwargs cannot be described")
-        if param.kind is param.POSITIONAL_ONLY:
-            raise ToolDefinitionError(f"{where}: positional-only parameters are not supported")
-        if param.annotation is param.empty:
-            raise ToolDefinitionError(f"{where}: needs a type annotation")
-        hint = _resolve(param.name, param.annotation, globalns, where)
-        if _strip_annotated(hint) is ToolContext:
-            if context_param is not None:
-                raise ToolDefinitionError(f"{where}: only one ToolContext parameter is allowed")
-            context_param = param.name
-            continue
-        if _mentions_context(hint):
-            raise ToolDefinitionError(f"{where}: annotate the context as plain ToolContext")
-        params.append((param.name, hint, param.default))
-
-    if len(params) == 1 and _is_plain_model(_strip_annotated(params[0][1])):
-        model = typing.cast(type[BaseModel], _strip_annotated(params[0][1]))
-        schema = _finish_root(_json_schema(model, label), label)
-        root_keys = set(schema["properties"])
-        config = model.model_config
-        if config.get("validate_by_name") or config.get("populate_by_name"):
-            root_keys.update(model.model_fields)
-        spec = _ArgumentSpec(model, params[0][0], (), context_param, frozenset(root_keys))
-        return spec, schema
-
-    fields: dict[str, Any] = {}
-    field_params: list[tuple[str, str]] = []
-    for index, (name, hint, default) in enumerate(params):
-        # Aliases let any parameter name through: pydantic refuses leading underscores and
-        # warns about names shadowing BaseModel attributes (`json`, `schema`, `copy`...).
-        extra: dict[str, Any] = {"alias": name}
-        if name in arg_docs and not _has_description(hint, default):
-            extra["description"] = arg_docs[name]
-        field_name = f"p{index}"
-        required = default is inspect.Parameter.empty
-        fields[field_name] = (Annotated[hint, Field(**extra)], ... if required else default)
-        field_params.append((field_name, name))
-    model_name = f"{tool_name.replace('-', '_')}_arguments"
-    try:
-        model = _create_model(model_name, __config__=ConfigDict(extra="forbid"), **fields)
-    except (PydanticUserError, TypeError, ValueError, NameError) as exc:
-        raise ToolDefinitionError(_culprit(params, label) or f"{label}: {exc}") from exc
-    schema = _json_schema(model, label, params)
-    spec = _ArgumentSpec(model, None, tuple(field_params), context_param, None)
-    return spec, _finish_root(schema, label)
-
-
-def _json_schema(
-    model: type[BaseModel], label: str, params: list[tuple[str, Any, Any]] | None = None
-) -> dict[str, Any]:
-    try:
-        with warnings.catch_warnings():
-            # A default pydantic cannot put in the schema would silently vanish from it.
-            warnings.simplefilter("error", PydanticJsonSchemaWarning)
-            schema = model.model_json_schema(mode="validation")
-        json.dumps(schema, allow_nan=False)
-    except (PydanticUserError, PydanticJsonSchemaWarning, TypeError, ValueError) as exc:
-        raise ToolDefinitionError(
-            (_culprit(params, label) if params else None)
-            or f"{label}: cannot build a JSON Schema for its arguments ({exc})"
-        ) from exc
-    return typing.cast(dict[str, Any], _clean_schema(schema))
-
-
-def _culprit(params: list[tuple[str, Any, Any]], label: str) -> str | None:
-    """Name the first parameter pydantic cannot validate or describe, for a precise error."""
-    for name, hint, default in params:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", PydanticJsonSchemaWarning)
-                adapter: TypeAdapter[Any] = TypeAdapter(hint)
-                adapter.json_schema()
-                if default is not inspect.Parameter.empty and not isinstance(default, FieldInfo):
-                    json.dumps(adapter.dump_python(default, mode="json"), allow_nan=False)
-        except Exception as exc:
-            return f"{label}: parameter {name!r} cannot be described in JSON Schema ({exc})"
-    return None
-
-
-def _finish_root(schema: dict[str, Any], label: str) -> dict[str, Any]:
-    """Make the root a closed object, as the Agents API expects of ``parameters``."""
-    ref = schema.get("$ref")
-    if isinstance(ref, str) and "type" not in schema:
-        # A self-referencing model is emitted as a bare $ref to its own $defs entry.
-        defs = schema.get("$defs", {})
-        target = defs.get(ref.removeprefix("#/$defs/"))
-        if not isinstance(target, dict):
-            raise ToolDefinitionError(f"{label}: unsupported root schema reference {ref!r}")
-        schema = {**target, "$defs": defs}
-    if schema.get("type") != "object":
-        raise ToolDefinitionError(f"{label}: the argument schema must be an object")
-    schema.setdefault("properties", {})
-    schema["additionalProperties"] = False
-    return schema
-
-
-_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
-_SCHEMA_LISTS = frozenset({"anyOf", "allOf", "oneOf", "prefixItems"})
-
-
-def _clean_schema(node: Any) -> Any:
-    """Drop pydantic's generated ``title`` keywords (noise for the model) while keeping
-    properties that happen to be called ``title``."""
-    if not isinstance(node, dict):
-        return node
-    cleaned: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title":
-            continue
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            cleaned[key] = {name: _clean_schema(sub) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS and isinstance(value, list):
-            cleaned[key] = [_clean_schema(sub) for sub in value]
-        elif key in {"enum", "const", "default", "examples", "required"}:
-            cleaned[key] = value
-        else:
-            cleaned[key] = _clean_schema(value)
-    return cleaned
-
-
-def _resolve(name: str, annotation: Any, globalns: dict[str, Any], where: str) -> Any:
-    """Resolve one (possibly string) annotation. Parameters are resolved one at a time so an
-    unresolvable *return* annotation (often a TYPE_CHECKING import) does not matter."""
-    holder = types.SimpleNamespace(__annotations__={name: annotation}, __globals__=globalns)
-    try:
-        return typing.get_type_hints(holder, include_extras=True)[name]
-    except Exception as exc:
-        raise ToolDefinitionError(f"{where}: cannot resolve annotation {annotation!r}") from exc
-
-
-def _globals_of(fn: Callable[..., Any]) -> dict[str, Any]:
-    target: Any = fn
-    while True:
-        if isinstance(target, functools.partial):
-            target = target.func
-        elif hasattr(target, "__wrapped__"):
-            target = target.__wrapped__
-        else:
-            break
-    found = getattr(target, "__globals__", None)
-    if found is None:  # a callable instance
-        call = inspect.getattr_static(type(target), "__call__", None)
-        found = getattr(call, "__globals__", {})
-    return typing.cast(dict[str, Any], found)
-
-
-def _strip_annotated(hint: Any) -> Any:
-    while typing.get_origin(hint) is Annotated:
-        hint = typing.get_args(hint)[0]
-    return hint
-
-
-def _mentions_context(hint: Any) -> bool:
-    if hint is ToolContext:
-        return True
-    return any(_mentions_context(arg) for arg in typing.get_args(hint))
-
-
-def _is_plain_model(hint: Any) -> bool:
-    return (
-        isinstance(hint, type) and issubclass(hint, BaseModel) and not issubclass(hint, RootModel)
-    )
-
-
-def _has_description(hint: Any, default: Any) -> bool:
-    infos = [default] if isinstance(default, FieldInfo) else []
-    while typing.get_origin(hint) is Annotated:
-        infos.extend(m for m in hint.__metadata__ if isinstance(m, FieldInfo))
-        hint = typing.get_args(hint)[0]
-    return any(info.description for info in infos)
-
-
 def _is_async_callable(fn: object) -> bool:
     while isinstance(fn, functools.partial):
         fn = fn.func
@@ -764,15 +553,6 @@ def _is_async_callable(fn: object) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - a callable instance's own __call__
     return call is not None and inspect.iscoroutinefunction(call)
-
-
-def _doc_of(fn: object) -> str | None:
-    while isinstance(fn, functools.partial):
-        fn = fn.func  # a partial's own __doc__ describes functools.partial
-    if inspect.isroutine(fn):
-        return inspect.getdoc(fn)
-    # A callable instance: its __call__ documents the tool better than its class does.
-    return inspect.getdoc(getattr(fn, "__call__", None)) or inspect.getdoc(type(fn))  # noqa: B004
 
 
 def _label(fn: object) -> str:
@@ -783,78 +563,3 @@ def _label(fn: object) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     module = getattr(fn, "__module__", None)
     return f"tool function {module}.{name}" if module else f"tool function {name}"
-
-
-def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """The summary (first paragraph) and the Google-style ``Args:`` descriptions."""
-    if not doc:
-        return "", {}
-    lines = doc.splitlines()
-    summary: list[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION_HEADER_RE.fullmatch(line.strip()):
-            break
-        summary.append(line.strip())
-    args: dict[str, str] = {}
-    start = next(
-        (i for i, line in enumerate(lines) if _ARGS_HEADER_RE.fullmatch(line.strip())), None
-    )
-    if start is not None:
-        header_indent = _indent(lines[start])
-        entry_indent: int | None = None
-        current: str | None = None
-        for line in lines[start + 1 :]:
-            if not line.strip():
-                continue
-            indent = _indent(line)
-            if indent <= header_indent:
-                break  # the next section
-            if entry_indent is None:
-                entry_indent = indent
-            match = _ARG_LINE_RE.fullmatch(line.strip())
-            if indent <= entry_indent and match:
-                current = match.group(1)
-                args[current] = match.group(2).strip()
-            elif current is not None:
-                args[current] = f"{args[current]} {line.strip()}".strip()
-    return " ".join(summary), {k: v for k, v in args.items() if v}
-
-
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip())
-
-
-_JSON_TYPE_NAMES: dict[type, str] = {
-    list: "array",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    type(None): "null",
-}
-
-
-def _decode_arguments(raw: object) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if isinstance(raw, bytes | bytearray):
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ArgumentValidationError("arguments are not valid UTF-8") from None
-    if isinstance(raw, str):
-        if not raw.strip():
-            return {}
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            # Position only: JSONDecodeError keeps the whole document on the exception.
-            raise ArgumentValidationError(
-                f"arguments are not valid JSON (line {exc.lineno}, column {exc.colno})"
-            ) from None
-        except RecursionError:
-            raise ArgumentValidationError("arguments are nested too deeply") from None
-    if not isinstance(raw, Mapping):
-        kind = _JSON_TYPE_NAMES.get(type(raw), type(raw).__name__)
-        raise ArgumentValidationError(f"arguments must be a JSON object, not {kind}")
-    return dict(raw)

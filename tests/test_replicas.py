@@ -66,7 +66,7 @@ async def _wait_for_claim_by(
                     continue
                 for record in await store.calls_for_session(session_id):
                     mine = marker in (record.owner or "")
-                    # slow_echo (first step only) runs 300 ms: still running when the SIGKILL
+                    # slow_echo (first step only) runs 1.5 s: still running when the SIGKILL
                     # lands.
                     if mine and record.state == "claimed" and record.tool_name == "slow_echo":
                         return
@@ -106,8 +106,8 @@ def _sessions() -> list[list[list[FakeCall]]]:
                         {"order_id": f"ord_{i}", "amount_cents": 100 + i},
                         call_id=f"c{i}_refund",
                     ),
-                    FakeCall("slow_echo", {"text": f"a{i}", "delay_ms": 300}, call_id=f"c{i}_a"),
-                    FakeCall("slow_echo", {"text": f"b{i}", "delay_ms": 300}, call_id=f"c{i}_b"),
+                    FakeCall("slow_echo", {"text": f"a{i}", "delay_ms": 1500}, call_id=f"c{i}_a"),
+                    FakeCall("slow_echo", {"text": f"b{i}", "delay_ms": 1500}, call_id=f"c{i}_b"),
                 ],
                 [FakeCall("get_customer", {"customer_id": f"{i}"}, call_id=f"c{i}_z")],
             ]

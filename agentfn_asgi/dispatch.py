@@ -222,9 +222,11 @@ class Dispatcher:
             finally:
                 self._resolving.discard(work.session_id)
 
-    async def _resolve_logged(self, session_id: str, delivery_id: str | None) -> None:
+    async def _resolve_logged(
+        self, session_id: str, delivery_id: str | None, *, settle: bool = False
+    ) -> None:
         try:
-            await self.resolve(session_id, delivery_id=delivery_id)
+            await self.resolve(session_id, delivery_id=delivery_id, settle=settle)
         except ValueError as exc:
             # A malformed session id can never be read: retrying would loop until the dedup
             # window ends. (The app refuses such ids; this guards older records.)
@@ -239,8 +241,16 @@ class Dispatcher:
             logger.exception("unexpected error resolving session %s", session_id)
 
     # -- resolution ----------------------------------------------------------------------
-    async def resolve(self, session_id: str, *, delivery_id: str | None = None) -> None:
-        """Read the session and dispatch each pending function call (claims decide who runs)."""
+    async def resolve(
+        self, session_id: str, *, delivery_id: str | None = None, settle: bool = True
+    ) -> None:
+        """Read the session and dispatch each pending function call (claims decide who runs).
+
+        With ``settle``, calls recorded for the session that it no longer waits for become
+        stale. A webhook-driven resolve skips that store read (one round trip per delivery on
+        the hot path); the recovery sweep and :meth:`recover` settle, which is where such
+        calls (a crashed claim, a cancelled turn) are found.
+        """
         link = self.telemetry.link_for_delivery(delivery_id)
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
@@ -252,11 +262,13 @@ class Dispatcher:
             if delivery_id is not None:
                 await self.store.mark_delivery_resolved(delivery_id)
             return
-        await self._dispatch_session(session, delivery_id)
+        await self._dispatch_session(session, delivery_id, settle=settle)
         if delivery_id is not None:
             await self.store.mark_delivery_resolved(delivery_id)
 
-    async def _dispatch_session(self, session: AgentSession, delivery_id: str | None) -> None:
+    async def _dispatch_session(
+        self, session: AgentSession, delivery_id: str | None, *, settle: bool
+    ) -> None:
         pending: set[CallKey] = set()
         for action in session.function_calls:
             key = CallKey(session.id, action.turn_id, action.call_id)
@@ -264,7 +276,8 @@ class Dispatcher:
             if key in self._inflight:
                 continue
             await self._start_call(key, action, delivery_id)
-        await self._settle_missing(session.id, pending)
+        if settle:
+            await self._settle_missing(session.id, pending)
 
     async def _settle_missing(self, session_id: str, pending: set[CallKey]) -> None:
         """Calls we hold records for that the session no longer waits for become stale."""
@@ -542,7 +555,7 @@ class Dispatcher:
                 if delivery_id is not None:
                     self._dirty.setdefault(session_id, delivery_id)
                 continue
-            await self._resolve_logged(session_id, delivery_id)
+            await self._resolve_logged(session_id, delivery_id, settle=True)
         await self.store.prune(
             deliveries_before=now - self.settings.dedup_window,
             calls_before=now - self.settings.call_retention,

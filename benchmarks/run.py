@@ -1,0 +1,417 @@
+"""Run the benchmarks: ``python -m benchmarks.run [--quick] [--scenario NAME ...]``.
+
+Every scenario runs interleaved rounds (target A, B, C, A, B, C, ...) in one run and reports
+the median and min–max of each metric, plus per-round ratios agentfn-asgi / baseline. The
+results go to ``benchmarks/results/`` as JSON and markdown; the markdown is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import os
+import platform
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_api import BenchAPI
+from benchmarks.driver import Driver, RoundResult, TargetProcess
+from benchmarks.handlers import BIG_RESULT_SIZE
+from benchmarks.report import Check, markdown, ratio_summary, summarise
+
+__all__ = ["TARGETS", "main", "run"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BASELINE = "inline-httpx2"
+
+#: Target name -> ``benchmarks.target_app`` arguments.
+TARGETS: dict[str, list[str]] = {
+    "ours": ["--kind", "ours"],
+    "inline-httpx": ["--kind", "inline", "--client", "httpx"],
+    "inline-httpx2": ["--kind", "inline", "--client", "httpx2"],
+    "ours-tracing-api": ["--kind", "ours", "--tracing", "api"],
+    "ours-tracing-sdk": ["--kind", "ours", "--tracing", "sdk"],
+    "ours-httpx-bounded16": ["--kind", "ours", "--max-in-flight", "16"],
+    "ours-httpx2": ["--kind", "ours", "--client", "httpx2"],
+    "ours-httpx2-bounded16": ["--kind", "ours", "--client", "httpx2", "--max-in-flight", "16"],
+    "ours-memory-store": ["--kind", "ours", "--store", "memory"],
+}
+MAIN = ("ours", "inline-httpx", "inline-httpx2")
+
+RoundFn = Callable[[Driver, TargetProcess], Awaitable[RoundResult]]
+
+
+def _scenarios(quick: bool) -> dict[str, tuple[str, RoundFn, int, tuple[str, ...]]]:
+    """name -> (description, one round, rounds, targets)."""
+    serial_n = 150 if quick else 300
+    burst_n = 600 if quick else 1500
+    variant_n = 400 if quick else burst_n  # tracing and client variants: several targets
+    open_s = 3.0 if quick else 8.0
+    turns = 2 if quick else 5
+    r = 3 if quick else 5
+
+    async def serial(d: Driver, t: TargetProcess) -> RoundResult:
+        return await d.serial(t, serial_n)
+
+    async def open_loop(d: Driver, t: TargetProcess) -> RoundResult:
+        return await d.open_loop(t, rate=50.0, duration=open_s, latency=0.025)
+
+    async def saturation(d: Driver, t: TargetProcess) -> RoundResult:
+        return await d.burst(t, sessions=burst_n, concurrency=64)
+
+    async def variant(d: Driver, t: TargetProcess) -> RoundResult:
+        return await d.burst(t, sessions=variant_n, concurrency=64)
+
+    async def turn64(d: Driver, t: TargetProcess) -> RoundResult:
+        return await d.burst(t, sessions=turns, calls_each=64, concurrency=1)
+
+    async def slow(d: Driver, t: TargetProcess) -> RoundResult:
+        return await d.burst(t, sessions=1000, concurrency=64, tool="slow_lookup")
+
+    async def big(d: Driver, t: TargetProcess) -> RoundResult:
+        return await d.serial(t, 3, tool="big_report")
+
+    clients = (
+        "ours",
+        "ours-httpx-bounded16",
+        "ours-httpx2",
+        "ours-httpx2-bounded16",
+        "ours-memory-store",
+        BASELINE,
+    )
+    return {
+        "serial": (f"One call at a time, {serial_n} calls a round.", serial, r, MAIN),
+        "open-loop": (
+            f"50 deliveries/s for {open_s:.0f} s, 25 ms simulated API latency on every "
+            "Agents API answer.",
+            open_loop,
+            2 if quick else 5,
+            MAIN,
+        ),
+        "saturation": (
+            f"{burst_n} single-call deliveries through 64 sender connections, each sending "
+            "its next delivery as soon as the last was acknowledged (64 in flight).",
+            saturation,
+            r,
+            MAIN,
+        ),
+        "turn64": (
+            f"{turns} sessions one after the other, each one turn with 64 parallel calls "
+            "and one delivery.",
+            turn64,
+            r,
+            MAIN,
+        ),
+        "slow1000": (
+            "1,000 sessions with one 1 s handler each, delivered through 64 connections.",
+            slow,
+            1 if quick else 2,
+            MAIN,
+        ),
+        "big-result": (
+            f"3 calls a round returning {BIG_RESULT_SIZE / 2**20:.2f} MiB of text each; RSS "
+            "growth is the peak over the round above the RSS before it.",
+            big,
+            2 if quick else 3,
+            MAIN,
+        ),
+        "tracing": (
+            f"The saturation load ({variant_n} deliveries, 64 in flight) against agentfn-asgi "
+            "without telemetry, with Telemetry on the API's no-op providers, and with an SDK "
+            "TracerProvider (BatchSpanProcessor, null exporter) and MeterProvider.",
+            variant,
+            2 if quick else 4,
+            ("ours", "ours-tracing-api", "ours-tracing-sdk"),
+        ),
+        "http-client": (
+            f"The saturation load ({variant_n} deliveries, 64 in flight) against agentfn-asgi "
+            "on httpx and httpx2, each with the package's pool (64 connections) as is and "
+            "with at most 16 requests let into the pool (an injected client); and, to price "
+            "durability, on the in-memory store.",
+            variant,
+            2 if quick else 3,
+            clients,
+        ),
+    }
+
+
+async def _run_rounds(
+    driver: Driver,
+    procs: dict[str, TargetProcess],
+    description: str,
+    fn: RoundFn,
+    rounds: int,
+    names: tuple[str, ...],
+) -> dict[str, Any]:
+    for name in names:  # warm-up: connections, lazy imports, caches
+        await driver.serial(procs[name], 20)
+    per_target: dict[str, list[RoundResult]] = {name: [] for name in names}
+    for i in range(rounds):
+        # Rotate the order each round (A B C, B C A, ...) so no target always runs first.
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            result = await fn(driver, procs[name])
+            per_target[name].append(result)
+            m = result.metrics
+            print(
+                f"  round {i + 1}/{rounds} {name:24s} {m['calls_per_s']:7.1f} calls/s "
+                f"ack p99 {m['ack_p99_ms']:7.1f} ms  d2r p50 {m['d2r_p50_ms']:8.1f} ms "
+                f"lost {result.lost} dup {result.duplicates}",
+                file=sys.stderr,
+                flush=True,
+            )
+    targets: dict[str, Any] = {}
+    for name, results in per_target.items():
+        keys = results[0].metrics.keys()
+        targets[name] = {
+            "metrics": {k: summarise([r.metrics[k] for r in results]) for k in keys},
+            "lost": sum(r.lost for r in results),
+            "duplicates": sum(r.duplicates for r in results),
+        }
+    ratios: dict[str, Any] = {}
+    reference = "ours" if "ours" in names else names[0]
+    for other in names:
+        if other == reference:
+            continue
+        mine = per_target[reference] if other.startswith("inline") else per_target[other]
+        base = per_target[other] if other.startswith("inline") else per_target[reference]
+        label = f"{reference} / {other}" if other.startswith("inline") else f"{other} / {reference}"
+        ratios[label] = {
+            key: ratio_summary([r.metrics[key] for r in mine], [r.metrics[key] for r in base])
+            for key in ("calls_per_s", "cpu_us_per_call", "d2r_p50_ms")
+        }
+    return {"description": description, "targets": targets, "ratios": ratios}
+
+
+async def _store_growth(quick: bool, tmp: str) -> dict[str, Any]:
+    from benchmarks.store_growth import measure_round, prefill
+
+    big_n = 100_000 if quick else 1_000_000
+    small, big = Path(tmp, "growth-small.sqlite3"), Path(tmp, "growth-big.sqlite3")
+    started = time.perf_counter()
+    await prefill(small, 1000)
+    await prefill(big, big_n)
+    fill_s = time.perf_counter() - started
+    calls, rounds = (500, 3) if quick else (1000, 5)
+    smalls: list[float] = []
+    bigs: list[float] = []
+    for _ in range(rounds):
+        smalls.append(await measure_round(small, calls) * 1e6)
+        bigs.append(await measure_round(big, calls) * 1e6)
+    s, b, ratio = summarise(smalls), summarise(bigs), ratio_summary(bigs, smalls)
+    table = (
+        "| recorded calls | µs per call (median, min–max) |\n|---:|---:|\n"
+        f"| 1,000 | {s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f}) |\n"
+        f"| {big_n:,} | {b['median']:.0f} ({b['min']:.0f}–{b['max']:.0f}) |\n\n"
+        f"Growth (per-round ratio): {ratio['median']:.3f} ({ratio['min']:.3f}–{ratio['max']:.3f})"
+        f"; pre-filling took {fill_s:.0f} s."
+    )
+    return {
+        "description": (
+            f"SQLite store work of one single-call delivery (record, claim, save, mark "
+            f"submitted, resolve, list session calls), {calls} sequential calls a round, "
+            f"files pre-filled with 1,000 and {big_n:,} calls; rounds alternate."
+        ),
+        "rows": big_n,
+        "small_us": s,
+        "big_us": b,
+        "growth": ratio,
+        "table": table,
+    }
+
+
+async def _micro(quick: bool) -> dict[str, Any]:
+    from benchmarks.micro import run_micro
+
+    rows = await run_micro(0.2 if quick else 1.0)
+    lines = ["| operation | best µs | median µs |", "|---|---:|---:|"]
+    lines += [f"| {r['name']} | {r['best_us']:.1f} | {r['median_us']:.1f} |" for r in rows]
+    return {
+        "description": "Best and median of 5 timed runs, µs per operation, in-process.",
+        "rows": rows,
+        "table": "\n".join(lines),
+    }
+
+
+def _med(results: dict[str, Any], scenario: str, target: str, key: str) -> float:
+    try:
+        value: float = results["scenarios"][scenario]["targets"][target]["metrics"][key]["median"]
+    except KeyError:
+        return math.nan
+    return value
+
+
+def _ratio(results: dict[str, Any], scenario: str, label: str, key: str) -> float:
+    try:
+        value: float = results["scenarios"][scenario]["ratios"][label][key]["median"]
+    except KeyError:
+        return math.nan
+    return value
+
+
+def _check(scenario: str, target: str, value: float, ok: bool, text: str) -> Check:
+    return Check(scenario, target, text, None if math.isnan(value) else ok)
+
+
+def checks(results: dict[str, Any]) -> list[Check]:
+    """Each target of the issue against this run's numbers."""
+    out: list[Check] = []
+    sc = results["scenarios"]
+    label = f"ours / {BASELINE}"
+
+    def counters(name: str) -> tuple[int, int]:
+        t = sc.get(name, {}).get("targets", {}).get("ours", {})
+        return t.get("lost", 0), t.get("duplicates", 0)
+
+    if "serial" in sc:
+        v = _ratio(results, "serial", label, "calls_per_s")
+        out.append(_check("serial", "calls/s ≥ 1.0× inline-httpx2", v, v >= 1.0, f"{v:.2f}×"))
+    if "saturation" in sc:
+        v = _ratio(results, "saturation", label, "calls_per_s")
+        out.append(_check("saturation", "calls/s ≥ 1.5× inline-httpx2", v, v >= 1.5, f"{v:.2f}×"))
+        p99 = _med(results, "saturation", "ours", "ack_p99_ms")
+        out.append(_check("saturation", "ack p99 ≤ 20 ms", p99, p99 <= 20, f"{p99:.1f} ms"))
+        lost, dup = counters("saturation")
+        out.append(
+            Check("saturation", "0 lost, 0 duplicates", f"{lost}, {dup}", not lost and not dup)
+        )
+        half = _med(results, "saturation", "ours", "second_half_rate_ratio")
+        out.append(
+            _check(
+                "saturation", "no collapse (2nd/1st half ≥ 0.8)", half, half >= 0.8, f"{half:.2f}"
+            )
+        )
+    if "open-loop" in sc:
+        p50 = _med(results, "open-loop", "ours", "ack_p50_ms")
+        p99 = _med(results, "open-loop", "ours", "ack_p99_ms")
+        out.append(_check("open-loop", "ack p50 ≤ 2 ms", p50, p50 <= 2, f"{p50:.2f} ms"))
+        out.append(_check("open-loop", "ack p99 ≤ 8 ms", p99, p99 <= 8, f"{p99:.2f} ms"))
+        v = _ratio(results, "open-loop", label, "d2r_p50_ms")
+        out.append(_check("open-loop", "d→r p50 ≤ 1.1× inline-httpx2", v, v <= 1.1, f"{v:.2f}×"))
+    if "slow1000" in sc:
+        wall = _med(results, "slow1000", "ours", "wall_s")
+        out.append(_check("slow1000", "wall ≤ 3 s", wall, wall <= 3, f"{wall:.2f} s"))
+        growth = _med(results, "slow1000", "ours", "rss_growth_mib")
+        out.append(
+            _check("slow1000", "bounded memory", growth, growth < 100, f"+{growth:.1f} MiB peak")
+        )
+    if "store-growth" in sc:
+        g = sc["store-growth"]["growth"]["median"]
+        out.append(_check("store-growth", "per-call cost growth ≤ 15 %", g, g <= 1.15, f"{g:.3f}×"))
+    if "big-result" in sc:
+        growth = _med(results, "big-result", "ours", "rss_growth_mib") * 2**20 / BIG_RESULT_SIZE
+        out.append(
+            _check("big-result", "RSS growth ≤ 4× result", growth, growth <= 4, f"{growth:.2f}×")
+        )
+    if "tracing" in sc:
+        for variant, limit in (("ours-tracing-sdk", 0.90), ("ours-tracing-api", 0.98)):
+            v = _ratio(results, "tracing", f"{variant} / ours", "calls_per_s")
+            out.append(
+                _check(
+                    "tracing", f"{variant} ≥ {limit:.2f}× throughput", v, v >= limit, f"{v:.2f}×"
+                )
+            )
+    return out
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = []
+    for dist in ("agentfn-asgi", "httpx", "httpcore", "httpx2", "uvicorn", "starlette", "sniffio"):
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{dist} absent")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": ", ".join(versions),
+        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+
+
+async def run(*, quick: bool, only: list[str] | None = None) -> dict[str, Any]:
+    """Run the selected scenarios; returns the results document."""
+    started = time.perf_counter()
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+    scenarios = _scenarios(quick)
+    names = only or [*scenarios, "store-growth", "micro"]
+    unknown = set(names) - {*scenarios, "store-growth", "micro"}
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {sorted(unknown)}; known: {[*scenarios]}")
+    results: dict[str, Any] = {"mode": "quick" if quick else "full", "machine": _machine()}
+    results["scenarios"] = {}
+    api = BenchAPI()
+    api_url = await api.start()
+    driver = Driver(api, secret)
+    needed = sorted({t for n in names if n in scenarios for t in scenarios[n][3]})
+    with tempfile.TemporaryDirectory(prefix="agentfn-bench-") as tmp:
+        procs = {
+            name: TargetProcess(name, TARGETS[name], api_url=api_url, secret=secret, store_dir=tmp)
+            for name in needed
+        }
+        try:
+            for proc in procs.values():
+                proc.launch()
+            await asyncio.gather(*(p.wait_ready() for p in procs.values()))
+            for name in names:
+                print(f"== {name}", file=sys.stderr, flush=True)
+                if name == "store-growth":
+                    results["scenarios"][name] = await _store_growth(quick, tmp)
+                elif name == "micro":
+                    results["scenarios"][name] = await _micro(quick)
+                else:
+                    description, fn, rounds, targets = scenarios[name]
+                    results["scenarios"][name] = await _run_rounds(
+                        driver, procs, description, fn, rounds, targets
+                    )
+        finally:
+            for proc in procs.values():
+                proc.stop()
+            await api.stop()
+    results["machine"]["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results["elapsed_s"] = time.perf_counter() - started
+    results["checks"] = [
+        {"scenario": c.scenario, "target": c.target, "measured": c.measured, "verdict": c.verdict}
+        for c in checks(results)
+    ]
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="short rounds (about 3 minutes)")
+    parser.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR, help="results directory")
+    args = parser.parse_args(argv)
+    results = asyncio.run(run(quick=args.quick, only=args.scenario))
+    report = markdown(results, checks(results))
+    args.output.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (args.output / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
+    (args.output / f"bench-{stamp}.md").write_text(report + "\n")
+    (args.output / "latest.json").write_text(json.dumps(results, indent=1, default=str))
+    (args.output / "latest.md").write_text(report + "\n")
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,17 +7,19 @@ unreachable, failed instead under CI=true.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
 from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.store.base import CallKey, CallState, ClaimStatus, SavedResult
+
+from .conftest import FakeClock as Clock
+from .conftest import require_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -25,23 +27,6 @@ asyncpg = pytest.importorskip("asyncpg")
 from agentfn_asgi.store.postgres import PostgresStore  # noqa: E402 - after the driver check
 
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-class Clock:
-    """A fake Unix clock."""
-
-    def __init__(self, now: float = 1_700_000_000.123456) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _unavailable(reason: str) -> NoReturn:
-    message = f"postgres unavailable: {reason}"
-    if os.environ.get("CI", "").strip().lower() == "true":
-        pytest.fail(f"{message} (CI=true requires every backend)", pytrace=False)
-    pytest.skip(message)
 
 
 StoreMaker = Callable[..., Any]
@@ -62,7 +47,7 @@ async def make_store() -> AsyncIterator[StoreMaker]:
         try:
             await store.open()
         except StoreUnavailableError as exc:
-            _unavailable(str(exc))
+            require_service("postgres", str(exc))
         return store
 
     try:

@@ -6,17 +6,18 @@ Needs Redis on 127.0.0.1:6379; skipped when it is unreachable, failed instead un
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
 from agentfn_asgi.store.base import CallKey, CallState, ClaimStatus, SavedResult
+
+from .conftest import FakeClock, require_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -27,21 +28,9 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 NOW = 1_700_000_000.123456
 
 
-class Clock:
-    """A fake Unix clock."""
-
-    def __init__(self, now: float = NOW) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _unavailable(reason: str) -> NoReturn:
-    message = f"redis unavailable: {reason}"
-    if os.environ.get("CI", "").strip().lower() == "true":
-        pytest.fail(f"{message} (CI=true requires every backend)", pytrace=False)
-    pytest.skip(message)
+def Clock(now: float = NOW) -> FakeClock:  # noqa: N802 - reads like the class it builds
+    """The shared fake clock, started at a time with a fractional part (precision checks)."""
+    return FakeClock(now)
 
 
 StoreMaker = Callable[..., Any]
@@ -60,7 +49,7 @@ async def make_store() -> AsyncIterator[StoreMaker]:
         try:
             await store.open()
         except StoreUnavailableError as exc:
-            _unavailable(str(exc))
+            require_service("redis", str(exc))
         return store
 
     try:

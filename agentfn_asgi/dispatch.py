@@ -270,12 +270,15 @@ class Dispatcher:
         self, session: AgentSession, delivery_id: str | None, *, settle: bool
     ) -> None:
         pending: set[CallKey] = set()
+        starts = []
         for action in session.function_calls:
             key = CallKey(session.id, action.turn_id, action.call_id)
             pending.add(key)
-            if key in self._inflight:
-                continue
-            await self._start_call(key, action, delivery_id)
+            if key not in self._inflight:
+                starts.append(self._start_call(key, action, delivery_id))
+        # Claimed together, so a turn's parallel calls share store transactions (the SQLite
+        # store commits queued work as one group) instead of paying one round trip each.
+        await asyncio.gather(*starts)
         if settle:
             await self._settle_missing(session.id, pending)
 

@@ -98,7 +98,7 @@ def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Con
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(conn, busy_timeout)
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -120,6 +120,23 @@ def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Con
         conn.close()
         raise
     return conn
+
+
+def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
+    """Switch to WAL, waiting out other openers (runs on the worker thread).
+
+    SQLite does not call the busy handler for this switch: two processes opening a new file
+    at once would otherwise fail with "database is locked" immediately.
+    """
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _rowcount(sql: str, params: Sequence[object], conn: sqlite3.Connection) -> int:

@@ -120,10 +120,16 @@ def test_two_processes_claim_each_call_once(tmp_path: Path) -> None:
         )
         for owner in ("p1", "p2")
     ]
-    for proc in procs:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-    outputs = [proc.communicate("go\n", timeout=60)[0] for proc in procs]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        outputs = [proc.communicate("go\n", timeout=60)[0] for proc in procs]
+    finally:
+        for proc in procs:  # never leave a child behind, whatever failed
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
     assert [proc.returncode for proc in procs] == [0, 0]
     won = [output.split() for output in outputs]
     assert len(won[0]) + len(won[1]) == 300

@@ -13,13 +13,29 @@ import time
 from collections import OrderedDict
 
 from ._crash import crash_point
-from ._outcomes import events_body
+from ._outcomes import events_body, submission_key
 from .client import AgentsClient
-from .errors import APIError, ConflictError, NotFoundError, UnknownPendingToolCallError
+from .errors import (
+    APIError,
+    APIStatusError,
+    ConflictError,
+    NotFoundError,
+    UnknownPendingToolCallError,
+)
+from .results import event_json, failure_event
 from .store.base import CallKey, CallRecord, Store
 from .tracing import Telemetry
 
-__all__ = ["Submitter"]
+__all__ = ["REFUSED_MESSAGE", "Submitter"]
+
+#: Told to the model when the API refuses a saved result outright (a 400/413/422 other than
+#: the registration race): resending the same bytes could never succeed. Built only from
+#: the status and code, so every replica sends the identical fallback under the same key.
+REFUSED_MESSAGE = (
+    "The result of this call was refused by the Agents API (HTTP {status}, {code}), so it "
+    "could not be delivered. Ask for less data or a simpler result and try again."
+)
+_REFUSING_STATUSES = frozenset({400, 413, 422})
 
 # The dispatcher's logger: operators filter on it, and these messages were always logged there.
 logger = logging.getLogger("agentfn_asgi.dispatch")
@@ -61,6 +77,14 @@ class Submitter:
                 stale = await self._after_rejection(key, exc)
                 span.set_outcome("stale" if stale else "failed")
                 return
+            except APIStatusError as exc:
+                if exc.status not in _REFUSING_STATUSES:
+                    span.set_outcome("failed")
+                    logger.warning("submitting %s failed; the sweep retries it: %s", key, exc)
+                    return
+                span.set_outcome("failed")
+                await self._submit_refusal(record, exc)
+                return
             except APIError as exc:
                 span.set_outcome("failed")
                 logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
@@ -73,6 +97,25 @@ class Submitter:
             attempts=span.attempts,
             delivery_to_submit_seconds=None if received is None else time.monotonic() - received,
         )
+
+    async def _submit_refusal(self, record: CallRecord, refused: APIStatusError) -> None:
+        """The API refused the saved result itself (e.g. too large after all): tell the model
+        with a failure instead of resending bytes that can never be accepted."""
+        key = record.key
+        logger.error("the API refused the result of %s (%s); sending a failure", key, refused)
+        message = REFUSED_MESSAGE.format(status=refused.status, code=refused.code or "no code")
+        text = event_json(failure_event(key.turn_id, key.call_id, message))
+        try:
+            await self._client.submit_raw_events(
+                key.session_id, events_body(text), idempotency_key=submission_key(key, text)
+            )
+        except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
+            await self._after_rejection(key, exc)
+            return
+        except APIError as exc:
+            logger.warning("submitting the refusal of %s failed; will retry: %s", key, exc)
+            return
+        await self._store.mark_submitted(key)
 
     async def _after_rejection(self, key: CallKey, exc: APIError) -> bool:
         """The API refused our result: only a fresh read of the session says what that means."""

@@ -422,3 +422,28 @@ def test_constants_are_consistent() -> None:
     """The fast test settings keep leases longer than sweeps, as production defaults do."""
     assert FAST.lease_seconds > FAST.recovery_interval
     assert API_KEY and APP_URL
+
+
+async def test_a_result_the_api_refuses_becomes_a_failure_not_a_loop() -> None:
+    """Our size budget set above the API's limit: the API refuses the 4.5 MB body (400 "too
+    large"). Resending it could never succeed, so the model gets a failure saying so, once."""
+    tools = FunctionTools()
+
+    @tools.function
+    def huge() -> str:
+        """Returns more than the API takes."""
+        return "x" * 4_500_000
+
+    settings = DispatchSettings(
+        lease_seconds=2.0, recovery_interval=0.1, recovery_grace=0.1, result_limit=10_000_000
+    )
+    async with running_stack(tools, settings=settings) as stack:
+        sid = stack.fake.create_session([[FakeCall("huge", {}, call_id="h1")]])
+        await stack.fake.wait_idle(sid, timeout=10)
+        await anyio.sleep(0.5)  # several sweeps: nothing is resent
+    [submission] = stack.fake.submissions
+    assert submission.success is False
+    assert submission.error is not None
+    assert "refused by the Agents API (HTTP 400" in submission.error
+    submits = [r for r in stack.fake.requests if r.method == "POST"]
+    assert len(submits) == 2  # the refused result, then the failure; no retry loop

@@ -29,7 +29,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from ._spans import _virtual_parent
 from .errors import CompletionTokenError, CompletionTokenExpiredError, ConfigurationError
 from .store.base import CallKey
-from .tools import FunctionTool, FunctionTools, ToolContext
+from .tools import FunctionTool, FunctionTools, ToolContext, is_async_callable
 
 __all__ = [
     "CLOCK_SKEW",
@@ -409,13 +409,6 @@ def build_job(
     )
 
 
-def _is_async_callable(fn: object) -> bool:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    call = getattr(fn, "__call__", None)  # noqa: B004 - a callable instance's own __call__
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
-
-
 async def call_enqueue(
     enqueue: Callable[[Job], Any], job: Job, *, limiter: anyio.CapacityLimiter | None = None
 ) -> None:
@@ -423,7 +416,7 @@ async def call_enqueue(
     in the thread pool like a sync handler (its broker I/O must not block the loop), and an
     awaitable it returns is awaited. Use an async callable for loop-bound objects such as
     an ``asyncio.Queue`` or a ``redis.asyncio`` client."""
-    if _is_async_callable(enqueue):
+    if is_async_callable(enqueue):
         result = await enqueue(job)
     else:
         result = await anyio.to_thread.run_sync(

@@ -258,7 +258,7 @@ class Dispatcher:
                 span.set_pending_calls(len(session.function_calls))
         except NotFoundError:
             logger.info("session %s no longer exists; nothing to do", session_id)
-            await self._forget_session(session_id)
+            await self._settle_missing(session_id, pending=set())
             if delivery_id is not None:
                 await self.store.mark_delivery_resolved(delivery_id)
             return
@@ -290,11 +290,6 @@ class Dispatcher:
                 continue
             claimed_elsewhere = record.state == "claimed" and record.lease_expires_at > now
             if not claimed_elsewhere:
-                await self.store.mark_stale(record.key)
-
-    async def _forget_session(self, session_id: str) -> None:
-        for record in await self.store.calls_for_session(session_id):
-            if not record.state.terminal and record.key not in self._inflight:
                 await self.store.mark_stale(record.key)
 
     async def _start_call(

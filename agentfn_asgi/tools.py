@@ -48,7 +48,7 @@ import time
 import typing
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 import anyio
 import anyio.to_thread
@@ -72,6 +72,7 @@ __all__ = [
     "ReconcileHook",
     "ReconcileOutcome",
     "ToolContext",
+    "ToolOptions",
     "Unknown",
     "derive_idempotency_key",
 ]
@@ -231,7 +232,7 @@ class FunctionTool:
             description=text.strip(),
             parameters=parameters,
             fn=fn,
-            is_async=_is_async_callable(fn),
+            is_async=is_async_callable(fn),
             defer_loading=defer_loading,
             side_effects=side_effects,
             reconcile=reconcile,
@@ -342,7 +343,7 @@ class FunctionTool:
         if hook is None:
             return Unknown("no reconcile hook")
         try:
-            if _is_async_callable(hook):
+            if is_async_callable(hook):
                 outcome: Any = await hook(context, dict(arguments))  # type: ignore[misc]
             else:
                 outcome = await anyio.to_thread.run_sync(
@@ -369,6 +370,22 @@ class FunctionTool:
         return self._spec
 
 
+class ToolOptions(TypedDict, total=False):
+    """The options of :meth:`FunctionTools.function` and :meth:`FunctionTools.add`; their
+    defaults are those of :meth:`FunctionTool.from_function` (``timeout`` None: the app's
+    default; ``job_deadline`` one hour; every flag False)."""
+
+    name: str | None
+    description: str | None
+    defer_loading: bool
+    side_effects: bool
+    reconcile: ReconcileHook | None
+    timeout: float | None
+    truncate_oversize: bool
+    enqueue: EnqueueHook | None
+    job_deadline: float
+
+
 class FunctionTools:
     """A registry of function tools, answering one agent's ``function_call`` actions."""
 
@@ -379,36 +396,10 @@ class FunctionTools:
     def function(self, fn: F, /) -> F: ...
 
     @overload
-    def function(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        defer_loading: bool = False,
-        side_effects: bool = False,
-        reconcile: ReconcileHook | None = None,
-        timeout: float | None = None,
-        truncate_oversize: bool = False,
-        enqueue: EnqueueHook | None = None,
-        job_deadline: float = DEFAULT_JOB_DEADLINE,
-    ) -> Callable[[F], F]: ...
+    def function(self, fn: None = None, /, **options: Unpack[ToolOptions]) -> Callable[[F], F]: ...
 
     def function(
-        self,
-        fn: F | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        defer_loading: bool = False,
-        side_effects: bool = False,
-        reconcile: ReconcileHook | None = None,
-        timeout: float | None = None,
-        truncate_oversize: bool = False,
-        enqueue: EnqueueHook | None = None,
-        job_deadline: float = DEFAULT_JOB_DEADLINE,
+        self, fn: F | None = None, /, **options: Unpack[ToolOptions]
     ) -> F | Callable[[F], F]:
         """Register a function as a tool; use bare (``@tools.function``) or with options.
 
@@ -422,49 +413,14 @@ class FunctionTools:
         """
 
         def register(target: F) -> F:
-            self.add(
-                target,
-                name=name,
-                description=description,
-                defer_loading=defer_loading,
-                side_effects=side_effects,
-                reconcile=reconcile,
-                timeout=timeout,
-                truncate_oversize=truncate_oversize,
-                enqueue=enqueue,
-                job_deadline=job_deadline,
-            )
+            self.add(target, **options)
             return target
 
         return register if fn is None else register(fn)
 
-    def add(
-        self,
-        fn: Callable[..., Any],
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        defer_loading: bool = False,
-        side_effects: bool = False,
-        reconcile: ReconcileHook | None = None,
-        timeout: float | None = None,
-        truncate_oversize: bool = False,
-        enqueue: EnqueueHook | None = None,
-        job_deadline: float = DEFAULT_JOB_DEADLINE,
-    ) -> FunctionTool:
+    def add(self, fn: Callable[..., Any], **options: Unpack[ToolOptions]) -> FunctionTool:
         """Register ``fn`` without decorating it; returns the built tool."""
-        tool = FunctionTool.from_function(
-            fn,
-            name=name,
-            description=description,
-            defer_loading=defer_loading,
-            side_effects=side_effects,
-            reconcile=reconcile,
-            timeout=timeout,
-            truncate_oversize=truncate_oversize,
-            enqueue=enqueue,
-            job_deadline=job_deadline,
-        )
+        tool = FunctionTool.from_function(fn, **options)
         self._insert([tool])
         return tool
 
@@ -546,7 +502,9 @@ class FunctionTools:
         return found
 
 
-def _is_async_callable(fn: object) -> bool:
+def is_async_callable(fn: object) -> bool:
+    """True for coroutine functions, partials of them, and objects with an async __call__
+    (shared with the worker hand-off, which calls ``enqueue`` hooks the same way)."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     if inspect.iscoroutinefunction(fn):

@@ -209,6 +209,8 @@ class AgentWebhookApp:
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
         """Open the store and start dispatching, with a recovery sweep. Idempotent."""
+        if self.dispatcher.started:
+            return  # the per-delivery call (lazy start) costs no lock once running
         async with self._start_lock:
             if not self.dispatcher.started and not self._draining:
                 await self.dispatcher.start(recover=True)

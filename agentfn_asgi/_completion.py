@@ -28,7 +28,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from ._spans import _virtual_parent
 from .errors import CompletionTokenError, CompletionTokenExpiredError, ConfigurationError
-from .store.base import CallKey
+from .records import CallKey
 from .tools import FunctionTool, FunctionTools, ToolContext, is_async_callable
 
 __all__ = [

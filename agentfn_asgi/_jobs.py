@@ -27,7 +27,8 @@ from ._lease import LeaseKeeper
 from ._outcomes import encode_result, failure_result
 from ._settings import DispatchSettings
 from .errors import CompletionTokenError
-from .store.base import CallKey, CallRecord, CallState, SavedResult, Store
+from .records import CallKey, CallRecord, CallState, SavedResult
+from .store.base import Store
 from .tools import FunctionTool, FunctionTools, ToolContext
 
 __all__ = ["WorkerJobs"]

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from .errors import StoreError
-from .store.base import CallKey, Store
+from .records import CallKey
+from .store.base import Store
 
 __all__ = ["LeaseKeeper"]
 

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from .errors import ResultEncodingError, ResultTooLargeError
+from .records import CallKey, CallRecord, SavedResult
 from .results import (
     check_size,
     encode_output,
@@ -22,7 +23,6 @@ from .results import (
     success_event,
     too_large_message,
 )
-from .store.base import CallKey, CallRecord, SavedResult
 from .tools import FunctionTool
 from .tracing import CallSpan
 

@@ -22,8 +22,9 @@ from .errors import (
     NotFoundError,
     UnknownPendingToolCallError,
 )
+from .records import CallKey, CallRecord
 from .results import event_json, failure_event
-from .store.base import CallKey, CallRecord, Store
+from .store.base import Store
 from .tracing import Telemetry
 
 __all__ = ["REFUSED_MESSAGE", "Submitter"]

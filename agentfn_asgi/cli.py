@@ -32,7 +32,7 @@ from typing import Any, TextIO
 
 from . import __version__
 from .errors import AgentFnError, ConfigurationError
-from .store.base import StoreStats
+from .records import StoreStats
 from .tools import FunctionTools
 
 __all__ = [

@@ -32,7 +32,7 @@ from typing import Any, TextIO
 import httpx
 
 from .errors import AgentFnError, ConfigurationError
-from .store.base import CallRecord, CallState
+from .records import CallRecord, CallState
 
 __all__ = [
     "DEMO_STEPS",

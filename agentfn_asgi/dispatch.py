@@ -66,8 +66,9 @@ from .errors import (
     StoreError,
     ToolError,
 )
+from .records import CallKey, CallRecord, ClaimStatus, SavedResult
 from .results import error_type_for, model_error_message, timeout_message
-from .store.base import CallKey, CallRecord, ClaimStatus, SavedResult, Store
+from .store.base import Store
 from .tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, derive_idempotency_key
 from .tracing import Telemetry
 from .wire import AgentSession, FunctionCallAction

@@ -29,8 +29,8 @@ from agentfn_asgi.cli import (
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.integrations.starlette import webhook_routes
+from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
-from agentfn_asgi.store.base import CallKey, SavedResult
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from examples.shared_tools import tools as example_tools
 

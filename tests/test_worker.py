@@ -31,8 +31,9 @@ from agentfn_asgi.errors import (
     ToolDefinitionError,
     ToolError,
 )
+from agentfn_asgi.records import CallKey, CallRecord, CallState
 from agentfn_asgi.results import INTERNAL_ERROR_MESSAGE
-from agentfn_asgi.store import CallKey, CallRecord, CallState, Store
+from agentfn_asgi.store import Store
 from agentfn_asgi.testing import FakeCall, serve_app
 from agentfn_asgi.tools import FunctionTools, ToolContext, derive_idempotency_key
 from agentfn_asgi.tracing import trace_id_for_call

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from agentfn_asgi.store import CallKey
+from agentfn_asgi.records import CallKey
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 from agentfn_asgi.worker import JOB_DEADLINE_MESSAGE, CompletionTokens
 

@@ -23,32 +23,15 @@ from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlencode
 
 from agentfn_asgi.errors import ConfigurationError
-from agentfn_asgi.store.base import (
-    CallKey,
-    CallRecord,
-    CallState,
-    ClaimOutcome,
-    ClaimStatus,
-    DeliveryRecord,
-    SavedResult,
-    Store,
-    StoreStats,
-)
+from agentfn_asgi.store.base import Store
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.store.sqlite import SQLiteStore
 
 __all__ = [
-    "CallKey",
-    "CallRecord",
-    "CallState",
-    "ClaimOutcome",
-    "ClaimStatus",
-    "DeliveryRecord",
+    "DEFAULT_STORE_URL",
     "MemoryStore",
     "SQLiteStore",
-    "SavedResult",
     "Store",
-    "StoreStats",
     "open_store",
 ]
 

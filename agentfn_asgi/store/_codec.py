@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentfn_asgi.store.base import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
 
 __all__ = [
     "CALL_FIELDS",

@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable
 
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
-from agentfn_asgi.store._codec import claim_status_for
-from agentfn_asgi.store.base import (
+from agentfn_asgi.records import (
     CallKey,
     CallRecord,
     CallState,
@@ -23,6 +22,7 @@ from agentfn_asgi.store.base import (
     SavedResult,
     StoreStats,
 )
+from agentfn_asgi.store._codec import claim_status_for
 
 __all__ = ["MemoryStore"]
 

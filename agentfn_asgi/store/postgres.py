@@ -23,8 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.store._codec import CALL_FIELDS, claim_status_for, record_from_mapping
-from agentfn_asgi.store.base import (
+from agentfn_asgi.records import (
     CallKey,
     CallRecord,
     CallState,
@@ -34,6 +33,7 @@ from agentfn_asgi.store.base import (
     SavedResult,
     StoreStats,
 )
+from agentfn_asgi.store._codec import CALL_FIELDS, claim_status_for, record_from_mapping
 
 try:
     import asyncpg

@@ -35,6 +35,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.records import (
+    CallKey,
+    CallRecord,
+    CallState,
+    ClaimOutcome,
+    ClaimStatus,
+    DeliveryRecord,
+    SavedResult,
+    StoreStats,
+)
 from agentfn_asgi.store._codec import record_from_mapping
 from agentfn_asgi.store._redis_scripts import (
     _CLAIM,
@@ -47,16 +57,6 @@ from agentfn_asgi.store._redis_scripts import (
     _SESSION_CALLS,
     _TERMINATE,
     _UNRESOLVED,
-)
-from agentfn_asgi.store.base import (
-    CallKey,
-    CallRecord,
-    CallState,
-    ClaimOutcome,
-    ClaimStatus,
-    DeliveryRecord,
-    SavedResult,
-    StoreStats,
 )
 
 try:

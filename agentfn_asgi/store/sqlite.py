@@ -40,6 +40,16 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.records import (
+    CallKey,
+    CallRecord,
+    CallState,
+    ClaimOutcome,
+    ClaimStatus,
+    DeliveryRecord,
+    SavedResult,
+    StoreStats,
+)
 from agentfn_asgi.store._codec import CALL_FIELDS, claim_status_for, record_from_mapping
 from agentfn_asgi.store._sqlite_sql import (
     _CLAIM,
@@ -55,16 +65,6 @@ from agentfn_asgi.store._sqlite_sql import (
     _SAVE,
     _SCHEMA,
     _SELECT_CALL,
-)
-from agentfn_asgi.store.base import (
-    CallKey,
-    CallRecord,
-    CallState,
-    ClaimOutcome,
-    ClaimStatus,
-    DeliveryRecord,
-    SavedResult,
-    StoreStats,
 )
 
 __all__ = ["SQLiteStore"]

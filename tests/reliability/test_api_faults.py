@@ -20,8 +20,9 @@ import pytest
 from agentfn_asgi.client import AgentsClient, RetryEvent
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import InternalServerError
+from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.results import success_event
-from agentfn_asgi.store import CallRecord, CallState, Store
+from agentfn_asgi.store import Store
 from agentfn_asgi.testing import (
     FakeAgentsAPI,
     FakeCall,

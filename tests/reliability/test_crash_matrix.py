@@ -24,7 +24,8 @@ import anyio
 import pytest
 
 from agentfn_asgi.dispatch import IN_DOUBT_MESSAGE
-from agentfn_asgi.store import CallRecord, CallState, StoreStats, open_store
+from agentfn_asgi.records import CallRecord, CallState, StoreStats
+from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 from .crash_app import PLAIN, RECONCILED, UNRECONCILED, read_ledger

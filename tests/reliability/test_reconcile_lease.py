@@ -17,7 +17,8 @@ import anyio
 import pytest
 
 from agentfn_asgi.dispatch import DispatchSettings
-from agentfn_asgi.store import CallKey, CallState, open_store
+from agentfn_asgi.records import CallKey, CallState
+from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ToolContext
 

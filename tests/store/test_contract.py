@@ -11,14 +11,8 @@ import json
 import pytest
 
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
-from agentfn_asgi.store import (
-    CallKey,
-    CallState,
-    ClaimStatus,
-    DeliveryRecord,
-    SavedResult,
-    Store,
-)
+from agentfn_asgi.records import CallKey, CallState, ClaimStatus, DeliveryRecord, SavedResult
+from agentfn_asgi.store import Store
 from tests.store.conftest import FakeClock, StoreFactory, require_service
 
 pytestmark = pytest.mark.anyio

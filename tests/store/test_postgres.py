@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentfn_asgi.errors import StoreUnavailableError
-from agentfn_asgi.store.base import CallKey, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.records import CallKey, CallState, ClaimStatus, SavedResult
 
 from .conftest import FakeClock as Clock
 from .conftest import require_service

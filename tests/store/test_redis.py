@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
-from agentfn_asgi.store.base import CallKey, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.records import CallKey, CallState, ClaimStatus, SavedResult
 
 from .conftest import FakeClock, require_service
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.store import CallKey, CallState, ClaimStatus, SavedResult, SQLiteStore
+from agentfn_asgi.records import CallKey, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.store import SQLiteStore
 from agentfn_asgi.store.sqlite import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
@@ -92,7 +93,8 @@ def test_two_processes_claim_each_call_once(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import asyncio, sys
-        from agentfn_asgi.store import CallKey, ClaimStatus, SQLiteStore
+        from agentfn_asgi.store import SQLiteStore
+        from agentfn_asgi.records import CallKey, ClaimStatus
 
         async def main() -> None:
             store = SQLiteStore(sys.argv[1])

@@ -31,12 +31,11 @@ from typing import Any, TextIO
 
 import httpx
 
-from .errors import AgentFnError, ConfigurationError
+from .errors import AgentFnError, ConfigurationError, DemoError
 from .records import CallRecord, CallState
 
 __all__ = [
     "DEMO_STEPS",
-    "DemoError",
     "RunningExample",
     "find_project_root",
     "free_port",
@@ -45,10 +44,6 @@ __all__ = [
 ]
 
 WEBHOOK_PATH = "/openai/webhooks"
-
-
-class DemoError(AgentFnError):
-    """The demo (or an example it started) did not behave as scripted."""
 
 
 # -- running an example app ------------------------------------------------------------------

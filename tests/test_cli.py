@@ -19,7 +19,6 @@ from starlette.applications import Starlette
 
 from agentfn_asgi.app import AgentWebhookApp
 from agentfn_asgi.cli import (
-    CLIError,
     build_parser,
     load_tools,
     main,
@@ -28,6 +27,7 @@ from agentfn_asgi.cli import (
 )
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
+from agentfn_asgi.errors import CLIError
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store

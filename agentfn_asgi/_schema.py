@@ -318,6 +318,9 @@ def decode_arguments(raw: object) -> dict[str, Any]:
             ) from None
         except RecursionError:
             raise ArgumentValidationError("arguments are nested too deeply") from None
+        except ValueError:
+            # Not a syntax error: a number Python refuses to convert (over 4,300 digits).
+            raise ArgumentValidationError("arguments hold a number that is too large") from None
     if not isinstance(raw, Mapping):
         kind = _JSON_TYPE_NAMES.get(type(raw), type(raw).__name__)
         raise ArgumentValidationError(f"arguments must be a JSON object, not {kind}")

@@ -58,7 +58,13 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
-from agentfn_asgi.wire import SESSION_ID_RE, AgentSession, SessionEvent, parse_session_event
+from agentfn_asgi.wire import (
+    SESSION_ID_RE,
+    AgentSession,
+    SessionEvent,
+    parse_session,
+    parse_session_event,
+)
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -218,7 +224,7 @@ class AgentsClient:
         """``GET /agents/sessions/{id}``: the session with its ``required_actions``."""
         response = await self._request("GET", _session_path(session_id))
         try:
-            return AgentSession.model_validate_json(response.content)
+            return parse_session(response.content)
         except ValueError as exc:
             raise APIError(
                 f"malformed session body: {exc}",

@@ -37,12 +37,14 @@ __all__ = ["DISPATCH_ENV", "Config", "dispatch_settings"]
 #: ``AGENTFN_*`` variable → (``DispatchSettings`` field, type, allowed values or None).
 DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
     "AGENTFN_LEASE_SECONDS": ("lease_seconds", float, None),
+    "AGENTFN_LEASE_MARGIN": ("lease_margin", float, None),
     "AGENTFN_MAX_CONCURRENCY": ("max_concurrency", int, None),
     "AGENTFN_THREAD_POOL_SIZE": ("thread_pool_size", int, None),
     "AGENTFN_TOOL_TIMEOUT": ("default_timeout", float, None),
     "AGENTFN_RECOVERY_INTERVAL": ("recovery_interval", float, None),
     "AGENTFN_UNKNOWN_TOOLS": ("unknown_tools", str, ("fail", "ignore")),
     "AGENTFN_IN_DOUBT": ("in_doubt", str, ("fail", "hold")),
+    "AGENTFN_MAX_ATTEMPTS": ("max_attempts", int, None),
 }
 _CAPTURE_VALUES: Final = frozenset({"true", "1", "span_only", "span_and_event"})
 

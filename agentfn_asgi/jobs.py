@@ -49,7 +49,6 @@ any in-doubt call: queued again for a plain tool, reconciled for a side-effect t
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import logging
@@ -59,8 +58,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import anyio
-import anyio.to_thread
 from itsdangerous import BadData, URLSafeTimedSerializer
 from itsdangerous.timed import TimestampSigner
 from opentelemetry import context as otel_context
@@ -69,11 +66,12 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import Receive, Scope, Send
 
 from ._asgi import BodyTooLargeError, DisconnectedError, read_body, send_json
+from ._threads import ThreadPool
 from .dispatch import Dispatcher
 from .errors import CompletionTokenError, CompletionTokenExpiredError, ConfigurationError
 from .records import CallKey, Completion, Job
 from .signing import parse_secrets
-from .tools import FunctionTool, FunctionTools, ToolContext, is_async_callable
+from .tools import FunctionTool, FunctionTools, ToolContext, default_thread_pool, is_async_callable
 from .tracing.spans import call_parent_context
 
 __all__ = [
@@ -290,18 +288,17 @@ def build_job(
 
 
 async def call_enqueue(
-    enqueue: Callable[[Job], Any], job: Job, *, limiter: anyio.CapacityLimiter | None = None
+    enqueue: Callable[[Job], Any], job: Job, *, threads: ThreadPool | None = None
 ) -> None:
     """Hand ``job`` to ``enqueue``: an async callable is awaited on the loop; a sync one runs
     in the thread pool like a sync handler (its broker I/O must not block the loop), and an
     awaitable it returns is awaited. Use an async callable for loop-bound objects such as
-    an ``asyncio.Queue`` or a ``redis.asyncio`` client."""
+    an ``asyncio.Queue`` or a ``redis.asyncio`` client. The caller bounds the time."""
     if is_async_callable(enqueue):
         result = await enqueue(job)
     else:
-        result = await anyio.to_thread.run_sync(
-            functools.partial(enqueue, job), limiter=limiter, abandon_on_cancel=True
-        )
+        pool = threads if threads is not None else default_thread_pool()
+        result = await pool.run(enqueue, job)
     if inspect.isawaitable(result):
         await result
 
@@ -332,7 +329,7 @@ class WorkerJobs:
         context: ToolContext,
         *,
         owner: str,
-        limiter: anyio.CapacityLimiter | None,
+        threads: ThreadPool | None,
     ) -> None:
         """Build the call's job and give it to the tool's ``enqueue`` callable."""
         assert tool.enqueue is not None
@@ -347,7 +344,7 @@ class WorkerJobs:
             now=self._clock(),
             complete_url=self.complete_url,
         )
-        await call_enqueue(tool.enqueue, job, limiter=limiter)
+        await call_enqueue(tool.enqueue, job, threads=threads)
 
     async def complete(
         self,

@@ -52,11 +52,15 @@ __all__ = [
     "DEFAULT_SAFETY_MARGIN",
     "ENQUEUE_FAILED_MESSAGE",
     "INTERNAL_ERROR_MESSAGE",
+    "INTERNAL_FAILURE_MESSAGE",
     "IN_DOUBT_MESSAGE",
     "JOB_DEADLINE_MESSAGE",
+    "THREADS_BUSY_MESSAGE",
     "TOOL_RESULT_LIMIT",
     "TOOL_RESULT_TYPE",
+    "TOO_MANY_ATTEMPTS_MESSAGE",
     "UNKNOWN_TOOL_MESSAGE",
+    "UNREADABLE_ARGUMENTS_MESSAGE",
     "ImagePart",
     "TextPart",
     "check_size",
@@ -102,6 +106,29 @@ IN_DOUBT_MESSAGE = (
 )
 #: What the model is told when no handler is registered for the called function.
 UNKNOWN_TOOL_MESSAGE = "No handler is registered for the function '{name}' in this service."
+#: What the model is told when the API sent arguments that cannot be read at all.
+UNREADABLE_ARGUMENTS_MESSAGE = (
+    "The arguments of this call could not be read ({reason}). Call the tool again with "
+    "plain JSON arguments."
+)
+#: What the model is told when obtaining the result failed in a way the package did not
+#: foresee (the failure is logged); the call is answered rather than retried forever.
+INTERNAL_FAILURE_MESSAGE = (
+    "The tool could not be run because of an internal error in the service. "
+    "Do not retry with the same arguments unless the user asks."
+)
+#: What the model is told when a call came back in doubt too many times (its process died
+#: each time it ran); it is not run again.
+TOO_MANY_ATTEMPTS_MESSAGE = (
+    "This call was started {attempts} times and never finished (the service stopped while "
+    "running it each time). It will not be retried; it may or may not have taken effect."
+)
+#: What the model is told when a sync handler could not start: every thread of the pool was
+#: busy (hung handlers hold their threads: Python cannot stop them).
+THREADS_BUSY_MESSAGE = (
+    "Tool '{name}' could not start: the service had no free thread for it within "
+    "{seconds:g} seconds. It did not run; you may try again later."
+)
 #: What the model is told when a worker job's deadline passed with no completion.
 JOB_DEADLINE_MESSAGE = (
     "The background job for this call did not finish within its deadline. It may or may "
@@ -170,15 +197,20 @@ def encode_output(value: Any) -> str | list[dict[str, str]]:
     """Turn a handler's return value into a ``tool_result`` ``output``.
 
     Returns the string as is, a content array for content parts, otherwise compact JSON.
-    Raises ResultEncodingError for values JSON cannot carry (NaN, bytes, sets, objects).
+    Raises ResultEncodingError for values JSON cannot carry (NaN, bytes, sets, objects) and
+    for text that is not valid Unicode (a lone surrogate from an undecodable file name):
+    no store or API could carry it.
     """
     if isinstance(value, str):
-        return value
+        return _unicode_checked(value)
     parts = _content_parts(value)
     if parts is not None:
+        for part in parts:
+            for text in part.values():
+                _unicode_checked(text)
         return parts
     try:
-        return json.dumps(
+        text = json.dumps(
             value,
             separators=(",", ":"),
             ensure_ascii=False,
@@ -192,6 +224,18 @@ def encode_output(value: Any) -> str | list[dict[str, str]]:
     except (TypeError, ValueError, RecursionError, PydanticSerializationError) as exc:
         # `from None` and no str(exc): the messages can quote the value.
         raise ResultEncodingError(_encoding_failure(value, exc)) from None
+    return _unicode_checked(text)
+
+
+def _unicode_checked(text: str) -> str:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ResultEncodingError(
+                "the tool result contains text that is not valid Unicode (a lone surrogate)"
+            ) from None
+    return text
 
 
 class _UnsupportedValueError(TypeError):
@@ -450,7 +494,13 @@ def encode_result(
 
 
 def failure_result(key: CallKey, message: str, error_type: str, source: str = "ran") -> SavedResult:
-    """A failure event telling the model ``message``, saved with ``error_type``."""
+    """A failure event telling the model ``message``, saved with ``error_type``.
+
+    A message that is not valid Unicode (a ``ToolError`` quoting an undecodable file name)
+    has its lone surrogates escaped, so the failure can always be saved and sent.
+    """
+    if not message.isascii():
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     text = event_json(failure_event(key.turn_id, key.call_id, message))
     return SavedResult(False, text, submission_key(key, text), error_type, source)
 

@@ -51,10 +51,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 import anyio
-import anyio.to_thread
 from pydantic import ValidationError
 
 from ._schema import ArgumentSpec, build_arguments, decode_arguments, doc_of, parse_docstring
+from ._threads import ThreadPool
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .records import Job
 from .results import validation_error_message
@@ -302,27 +302,34 @@ class FunctionTool:
         arguments: Mapping[str, Any],
         context: ToolContext,
         *,
-        limiter: anyio.CapacityLimiter | None = None,
+        threads: ThreadPool | None = None,
+        time_limit: float | None = None,
     ) -> Any:
         """Call the handler with ``arguments`` (from :meth:`parse_arguments`) and the context.
 
-        Async handlers run on the event loop; sync handlers run in a worker thread bounded by
-        ``limiter``. No timeout is applied here. When the caller cancels (its timeout), a sync
-        handler is abandoned but keeps running in its thread until it returns: Python cannot
-        stop a thread.
+        Async handlers run on the event loop; sync handlers in a thread of ``threads`` (a
+        shared default pool when None). Raises TimeoutError past ``time_limit`` seconds of
+        running (a sync handler's wait for a free thread is bounded by the same number and
+        counted apart, see :mod:`agentfn_asgi._threads`). A sync handler that times out keeps
+        running in its thread until it returns: Python cannot stop a thread.
         """
         kwargs = dict(arguments)
         spec = self._require_spec()
         if spec.context_param is not None:
             kwargs[spec.context_param] = context
         if self.is_async:
-            result = await self.fn(**kwargs)
-        else:
-            result = await anyio.to_thread.run_sync(
-                functools.partial(self.fn, **kwargs), limiter=limiter, abandon_on_cancel=True
-            )
+            with anyio.fail_after(time_limit):
+                result = await self.fn(**kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            return result
+        pool = threads if threads is not None else default_thread_pool()
+        result = await pool.run(
+            functools.partial(self.fn, **kwargs), time_limit=time_limit, wait_limit=time_limit
+        )
         if inspect.isawaitable(result):  # a sync wrapper that returned a coroutine
-            result = await result
+            with anyio.fail_after(time_limit):
+                result = await result
         return result
 
     async def run_reconcile(
@@ -330,27 +337,32 @@ class FunctionTool:
         arguments: Mapping[str, Any],
         context: ToolContext,
         *,
-        limiter: anyio.CapacityLimiter | None = None,
+        threads: ThreadPool | None = None,
+        time_limit: float | None = None,
     ) -> ReconcileOutcome:
         """Ask the reconcile hook whether an in-doubt call already ran.
 
-        Never raises (except cancellation): no hook, a failing hook or a wrong return value
-        all give :class:`Unknown`, so the call is quarantined rather than run twice.
+        Never raises (except cancellation): no hook, a failing or timed-out hook or a wrong
+        return value all give :class:`Unknown`, so the call is quarantined rather than run
+        twice.
         """
         hook = self.reconcile
         if hook is None:
             return Unknown("no reconcile hook")
         try:
             if is_async_callable(hook):
-                outcome: Any = await hook(context, dict(arguments))  # type: ignore[misc]
+                with anyio.fail_after(time_limit):
+                    outcome: Any = await hook(context, dict(arguments))  # type: ignore[misc]
             else:
-                outcome = await anyio.to_thread.run_sync(
+                pool = threads if threads is not None else default_thread_pool()
+                outcome = await pool.run(
                     functools.partial(hook, context, dict(arguments)),
-                    limiter=limiter,
-                    abandon_on_cancel=True,
+                    time_limit=time_limit,
+                    wait_limit=time_limit,
                 )
             if inspect.isawaitable(outcome):
-                outcome = await outcome
+                with anyio.fail_after(time_limit):
+                    outcome = await outcome
         except Exception as exc:
             logger.warning("reconcile hook of tool %r failed", self.name, exc_info=True)
             return Unknown(f"reconcile hook raised {type(exc).__name__}")
@@ -498,6 +510,17 @@ class FunctionTools:
         if found is None:
             raise ToolDefinitionError(f"no registered tool {target!r}")
         return found
+
+
+_DEFAULT_POOL: ThreadPool | None = None
+
+
+def default_thread_pool() -> ThreadPool:
+    """The pool sync handlers use when none is given (workers, tests): 32 threads."""
+    global _DEFAULT_POOL
+    if _DEFAULT_POOL is None:
+        _DEFAULT_POOL = ThreadPool(32)
+    return _DEFAULT_POOL
 
 
 def is_async_callable(fn: object) -> bool:

@@ -13,10 +13,13 @@ Sources: agents-api.md §3 (session), §4 (input events), §5 (stream), §8.1 (w
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+
+from ._lenient import LenientJSONError, Unreadable, find_unreadable, lenient_loads
 
 __all__ = [
     "AGENT_WEBHOOK_EVENT_TYPES",
@@ -57,6 +60,7 @@ __all__ = [
     "TurnItemAddedEvent",
     "TurnItemDoneEvent",
     "WebhookEvent",
+    "parse_session",
     "parse_session_event",
     "parse_webhook_event",
 ]
@@ -88,6 +92,8 @@ AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
 )
 
 
+_logger = logging.getLogger("agentfn_asgi.wire")
+
 #: What a session id may look like (``sess_...``); it is used in request paths.
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
@@ -114,6 +120,10 @@ class FunctionCallAction(_Wire):
     call_id: str
     name: str
     arguments: Any = None
+    #: Set by :func:`parse_session` (never sent by the API) when these arguments could not
+    #: be read (nested too deeply, a number too large, a lone surrogate...): the call is
+    #: answered with a failure saying why, and its sibling calls are answered as usual.
+    unreadable: str | None = Field(default=None, exclude=True)
 
 
 class EnvironmentConnectionAction(_Wire):
@@ -348,6 +358,65 @@ class WebhookEvent(_Wire):
         if self.type.startswith("agent.environment."):
             return EnvironmentWebhookData.model_validate(self.data)
         return None
+
+
+_ACTION_ADAPTER: TypeAdapter[Any] = TypeAdapter(RequiredAction)
+
+
+def parse_session(body: bytes) -> AgentSession:
+    """Parse a ``GET /agents/sessions/{id}`` body, tolerating one strange action.
+
+    The fast path is one pydantic parse. If it refuses the body (a call's arguments nested
+    hundreds of levels deep, an integer of thousands of digits, a lone surrogate escape...),
+    the body is read again leniently: a function call whose arguments cannot be read keeps
+    its ids with ``unreadable`` set, an action that cannot be validated at all is dropped
+    (logged), and the other actions are parsed as usual. Raises ``ValueError`` when the body
+    is not a session at all.
+    """
+    try:
+        return AgentSession.model_validate_json(body)
+    except ValidationError as refused:
+        data = _lenient_document(body, refused)
+    raw_actions = data.pop("required_actions", [])
+    session = AgentSession.model_validate(_without_unreadable(data))
+    actions: list[Any] = []
+    for index, item in enumerate(raw_actions if isinstance(raw_actions, list) else []):
+        if isinstance(item, dict) and item.get("type") == "function_call":
+            bad = find_unreadable(item.get("arguments"))
+            if bad is not None:
+                item = {**item, "arguments": None, "unreadable": bad.reason}
+        try:
+            actions.append(_ACTION_ADAPTER.validate_python(_without_unreadable(item)))
+        except ValidationError as exc:
+            _logger.warning(
+                "session %s: required action %d cannot be read and is skipped: %s",
+                session.id,
+                index,
+                exc.errors(include_url=False, include_input=False)[:3],
+            )
+    return session.model_copy(update={"required_actions": actions})
+
+
+def _lenient_document(body: bytes, refused: ValidationError) -> dict[str, Any]:
+    try:
+        data = lenient_loads(body)
+    except LenientJSONError as exc:
+        raise ValueError(f"malformed session body: {exc}") from refused
+    if not isinstance(data, dict):
+        raise ValueError("malformed session body: not a JSON object") from refused
+    return data
+
+
+def _without_unreadable(value: Any) -> Any:
+    """``value`` with every Unreadable marker replaced by None (outside function arguments,
+    strange values are not ours to judge)."""
+    if isinstance(value, Unreadable):
+        return None
+    if isinstance(value, dict):
+        return {key: _without_unreadable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_unreadable(item) for item in value]
+    return value
 
 
 def parse_webhook_event(body: bytes) -> WebhookEvent:

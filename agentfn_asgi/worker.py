@@ -27,6 +27,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 
+from ._threads import ThreadPool
 from .client import status_error
 from .errors import (
     APIConnectionError,
@@ -255,12 +256,13 @@ async def run_job(
     job: Job,
     *,
     resources: Any = None,
-    limiter: anyio.CapacityLimiter | None = None,
+    threads: ThreadPool | None = None,
 ) -> Completion:
     """Run the job's handler in the worker, as the dispatcher would in-process.
 
     Arguments are re-validated, the handler gets :func:`job_context` and is abandoned at
-    the job's deadline, and the outcome is encoded exactly as in-process (a ``ToolError``'s
+    the job's deadline (a sync handler runs in ``threads``, a shared default pool when None),
+    and the outcome is encoded exactly as in-process (a ``ToolError``'s
     text as written, any other exception a fixed safe message), ready for
     :func:`complete_job`.
     """
@@ -269,10 +271,12 @@ async def run_job(
         return Completion(False, error=f"No handler for '{job.tool_name}' in this worker.")
     try:
         arguments = tool.parse_arguments(job.arguments)
-        with anyio.fail_after(job.remaining()):
-            value = await tool.invoke(
-                arguments, job_context(job, resources=resources), limiter=limiter
-            )
+        value = await tool.invoke(
+            arguments,
+            job_context(job, resources=resources),
+            threads=threads,
+            time_limit=job.remaining(),
+        )
         return Completion(True, output=encode_output(value))
     except TimeoutError:
         return Completion(False, error=timeout_message(tool.name, None))

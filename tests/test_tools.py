@@ -19,6 +19,7 @@ from openai.types.beta.agent_tool_param import (
 )
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from agentfn_asgi._threads import ThreadPool
 from agentfn_asgi.errors import ArgumentValidationError, ToolDefinitionError
 from agentfn_asgi.tools import (
     TOOL_DEFINITIONS_LIMIT,
@@ -714,8 +715,8 @@ async def test_async_handler_runs_on_the_loop_with_context() -> None:
 
 
 @pytest.mark.anyio
-async def test_sync_handler_runs_in_a_worker_thread_under_the_limiter() -> None:
-    """Sync handlers run in a thread; the limiter bounds how many run at once."""
+async def test_sync_handler_runs_in_a_worker_thread_of_the_pool() -> None:
+    """Sync handlers run in a thread; the pool bounds how many run at once."""
     active = 0
     peak = 0
     lock = threading.Lock()
@@ -733,11 +734,11 @@ async def test_sync_handler_runs_in_a_worker_thread_under_the_limiter() -> None:
 
     tool = _single(slow)
     assert not tool.is_async
-    limiter = anyio.CapacityLimiter(2)
+    pool = ThreadPool(2)
     names: list[str] = []
 
     async def one(n: int) -> None:
-        names.append(await tool.invoke({"n": n}, _context(), limiter=limiter))
+        names.append(await tool.invoke({"n": n}, _context(), threads=pool))
 
     async with anyio.create_task_group() as group:
         for n in range(6):

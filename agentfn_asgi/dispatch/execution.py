@@ -20,18 +20,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import anyio
 
 from .._crash import crash_point
+from .._threads import ThreadPool, ThreadPoolBusyError
 from ..errors import APIError, ArgumentValidationError, StoreError, ToolError
 from ..records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
 from ..results import (
     ENQUEUE_FAILED_MESSAGE,
     IN_DOUBT_MESSAGE,
+    INTERNAL_FAILURE_MESSAGE,
     JOB_DEADLINE_MESSAGE,
+    THREADS_BUSY_MESSAGE,
+    TOO_MANY_ATTEMPTS_MESSAGE,
     UNKNOWN_TOOL_MESSAGE,
+    UNREADABLE_ARGUMENTS_MESSAGE,
     encode_result,
     error_type_for,
     failure_result,
@@ -42,7 +48,7 @@ from ..store.base import Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
-from .leases import LeaseKeeper
+from .leases import Lease, LeaseKeeper, LeaseLostError
 from .settings import DispatchSettings
 from .submission import Submitter
 
@@ -67,8 +73,21 @@ class JobHandoff(Protocol):
         context: ToolContext,
         *,
         owner: str,
-        limiter: anyio.CapacityLimiter | None,
+        threads: ThreadPool,
     ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Attempt:
+    """One claimed attempt of a call, as :class:`Executor` carries it through its steps."""
+
+    key: CallKey
+    action: FunctionCallAction
+    tool: FunctionTool | None
+    number: int
+    in_doubt: bool
+    delivery_id: str | None
+    lease: Lease
 
 
 class Executor:
@@ -97,13 +116,21 @@ class Executor:
         self._clock = clock
         self._handoff = handoff
         self._slots: asyncio.Semaphore | None = None
-        self._threads: anyio.CapacityLimiter | None = None
+        self._threads = ThreadPool(settings.thread_pool_size)
         self._running_since: dict[CallKey, float] = {}
+        self._closing = False
+
+    def close(self) -> None:
+        """Claim nothing more: call tasks that have not claimed yet give up (shutdown)."""
+        self._closing = True
+
+    def shutdown(self) -> None:
+        """Release the thread pool (threads still running finish in the background)."""
+        self._threads.shutdown()
 
     def start(self) -> None:
         """Create the concurrency bounds (on the running loop)."""
         self._slots = asyncio.Semaphore(self._settings.max_concurrency)
-        self._threads = anyio.CapacityLimiter(self._settings.thread_pool_size)
 
     def oldest_running_age(self) -> float | None:
         """Seconds since the oldest call still running here started, or None."""
@@ -129,6 +156,9 @@ class Executor:
         assert self._slots is not None, "start() first"
         try:
             async with self._slots:
+                if self._closing:
+                    return  # shutting down: the call stays for the next process
+                sent = time.monotonic()
                 try:
                     outcome = await self._store.claim_call(
                         key,
@@ -143,39 +173,46 @@ class Executor:
                 claimed.set_result(None)
                 if outcome.status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT):
                     crash_point("after_claim", action.name)
-                    in_doubt = outcome.status is ClaimStatus.IN_DOUBT
-                    await self._execute(
-                        key, action, tool, outcome.record.attempt, in_doubt, delivery_id
+                    attempt = _Attempt(
+                        key=key,
+                        action=action,
+                        tool=tool,
+                        number=outcome.record.attempt,
+                        in_doubt=outcome.status is ClaimStatus.IN_DOUBT,
+                        delivery_id=delivery_id,
+                        lease=self._leases.lease(key, claimed_at=sent),
                     )
+                    await self._execute(attempt)
                 elif outcome.status is ClaimStatus.SAVED:
                     await self.resubmit(outcome.record, delivery_id)
         finally:
             if not claimed.done():  # cancelled before the claim was decided
                 claimed.cancel()
 
-    async def _execute(
-        self,
-        key: CallKey,
-        action: FunctionCallAction,
-        tool: FunctionTool | None,
-        attempt: int,
-        in_doubt: bool,
-        delivery_id: str | None,
-    ) -> None:
+    async def _execute(self, attempt: _Attempt) -> None:
+        key, action, tool = attempt.key, attempt.action, attempt.tool
         self._running_since[key] = time.monotonic()
         span_scope = self._telemetry.tool_call(
             tool_name=action.name,
             session_id=key.session_id,
             turn_id=key.turn_id,
             call_id=key.call_id,
-            attempt=attempt,
-            delivery_link=self._telemetry.link_for_delivery(delivery_id),
+            attempt=attempt.number,
+            delivery_link=self._telemetry.link_for_delivery(attempt.delivery_id),
             description=tool.description if tool is not None else None,
         )
         try:
             with span_scope as span:
                 span.set_arguments(action.arguments)
-                result = await self._obtain_result(key, action, tool, attempt, in_doubt)
+                try:
+                    result = await self._obtain_result_safely(attempt)
+                    if result is not None:
+                        # Nothing produced after the lease was lost may be saved.
+                        self._leases.check(attempt.lease)
+                except LeaseLostError as exc:
+                    logger.error("call %s: %s; its outcome is dropped, not saved", key, exc)
+                    span.set_error("lease_lost")
+                    return
                 if result is None:
                     # Handed to a worker queue, or held for an operator: no result yet.
                     queued = tool is not None and tool.enqueue is not None
@@ -186,7 +223,7 @@ class Executor:
                 crash_point("after_save", action.name)
                 if record.result is not None:
                     span.record_result(record.result)
-                await self._submitter.submit(record, delivery_id)
+                await self._submitter.submit(record, attempt.delivery_id)
         except (APIError, StoreError) as exc:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
@@ -216,48 +253,64 @@ class Executor:
                 logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
 
     # -- obtaining a result ----------------------------------------------------------------
-    async def _obtain_result(
-        self,
-        key: CallKey,
-        action: FunctionCallAction,
-        tool: FunctionTool | None,
-        attempt: int,
-        in_doubt: bool,
-    ) -> SavedResult | None:
+    async def _obtain_result_safely(self, attempt: _Attempt) -> SavedResult | None:
+        """:meth:`_obtain_result`, with any failure the package did not foresee turned into
+        a saved, model-facing failure: a claim left to expire would run it again, and again.
+        A store outage and a lost lease are the exceptions: the call is left for recovery."""
+        try:
+            return await self._obtain_result(attempt)
+        except (StoreError, LeaseLostError):
+            raise
+        except Exception:
+            logger.exception(
+                "obtaining the result of call %s failed; answering a failure", attempt.key
+            )
+            return failure_result(attempt.key, INTERNAL_FAILURE_MESSAGE, "internal_error")
+
+    async def _obtain_result(self, attempt: _Attempt) -> SavedResult | None:
+        key, action, tool = attempt.key, attempt.action, attempt.tool
         if tool is None:
             message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
             return failure_result(key, message, "unknown_tool")
-        context = self._context(key, tool, attempt)
+        if action.unreadable is not None:
+            message = UNREADABLE_ARGUMENTS_MESSAGE.format(reason=action.unreadable)
+            return failure_result(key, message, "validation_error")
+        if attempt.in_doubt and attempt.number > self._settings.max_attempts:
+            return await self._too_many_attempts(attempt, tool)
+        context = self._context(attempt, tool)
         try:
             arguments = tool.parse_arguments(action.arguments)
         except ArgumentValidationError as exc:
             return failure_result(
                 key, model_error_message(exc, tool_name=tool.name), "validation_error"
             )
-        if in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
+        if attempt.in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
             # Its job may still be running: fail the call rather than queue it again.
             return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
-        if in_doubt and tool.side_effects:
+        if attempt.in_doubt and tool.side_effects:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
-            async with self._leases.kept(key):
-                verdict = await tool.run_reconcile(arguments, context, limiter=self._threads)
+            async with self._leases.kept(attempt.lease):
+                verdict = await tool.run_reconcile(
+                    arguments, context, threads=self._threads, time_limit=self._timeout(tool)
+                )
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
             if not isinstance(verdict, NotRun):
-                return await self._quarantine(key, tool, verdict.reason)
+                return await self._quarantine(attempt, tool, verdict.reason)
         if tool.enqueue is not None:
-            return await self._hand_off(key, tool, arguments, context)
-        return await self._run(key, tool, arguments, context)
+            return await self._hand_off(attempt, tool, arguments, context)
+        return await self._run(attempt, tool, arguments, context)
 
-    def _context(self, key: CallKey, tool: FunctionTool, attempt: int) -> ToolContext:
+    def _context(self, attempt: _Attempt, tool: FunctionTool) -> ToolContext:
+        key = attempt.key
         timeout = self._timeout(tool)
         return ToolContext(
             session_id=key.session_id,
             turn_id=key.turn_id,
             call_id=key.call_id,
             tool_name=tool.name,
-            attempt=attempt,
+            attempt=attempt.number,
             deadline=None if timeout is None else self._clock() + timeout,
             idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
             resources=self._resources,
@@ -267,13 +320,33 @@ class Executor:
         return tool.timeout if tool.timeout is not None else self._settings.default_timeout
 
     async def _run(
-        self, key: CallKey, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+        self,
+        attempt: _Attempt,
+        tool: FunctionTool,
+        arguments: dict[str, Any],
+        context: ToolContext,
     ) -> SavedResult:
+        key = attempt.key
         timeout = self._timeout(tool)
         try:
-            async with self._leases.kept(key):
-                with anyio.fail_after(timeout):
-                    value = await tool.invoke(arguments, context, limiter=self._threads)
+            async with self._leases.kept(attempt.lease):
+                value = await tool.invoke(
+                    arguments, context, threads=self._threads, time_limit=timeout
+                )
+        except LeaseLostError:
+            raise
+        except ThreadPoolBusyError:
+            assert timeout is not None
+            logger.error(
+                "no thread free for tool %s (call %s) within %g s: %d of %d threads busy",
+                tool.name,
+                key,
+                timeout,
+                self._threads.busy,
+                self._threads.size,
+            )
+            message = THREADS_BUSY_MESSAGE.format(name=tool.name, seconds=timeout)
+            return failure_result(key, message, "threads_busy")
         except TimeoutError:
             assert timeout is not None
             return failure_result(key, timeout_message(tool.name, timeout), "timeout")
@@ -299,42 +372,73 @@ class Executor:
             margin=self._settings.result_margin,
         )
 
+    async def _too_many_attempts(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
+        started = attempt.number - 1
+        logger.error(
+            "call %s of %s was started %d times and never finished; not running it again",
+            attempt.key,
+            tool.name,
+            started,
+        )
+        if tool.side_effects and self._settings.in_doubt == "hold":
+            await self._hold(attempt, f"started {started} times, never finished")
+            return None
+        message = TOO_MANY_ATTEMPTS_MESSAGE.format(attempts=started)
+        return failure_result(attempt.key, message, "too_many_attempts", source="quarantined")
+
     async def _quarantine(
-        self, key: CallKey, tool: FunctionTool, reason: str
+        self, attempt: _Attempt, tool: FunctionTool, reason: str
     ) -> SavedResult | None:
         logger.warning(
             "side-effect call %s of %s is in doubt and could not be reconciled (%s); policy=%s",
-            key,
+            attempt.key,
             tool.name,
             reason or "no reconcile hook",
             self._settings.in_doubt,
         )
         if self._settings.in_doubt == "hold":
-            await self._store.quarantine(key, owner=self._owner, reason=reason or "in doubt")
+            await self._hold(attempt, reason or "in doubt")
             return None
-        return failure_result(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
+        return failure_result(attempt.key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
+
+    async def _hold(self, attempt: _Attempt, reason: str) -> None:
+        """Hold the call for an operator (quarantined), if our claim still stands."""
+        self._leases.check(attempt.lease)
+        await self._store.quarantine(attempt.key, owner=self._owner, reason=reason)
 
     # -- calls handed to workers -------------------------------------------------------------
     async def _hand_off(
-        self, key: CallKey, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+        self,
+        attempt: _Attempt,
+        tool: FunctionTool,
+        arguments: dict[str, Any],
+        context: ToolContext,
     ) -> SavedResult | None:
-        """Hand the call to the tool's queue; its claim then lasts until the job deadline."""
+        """Hand the call to the tool's queue; its claim lasts until the job deadline.
+
+        The claim is extended to the deadline *before* the job is queued: if the extension
+        fails, nothing was queued (the call stays claimed and is taken over in doubt, then
+        queued once); if the process dies after queueing, nobody takes the call over before
+        the deadline, so the job is never queued twice.
+        """
+        key = attempt.key
+        self._leases.check(attempt.lease)
+        extended = await self._store.renew_lease(
+            key, owner=self._owner, lease_seconds=tool.job_deadline
+        )
+        if not extended:
+            raise LeaseLostError(key, "taken over before its job was queued")
         try:
             if self._handoff is None:  # the app refuses such a registry; recover may not
                 raise RuntimeError("no completion secret is configured to issue job tokens")
-            async with self._leases.kept(key):
-                with anyio.fail_after(self._timeout(tool)):
-                    await self._handoff.hand_off(
-                        key, tool, arguments, context, owner=self._owner, limiter=self._threads
-                    )
+            with anyio.fail_after(self._timeout(tool)):
+                await self._handoff.hand_off(
+                    key, tool, arguments, context, owner=self._owner, threads=self._threads
+                )
         except Exception:
             logger.exception("could not enqueue call %s of tool %s", key, tool.name)
-            return failure_result(
-                key, ENQUEUE_FAILED_MESSAGE.format(name=tool.name), "enqueue_error"
-            )
-        # No heartbeat while the job is out: the lease itself is the deadline. (False when
-        # a fast worker already completed it: nothing left to hold.)
-        await self._store.renew_lease(key, owner=self._owner, lease_seconds=tool.job_deadline)
+            message = ENQUEUE_FAILED_MESSAGE.format(name=tool.name)
+            return failure_result(key, message, "enqueue_error")
         return None
 
     async def _job_overdue(self, key: CallKey, tool: FunctionTool) -> bool:

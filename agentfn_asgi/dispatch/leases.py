@@ -1,8 +1,14 @@
-"""Keeping a claimed call's lease alive while work on it runs.
+"""Keeping a claimed call's lease alive while work on it runs, and fencing ourselves.
 
-A claim is a lease in the store: when this process stalls past it, another replica takes the
-call over. While a handler, a reconcile hook or a job hand-off runs, a heartbeat renews the
-lease every third of its length.
+A claim is a lease in the store: when this process stalls past it, another replica may take
+the call over. While a handler, a reconcile hook or a job hand-off runs, a heartbeat renews
+the lease every third of its length. The holder also *fences itself*: if it has not renewed
+the lease by ``margin`` seconds before the lease would expire (a store outage, a stalled
+event loop, a store that answers too slowly), it cancels the work it holds and the caller
+saves nothing (:class:`LeaseLostError`). Another replica takes over only after the lease plus
+the same margin (the stores' rule), so the two never overlap as long as clocks disagree by
+less than the margin. A synchronous handler cannot be stopped in its thread: its result is
+dropped, but the thread runs to the end (the README states this limit).
 """
 
 from __future__ import annotations
@@ -10,23 +16,68 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
+
+import anyio
 
 from ..errors import StoreError
 from ..records import CallKey
 from ..store.base import Store
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["Lease", "LeaseKeeper", "LeaseLostError"]
 
 logger = logging.getLogger("agentfn_asgi.dispatch.leases")
+
+
+class LeaseLostError(Exception):
+    """The work under a lease was stopped: the lease could not be kept. Nothing it produced
+    may be saved (another replica may hold the call by now)."""
+
+    def __init__(self, key: CallKey, reason: str) -> None:
+        super().__init__(f"lost the lease of {key}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class Lease:
+    """One claim's lease, as its holder sees it (monotonic time, never the store's clock).
+
+    ``fence_at`` is when the holder must stop: the last renewal's *send* time plus the lease
+    minus the margin. :meth:`check` raises once that moment has passed or the lease was lost.
+    """
+
+    __slots__ = ("fence_at", "key", "lost", "scope")
+
+    def __init__(self, key: CallKey, fence_at: float) -> None:
+        self.key = key
+        self.fence_at = fence_at
+        self.lost: str | None = None
+        #: The cancel scope of the block running under the lease, if one is running.
+        self.scope: anyio.CancelScope | None = None
+
+    def lose(self, reason: str) -> None:
+        """Stop the work held under this lease (the running block is cancelled)."""
+        if self.lost is None:
+            self.lost = reason
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def check(self, now: float) -> None:
+        """Raise LeaseLostError if the lease is lost or past its fence at ``now``."""
+        if self.lost is None and now >= self.fence_at:
+            self.lost = "not renewed in time"
+        if self.lost is not None:
+            raise LeaseLostError(self.key, self.lost)
 
 
 class LeaseKeeper:
     """Renews the leases this owner holds, one heartbeat task per :meth:`kept` block.
 
     ``spawn`` starts the heartbeat as a task of the dispatcher (a fresh context, cancelled
-    when the dispatcher stops).
+    when the dispatcher stops). ``margin`` is the clock-skew allowance (see the module
+    docstring).
     """
 
     def __init__(
@@ -35,38 +86,75 @@ class LeaseKeeper:
         *,
         owner: str,
         lease_seconds: float,
+        margin: float,
         spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[Any]],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not 0 <= margin < lease_seconds:
+            raise ValueError("the lease margin must be shorter than the lease")
         self._store = store
         self._owner = owner
         self._lease_seconds = lease_seconds
+        self._margin = margin
         self._spawn = spawn
+        self._monotonic = monotonic
+
+    def lease(self, key: CallKey, *, claimed_at: float) -> Lease:
+        """The lease of a claim sent at monotonic time ``claimed_at`` (counted from the
+        request, never from its answer)."""
+        return Lease(key, claimed_at + self._lease_seconds - self._margin)
+
+    def check(self, lease: Lease) -> None:
+        """Raise LeaseLostError if ``lease`` is lost or past its fence now: call it before
+        saving anything produced under the lease."""
+        lease.check(self._monotonic())
 
     @contextlib.asynccontextmanager
-    async def kept(self, key: CallKey) -> AsyncIterator[None]:
-        """Renew the call's lease every third of it while the block runs."""
-        heartbeat = self._spawn(self._heartbeat(key))
-        try:
-            yield
-        finally:
-            heartbeat.cancel()
-            # A renewal in flight must land before anything the caller does next (the job
-            # hand-off sets a longer lease), not after it.
-            await asyncio.gather(heartbeat, return_exceptions=True)
+    async def kept(self, lease: Lease) -> AsyncIterator[None]:
+        """Renew the lease every third of it while the block runs.
 
-    async def _heartbeat(self, key: CallKey) -> None:
+        Raises LeaseLostError before the block if the lease is already lost, and after it
+        if it was lost meanwhile (the block was cancelled at that moment).
+        """
+        self.check(lease)
+        with anyio.CancelScope() as scope:
+            lease.scope = scope
+            heartbeat = self._spawn(self._heartbeat(lease))
+            try:
+                yield
+            finally:
+                lease.scope = None
+                heartbeat.cancel()
+                # A renewal in flight must land before anything the caller does next (the job
+                # hand-off sets a longer lease), not after it.
+                await asyncio.gather(heartbeat, return_exceptions=True)
+        self.check(lease)
+
+    async def _heartbeat(self, lease: Lease) -> None:
         interval = max(self._lease_seconds / 3, 0.05)
         while True:
-            await asyncio.sleep(interval)
-            try:
-                kept = await self._store.renew_lease(
-                    key, owner=self._owner, lease_seconds=self._lease_seconds
+            left = lease.fence_at - self._monotonic()
+            await asyncio.sleep(max(min(interval, left), 0))
+            if self._monotonic() >= lease.fence_at:
+                logger.error(
+                    "could not renew the lease of %s in time: stopping its work (fenced)",
+                    lease.key,
                 )
-            except StoreError as exc:
-                logger.warning("could not renew the lease of %s (will retry): %s", key, exc)
+                lease.lose("not renewed in time")
+                return
+            sent = self._monotonic()
+            try:
+                # Never wait on the store past the fence: a paused store must not hold it.
+                async with asyncio.timeout(max(lease.fence_at - sent, 0.001)):
+                    kept = await self._store.renew_lease(
+                        lease.key, owner=self._owner, lease_seconds=self._lease_seconds
+                    )
+            except (StoreError, TimeoutError) as exc:
+                logger.warning("could not renew the lease of %s (will retry): %s", lease.key, exc)
                 continue
             if not kept:
-                # Another replica took the call over (this one stalled past its lease):
-                # whatever it saves first wins; say so, as the handler may run twice.
-                logger.warning("lost the lease of %s to another replica", key)
+                # Another replica took the call over (this one stalled past its lease).
+                logger.warning("lost the lease of %s to another replica: stopping", lease.key)
+                lease.lose("taken over")
                 return
+            lease.fence_at = sent + self._lease_seconds - self._margin

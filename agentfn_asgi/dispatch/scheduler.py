@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client import AgentsClient
-from ..errors import APIError, NotFoundError, StoreError
+from ..errors import APIError, APIStatusError, NotFoundError, StoreError
 from ..records import CallKey
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
 from ..wire import AgentSession
+from .alarms import ConfigurationAlarm, is_configuration_error
 from .execution import CompletionStatus, Executor, JobHandoff
 from .leases import LeaseKeeper
 from .settings import DispatchSettings
@@ -42,6 +43,13 @@ logger = logging.getLogger("agentfn_asgi.dispatch.scheduler")
 #: Resolvers only read a session and start call tasks, so they never wait on a handler:
 #: a handful is enough.
 RESOLVERS = 8
+
+
+class SessionNotFoundYetError(APIError):
+    """The API does not find a session whose webhook arrived moments ago: retried later."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id} not found (yet); the sweep reads it again")
 
 
 async def _claimed(claims: list[asyncio.Future[None]]) -> None:
@@ -98,11 +106,17 @@ class Dispatcher:
         self._dirty: dict[str, str | None] = {}
         self._inflight: dict[CallKey, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._workers: list[asyncio.Task[Any]] = []  # resolvers and the sweep: they take work
+        self.alarm = ConfigurationAlarm()
         self._started = False
         self._stopping = False
-        self._submitter = Submitter(client, store, self.telemetry)
+        self._submitter = Submitter(client, store, self.telemetry, alarm=self.alarm)
         leases = LeaseKeeper(
-            store, owner=self.owner, lease_seconds=self.settings.lease_seconds, spawn=self._spawn
+            store,
+            owner=self.owner,
+            lease_seconds=self.settings.lease_seconds,
+            margin=self.settings.fence_margin,
+            spawn=self._spawn,
         )
         self._executor = Executor(
             store,
@@ -130,29 +144,38 @@ class Dispatcher:
         self._started = True
         self._queue = asyncio.Queue()
         self._executor.start()
-        for _ in range(RESOLVERS):
-            self._spawn(self._resolver_loop())
-        self._spawn(self._sweep_loop(immediate=recover))
+        self._workers = [self._spawn(self._resolver_loop()) for _ in range(RESOLVERS)]
+        self._workers.append(self._spawn(self._sweep_loop(immediate=recover)))
         self.telemetry.observe_pending(self._executor.oldest_running_age)
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
-        """Stop taking work, wait for in-flight calls up to ``drain_timeout``, cancel the rest.
+        """Stop taking work, let running calls finish for up to ``drain_timeout``, then
+        cancel what is left.
 
-        Cancelled calls keep their claims; another replica (or the next start) takes them
-        over through the recovery sweep once the lease expires.
+        From the first moment nothing new is claimed: the resolvers and the sweep stop, and a
+        call task that has not claimed its call yet gives up without claiming, so that work
+        stays recorded for the next process (or another replica). Calls already running get
+        the whole ``drain_timeout``. A call cancelled at the end keeps its claim; whoever
+        takes over after its lease applies the in-doubt rules.
         """
         if not self._started or self._stopping:
             return
         self._stopping = True
-        calls = list(self._inflight.values())
-        if calls:
-            _, pending = await asyncio.wait(calls, timeout=drain_timeout)
-            for task in pending:
-                task.cancel()
+        self._executor.close()
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        deadline = time.monotonic() + drain_timeout
+        while self._inflight:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.wait(list(self._inflight.values()), timeout=left)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        self._executor.shutdown()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         # A fresh context: work must not inherit the span of the request that started it
@@ -207,10 +230,17 @@ class Dispatcher:
                 self._resolving.discard(work.session_id)
 
     async def _resolve_logged(
-        self, session_id: str, delivery_id: str | None, *, settle: bool = False
+        self,
+        session_id: str,
+        delivery_id: str | None,
+        *,
+        settle: bool = False,
+        received_at: float | None = None,
     ) -> None:
         try:
-            await self.resolve(session_id, delivery_id=delivery_id, settle=settle)
+            await self.resolve(
+                session_id, delivery_id=delivery_id, settle=settle, received_at=received_at
+            )
         except ValueError as exc:
             # A malformed session id can never be read: retrying would loop until the dedup
             # window ends. (The app refuses such ids; this guards older records.)
@@ -218,6 +248,11 @@ class Dispatcher:
             if delivery_id is not None:
                 with contextlib.suppress(StoreError):
                     await self.store.mark_delivery_resolved(delivery_id)
+        except APIStatusError as exc:
+            if is_configuration_error(exc):
+                self.alarm.report(exc, doing=f"reading session {session_id}")
+            else:
+                logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
         except (APIError, StoreError) as exc:
             # Left unresolved on purpose: the recovery sweep retries it.
             logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
@@ -226,7 +261,12 @@ class Dispatcher:
 
     # -- resolution ----------------------------------------------------------------------
     async def resolve(
-        self, session_id: str, *, delivery_id: str | None = None, settle: bool = True
+        self,
+        session_id: str,
+        *,
+        delivery_id: str | None = None,
+        settle: bool = True,
+        received_at: float | None = None,
     ) -> None:
         """Read the session and start each pending function call (claims decide who runs).
 
@@ -234,22 +274,46 @@ class Dispatcher:
         stale. A webhook-driven resolve skips that store read (one round trip per delivery on
         the hot path); the recovery sweep and :meth:`recover` settle, which is where such
         calls (a crashed claim, a cancelled turn) are found.
+
+        A session the API does not find (404) is read again after short pauses; if it is
+        still missing and its delivery arrived less than ``not_found_grace`` ago (the webhook
+        may outrun the session becoming readable), the delivery stays for the sweep
+        (:class:`SessionNotFoundYetError`); past that, or without a delivery, the session is
+        treated as deleted: its recorded calls become stale.
         """
         link = self.telemetry.link_for_delivery(delivery_id)
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
-                session = await self.client.retrieve_session(session_id)
+                session = await self._read_session(session_id)
                 span.set_pending_calls(len(session.function_calls))
         except NotFoundError:
+            if received_at is None and delivery_id is not None:
+                received_at = self._clock()  # a webhook that has just arrived
+            if (
+                received_at is not None
+                and self._clock() - received_at < self.settings.not_found_grace
+            ):
+                raise SessionNotFoundYetError(session_id) from None
             logger.info("session %s no longer exists; nothing to do", session_id)
             await self._settle_missing(session_id, pending=set())
         else:
+            self.alarm.cleared()
             pending, claims = self._start_calls(session, delivery_id)
             await _claimed(claims)
             if settle:
                 await self._settle_missing(session.id, pending)
         if delivery_id is not None:
             await self.store.mark_delivery_resolved(delivery_id)
+
+    async def _read_session(self, session_id: str) -> AgentSession:
+        """``GET`` the session; a 404 is tried again after each pause of
+        ``settings.not_found_retries``."""
+        for delay in self.settings.not_found_retries:
+            try:
+                return await self.client.retrieve_session(session_id)
+            except NotFoundError:
+                await asyncio.sleep(delay)
+        return await self.client.retrieve_session(session_id)
 
     def _start_calls(
         self, session: AgentSession, delivery_id: str | None
@@ -326,10 +390,12 @@ class Dispatcher:
         """One pass of the recovery sweep (see the module docstring)."""
         now = self._clock()
         sessions: dict[str, str | None] = {}
+        received: dict[str, float] = {}
         for delivery in await self.store.unresolved_deliveries(
             older_than=now - self.settings.recovery_grace
         ):
             sessions.setdefault(delivery.session_id, delivery.delivery_id)
+            received.setdefault(delivery.session_id, delivery.received_at)
         for record in await self.store.expired_claims():
             if record.key not in self._inflight:
                 sessions.setdefault(record.key.session_id, None)
@@ -343,7 +409,9 @@ class Dispatcher:
                 if delivery_id is not None:
                     self._dirty.setdefault(session_id, delivery_id)
                 continue
-            await self._resolve_logged(session_id, delivery_id, settle=True)
+            await self._resolve_logged(
+                session_id, delivery_id, settle=True, received_at=received.get(session_id)
+            )
         await self.store.prune(
             deliveries_before=now - self.settings.dedup_window,
             calls_before=now - self.settings.call_retention,

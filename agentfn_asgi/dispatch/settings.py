@@ -19,19 +19,36 @@ class DispatchSettings:
     """How calls are run. Every field has a safe default; see the README's configuration table.
 
     ``lease_seconds`` bounds how long a crashed replica's calls wait before another replica
-    takes them over; live calls renew their lease every third of it.
+    takes them over; live calls renew their lease every third of it. ``lease_margin`` is the
+    clock-skew allowance of fencing (default: a sixth of the lease): a holder that could not
+    renew its lease stops its work that long *before* the lease ends, and another replica
+    takes the call over only that long *after* it. ``max_attempts``
+    bounds how often one call is started: a call that keeps coming back in doubt (its
+    process dies every time it runs) is then answered with a failure, or held for an
+    operator when it has side effects and ``in_doubt="hold"``. ``not_found_grace``: how long
+    after its webhook a session the API does not find (404) is read again before it is
+    treated as deleted; ``not_found_retries`` are the pauses before reading it again at once.
     """
 
     lease_seconds: float = 30.0
+    lease_margin: float | None = None
     max_concurrency: int = 1024
     thread_pool_size: int = 32
     default_timeout: float | None = 300.0
     unknown_tools: Literal["fail", "ignore"] = "fail"
     in_doubt: Literal["fail", "hold"] = "fail"
+    max_attempts: int = 5
     recovery_interval: float = 10.0
     recovery_grace: float = 5.0
+    not_found_grace: float = 60.0
+    not_found_retries: tuple[float, ...] = (0.25, 0.5, 1.0)
     dedup_window: float = 72 * 3600.0
     call_retention: float = 7 * 86400.0
     result_limit: int = TOOL_RESULT_LIMIT
     result_margin: int = DEFAULT_SAFETY_MARGIN
     max_queued_sessions: int = 10_000
+
+    @property
+    def fence_margin(self) -> float:
+        """``lease_margin``, or a sixth of the lease when it is not set."""
+        return self.lease_seconds / 6 if self.lease_margin is None else self.lease_margin

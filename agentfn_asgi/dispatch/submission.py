@@ -25,6 +25,7 @@ from ..records import CallKey, CallRecord
 from ..results import event_json, events_body, failure_event, submission_key
 from ..store.base import Store
 from ..tracing import Telemetry
+from .alarms import ConfigurationAlarm, is_configuration_error
 
 __all__ = ["REFUSED_MESSAGE", "Submitter"]
 
@@ -44,8 +45,16 @@ class Submitter:
     """Submits saved results for one dispatcher. Raises StoreError; API errors are settled
     here (logged, or the call marked stale) and left to the recovery sweep."""
 
-    def __init__(self, client: AgentsClient, store: Store, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        client: AgentsClient,
+        store: Store,
+        telemetry: Telemetry,
+        *,
+        alarm: ConfigurationAlarm | None = None,
+    ) -> None:
         self._client = client
+        self._alarm = alarm if alarm is not None else ConfigurationAlarm()
         self._store = store
         self._telemetry = telemetry
         # When each delivery arrived (bounded): the delivery-to-result latency metric.
@@ -77,6 +86,10 @@ class Submitter:
                 span.set_outcome("stale" if stale else "failed")
                 return
             except APIStatusError as exc:
+                if is_configuration_error(exc):
+                    span.set_outcome("failed")
+                    self._alarm.report(exc, doing=f"the result of call {key}")
+                    return
                 if exc.status not in _REFUSING_STATUSES:
                     span.set_outcome("failed")
                     logger.warning("submitting %s failed; the sweep retries it: %s", key, exc)
@@ -89,6 +102,7 @@ class Submitter:
                 logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
                 return
             span.set_outcome("submitted")
+            self._alarm.cleared()
             crash_point("after_submit", record.tool_name)
             await self._store.mark_submitted(key)
         received = self._received.get(delivery_id) if delivery_id is not None else None

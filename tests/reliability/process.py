@@ -20,6 +20,8 @@ from pathlib import Path
 import anyio
 import httpx
 
+from agentfn_asgi._crash import ARMING_VALUE, ARMING_VARIABLE
+
 from .crash_app import LEDGER_ENV
 
 __all__ = ["ROOT", "AppProcess", "free_port"]
@@ -85,6 +87,7 @@ class AppProcess:
         env[LEDGER_ENV] = str(self.ledger)
         if crash_at is not None:
             env["AGENTFN_CRASH_AT"] = crash_at
+            env[ARMING_VARIABLE] = ARMING_VALUE
         self.starts += 1
         log = (self.workdir / f"child-{self.starts}.log").open("wb")
         with log:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -333,10 +334,12 @@ async def test_a_turn_cancelled_mid_call_leaves_the_call_stale() -> None:
 
 async def test_a_vanished_session_is_forgotten_without_a_hot_loop() -> None:
     """The session is deleted while its handler runs: the submission's 404 makes the call
-    stale at once (no retry). A new delivery for the gone session is read once (404) and
-    resolved. Over the next second of 0.1 s sweeps, nobody asks about it again."""
+    stale at once (no retry). A new delivery for the gone session, once past the not-found
+    grace (0 here), is read once (404) and resolved. Over the next second of 0.1 s sweeps,
+    nobody asks about it again."""
     tools = Tools()
-    async with fault_stack(tools.registry, settings=QUICK) as stack:
+    settings = replace(QUICK, not_found_grace=0.0, not_found_retries=())
+    async with fault_stack(tools.registry, settings=settings) as stack:
         sid = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"}, call_id="c1")]])
         await tools.wait_started()
         stack.fake.delete_session(sid)
@@ -354,6 +357,22 @@ async def test_a_vanished_session_is_forgotten_without_a_hot_loop() -> None:
     assert [r for r in gone if r.at >= quiet_from] == []
     assert stats.unresolved_deliveries == 0
     assert tools.runs == {"refund": 1}
+
+
+async def test_a_session_not_found_at_first_is_read_again_and_answered() -> None:
+    """A 404 right after the webhook (the session not readable yet) is read again with
+    short pauses, then by the sweep within the not-found grace: the call is answered.
+    (Before, the first 404 settled the delivery as deleted and the call was never run.)"""
+    tools = Tools()
+    tools.release.set()
+    settings = replace(QUICK, not_found_retries=(0.05,))
+    async with fault_stack(tools.registry, settings=settings) as stack:
+        stack.fake.fail_next("retrieve", 3, status=404)
+        sid = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"}, call_id="c1")]])
+        await stack.fake.wait_idle(sid, timeout=10)
+    assert [s.call_id for s in stack.fake.submissions] == ["c1"]
+    retrieves = [r.status for r in stack.fake.requests if r.route == "retrieve"]
+    assert retrieves[:3] == [404, 404, 404] and retrieves[3] == 200
 
 
 async def test_a_delivery_flood_keeps_the_queue_bounded() -> None:

@@ -40,8 +40,12 @@ How it is set up, and why:
 Redelivery means **at-least-once execution**: a job whose worker died mid-job, or after
 completing but before the acknowledgement, runs again. The completion endpoint saves the
 first result and answers ``duplicate`` (same result) or ``conflict`` (another one) to later
-ones, so the model gets exactly one result; a tool with side effects should pass
-``ctx.idempotency_key`` (``job.idempotency_key``, the same on every delivery) downstream.
+ones, so the model gets exactly one result. A tool declared with ``side_effects=True`` is
+not run again blindly: on a redelivered job its ``reconcile`` hook decides, as the app does
+for in-doubt calls (``Ran``: its result completes the call; ``NotRun``: the handler runs;
+``Unknown`` or no hook: the call fails with :data:`REDELIVERED_IN_DOUBT_MESSAGE`). Pass
+``ctx.idempotency_key`` (``job.idempotency_key``, the same on every delivery) downstream:
+it also covers the window a reconcile hook cannot see.
 
 Celery is imported only when these helpers are called; it is the ``celery`` extra:
 ``pip install 'agentfn-asgi[celery]'``.
@@ -63,14 +67,21 @@ import httpx
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
 
-from ..errors import CompletionTokenExpiredError, ConfigurationError
-from ..tools import FunctionTool, FunctionTools
+from ..errors import (
+    ArgumentValidationError,
+    CompletionTokenExpiredError,
+    ConfigurationError,
+    ResultEncodingError,
+)
+from ..results import encode_output, model_error_message
+from ..tools import FunctionTool, FunctionTools, NotRun, Ran
 from ..worker import Completion, Job, complete_call_sync, run_job
 
 if TYPE_CHECKING:
     from celery import Celery, Task
 
 __all__ = [
+    "REDELIVERED_IN_DOUBT_MESSAGE",
     "TASK_NAME",
     "TASK_OPTIONS",
     "CeleryEnqueue",
@@ -103,6 +114,13 @@ TASK_OPTIONS: Final[Mapping[str, Any]] = {
     # The result goes to the app over HTTP; a result backend would only store a copy.
     "ignore_result": True,
 }
+
+#: What the model is told when a side-effect job was delivered again (its worker died) and
+#: its reconcile hook cannot tell whether the first delivery took effect.
+REDELIVERED_IN_DOUBT_MESSAGE: Final = (
+    "This call may or may not have completed: the worker running it stopped and the outcome "
+    "could not be confirmed. Do not repeat it; ask the user to check before retrying."
+)
 
 # What the job message itself decides: not overridable per enqueue.
 _FIXED_SEND_OPTIONS: Final = frozenset({"args", "kwargs", "serializer", "expires", "argsrepr"})
@@ -183,6 +201,9 @@ def celery_enqueue(
 class CeleryJobRunner:
     """What the task does with one job: run it, then complete its call over HTTP.
 
+    A redelivered job of a side-effect tool asks the tool's ``reconcile`` hook first (see
+    the module docstring).
+
     Returns the app's answer (``accepted``, ``duplicate``, ``stale``, ``conflict``), or
     ``expired`` when the job is past its deadline (nothing is sent). Raises what
     :func:`~agentfn_asgi.worker.complete_call_sync` raises once its retries are spent.
@@ -255,13 +276,47 @@ class CeleryJobRunner:
             span.set_attribute("gen_ai.tool.name", job.tool_name)
             span.set_attribute("gen_ai.tool.call.id", job.call_id)
             span.set_attribute("gen_ai.conversation.id", job.session_id)
-            completion = anyio.run(
-                functools.partial(run_job, self.tools, job, resources=self.resources)
-            )
+            completion = anyio.run(functools.partial(self._outcome, job, redelivered=redelivered))
             status = self._complete(job, url, completion)
             span.set_attribute("agentfn.completion.status", status)
         logger.info("call %s completed: %s", job.call_id, status)
         return status
+
+    async def _outcome(self, job: Job, *, redelivered: bool) -> Completion:
+        tool = self.tools if isinstance(self.tools, FunctionTool) else self.tools.get(job.tool_name)
+        if redelivered and tool is not None and tool.name == job.tool_name and tool.side_effects:
+            # The first delivery may have done the side effect before its worker died: never
+            # run it again blindly (the app's rule for in-doubt calls).
+            settled = await self._reconcile(tool, job)
+            if settled is not None:
+                return settled
+        return await run_job(self.tools, job, resources=self.resources)
+
+    async def _reconcile(self, tool: FunctionTool, job: Job) -> Completion | None:
+        """A redelivered side-effect job: its reconcile hook's answer as a completion, or
+        None when the hook says it did not run (run it now)."""
+        try:
+            arguments = tool.parse_arguments(job.arguments)
+        except ArgumentValidationError:
+            return None  # it cannot have run either: run_job reports the arguments
+        with anyio.move_on_after(job.remaining(clock=self._clock)):
+            outcome = await tool.run_reconcile(
+                arguments, job.tool_context(resources=self.resources)
+            )
+            if isinstance(outcome, NotRun):
+                return None
+            if isinstance(outcome, Ran):
+                try:
+                    return Completion(True, output=encode_output(outcome.result))
+                except ResultEncodingError as exc:
+                    return Completion(False, error=model_error_message(exc, tool_name=tool.name))
+            logger.warning(
+                "redelivered job for call %s of tool %s is in doubt (%s): not run again",
+                job.call_id,
+                tool.name,
+                outcome.reason,
+            )
+        return Completion(False, error=REDELIVERED_IN_DOUBT_MESSAGE)
 
     def _complete(self, job: Job, url: str, completion: Completion) -> str:
         if job.remaining(clock=self._clock) <= 0:

@@ -7,6 +7,7 @@ The end-to-end test with RabbitMQ and real worker processes is test_celery_e2e.p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -28,6 +29,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agentfn_asgi.errors import ConfigurationError, ToolError
 from agentfn_asgi.integrations.celery import (
+    REDELIVERED_IN_DOUBT_MESSAGE,
     TASK_NAME,
     CeleryJobRunner,
     celery_enqueue,
@@ -35,7 +37,7 @@ from agentfn_asgi.integrations.celery import (
 )
 from agentfn_asgi.records import CallState
 from agentfn_asgi.testing import FakeCall, serve_app
-from agentfn_asgi.tools import FunctionTools, ToolContext
+from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ReconcileOutcome, ToolContext, Unknown
 from agentfn_asgi.worker import ENQUEUE_FAILED_MESSAGE, Job
 
 from ..support.stack import Stack, running_stack
@@ -361,3 +363,77 @@ async def test_the_tasks_span_joins_the_calls_trace(
     assert span.attributes is not None
     assert span.attributes["gen_ai.tool.call.id"] == job.call_id
     assert span.attributes["agentfn.completion.status"] == "accepted"
+
+
+def refund_tools(
+    ran: list[str], outcome: ReconcileOutcome, asked: list[str], **options: Any
+) -> FunctionTools:
+    """A registry whose side-effect ``refund`` records runs, and whose reconcile hook
+    records each question and answers ``outcome``."""
+    tools = FunctionTools()
+
+    def reconcile(ctx: ToolContext, arguments: dict[str, Any]) -> ReconcileOutcome:
+        asked.append(ctx.idempotency_key)
+        return outcome
+
+    @tools.function(side_effects=True, reconcile=reconcile, **options)
+    def refund(ctx: ToolContext, order_id: str) -> dict[str, str]:
+        """Refund an order."""
+        ran.append(order_id)
+        return {"refund_id": "fresh", "order_id": order_id}
+
+    return tools
+
+
+@pytest.mark.parametrize(
+    ("outcome", "runs", "success", "text"),
+    [
+        (Ran({"refund_id": "earlier", "order_id": "o1"}), [], True, '"refund_id":"earlier"'),
+        (NotRun(), ["o1"], True, '"refund_id":"fresh"'),
+        (Unknown("ledger unreachable"), [], False, REDELIVERED_IN_DOUBT_MESSAGE),
+    ],
+)
+async def test_a_redelivered_side_effect_job_asks_reconcile_before_running(
+    celery_app: Celery,
+    queue: str,
+    http: httpx.Client,
+    outcome: ReconcileOutcome,
+    runs: list[str],
+    success: bool,
+    text: str,
+) -> None:
+    """A side-effect job delivered again (its worker died) is never run blindly: Ran
+    completes the call with the earlier result, NotRun runs the handler, Unknown fails the
+    call as in doubt. A first delivery runs without asking."""
+    ran: list[str] = []
+    asked: list[str] = []
+    enqueue = celery_enqueue(celery_app, queue=queue)
+    app_tools = refund_tools([], outcome, [], enqueue=enqueue)
+    async with (
+        running_stack(app_tools, completion_secret=COMPLETION_SECRET) as stack,
+        serve_app(stack.app) as root,
+    ):
+        runner = CeleryJobRunner(
+            refund_tools(ran, outcome, asked),
+            complete_url=root + "/calls/complete",
+            http_client=http,
+        )
+        first = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"})]])
+        job = await next_job(celery_app, queue)
+        assert await anyio.to_thread.run_sync(runner, job) == "accepted"
+        assert (ran, asked) == (["o1"], [])
+        ran.clear()
+        again = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"})]])
+        job = await next_job(celery_app, queue)
+        redelivered = functools.partial(runner, job, redelivered=True)
+        assert await anyio.to_thread.run_sync(redelivered) == "accepted"
+        for session in (first, again):
+            await stack.fake.wait_idle(session, timeout=5)
+    assert (ran, asked) == (runs, [job.idempotency_key])
+    [submission] = results_for(stack, again)
+    assert submission.success is success
+    assert text in (submission.output if success else submission.error or "")
+
+
+def results_for(stack: Stack, session_id: str) -> list[Any]:
+    return [s for s in stack.fake.submissions if s.session_id == session_id]

@@ -234,7 +234,10 @@ async def test_celery_workers_complete_calls_once_through_kills_and_refuse_forge
             assert f"running job for call {call} of tool generate_report (redelivered)" in (
                 logs_of(workers)
             )
-            assert logs_of(workers).count(f"call {call} completed: accepted") == 1
+            # The worker logs the app's answer after the app has already submitted it.
+            completed = f"call {call} completed: accepted"
+            await wait_for(lambda: completed in logs_of(workers), "the worker's answer")
+            assert logs_of(workers).count(completed) == 1
 
             # 3. A whole worker dies mid-job (pool and main process): RabbitMQ delivers its
             #    unacknowledged job to the other worker.

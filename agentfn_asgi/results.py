@@ -55,6 +55,7 @@ __all__ = [
     "INTERNAL_FAILURE_MESSAGE",
     "IN_DOUBT_MESSAGE",
     "JOB_DEADLINE_MESSAGE",
+    "REDELIVERED_IN_DOUBT_MESSAGE",
     "THREADS_BUSY_MESSAGE",
     "TOOL_RESULT_LIMIT",
     "TOOL_RESULT_TYPE",
@@ -128,6 +129,12 @@ TOO_MANY_ATTEMPTS_MESSAGE = (
 THREADS_BUSY_MESSAGE = (
     "Tool '{name}' could not start: the service had no free thread for it within "
     "{seconds:g} seconds. It did not run; you may try again later."
+)
+#: What the model is told when a side-effect job was delivered again by a worker queue (its
+#: worker died) and its reconcile hook cannot tell whether the first delivery took effect.
+REDELIVERED_IN_DOUBT_MESSAGE = (
+    "This call may or may not have completed: the worker running it stopped and the outcome "
+    "could not be confirmed. Do not repeat it; ask the user to check before retrying."
 )
 #: What the model is told when a worker job's deadline passed with no completion.
 JOB_DEADLINE_MESSAGE = (

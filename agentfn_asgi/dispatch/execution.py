@@ -422,12 +422,7 @@ class Executor:
         the deadline, so the job is never queued twice.
         """
         key = attempt.key
-        self._leases.check(attempt.lease)
-        extended = await self._store.renew_lease(
-            key, owner=self._owner, lease_seconds=tool.job_deadline
-        )
-        if not extended:
-            raise LeaseLostError(key, "taken over before its job was queued")
+        await self._leases.extend(attempt.lease, tool.job_deadline)
         try:
             if self._handoff is None:  # the app refuses such a registry; recover may not
                 raise RuntimeError("no completion secret is configured to issue job tokens")

@@ -109,6 +109,17 @@ class LeaseKeeper:
         saving anything produced under the lease."""
         lease.check(self._monotonic())
 
+    async def extend(self, lease: Lease, seconds: float) -> None:
+        """Extend ``lease`` to ``seconds`` from now in the store (a job hand-off holds its call
+        until the job's deadline). Raises LeaseLostError when the claim is no longer ours,
+        StoreError when the store cannot say."""
+        self.check(lease)
+        sent = self._monotonic()
+        if not await self._store.renew_lease(lease.key, owner=self._owner, lease_seconds=seconds):
+            lease.lose("taken over")
+            raise LeaseLostError(lease.key, "taken over")
+        lease.fence_at = sent + seconds - self._margin
+
     @contextlib.asynccontextmanager
     async def kept(self, lease: Lease) -> AsyncIterator[None]:
         """Renew the lease every third of it while the block runs.

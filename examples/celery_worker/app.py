@@ -1,18 +1,18 @@
-"""The Starlette example with one more tool, ``generate_report``, run by a worker process.
+"""The Starlette example with one more tool, ``generate_report``, run by Celery workers.
 
-Run the app and a worker (from the repository root, Redis on 127.0.0.1:6379)::
+Run RabbitMQ (127.0.0.1:5672, guest/guest), the app and a worker, from the repository root::
 
+    pip install -e '.[celery,server]'
     export OPENAI_API_KEY=sk-... OPENAI_WEBHOOK_SECRET=whsec_...
     export AGENTFN_COMPLETION_SECRET=$(python -c "import secrets; print(secrets.token_urlsafe(32))")
     export AGENTFN_PUBLIC_URL=http://127.0.0.1:8000/openai/webhooks
-    uvicorn examples.worker.app:app --port 8000      # terminal 1
-    python -m examples.worker.worker                  # terminal 2 (as many as you like)
+    uvicorn examples.celery_worker.app:app --port 8000                           # terminal 1
+    celery -A examples.celery_worker.worker:celery_app worker --loglevel INFO    # terminal 2
 
 The three shared tools run in this process as in ``examples/starlette_app.py``;
-``generate_report`` calls become jobs on a Redis list (see ``examples/worker/jobs.py``), and
-the worker completes them at ``POST /openai/webhooks/calls/complete``.
-``AGENTFN_RECOVERY_INTERVAL`` (seconds, default 10) sets how often the recovery sweep looks
-for jobs past their deadline; the end-to-end test shortens it.
+``generate_report`` calls become Celery tasks (see ``tools.py``), and the workers complete
+them at ``POST /openai/webhooks/calls/complete``. ``AGENTFN_RECOVERY_INTERVAL`` (seconds,
+default 10) sets how often the recovery sweep looks for jobs past their deadline.
 """
 
 from __future__ import annotations
@@ -25,15 +25,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from agentfn_asgi.app import AgentWebhookApp
+from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.integrations.starlette import mount
-from examples.shared_tools import Ledger, build_tools
-from examples.worker.jobs import RedisQueue, generate_report, job_deadline
-
-queue = RedisQueue.from_env()
-tools = build_tools()
-# `timeout` bounds the LPUSH; `job_deadline` bounds the whole job.
-tools.add(generate_report, enqueue=queue.push, job_deadline=job_deadline(), timeout=10)
+from examples.celery_worker.tools import celery_app, tools
+from examples.shared_tools import Ledger
 
 
 @contextlib.asynccontextmanager
@@ -41,12 +36,12 @@ async def lifespan(app: Starlette) -> AsyncIterator[None]:
     app.state.ledger = Ledger.from_env()
     async with webhooks.lifespan():
         yield
-    await queue.aclose()
+    celery_app.close()  # the broker connections used to send jobs
 
 
 async def index(request: Request) -> JSONResponse:
     """A route of the host app, to show that it keeps working beside the webhooks."""
-    return JSONResponse({"app": "starlette example with a worker"})
+    return JSONResponse({"app": "starlette example with Celery workers"})
 
 
 app = Starlette(routes=[Route("/", index)], lifespan=lifespan)

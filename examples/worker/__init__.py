@@ -1,1 +1,0 @@
-"""A tool run by a separate worker process: the Starlette example plus a Redis job queue."""

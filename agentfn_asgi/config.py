@@ -40,6 +40,7 @@ DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
     "AGENTFN_LEASE_MARGIN": ("lease_margin", float, None),
     "AGENTFN_MAX_CONCURRENCY": ("max_concurrency", int, None),
     "AGENTFN_THREAD_POOL_SIZE": ("thread_pool_size", int, None),
+    "AGENTFN_THREAD_WAIT": ("thread_wait", float, None),
     "AGENTFN_TOOL_TIMEOUT": ("default_timeout", float, None),
     "AGENTFN_RECOVERY_INTERVAL": ("recovery_interval", float, None),
     "AGENTFN_UNKNOWN_TOOLS": ("unknown_tools", str, ("fail", "ignore")),

@@ -304,14 +304,16 @@ class FunctionTool:
         *,
         threads: ThreadPool | None = None,
         time_limit: float | None = None,
+        wait_limit: float | None = None,
     ) -> Any:
         """Call the handler with ``arguments`` (from :meth:`parse_arguments`) and the context.
 
         Async handlers run on the event loop; sync handlers in a thread of ``threads`` (a
         shared default pool when None). Raises TimeoutError past ``time_limit`` seconds of
-        running (a sync handler's wait for a free thread is bounded by the same number and
-        counted apart, see :mod:`agentfn_asgi._threads`). A sync handler that times out keeps
-        running in its thread until it returns: Python cannot stop a thread.
+        running; a sync handler's wait for a free thread is counted apart and bounded by
+        ``wait_limit`` (ThreadPoolBusyError, see :mod:`agentfn_asgi._threads`). A sync handler
+        that times out keeps running in its thread until it returns: Python cannot stop a
+        thread.
         """
         kwargs = dict(arguments)
         spec = self._require_spec()
@@ -325,7 +327,7 @@ class FunctionTool:
             return result
         pool = threads if threads is not None else default_thread_pool()
         result = await pool.run(
-            functools.partial(self.fn, **kwargs), time_limit=time_limit, wait_limit=time_limit
+            functools.partial(self.fn, **kwargs), time_limit=time_limit, wait_limit=wait_limit
         )
         if inspect.isawaitable(result):  # a sync wrapper that returned a coroutine
             with anyio.fail_after(time_limit):
@@ -339,6 +341,7 @@ class FunctionTool:
         *,
         threads: ThreadPool | None = None,
         time_limit: float | None = None,
+        wait_limit: float | None = None,
     ) -> ReconcileOutcome:
         """Ask the reconcile hook whether an in-doubt call already ran.
 
@@ -358,7 +361,7 @@ class FunctionTool:
                 outcome = await pool.run(
                     functools.partial(hook, context, dict(arguments)),
                     time_limit=time_limit,
-                    wait_limit=time_limit,
+                    wait_limit=wait_limit,
                 )
             if inspect.isawaitable(outcome):
                 with anyio.fail_after(time_limit):

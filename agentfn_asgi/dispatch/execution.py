@@ -292,7 +292,11 @@ class Executor:
             # over, reconciles from the same state, and runs the side effect a second time.
             async with self._leases.kept(attempt.lease):
                 verdict = await tool.run_reconcile(
-                    arguments, context, threads=self._threads, time_limit=self._timeout(tool)
+                    arguments,
+                    context,
+                    threads=self._threads,
+                    time_limit=self._timeout(tool),
+                    wait_limit=self._settings.thread_wait,
                 )
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
@@ -331,21 +335,26 @@ class Executor:
         try:
             async with self._leases.kept(attempt.lease):
                 value = await tool.invoke(
-                    arguments, context, threads=self._threads, time_limit=timeout
+                    arguments,
+                    context,
+                    threads=self._threads,
+                    time_limit=timeout,
+                    wait_limit=self._settings.thread_wait,
                 )
         except LeaseLostError:
             raise
         except ThreadPoolBusyError:
-            assert timeout is not None
+            wait = self._settings.thread_wait
             logger.error(
-                "no thread free for tool %s (call %s) within %g s: %d of %d threads busy",
+                "no thread free for tool %s (call %s) within %g s: %d of %d threads busy "
+                "(hung sync handlers keep their threads)",
                 tool.name,
                 key,
-                timeout,
+                wait,
                 self._threads.busy,
                 self._threads.size,
             )
-            message = THREADS_BUSY_MESSAGE.format(name=tool.name, seconds=timeout)
+            message = THREADS_BUSY_MESSAGE.format(name=tool.name, seconds=wait)
             return failure_result(key, message, "threads_busy")
         except TimeoutError:
             assert timeout is not None

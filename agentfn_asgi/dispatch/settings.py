@@ -28,12 +28,16 @@ class DispatchSettings:
     operator when it has side effects and ``in_doubt="hold"``. ``not_found_grace``: how long
     after its webhook a session the API does not find (404) is read again before it is
     treated as deleted; ``not_found_retries`` are the pauses before reading it again at once.
+    ``thread_wait``: how long a sync handler may wait for a free thread (all
+    ``thread_pool_size`` threads busy, hung handlers included) before its call fails saying
+    so; its ``timeout`` only starts once it runs.
     """
 
     lease_seconds: float = 30.0
     lease_margin: float | None = None
     max_concurrency: int = 1024
     thread_pool_size: int = 32
+    thread_wait: float = 60.0
     default_timeout: float | None = 300.0
     unknown_tools: Literal["fail", "ignore"] = "fail"
     in_doubt: Literal["fail", "hold"] = "fail"

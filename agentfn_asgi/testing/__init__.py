@@ -27,6 +27,7 @@ from agentfn_asgi.testing.fake import (
     Route,
     Submission,
 )
+from agentfn_asgi.testing.fake_state import RawJSON
 from agentfn_asgi.testing.fake_validation import MAX_REQUEST_BYTES
 from agentfn_asgi.testing.fake_webhooks import DeliveryAttempt
 from agentfn_asgi.testing.server import serve_app, serve_fake
@@ -38,6 +39,7 @@ __all__ = [
     "FakeAgentsAPI",
     "FakeCall",
     "FakeConnectionDropped",
+    "RawJSON",
     "RecordedRequest",
     "Route",
     "Submission",

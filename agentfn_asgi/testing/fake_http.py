@@ -23,6 +23,7 @@ from urllib.parse import parse_qs
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from agentfn_asgi.testing.fake_state import RawJSON
 from agentfn_asgi.testing.fake_validation import (
     MAX_REQUEST_BYTES,
     Rejection,
@@ -168,7 +169,7 @@ def _serve(
 ) -> _Reply:
     assert session_id is not None
     if route == "retrieve":
-        return _Reply(200, fake.sessions[session_id].snapshot())
+        return _Reply(200, _with_raw_json(fake.sessions[session_id].snapshot()))
     if route == "delete":
         fake.delete_session(session_id)
         return _Reply(200, {"id": session_id, "deleted": True, "object": "agent.session.deleted"})
@@ -177,6 +178,31 @@ def _serve(
     except Rejection as rejection:
         return _Reply(rejection.status, rejection.body())
     return _Reply(202)
+
+
+def _with_raw_json(document: dict[str, Any]) -> dict[str, Any] | bytes:
+    """``document``, or its bytes with each :class:`RawJSON` value spliced in as written."""
+    raws: list[str] = []
+
+    def placeholder(value: object) -> str:
+        if not isinstance(value, RawJSON):
+            raise TypeError(f"cannot serialise {type(value).__name__}")
+        raws.append(value.text)
+        return f"\x00raw{len(raws) - 1}\x00"
+
+    text = json.dumps(document, default=placeholder)
+    if not raws:
+        return document
+    for index, raw in enumerate(raws):
+        text = text.replace(json.dumps(f"\x00raw{index}\x00"), raw)
+    return text.encode()
+
+
+def _raw_text(value: object) -> str:
+    # The stream carries session snapshots too; raw arguments travel there as their text.
+    if isinstance(value, RawJSON):
+        return value.text
+    raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
 def _submit(fake: FakeAgentsAPI, session_id: str, key: str | None, body: bytes) -> None:
@@ -290,7 +316,7 @@ async def _stream(
                 break
             if obfuscate:
                 event = {**event, "obfuscation": _padding()}
-            data = json.dumps(event, separators=(",", ":"))
+            data = json.dumps(event, separators=(",", ":"), default=_raw_text)
             await chunk(f"event: {event['type']}\ndata: {data}\n\n".encode())
             live = event["type"] not in ("agent.session.idle", "agent.session.failed")
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})

@@ -28,12 +28,21 @@ _STATUS_EVENTS = {
 
 
 @dataclass(frozen=True, slots=True)
+class RawJSON:
+    """JSON text the fake puts into a session body exactly as written, for testing what
+    a client does with values no encoder would produce (an integer of thousands of digits,
+    a lone ``\\ud800`` escape, nesting hundreds of levels deep)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class FakeCall:
     """One scripted function call: ``name`` with ``arguments``; ``call_id`` is generated
-    (``call_…``) unless given."""
+    (``call_…``) unless given. ``arguments`` may be :class:`RawJSON` (served as written)."""
 
     name: str
-    arguments: Mapping[str, Any] = field(default_factory=dict)
+    arguments: Mapping[str, Any] | RawJSON = field(default_factory=dict)
     call_id: str | None = None
 
 
@@ -70,7 +79,7 @@ class _Call:
     call_id: str
     turn_id: str
     name: str
-    arguments: dict[str, Any]
+    arguments: dict[str, Any] | RawJSON
     state: Literal["waiting", "pending", "answered", "cancelled"] = "waiting"
     result: tuple[bool, str] | None = None
 
@@ -195,7 +204,12 @@ class FakeSession:
                 if call_id in self.calls or call_id in planned:
                     raise ValueError(f"call id {call_id} is already used in session {self.id}")
                 planned.add(call_id)
-                batch.append(_Call(call_id, turn.id, scripted.name, dict(scripted.arguments)))
+                arguments = (
+                    scripted.arguments
+                    if isinstance(scripted.arguments, RawJSON)
+                    else dict(scripted.arguments)
+                )
+                batch.append(_Call(call_id, turn.id, scripted.name, arguments))
             turn.steps.append(batch)
         for batch in turn.steps:
             for call in batch:

@@ -65,6 +65,19 @@ logger = logging.getLogger("agentfn_asgi.app")
 ACTION_REQUIRED = "agent.session.action_required"
 DEFAULT_MAX_BODY = 1024 * 1024
 
+_REJECT_HINTS = {
+    "bad_signature": (
+        "check OPENAI_WEBHOOK_SECRET: it must be this endpoint's signing secret (whsec_...; "
+        "old and new, separated by a comma, during a rotation)"
+    ),
+    "bad_timestamp": "check this host's clock (NTP): the sender's timestamp is out of tolerance",
+    "bad_header": "the request is not a Standard Webhooks delivery (webhook-* headers)",
+    "too_large": "raise max_body_size if such deliveries are legitimate",
+    "body_timeout": "the sender was slower than body_timeout",
+    "malformed_body": "the signed body is not an agent webhook event",
+}
+_THROTTLE_SECONDS = 60.0
+
 _REJECT_REASONS: dict[type[Exception], str] = {
     WebhookHeaderError: "bad_header",
     WebhookSignatureError: "bad_signature",
@@ -137,12 +150,10 @@ class AgentWebhookApp:
             if completion_secret is not None
             else ()
         )
-        self.jobs = worker_jobs(
-            tools,
-            completion_secrets or env.completion_secrets,
-            public_url=public_url if public_url is not None else env.public_url,
-            clock=clock,
-        )
+        completion_secrets = completion_secrets or env.completion_secrets
+        public_url = public_url if public_url is not None else env.public_url
+        self.jobs = worker_jobs(tools, completion_secrets, public_url=public_url, clock=clock)
+        _check_configuration(tools, secrets, completion_secrets, public_url)
         self.telemetry = (
             telemetry if telemetry is not None else Telemetry(capture_content=env.capture_content)
         )
@@ -173,6 +184,8 @@ class AgentWebhookApp:
         )
         self._start_lock = asyncio.Lock()
         self._draining = False
+        self._rejections = _Throttle()
+        self._lazy_warned = False
 
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
@@ -182,6 +195,21 @@ class AgentWebhookApp:
         async with self._start_lock:
             if not self.dispatcher.started and not self._draining:
                 await self.dispatcher.start(recover=True)
+                logger.info("agentfn-asgi started: %d tools, store %s", len(self.tools), self.store)
+
+    async def _lazy_startup(self) -> None:
+        """Start on a request because no lifespan started the app: say once what is lost."""
+        if self.dispatcher.started:
+            return
+        if not self._lazy_warned:
+            self._lazy_warned = True
+            logger.warning(
+                "agentfn-asgi is starting lazily on its first request: the host did not run "
+                "its lifespan (Starlette/FastAPI: lifespan=webhooks.lifespan; Django: "
+                "with_webhooks). Start-up recovery ran only now, and on shutdown in-flight "
+                "calls are not drained: they are left to the lease and the next start."
+            )
+        await self.startup()
 
     async def shutdown(self) -> None:
         """Stop taking work (503), drain in-flight calls, then release the store and client."""
@@ -278,7 +306,7 @@ class AgentWebhookApp:
             receive,
             send,
             dispatcher=self.dispatcher,
-            ready=self.startup,
+            ready=self._lazy_startup,
             body_limit=max(self.max_body_size, COMPLETION_BODY_LIMIT),
             body_timeout=self.body_timeout,
         )
@@ -300,10 +328,12 @@ class AgentWebhookApp:
             )
         except BodyTooLargeError:
             span.set_outcome("rejected", "too_large")
+            self._log_rejection(scope, "too_large", f"body over {self.max_body_size} bytes")
             await send_json(send, 413, {"error": f"body over {self.max_body_size} bytes"})
             return
         except TimeoutError:
             span.set_outcome("rejected", "body_timeout")
+            self._log_rejection(scope, "body_timeout", "body not received in time")
             await send_json(send, 408, {"error": "body not received in time"})
             return
         except DisconnectedError:
@@ -313,7 +343,9 @@ class AgentWebhookApp:
         try:
             delivery = self.verifier.verify(body, headers)
         except WebhookVerificationError as exc:
-            span.set_outcome("rejected", _REJECT_REASONS.get(type(exc), "verification"))
+            reason = _REJECT_REASONS.get(type(exc), "verification")
+            span.set_outcome("rejected", reason)
+            self._log_rejection(scope, reason, str(exc))
             await send_json(send, exc.status_code, {"error": str(exc)})
             return
         try:
@@ -324,11 +356,29 @@ class AgentWebhookApp:
             logger.exception("could not accept delivery %s", delivery.msg_id)
             await send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
 
+    def _log_rejection(self, scope: Scope, reason: str, detail: str) -> None:
+        """A WARNING naming why a delivery was refused, and what to check (at most one per
+        reason a minute, with a count of the ones not shown); never the body or a secret."""
+        shown, suppressed = self._rejections.allow(reason)
+        if not shown:
+            return
+        client = scope.get("client") or ("?", 0)
+        more = f" ({suppressed} more since the last line)" if suppressed else ""
+        logger.warning(
+            "webhook delivery refused (%s) from %s: %s; %s%s",
+            reason,
+            client[0],
+            detail,
+            _REJECT_HINTS.get(reason, "the request is not a valid delivery"),
+            more,
+        )
+
     async def _accept(self, delivery_id: str, body: bytes, send: Send, span: DeliverySpan) -> None:
         try:
             event = parse_webhook_event(body)
         except ValueError:
             span.set_outcome("rejected", "malformed_body")
+            self._log_rejection({}, "malformed_body", "the body is not a webhook envelope")
             await send_json(send, 400, {"error": "body is not a webhook event envelope"})
             return
         if event.type != ACTION_REQUIRED or event.required_action_type not in (
@@ -345,7 +395,7 @@ class AgentWebhookApp:
             await send_json(send, 400, {"error": "data.id (the session id) is missing"})
             return
         try:
-            await self.startup()
+            await self._lazy_startup()
             is_new = await self.store.record_delivery(delivery_id, session_id)
         except StoreError as exc:
             span.set_outcome("unavailable", "store")
@@ -365,3 +415,46 @@ class AgentWebhookApp:
         self.dispatcher.schedule(session_id, delivery_id)
         await send_json(send, 200, {"status": "accepted"})
         crash_point("after_ack")
+
+
+class _Throttle:
+    """Lets one event per key through every ``period`` seconds and counts the rest."""
+
+    def __init__(self, period: float = _THROTTLE_SECONDS) -> None:
+        self._period = period
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def allow(self, key: str) -> tuple[bool, int]:
+        """(whether to log now, how many were held back since the last one)."""
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._period:
+            self._held[key] = self._held.get(key, 0) + 1
+            return False, 0
+        self._last[key] = now
+        return True, self._held.pop(key, 0)
+
+
+def _check_configuration(
+    tools: FunctionTools,
+    webhook_secrets: Sequence[str],
+    completion_secrets: Sequence[str],
+    public_url: str | None,
+) -> None:
+    """Refuse, at construction, configurations that cannot work (the fix in the message)."""
+    queued = sorted(tool.name for tool in tools if tool.enqueue is not None)
+    if queued and not public_url:
+        raise ConfigurationError(
+            f"tools {queued} hand calls to workers, but the app does not know its public "
+            "URL, so jobs cannot say where to post their results: set AGENTFN_PUBLIC_URL "
+            "(or public_url=) to the URL where this app is mounted, e.g. "
+            "https://api.example.com/openai/webhooks"
+        )
+    reused = set(webhook_secrets) & set(completion_secrets)
+    if reused:
+        raise ConfigurationError(
+            "the completion secret is the webhook secret: anyone holding one could forge the "
+            "other. Give AGENTFN_COMPLETION_SECRET (completion_secret=) a secret of its own, "
+            'e.g. python -c "import secrets; print(secrets.token_urlsafe(32))"'
+        )

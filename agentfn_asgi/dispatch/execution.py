@@ -223,7 +223,8 @@ class Executor:
                 crash_point("after_save", action.name)
                 if record.result is not None:
                     span.record_result(record.result)
-                await self._submitter.submit(record, attempt.delivery_id)
+                submitted = await self._submitter.submit(record, attempt.delivery_id)
+                _log_finished(record, submitted, time.monotonic() - self._running_since[key])
         except (APIError, StoreError) as exc:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
@@ -247,10 +248,13 @@ class Executor:
         ) as span:
             if record.result is not None:
                 span.record_result(record.result, source)
+            started = time.monotonic()
             try:
-                await self._submitter.submit(record, delivery_id)
+                submitted = await self._submitter.submit(record, delivery_id)
             except (APIError, StoreError) as exc:
                 logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
+                return
+            _log_finished(record, submitted, time.monotonic() - started, source=source)
 
     # -- obtaining a result ----------------------------------------------------------------
     async def _obtain_result_safely(self, attempt: _Attempt) -> SavedResult | None:
@@ -497,3 +501,24 @@ class Executor:
     async def submit_completed(self, record: CallRecord) -> None:
         """Submit a worker's saved result under its own call span (source ``worker``)."""
         await self._submit_in_span(record, None, source=None)
+
+
+def _log_finished(
+    record: CallRecord, submitted: str, seconds: float, *, source: str | None = None
+) -> None:
+    """One INFO line per finished call: what operators grep for (no content)."""
+    result = record.result
+    if result is None or submitted == "skipped":
+        return
+    logger.info(
+        "call finished: tool=%s session=%s call=%s outcome=%s source=%s attempt=%d "
+        "submission=%s duration=%.3fs",
+        record.tool_name,
+        record.key.session_id,
+        record.key.call_id,
+        "success" if result.success else (result.error_type or "failure"),
+        source or result.source,
+        record.attempt,
+        submitted,
+        seconds,
+    )

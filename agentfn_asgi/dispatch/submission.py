@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from typing import Literal
 
 from .._crash import crash_point
 from ..client import AgentsClient
@@ -27,7 +28,10 @@ from ..store.base import Store
 from ..tracing import Telemetry
 from .alarms import ConfigurationAlarm, is_configuration_error
 
-__all__ = ["REFUSED_MESSAGE", "Submitter"]
+__all__ = ["REFUSED_MESSAGE", "SubmitOutcome", "Submitter"]
+
+#: What became of one submission (see :meth:`Submitter.submit`).
+SubmitOutcome = Literal["submitted", "stale", "failed", "skipped"]
 
 #: Told to the model when the API refuses a saved result outright (a 400/413/422 other than
 #: the registration race): resending the same bytes could never succeed. Built only from
@@ -66,42 +70,23 @@ class Submitter:
         if len(self._received) > 10_000:
             self._received.popitem(last=False)
 
-    async def submit(self, record: CallRecord, delivery_id: str | None = None) -> None:
-        """Submit the record's saved result, unless it has none or is already settled."""
+    async def submit(self, record: CallRecord, delivery_id: str | None = None) -> SubmitOutcome:
+        """Submit the record's saved result, unless it has none or is already settled.
+
+        Returns ``submitted``, ``stale`` (the API no longer waits for it), ``failed`` (left
+        for the recovery sweep) or ``skipped`` (nothing to send). Raises StoreError.
+        """
         result = record.result
         if result is None or record.state.terminal:
-            return
+            return "skipped"
         key = record.key
         with self._telemetry.submission(
             session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
         ) as span:
-            try:
-                await self._client.submit_raw_events(
-                    key.session_id,
-                    events_body(result.event_json),
-                    idempotency_key=result.idempotency_key,
-                )
-            except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
-                stale = await self._after_rejection(key, exc)
-                span.set_outcome("stale" if stale else "failed")
-                return
-            except APIStatusError as exc:
-                if is_configuration_error(exc):
-                    span.set_outcome("failed")
-                    self._alarm.report(exc, doing=f"the result of call {key}")
-                    return
-                if exc.status not in _REFUSING_STATUSES:
-                    span.set_outcome("failed")
-                    logger.warning("submitting %s failed; the sweep retries it: %s", key, exc)
-                    return
-                span.set_outcome("failed")
-                await self._submit_refusal(record, exc)
-                return
-            except APIError as exc:
-                span.set_outcome("failed")
-                logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
-                return
-            span.set_outcome("submitted")
+            outcome = await self._send(record, result.event_json, result.idempotency_key)
+            span.set_outcome(outcome)
+            if outcome != "submitted":
+                return outcome
             self._alarm.cleared()
             crash_point("after_submit", record.tool_name)
             await self._store.mark_submitted(key)
@@ -110,6 +95,31 @@ class Submitter:
             attempts=span.attempts,
             delivery_to_submit_seconds=None if received is None else time.monotonic() - received,
         )
+        return outcome
+
+    async def _send(
+        self, record: CallRecord, event_json_text: str, idempotency_key: str
+    ) -> SubmitOutcome:
+        """One submission and what its answer means for the call."""
+        key = record.key
+        try:
+            await self._client.submit_raw_events(
+                key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
+            )
+        except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
+            return "stale" if await self._after_rejection(key, exc) else "failed"
+        except APIStatusError as exc:
+            if is_configuration_error(exc):
+                self._alarm.report(exc, doing=f"the result of call {key}")
+            elif exc.status in _REFUSING_STATUSES:
+                await self._submit_refusal(record, exc)
+            else:
+                logger.warning("submitting %s failed; the sweep retries it: %s", key, exc)
+            return "failed"
+        except APIError as exc:
+            logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
+            return "failed"
+        return "submitted"
 
     async def _submit_refusal(self, record: CallRecord, refused: APIStatusError) -> None:
         """The API refused the saved result itself (e.g. too large after all): tell the model

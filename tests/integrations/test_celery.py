@@ -40,7 +40,7 @@ from agentfn_asgi.testing import FakeCall, serve_app
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ReconcileOutcome, ToolContext, Unknown
 from agentfn_asgi.worker import Job
 
-from ..support.stack import Stack, running_stack
+from ..support.stack import APP_URL, Stack, running_stack
 
 COMPLETION_SECRET = "completion-secret-0123456789abcdef"
 
@@ -132,7 +132,7 @@ async def served_app(
         ran, enqueue=celery_enqueue(celery_app, queue=queue), job_deadline=deadline
     )
     async with (
-        running_stack(tools, completion_secret=COMPLETION_SECRET) as stack,
+        running_stack(tools, completion_secret=COMPLETION_SECRET, public_url=APP_URL) as stack,
         serve_app(stack.app) as root,
     ):
         yield Served(stack, root + "/calls/complete"), ran
@@ -200,7 +200,9 @@ async def test_a_broker_that_refuses_the_job_fails_the_call_at_once() -> None:
     ran: list[str] = []
     tools = report_tools(ran, enqueue=celery_enqueue(nowhere, retry=False), timeout=10)
     try:
-        async with running_stack(tools, completion_secret=COMPLETION_SECRET) as stack:
+        async with running_stack(
+            tools, completion_secret=COMPLETION_SECRET, public_url=APP_URL
+        ) as stack:
             sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
             await stack.fake.wait_idle(sid, timeout=10)
     finally:
@@ -410,7 +412,7 @@ async def test_a_redelivered_side_effect_job_asks_reconcile_before_running(
     enqueue = celery_enqueue(celery_app, queue=queue)
     app_tools = refund_tools([], outcome, [], enqueue=enqueue)
     async with (
-        running_stack(app_tools, completion_secret=COMPLETION_SECRET) as stack,
+        running_stack(app_tools, completion_secret=COMPLETION_SECRET, public_url=APP_URL) as stack,
         serve_app(stack.app) as root,
     ):
         runner = CeleryJobRunner(

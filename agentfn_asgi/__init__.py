@@ -13,6 +13,7 @@ from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import (
     AgentFnError,
+    AgentFnWarning,
     APIConnectionError,
     APIError,
     APIStatusError,
@@ -30,6 +31,7 @@ from agentfn_asgi.errors import (
     StoreError,
     StoreUnavailableError,
     ToolDefinitionError,
+    ToolDefinitionWarning,
     ToolError,
     UnknownPendingToolCallError,
     WebhookHeaderError,
@@ -49,6 +51,7 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AgentFnError",
+    "AgentFnWarning",
     "AgentWebhookApp",
     "AgentsClient",
     "ArgumentValidationError",
@@ -74,6 +77,7 @@ __all__ = [
     "TextPart",
     "ToolContext",
     "ToolDefinitionError",
+    "ToolDefinitionWarning",
     "ToolError",
     "Unknown",
     "UnknownPendingToolCallError",

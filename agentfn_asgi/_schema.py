@@ -247,7 +247,7 @@ def _last_line(exc: BaseException) -> str:
     # A SchemaError nests one "SchemaError: ..." line per level; the last one is the reason.
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     last = lines[-1] if lines else type(exc).__name__
-    return re.sub(r"^\w+Error: ", "", last)
+    return re.sub(r"^\w*[Ee]rror: ", "", last)
 
 
 def _finish_root(schema: dict[str, Any], label: str) -> dict[str, Any]:

@@ -351,10 +351,10 @@ class FunctionTool:
                 kwargs[spec.context_param] = context
             call = functools.partial(self.fn, **kwargs)
         if self.is_async:
-            result = await call()
+            result = call()  # a coroutine, awaited below
         else:
             result = await anyio.to_thread.run_sync(call, limiter=limiter, abandon_on_cancel=True)
-        if inspect.isawaitable(result):  # a sync wrapper (or an SDK tool) gave a coroutine
+        if inspect.isawaitable(result):  # also a sync wrapper's (or an SDK tool's) coroutine
             result = await result
         return result
 

@@ -139,11 +139,12 @@ def warn_at(fn: object, message: str) -> None:
     if code is None:  # a callable instance: point at whoever registered it
         warnings.warn(message, ToolDefinitionWarning, stacklevel=4)
         return
+    # No module_globals: its loader would be asked for the source, and the loader of a
+    # `python -c` or REPL __main__ raises ImportError instead of answering.
     warnings.warn_explicit(
         message,
         ToolDefinitionWarning,
         code.co_filename,
         code.co_firstlineno,
         module=getattr(target, "__module__", None),
-        module_globals=getattr(target, "__globals__", None),
     )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Optional
@@ -251,6 +253,25 @@ def test_only_parameters_whose_schema_says_nothing_warn() -> None:
     ]
     assert issubclass(ToolDefinitionWarning, AgentFnWarning)
     assert issubclass(ToolDefinitionWarning, UserWarning)
+
+
+def test_the_warning_works_for_a_script_run_with_python_c() -> None:
+    """Regression: the warning points at the tool's ``def`` line; for a ``python -c`` (or
+    REPL) ``__main__`` that used to raise ImportError from the loader instead of warning."""
+    script = (
+        "from typing import Any\n"
+        "from agentfn_asgi import FunctionTools\n"
+        "def save(payload: Any) -> None:\n"
+        "    'Save.'\n"
+        "FunctionTools().add(save)\n"
+        "print('registered')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "registered\n"
+    assert "<string>:3: ToolDefinitionWarning: tool function __main__.save:" in done.stderr
 
 
 def test_the_warning_is_an_error_under_error_filters() -> None:

@@ -24,6 +24,7 @@ from .errors import ToolDefinitionError, ToolDefinitionWarning
 __all__ = [
     "ToolProblem",
     "check_option_names",
+    "label_of",
     "no_reconcile_problem",
     "settle_options",
     "untyped_problems",
@@ -46,6 +47,20 @@ class ToolProblem:
 
     def __str__(self) -> str:
         return self.message
+
+
+def label_of(fn: object) -> str:
+    """How messages name a tool's function: ``tool function module.qualname``, or
+    ``openai tool 'name'`` for a tool built by the openai SDK."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if isinstance(getattr(fn, "definition", None), Mapping) and hasattr(fn, "name"):
+        return f"openai tool {getattr(fn, 'name', None)!r}"
+    if not inspect.isroutine(fn):
+        fn = type(fn)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"tool function {module}.{name}" if module else f"tool function {name}"
 
 
 def check_option_names(where: str, options: Mapping[str, Any], valid: Collection[str]) -> None:

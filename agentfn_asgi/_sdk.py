@@ -13,7 +13,6 @@ surface (``name``, ``definition``, callable), so the runtime does not depend on 
 
 from __future__ import annotations
 
-import functools
 import inspect
 import json
 import typing
@@ -23,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ._checks import label_of
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .results import validation_error_message
 
@@ -67,9 +67,10 @@ def read_sdk_tool(obj: object) -> SdkTool | None:
     model = getattr(obj, "_model", None)
     handler = getattr(obj, "_handler", None)
     return SdkTool(
-        definition=json.loads(json.dumps(definition)),
+        definition=dict(definition),  # checked_definition() makes the deep, JSON-only copy
         model=model if isinstance(model, type) and issubclass(model, BaseModel) else None,
-        is_async=inspect.iscoroutinefunction(handler),
+        is_async=inspect.iscoroutinefunction(handler)
+        or inspect.iscoroutinefunction(getattr(type(obj), "__call__", None)),  # noqa: B004
     )
 
 
@@ -171,7 +172,7 @@ def pair_handlers(
             pairs.append((handler, None))
         elif key is None:
             raise ToolDefinitionError(
-                f"{where}: {_name_of(handler)} is a plain function, so it needs its name and"
+                f"{where}: {label_of(handler)} is a plain function, so it needs its name and"
                 " definition: pass {name: handler} with definitions=..., or wrap it with"
                 " openai's function_tool()"
             )
@@ -184,12 +185,6 @@ def pair_handlers(
         else:
             pairs.append((handler, known[key]))
     return pairs
-
-
-def _name_of(handler: object) -> str:
-    while isinstance(handler, functools.partial):
-        handler = handler.func
-    return repr(getattr(handler, "__qualname__", None) or type(handler).__qualname__)
 
 
 @dataclass(frozen=True, slots=True)

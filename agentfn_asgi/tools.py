@@ -60,6 +60,7 @@ from pydantic import ValidationError
 from ._checks import (
     ToolProblem,
     check_option_names,
+    label_of,
     no_reconcile_problem,
     settle_options,
     untyped_problems,
@@ -82,7 +83,13 @@ from ._schema import (
     doc_of,
     parse_docstring,
 )
-from ._sdk import MappingArguments, adopted_definition, pair_handlers, read_sdk_tool
+from ._sdk import (
+    MappingArguments,
+    adopted_definition,
+    looks_like_sdk_tool,
+    pair_handlers,
+    read_sdk_tool,
+)
 from .errors import ArgumentValidationError, ToolDefinitionError, ToolDefinitionWarning
 from .results import validation_error_message
 
@@ -177,9 +184,9 @@ class FunctionTool:
         :meth:`from_sdk`. Warns (:class:`~agentfn_asgi.errors.ToolDefinitionWarning`) about a
         parameter whose schema tells the model nothing, such as one typed ``Any``.
         """
-        if read_sdk_tool(fn) is not None:
+        if looks_like_sdk_tool(fn):
             return cls.from_sdk(fn, **options)
-        label = _label(fn)
+        label = label_of(fn)
         settled = _settle(label, options)
         check_returns_once(fn, label)
         name = options.get("name")
@@ -228,7 +235,7 @@ class FunctionTool:
         thread). Options apply as for :meth:`from_function`; ``defer_loading`` and
         ``background`` can only switch on what the definition leaves off.
         """
-        label = _label(handler)
+        label = label_of(handler)
         sdk = read_sdk_tool(handler)
         source = adopted_definition(label, handler, sdk, definition)
         check_returns_once(handler, label)
@@ -570,7 +577,7 @@ class FunctionTools:
         for tool in tools:
             if tool.name in self._tools or tool.name in seen:
                 raise ToolDefinitionError(
-                    f"{_label(tool.fn)}: a tool named {tool.name!r} is already registered"
+                    f"{label_of(tool.fn)}: a tool named {tool.name!r} is already registered"
                 )
             seen.add(tool.name)
         for tool in tools:
@@ -595,18 +602,6 @@ def is_async_callable(fn: object) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - a callable instance's own __call__
     return call is not None and inspect.iscoroutinefunction(call)
-
-
-def _label(fn: object) -> str:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if isinstance(getattr(fn, "definition", None), Mapping) and hasattr(fn, "name"):
-        return f"openai tool {getattr(fn, 'name', None)!r}"
-    if not inspect.isroutine(fn):
-        fn = type(fn)
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    module = getattr(fn, "__module__", None)
-    return f"tool function {module}.{name}" if module else f"tool function {name}"
 
 
 def _settle(label: str, options: Mapping[str, Any]) -> dict[str, Any]:

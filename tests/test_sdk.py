@@ -439,6 +439,29 @@ print("ok")
 """
 
 
+class AsyncLookAlike(LookAlike):
+    """A look-alike whose ``__call__`` is a coroutine function."""
+
+    async def __call__(self, arguments: dict[str, Any]) -> str:  # type: ignore[override]
+        return "async " + super().__call__(arguments)
+
+
+@pytest.mark.anyio
+async def test_an_async_look_alike_runs_on_the_loop() -> None:
+    """An async ``__call__`` counts as async (no thread hop), and its result is awaited."""
+    tool = FunctionTool.from_sdk(AsyncLookAlike())
+    assert tool.is_async
+    assert await tool.invoke({"word": "hi"}, _context("shout")) == "async HI"
+
+
+def test_a_look_alike_with_a_definition_that_is_not_json_is_refused() -> None:
+    """A definition that cannot be sent is a ToolDefinitionError, never a bare TypeError."""
+    odd = LookAlike()
+    odd.definition = {**odd.definition, "parameters": {"type": "object", "x": {1, 2}}}
+    with pytest.raises(ToolDefinitionError, match="openai tool 'shout': the definition is not"):
+        FunctionTools().add(odd)
+
+
 def test_the_runtime_never_imports_openai() -> None:
     """Adopting SDK-shaped tools and plain handlers, and running them (sync and async),
     imports no ``openai``: it stays a dev-only dependency."""
@@ -474,7 +497,10 @@ def _definition(**changes: Any) -> dict[str, Any]:
     ("make", "pattern"),
     [
         (lambda: FunctionTools.from_sdk("get_weather"), r"expected a tool_handlers dict.*not str"),
-        (lambda: FunctionTools.from_sdk([_plain]), r"'_plain' is a plain function, so it needs"),
+        (
+            lambda: FunctionTools.from_sdk([_plain]),
+            r"test_sdk._plain is a plain function, so it",
+        ),
         (lambda: FunctionTools.from_sdk({}, name="x"), r"name= would apply to every tool"),
         (lambda: FunctionTools.from_sdk({}, timout=1), r"did you mean 'timeout'"),  # type: ignore[call-arg]
         (lambda: FunctionTool.from_sdk(_plain), r"a plain handler needs the definition"),

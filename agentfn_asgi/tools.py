@@ -131,9 +131,10 @@ EnqueueHook: TypeAlias = "Callable[[Job], Any]"
 
 
 class ToolOptions(TypedDict, total=False):
-    """The options of :meth:`FunctionTools.function`, :meth:`FunctionTools.add` and
-    :meth:`FunctionTool.from_function`. Defaults: ``timeout`` None (the app's default),
-    ``job_deadline`` one hour, every flag False."""
+    """The options of :meth:`FunctionTools.function`, :meth:`FunctionTools.add`,
+    :meth:`FunctionTool.from_function` and the ``from_sdk`` constructors. Defaults:
+    ``timeout`` None (the app's default), ``job_deadline`` one hour, every flag False. An
+    unknown option is refused with the closest valid name."""
 
     name: str | None
     description: str | None

@@ -13,6 +13,7 @@ from agentfn_asgi.config import Config
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import (
     AgentFnError,
+    AgentFnWarning,
     APIConnectionError,
     APIError,
     APIStatusError,
@@ -36,6 +37,7 @@ from agentfn_asgi.errors import (
     StoreError,
     StoreUnavailableError,
     ToolDefinitionError,
+    ToolDefinitionWarning,
     ToolError,
     UnknownPendingToolCallError,
     WebhookHeaderError,
@@ -55,6 +57,7 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AgentFnError",
+    "AgentFnWarning",
     "AgentWebhookApp",
     "AgentsClient",
     "ArgumentValidationError",
@@ -88,6 +91,7 @@ __all__ = [
     "TextPart",
     "ToolContext",
     "ToolDefinitionError",
+    "ToolDefinitionWarning",
     "ToolError",
     "Unknown",
     "UnknownPendingToolCallError",

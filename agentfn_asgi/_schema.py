@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import re
 import types
 import typing
@@ -22,13 +23,27 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, TypeAdapter
 from pydantic import create_model as _create_model
-from pydantic.errors import PydanticUserError
+from pydantic.errors import (
+    PydanticInvalidForJsonSchema,
+    PydanticSchemaGenerationError,
+    PydanticUndefinedAnnotation,
+    PydanticUserError,
+)
 from pydantic.fields import FieldInfo
 from pydantic.json_schema import PydanticJsonSchemaWarning
+from pydantic_core import SchemaError
 
 from .errors import ArgumentValidationError, ToolDefinitionError
 
-__all__ = ["ArgumentSpec", "build_arguments", "decode_arguments", "doc_of", "parse_docstring"]
+__all__ = [
+    "ArgumentSpec",
+    "build_arguments",
+    "check_returns_once",
+    "decode_arguments",
+    "doc_of",
+    "parse_docstring",
+    "unguided_properties",
+]
 
 _ARGS_HEADER_RE = re.compile(r"(Args|Arguments|Parameters|Params)\s*:\s*")
 _SECTION_HEADER_RE = re.compile(r"[A-Z][A-Za-z ]*:\s*")
@@ -65,12 +80,20 @@ def build_arguments(
     globalns = _globals_of(fn)
     context_param: str | None = None
     params: list[tuple[str, Any, Any]] = []  # (name, resolved annotation, default)
-    for param in signature.parameters.values():
+    for position, param in enumerate(signature.parameters.values()):
         where = f"{label}: parameter {param.name!r}"
         if param.kind is param.VAR_POSITIONAL or param.kind is param.VAR_KEYWORD:
             raise ToolDefinitionError(f"{where}: *args and **kwargs cannot be described")
         if param.kind is param.POSITIONAL_ONLY:
             raise ToolDefinitionError(f"{where}: positional-only parameters are not supported")
+        if param.annotation is param.empty and position == 0 and param.name in {"self", "cls"}:
+            # `@tools.function` inside a class body sees the plain function, before any
+            # instance exists: the model would have to supply `self`.
+            method = getattr(fn, "__name__", "method")
+            raise ToolDefinitionError(
+                f"{where}: this is a method taken from its class; register the bound method"
+                f" of an instance instead: tools.add(instance.{method})"
+            )
         if param.annotation is param.empty:
             raise ToolDefinitionError(f"{where}: needs a type annotation")
         hint = _resolve(param.name, param.annotation, globalns, where)
@@ -85,7 +108,7 @@ def build_arguments(
 
     if len(params) == 1 and _is_plain_model(_strip_annotated(params[0][1])):
         model = typing.cast(type[BaseModel], _strip_annotated(params[0][1]))
-        schema = _finish_root(_json_schema(model, label), label)
+        schema = _finish_root(_json_schema(model, label, params), label)
         root_keys = set(schema["properties"])
         config = model.model_config
         if config.get("validate_by_name") or config.get("populate_by_name"):
@@ -108,15 +131,15 @@ def build_arguments(
     model_name = f"{tool_name.replace('-', '_')}_arguments"
     try:
         model = _create_model(model_name, __config__=ConfigDict(extra="forbid"), **fields)
-    except (PydanticUserError, TypeError, ValueError, NameError) as exc:
-        raise ToolDefinitionError(_culprit(params, label) or f"{label}: {exc}") from exc
+    except (PydanticUserError, SchemaError, TypeError, ValueError, NameError) as exc:
+        raise ToolDefinitionError(_schema_failure(params, label, exc)) from exc
     schema = _json_schema(model, label, params)
     spec = ArgumentSpec(model, None, tuple(field_params), context_param, None)
     return spec, _finish_root(schema, label)
 
 
 def _json_schema(
-    model: type[BaseModel], label: str, params: list[tuple[str, Any, Any]] | None = None
+    model: type[BaseModel], label: str, params: list[tuple[str, Any, Any]]
 ) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
@@ -124,27 +147,107 @@ def _json_schema(
             warnings.simplefilter("error", PydanticJsonSchemaWarning)
             schema = model.model_json_schema(mode="validation")
         json.dumps(schema, allow_nan=False)
-    except (PydanticUserError, PydanticJsonSchemaWarning, TypeError, ValueError) as exc:
-        raise ToolDefinitionError(
-            (_culprit(params, label) if params else None)
-            or f"{label}: cannot build a JSON Schema for its arguments ({exc})"
-        ) from exc
+    except (
+        PydanticUserError,
+        PydanticJsonSchemaWarning,
+        SchemaError,
+        TypeError,
+        ValueError,
+    ) as exc:
+        raise ToolDefinitionError(_schema_failure(params, label, exc)) from exc
     return typing.cast(dict[str, Any], _clean_schema(schema))
 
 
-def _culprit(params: list[tuple[str, Any, Any]], label: str) -> str | None:
-    """Name the first parameter pydantic cannot validate or describe, for a precise error."""
+# -- one line for what pydantic refused -------------------------------------------------------
+# pydantic's messages run to several lines, end in a URL and sometimes advise what does not
+# apply to a tool (`arbitrary_types_allowed` gives a type no JSON Schema). The line we raise
+# names the parameter, its type and the fix; pydantic's error stays as ``__cause__``.
+
+_JSON_TYPES = (
+    "JSON types (str, int, float, bool, list, dict), a pydantic model, a dataclass or a TypedDict"
+)
+_UNDEFINED_RE = re.compile(r"you should define `([^`<]+)`")
+
+
+def _schema_failure(params: list[tuple[str, Any, Any]], label: str, exc: BaseException) -> str:
+    """Find the parameter pydantic cannot validate or describe and say why, in one line."""
     for name, hint, default in params:
+        probe: Any = Annotated[hint, default] if isinstance(default, FieldInfo) else hint
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", PydanticJsonSchemaWarning)
-                adapter: TypeAdapter[Any] = TypeAdapter(hint)
+                adapter: TypeAdapter[Any] = TypeAdapter(probe)
                 adapter.json_schema()
-                if default is not inspect.Parameter.empty and not isinstance(default, FieldInfo):
-                    json.dumps(adapter.dump_python(default, mode="json"), allow_nan=False)
-        except Exception as exc:
-            return f"{label}: parameter {name!r} cannot be described in JSON Schema ({exc})"
+        except Exception as problem:
+            return _type_failure(label, name, hint, problem, exc)
+        if default is inspect.Parameter.empty or isinstance(default, FieldInfo):
+            continue
+        try:
+            json.dumps(adapter.dump_python(default, mode="json"), allow_nan=False)
+        except Exception:
+            return f"{label}: parameter {name!r} {_default_failure(default)}"
+    return f"{label}: cannot build a JSON Schema for its arguments: {_first_line(exc)}"
+
+
+def _type_failure(
+    label: str, name: str, hint: Any, problem: BaseException, original: BaseException
+) -> str:
+    start = f"{label}: parameter {name!r} has type {_type_name(hint)}"
+    undefined = _undefined_name(problem, original)
+    if isinstance(problem, PydanticSchemaGenerationError):
+        return f"{start}, which pydantic cannot validate or describe; use {_JSON_TYPES}"
+    if isinstance(problem, PydanticInvalidForJsonSchema):
+        return f"{start}, which has no JSON Schema (a model can only send JSON); use {_JSON_TYPES}"
+    if undefined is not None:
+        bare = _strip_annotated(hint)
+        model = bare.__qualname__ if _is_plain_model(bare) else "the model that uses it"
+        return (
+            f"{start}, which refers to {undefined}, a name that is not defined; define or"
+            f" import {undefined} at module level (if it comes after {model}, call"
+            f" {model}.model_rebuild() below it)"
+        )
+    if isinstance(problem, SchemaError):
+        return f"{start} with invalid constraints: {_last_line(problem)}"
+    return f"{start}, which cannot be described in JSON Schema: {_first_line(problem)}"
+
+
+def _undefined_name(*errors: BaseException) -> str | None:
+    for error in errors:
+        if isinstance(error, PydanticUndefinedAnnotation):
+            return error.name
+        match = _UNDEFINED_RE.search(str(error))
+        if match:
+            return match.group(1)
     return None
+
+
+def _type_name(hint: Any) -> str:
+    hint = _strip_annotated(hint)
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__qualname__
+    # `list[mymodule.Thing]` reads better as `list[Thing]`, like the source did.
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_])", "", repr(hint))
+
+
+def _default_failure(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"has the default {value!r}, which JSON cannot hold; use a finite number or None"
+    return (
+        f"has a default of type {type(value).__qualname__}, which cannot be written as JSON;"
+        " use a JSON value (a string, number, boolean, list, dict or None) as the default"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _last_line(exc: BaseException) -> str:
+    # A SchemaError nests one "SchemaError: ..." line per level; the last one is the reason.
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    return re.sub(r"^\w*[Ee]rror: ", "", last)
 
 
 def _finish_root(schema: dict[str, Any], label: str) -> dict[str, Any]:
@@ -162,6 +265,68 @@ def _finish_root(schema: dict[str, Any], label: str) -> dict[str, Any]:
     schema.setdefault("properties", {})
     schema["additionalProperties"] = False
     return schema
+
+
+def check_returns_once(fn: Callable[..., Any], label: str) -> None:
+    """Refuse generator functions: a tool sends one result, when its function returns, and a
+    generator object is not a result (it would fail every call at run time)."""
+    target: Any = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    if not inspect.isroutine(target):
+        target = getattr(type(target), "__call__", target)  # noqa: B004 - a callable instance
+    if inspect.isasyncgenfunction(target):
+        raise ToolDefinitionError(
+            f"{label}: an async generator function (async def with yield) cannot be a tool,"
+            " which sends one result when it returns; collect the items and return them"
+            " (return [item async for item in ...]) or return one string"
+        )
+    if inspect.isgeneratorfunction(target):
+        raise ToolDefinitionError(
+            f"{label}: a generator function (it uses yield) cannot be a tool, which sends one"
+            " result when it returns; collect the items and return them (return list(...))"
+            " or return one string"
+        )
+
+
+# Keywords that describe a value without constraining it: a schema made only of these lets
+# the model send anything, and tells it nothing about what to send.
+_ANNOTATION_KEYWORDS = frozenset(
+    {"description", "default", "title", "examples", "deprecated", "readOnly", "writeOnly"}
+)
+
+
+def unguided_properties(schema: Mapping[str, Any]) -> list[str]:
+    """The properties whose schema accepts any value (``Any``, ``object``, ``Any | None``):
+    top-level ones by name, fields of nested models as ``Model.field``.
+
+    Array items and dict values are not reported: ``list[Any]`` and ``dict[str, Any]``
+    still tell the model the container's shape, and free-form payloads are a fair choice.
+    """
+    found = [name for name, sub in _properties(schema) if _says_nothing(sub)]
+    defs = schema.get("$defs")
+    if isinstance(defs, Mapping):
+        for model, definition in defs.items():
+            if isinstance(definition, Mapping):
+                found.extend(
+                    f"{model}.{name}" for name, sub in _properties(definition) if _says_nothing(sub)
+                )
+    return found
+
+
+def _properties(schema: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    properties = schema.get("properties")
+    return list(properties.items()) if isinstance(properties, Mapping) else []
+
+
+def _says_nothing(schema: Any) -> bool:
+    if not isinstance(schema, Mapping):
+        return False
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and any(_says_nothing(branch) for branch in branches):
+            return True
+    return not set(schema) - _ANNOTATION_KEYWORDS
 
 
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
@@ -195,7 +360,11 @@ def _resolve(name: str, annotation: Any, globalns: dict[str, Any], where: str) -
     try:
         return typing.get_type_hints(holder, include_extras=True)[name]
     except Exception as exc:
-        raise ToolDefinitionError(f"{where}: cannot resolve annotation {annotation!r}") from exc
+        raise ToolDefinitionError(
+            f"{where}: cannot resolve annotation {annotation!r} ({_first_line(exc)}); define or"
+            " import it at module level, not under `if TYPE_CHECKING:` nor inside a function:"
+            " annotations are read from the module when the tool is registered"
+        ) from exc
 
 
 def _globals_of(fn: Callable[..., Any]) -> dict[str, Any]:

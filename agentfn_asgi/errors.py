@@ -2,7 +2,8 @@
 
 Every error the package raises on purpose derives from :class:`AgentFnError`, so a host can
 catch the whole family with one ``except``. Third-party errors (httpx, pydantic, drivers) are
-translated at the boundary with ``raise ... from exc``.
+translated at the boundary with ``raise ... from exc``. Every warning derives from
+:class:`AgentFnWarning`, so one filter silences or escalates them all.
 
 ::
 
@@ -38,6 +39,10 @@ translated at the boundary with ``raise ... from exc``.
             ├── ConflictError           409
             ├── RateLimitError          429
             └── InternalServerError     5xx
+
+    AgentFnWarning                      something works, but not the way you probably meant
+    └── ToolDefinitionWarning           a tool registered, but the model gets no guidance for a
+                                        parameter, or an in-doubt call has no reconcile hook
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AgentFnError",
+    "AgentFnWarning",
     "ArgumentValidationError",
     "AuthenticationError",
     "BadRequestError",
@@ -67,6 +73,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "ToolDefinitionError",
+    "ToolDefinitionWarning",
     "ToolError",
     "UnknownPendingToolCallError",
     "WebhookHeaderError",
@@ -94,6 +101,18 @@ class DemoError(AgentFnError):
 
 class ToolDefinitionError(AgentFnError):
     """A tool was refused at registration time, never at call time."""
+
+
+class AgentFnWarning(Warning):
+    """Base class of every warning agentfn-asgi emits: the setup works, but probably not the
+    way it was meant to. ``warnings.simplefilter("error", AgentFnWarning)`` makes them fatal."""
+
+
+class ToolDefinitionWarning(AgentFnWarning, UserWarning):
+    """A tool registered, but something about it will hurt later: a parameter whose schema
+    tells the model nothing, or a side-effect tool with no reconcile hook. The message says
+    how to fix it; :meth:`~agentfn_asgi.tools.FunctionTools.problems` lists the same findings.
+    """
 
 
 class ToolError(AgentFnError):

@@ -33,29 +33,65 @@ Design choices worth knowing:
   never promises more than validation enforces.
 - A single pydantic-model parameter *is* the argument object: ``def f(order: Order)`` takes
   ``{"sku": ..., "qty": ...}``, not ``{"order": {...}}``.
+- What registers but will hurt later (a parameter whose schema tells the model nothing, a
+  side-effect tool without a reconcile hook) is a :class:`ToolProblem`:
+  :meth:`FunctionTools.problems` lists them and a ``ToolDefinitionWarning`` says each once.
+- Handlers written for the openai SDK's ``sessions.stream(tool_handlers=...)`` are adopted
+  as they are (:meth:`FunctionTools.from_sdk`), without importing ``openai``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import hashlib
 import inspect
 import json
 import logging
-import math
 import re
-import time
 import typing
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 import anyio
 from pydantic import ValidationError
 
-from ._schema import ArgumentSpec, build_arguments, decode_arguments, doc_of, parse_docstring
+from ._checks import (
+    ToolProblem,
+    check_option_names,
+    label_of,
+    no_reconcile_problem,
+    settle_options,
+    untyped_problems,
+    warn_at,
+)
+from ._context import (
+    NotRun,
+    Ran,
+    ReconcileHook,
+    ReconcileOutcome,
+    ToolContext,
+    Unknown,
+    derive_idempotency_key,
+)
+from ._schema import (
+    ArgumentSpec,
+    build_arguments,
+    check_returns_once,
+    decode_arguments,
+    doc_of,
+    parse_docstring,
+)
+from ._sdk import (
+    MappingArguments,
+    adopted_definition,
+    looks_like_sdk_tool,
+    pair_handlers,
+    read_sdk_tool,
+)
 from ._threads import ThreadPool
-from .errors import ArgumentValidationError, ToolDefinitionError
+from .errors import ArgumentValidationError, ToolDefinitionError, ToolDefinitionWarning
 from .records import Job
 from .results import validation_error_message
 
@@ -71,6 +107,7 @@ __all__ = [
     "ReconcileOutcome",
     "ToolContext",
     "ToolOptions",
+    "ToolProblem",
     "Unknown",
     "derive_idempotency_key",
 ]
@@ -88,81 +125,36 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True, slots=True)
-class ToolContext:
-    """What a handler knows about the call it is running. Declare a parameter of this type
-    (any name) to receive it; it never appears in the tool's schema.
-
-    ``attempt`` counts executions of this call (1 for the first). ``deadline`` is the Unix
-    time by which the dispatcher abandons the handler (None: no timeout). Pass
-    ``idempotency_key`` to downstream APIs that support one: it is the same on every attempt,
-    replica and restart for this call, which closes the "ran but crashed before saving"
-    window. ``resources`` is whatever the host handed to the app (a db pool, settings...).
-    """
-
-    session_id: str
-    turn_id: str
-    call_id: str
-    tool_name: str
-    attempt: int
-    deadline: float | None
-    idempotency_key: str
-    resources: Any = None
-
-    def remaining(self, *, clock: Callable[[], float] = time.time) -> float | None:
-        """Seconds left until ``deadline`` (never negative), or None without a deadline."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - clock())
-
-
-def derive_idempotency_key(session_id: str, turn_id: str, call_id: str) -> str:
-    """The stable idempotency key of one call: ``"afn_"`` + the first 40 hex digits of
-    SHA-256 over ``session_id``, ``turn_id`` and ``call_id`` joined with ``"\\x1f"``.
-
-    The unit separator cannot occur in the API's ids, so distinct triples never collide by
-    concatenation. 160 bits keep collisions negligible while fitting the 64-character limits
-    common in payment and messaging APIs.
-    """
-    digest = hashlib.sha256("\x1f".join((session_id, turn_id, call_id)).encode()).hexdigest()
-    return "afn_" + digest[:40]
-
-
-@dataclass(frozen=True, slots=True)
-class Ran:
-    """Reconcile outcome: the call's side effect already happened; ``result`` is sent as its
-    output (encoded like a handler's return value)."""
-
-    result: Any
-
-
-@dataclass(frozen=True, slots=True)
-class NotRun:
-    """Reconcile outcome: the side effect did not happen, so the handler may run now."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unknown:
-    """Reconcile outcome: it cannot be told whether the side effect happened; the call is
-    quarantined by policy instead of being run again."""
-
-    reason: str = ""
-
-
-ReconcileOutcome: TypeAlias = Ran | NotRun | Unknown
-#: ``reconcile(context, arguments)``, sync or async. ``arguments`` are the validated keyword
-#: arguments the handler would receive (without the context).
-ReconcileHook: TypeAlias = Callable[
-    [ToolContext, dict[str, Any]], ReconcileOutcome | Awaitable[ReconcileOutcome]
-]
 #: ``enqueue(job)``, sync or async: hands a call to the host's queue (agentfn_asgi.jobs).
 EnqueueHook: TypeAlias = Callable[[Job], Any]
 
 
+class ToolOptions(TypedDict, total=False):
+    """The options of :meth:`FunctionTools.function`, :meth:`FunctionTools.add`,
+    :meth:`FunctionTool.from_function` and the ``from_sdk`` constructors. Defaults:
+    ``timeout`` None (the app's default), ``job_deadline`` one hour, every flag False. An
+    unknown option is refused with the closest valid name."""
+
+    name: str | None
+    description: str | None
+    defer_loading: bool
+    side_effects: bool
+    reconcile: ReconcileHook | None
+    timeout: float | None
+    truncate_oversize: bool
+    enqueue: EnqueueHook | None
+    job_deadline: float
+    background: bool
+
+
+_OPTION_NAMES = frozenset(ToolOptions.__optional_keys__)
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionTool:
-    """One registered function tool. Build it with :meth:`FunctionTools.function` or
-    :meth:`FunctionTool.from_function`; ``parameters`` is the JSON Schema sent to the API."""
+    """One registered function tool. Build it with :meth:`FunctionTools.function`,
+    :meth:`FunctionTool.from_function` or :meth:`FunctionTool.from_sdk`; ``parameters`` is
+    the JSON Schema sent to the API."""
 
     name: str
     description: str
@@ -176,81 +168,119 @@ class FunctionTool:
     truncate_oversize: bool = False
     enqueue: EnqueueHook | None = None
     job_deadline: float = DEFAULT_JOB_DEADLINE
-    _spec: ArgumentSpec | None = field(default=None, repr=False, compare=False)
+    background: bool = False
+    _spec: ArgumentSpec | MappingArguments | None = field(default=None, repr=False, compare=False)
+    # The exact definition of a tool adopted from the openai SDK, sent as it is.
+    _source: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _findings: tuple[ToolProblem, ...] = field(default=(), repr=False, compare=False)
 
     @classmethod
     def from_function(
-        cls,
-        fn: Callable[..., Any],
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        defer_loading: bool = False,
-        side_effects: bool = False,
-        reconcile: ReconcileHook | None = None,
-        timeout: float | None = None,
-        truncate_oversize: bool = False,
-        enqueue: EnqueueHook | None = None,
-        job_deadline: float = DEFAULT_JOB_DEADLINE,
+        cls, fn: Callable[..., Any], /, **options: Unpack[ToolOptions]
     ) -> FunctionTool:
-        """Build a tool from ``fn``, refusing anything the API or a call could not handle."""
-        label = _label(fn)
-        tool_name = name if name is not None else getattr(fn, "__name__", None)
-        if not isinstance(tool_name, str) or not _NAME_RE.fullmatch(tool_name):
-            raise ToolDefinitionError(
-                f"{label}: tool name {tool_name!r} must be 1-64 letters, digits, '_' or '-'"
-                " (pass name=... to choose another)"
-            )
+        """Build a tool from ``fn``, refusing anything the API or a call could not handle.
+
+        An openai SDK ``FunctionTool`` (from ``function_tool()``) is adopted with
+        :meth:`from_sdk`. Warns (:class:`~agentfn_asgi.errors.ToolDefinitionWarning`) about a
+        parameter whose schema tells the model nothing, such as one typed ``Any``.
+        """
+        if looks_like_sdk_tool(fn):
+            return cls.from_sdk(fn, **options)
+        label = label_of(fn)
+        settled = _settle(label, options)
+        check_returns_once(fn, label)
+        name = options.get("name")
+        tool_name = _checked_name(
+            label, name if name is not None else getattr(fn, "__name__", None)
+        )
         summary, arg_docs = parse_docstring(doc_of(fn))
+        description = options.get("description")
         text = description if description is not None else summary
         if not text or not text.strip():
             raise ToolDefinitionError(
                 f"{label}: the Agents API requires a description; add a docstring or pass"
                 " description=..."
             )
-        if reconcile is not None and not side_effects:
-            raise ToolDefinitionError(f"{label}: reconcile= only applies with side_effects=True")
-        if reconcile is not None and not callable(reconcile):
-            raise ToolDefinitionError(f"{label}: reconcile must be callable")
-        if timeout is not None and not (
-            isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0
-        ):
-            raise ToolDefinitionError(f"{label}: timeout must be a positive number of seconds")
-        if enqueue is not None and not callable(enqueue):
-            raise ToolDefinitionError(f"{label}: enqueue must be callable")
-        if not (
-            isinstance(job_deadline, int | float)
-            and math.isfinite(job_deadline)
-            and job_deadline > 0
-        ):
-            raise ToolDefinitionError(f"{label}: job_deadline must be a positive number of seconds")
         spec, parameters = build_arguments(fn, tool_name, arg_docs, label, context_type=ToolContext)
+        findings = untyped_problems(tool_name, label, parameters)
+        for finding in findings:
+            warn_at(fn, finding.message)
         return cls(
             name=tool_name,
             description=text.strip(),
             parameters=parameters,
             fn=fn,
             is_async=is_async_callable(fn),
-            defer_loading=defer_loading,
-            side_effects=side_effects,
-            reconcile=reconcile,
-            timeout=None if timeout is None else float(timeout),
-            truncate_oversize=truncate_oversize,
-            enqueue=enqueue,
-            job_deadline=float(job_deadline),
             _spec=spec,
+            _findings=findings,
+            **settled,
+        )
+
+    @classmethod
+    def from_sdk(
+        cls,
+        handler: Callable[..., Any],
+        /,
+        *,
+        definition: Mapping[str, Any] | None = None,
+        **options: Unpack[ToolOptions],
+    ) -> FunctionTool:
+        """Adopt a handler written for the openai SDK's ``sessions.stream(tool_handlers=)``.
+
+        ``handler`` is an openai ``FunctionTool`` (from ``function_tool()`` or
+        ``pydantic_function_tool()``), whose own definition is sent byte for byte, or a
+        plain callable taking the argument dict, with ``definition=`` the function tool you
+        put in ``agent.tools``. The handler is called as the SDK calls it: with the argument
+        object as one dict, awaited when it returns an awaitable (a sync one runs in a
+        thread). Options apply as for :meth:`from_function`; ``defer_loading`` and
+        ``background`` can only switch on what the definition leaves off.
+        """
+        label = label_of(handler)
+        sdk = read_sdk_tool(handler)
+        source = adopted_definition(label, handler, sdk, definition)
+        check_returns_once(handler, label)
+        settled = _settle(label, options)
+        name, description = options.get("name"), options.get("description")
+        tool_name = _checked_name(label, source["name"] if name is None else name)
+        settled["defer_loading"] = settled["defer_loading"] or source.get("defer_loading") is True
+        settled["background"] = settled["background"] or source.get("async") is True
+        findings = untyped_problems(tool_name, label, source["parameters"])
+        for finding in findings:
+            warn_at(handler, finding.message)
+        return cls(
+            name=tool_name,
+            description=source["description"] if description is None else description,
+            parameters=json.loads(json.dumps(source["parameters"])),
+            fn=handler,
+            is_async=sdk.is_async if sdk is not None else is_async_callable(handler),
+            _spec=MappingArguments(sdk.model if sdk is not None else None),
+            _source=source,
+            _findings=findings,
+            **settled,
         )
 
     def definition(self) -> dict[str, Any]:
-        """This tool as the Agents API takes it in ``agent.tools`` (a fresh copy)."""
-        definition: dict[str, Any] = {
-            "type": "function",
-            "name": self.name,
-            "description": self.description,
-            "parameters": json.loads(json.dumps(self.parameters)),
-        }
+        """This tool as the Agents API takes it in ``agent.tools`` (a fresh copy).
+
+        A tool adopted from the openai SDK gives the SDK's definition unchanged, unless an
+        option changed it.
+        """
+        definition: dict[str, Any]
+        if self._source is not None:
+            definition = json.loads(json.dumps(self._source))
+            definition["name"] = self.name
+            definition["description"] = self.description
+        else:
+            definition = {
+                "type": "function",
+                "name": self.name,
+                "description": self.description,
+                "parameters": json.loads(json.dumps(self.parameters)),
+            }
         if self.defer_loading:
             definition["defer_loading"] = True
+        if self.background:
+            definition["async"] = True
         return definition
 
     def parse_arguments(self, raw: object) -> dict[str, Any]:
@@ -258,10 +288,14 @@ class FunctionTool:
         keyword arguments for the handler, without the context.
 
         ``None`` and an empty string count as ``{}``. Raises ArgumentValidationError whose
-        message lists field paths and what was expected, never the submitted values.
+        message lists field paths and what was expected, never the submitted values. A tool
+        adopted from the openai SDK gets the argument object itself (checked against its own
+        model when it shows one).
         """
         spec = self._require_spec()
         data = decode_arguments(raw)
+        if isinstance(spec, MappingArguments):
+            return spec.parse(data)
         if spec.root_keys is not None:
             unexpected = [key for key in data if key not in spec.root_keys]
             if unexpected:
@@ -289,6 +323,8 @@ class FunctionTool:
         can carry validated arguments to a worker that re-parses them with the same tool.
         """
         spec = self._require_spec()
+        if isinstance(spec, MappingArguments):
+            return spec.dump(arguments)
         if spec.whole_param is not None:
             instance = arguments[spec.whole_param]
         else:
@@ -315,21 +351,23 @@ class FunctionTool:
         that times out keeps running in its thread until it returns: Python cannot stop a
         thread.
         """
-        kwargs = dict(arguments)
         spec = self._require_spec()
-        if spec.context_param is not None:
-            kwargs[spec.context_param] = context
-        if self.is_async:
-            with anyio.fail_after(time_limit):
-                result = await self.fn(**kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-            return result
-        pool = threads if threads is not None else default_thread_pool()
-        result = await pool.run(
-            functools.partial(self.fn, **kwargs), time_limit=time_limit, wait_limit=wait_limit
-        )
-        if inspect.isawaitable(result):  # a sync wrapper that returned a coroutine
+        call: Callable[[], Any]
+        if isinstance(spec, MappingArguments):
+            # The openai SDK's convention: the argument object as one positional dict.
+            call = functools.partial(self.fn, dict(arguments))
+        else:
+            kwargs = dict(arguments)
+            if spec.context_param is not None:
+                kwargs[spec.context_param] = context
+            call = functools.partial(self.fn, **kwargs)
+        with anyio.fail_after(time_limit) if self.is_async else contextlib.nullcontext():
+            if self.is_async:
+                result = await call()
+            else:
+                pool = threads if threads is not None else default_thread_pool()
+                result = await pool.run(call, time_limit=time_limit, wait_limit=wait_limit)
+        if inspect.isawaitable(result):  # a sync wrapper's (or an SDK tool's) coroutine
             with anyio.fail_after(time_limit):
                 result = await result
         return result
@@ -375,7 +413,7 @@ class FunctionTool:
             )
         return outcome
 
-    def _require_spec(self) -> ArgumentSpec:
+    def _require_spec(self) -> ArgumentSpec | MappingArguments:
         if self._spec is None:
             raise ToolDefinitionError(
                 f"tool {self.name!r} was not built with FunctionTool.from_function"
@@ -383,27 +421,48 @@ class FunctionTool:
         return self._spec
 
 
-class ToolOptions(TypedDict, total=False):
-    """The options of :meth:`FunctionTools.function` and :meth:`FunctionTools.add`; their
-    defaults are those of :meth:`FunctionTool.from_function` (``timeout`` None: the app's
-    default; ``job_deadline`` one hour; every flag False)."""
-
-    name: str | None
-    description: str | None
-    defer_loading: bool
-    side_effects: bool
-    reconcile: ReconcileHook | None
-    timeout: float | None
-    truncate_oversize: bool
-    enqueue: EnqueueHook | None
-    job_deadline: float
-
-
 class FunctionTools:
     """A registry of function tools, answering one agent's ``function_call`` actions."""
 
     def __init__(self) -> None:
         self._tools: dict[str, FunctionTool] = {}
+        # (tool, code) of the problems definitions() has already warned about.
+        self._warned: set[tuple[str, str]] = set()
+
+    @classmethod
+    def from_sdk(
+        cls,
+        handlers: Mapping[str, Any] | Iterable[Any],
+        /,
+        *,
+        definitions: Iterable[Mapping[str, Any]] = (),
+        **options: Unpack[ToolOptions],
+    ) -> FunctionTools:
+        """A registry of the tools you give the openai SDK, taken as they are.
+
+        ``handlers`` is your ``tool_handlers={"name": handler}`` dict, or a list of openai
+        ``FunctionTool`` objects (``function_tool()``, ``pydantic_function_tool()``). Those
+        bring their own definitions; a plain callable finds its definition by name in
+        ``definitions`` (the ``agent.tools`` list you already send; other entries are
+        ignored). Options apply to every tool, except ``name`` and ``description``
+        (per tool: ``tools.add(sdk_tool, name=...)``). See :meth:`FunctionTool.from_sdk`.
+        """
+        where = "FunctionTools.from_sdk"
+        check_option_names(where, options, _OPTION_NAMES)
+        for key in ("name", "description"):
+            if options.get(key) is not None:
+                raise ToolDefinitionError(
+                    f"{where}: {key}= would apply to every tool; give it to one tool with"
+                    f" tools.add(sdk_tool, {key}=...)"
+                )
+        registry = cls()
+        registry._insert(
+            [
+                FunctionTool.from_sdk(handler, definition=definition, **options)
+                for handler, definition in pair_handlers(where, handlers, definitions)
+            ]
+        )
+        return registry
 
     @overload
     def function(self, fn: F, /) -> F: ...
@@ -422,8 +481,18 @@ class FunctionTools:
         hook decides instead; ``timeout`` in seconds; ``truncate_oversize`` cuts an oversized
         text result instead of failing the call; ``enqueue`` hands each call to your queue
         as a :class:`~agentfn_asgi.worker.Job` instead of running it here, and the call fails
-        if no worker completes it within ``job_deadline`` seconds.
+        if no worker completes it within ``job_deadline`` seconds; ``background`` marks the
+        tool ``"async": true``: the agent goes on without waiting for its result (natural
+        for a tool handed to a worker). Stacked on openai's ``@function_tool``, it adopts
+        that tool as it is (:meth:`FunctionTool.from_sdk`).
         """
+        if fn is not None and not callable(fn):
+            hint = f"@tools.function(name={fn!r})" if isinstance(fn, str) else "keyword options"
+            raise ToolDefinitionError(
+                f"@tools.function takes the function itself, not {fn!r}; pass options by"
+                f" keyword: {hint}"
+            )
+        check_option_names("@tools.function", options, _OPTION_NAMES)
 
         def register(target: F) -> F:
             self.add(target, **options)
@@ -432,7 +501,8 @@ class FunctionTools:
         return register if fn is None else register(fn)
 
     def add(self, fn: Callable[..., Any], **options: Unpack[ToolOptions]) -> FunctionTool:
-        """Register ``fn`` without decorating it; returns the built tool."""
+        """Register ``fn`` without decorating it (an openai ``FunctionTool`` too); returns
+        the built tool."""
         tool = FunctionTool.from_function(fn, **options)
         self._insert([tool])
         return tool
@@ -463,13 +533,34 @@ class FunctionTools:
         """The tool called ``name``, or None."""
         return self._tools.get(name)
 
+    def problems(self) -> list[ToolProblem]:
+        """What registers but will hurt later, judged on the complete registry: parameters
+        whose schema tells the model nothing (also warned at registration) and side-effect
+        tools without a reconcile hook (whose in-doubt calls are quarantined). Call it once
+        registration is done, e.g. at start-up, and log each :attr:`ToolProblem.message`.
+        """
+        found: list[ToolProblem] = []
+        for tool in self._tools.values():
+            found.extend(tool._findings)
+            if tool.side_effects and tool.reconcile is None:
+                found.append(no_reconcile_problem(tool.name))
+        return found
+
     def definitions(self) -> list[dict[str, Any]]:
         """The tools for ``agent.tools``: flat function tools, then ``{"type": "tool_search"}``
         when any tool is deferred (deferred tools are only reachable through it).
 
         Raises ToolDefinitionError when the list exceeds the API's 3 MiB limit. That limit
         covers the whole resolved list, so leave room for any other tools you add to it.
+        Registration is complete by now, so this also warns once per tool about a
+        :meth:`problems` entry not already warned at registration (a side-effect tool
+        without a reconcile hook).
         """
+        for problem in self.problems():
+            key = (problem.tool, problem.code)
+            if problem.code == "no_reconcile" and key not in self._warned:
+                self._warned.add(key)
+                warnings.warn(problem.message, ToolDefinitionWarning, stacklevel=2)
         definitions = [tool.definition() for tool in self._tools.values()]
         if any(tool.defer_loading for tool in self._tools.values()):
             definitions.append({"type": "tool_search"})
@@ -499,7 +590,7 @@ class FunctionTools:
         for tool in tools:
             if tool.name in self._tools or tool.name in seen:
                 raise ToolDefinitionError(
-                    f"{_label(tool.fn)}: a tool named {tool.name!r} is already registered"
+                    f"{label_of(tool.fn)}: a tool named {tool.name!r} is already registered"
                 )
             seen.add(tool.name)
         for tool in tools:
@@ -537,11 +628,14 @@ def is_async_callable(fn: object) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
-def _label(fn: object) -> str:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if not inspect.isroutine(fn):
-        fn = type(fn)
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    module = getattr(fn, "__module__", None)
-    return f"tool function {module}.{name}" if module else f"tool function {name}"
+def _settle(label: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    return settle_options(label, options, _OPTION_NAMES, job_deadline=DEFAULT_JOB_DEADLINE)
+
+
+def _checked_name(label: str, name: object) -> str:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ToolDefinitionError(
+            f"{label}: tool name {name!r} must be 1-64 letters, digits, '_' or '-'"
+            " (pass name=... to choose another)"
+        )
+    return name

@@ -26,10 +26,13 @@ def test_all_is_sorted_and_importable() -> None:
 
 
 def test_every_public_error_is_in_the_tree() -> None:
-    """Every exported exception derives from AgentFnError (one tree to catch)."""
+    """Every exported exception derives from AgentFnError (one tree to catch), and every
+    exported warning from AgentFnWarning (one filter to silence or escalate)."""
     for name in agentfn_asgi.__all__:
         value = getattr(agentfn_asgi, name)
-        if isinstance(value, type) and issubclass(value, BaseException):
+        if isinstance(value, type) and issubclass(value, Warning):
+            assert issubclass(value, agentfn_asgi.AgentFnWarning), name
+        elif isinstance(value, type) and issubclass(value, BaseException):
             assert issubclass(value, agentfn_asgi.AgentFnError), name
 
 

@@ -513,7 +513,8 @@ def _check_against_openai(definition: dict[str, Any]) -> None:
 
 def test_definitions_match_the_openai_types() -> None:
     """Every emitted definition validates against ``openai``'s agent tool param types, with
-    ``defer_loading`` only when set and a trailing tool_search when anything is deferred."""
+    ``defer_loading`` only when set, ``"async": true`` only for ``background=True`` and a
+    trailing tool_search when anything is deferred."""
     tools = FunctionTools()
 
     @tools.function
@@ -524,11 +525,20 @@ def test_definitions_match_the_openai_types() -> None:
     def deferred(color: Color, tags: list[str] | None = None) -> None:
         """Deferred."""
 
+    @tools.function(background=True, defer_loading=True)
+    def report(topic: str) -> None:
+        """Write a report; the agent goes on without waiting."""
+
     definitions = tools.definitions()
-    assert [d["type"] for d in definitions] == ["function", "function", "tool_search"]
+    assert [d["type"] for d in definitions] == ["function", "function", "function", "tool_search"]
     assert "defer_loading" not in definitions[0]
+    assert "async" not in definitions[0]
+    assert "async" not in definitions[1]
     assert definitions[1]["defer_loading"] is True
-    assert definitions[2] == {"type": "tool_search"}
+    assert definitions[2]["async"] is True
+    assert definitions[2]["defer_loading"] is True
+    assert _tool(tools, "report").background is True
+    assert definitions[3] == {"type": "tool_search"}
     for definition in definitions:
         _check_against_openai(definition)
         json.dumps(definition, allow_nan=False)

@@ -41,7 +41,7 @@ def _tools(runs: list[str]) -> FunctionTools:
         return "report-\udcff.txt"  # a lone surrogate: no JSON encoder or store can carry it
 
     @tools.function
-    def echo(value: Any = None) -> str:
+    def echo(value: int | list[Any] | None = None) -> str:
         """Echo a value."""
         runs.append("echo")
         return "ok"

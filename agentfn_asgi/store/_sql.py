@@ -136,7 +136,8 @@ TABLES: Final = {
     "calls": (CALL_COLUMNS, "PRIMARY KEY (session_id, turn_id, call_id)"),
 }
 
-# Each one serves a query below; recovery and pruning never scan the whole table.
+# Each one serves a query below, so recovery and pruning never scan the whole table; stats()
+# does, once (operators only). Every index costs each write that changes its rows: none more.
 INDEXES: Final = (
     # unresolved_deliveries
     "CREATE INDEX IF NOT EXISTS deliveries_unresolved ON {p}deliveries (received_at)"
@@ -149,8 +150,6 @@ INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS calls_unsubmitted ON {p}calls (updated_at) WHERE {saved}",
     # prune
     "CREATE INDEX IF NOT EXISTS calls_terminal ON {p}calls (updated_at) WHERE {terminal}",
-    # stats: the oldest pending call
-    "CREATE INDEX IF NOT EXISTS calls_pending ON {p}calls (created_at) WHERE {pending}",
 )
 
 #: version -> what brings the data of the version before to it, run once, after the tables
@@ -159,13 +158,15 @@ INDEXES: Final = (
 #: versions were recorded counts as version 0 and runs every upgrade).
 UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
     # SQLite files of version 1 kept a quarantine's reason in error_type (a quarantined call
-    # has no result), and had other indexes. PostgreSQL always had the column.
+    # has no result), and had other indexes. PostgreSQL always had the column, and an index
+    # for a stats query that is now one scan.
     2: (
         "UPDATE {p}calls SET quarantine_reason = coalesce(quarantine_reason, error_type),"
         " error_type = NULL WHERE state = 'quarantined' AND error_type IS NOT NULL",
         "DROP INDEX IF EXISTS {p}deliveries_resolved_received",
         "DROP INDEX IF EXISTS {p}calls_state_lease",
         "DROP INDEX IF EXISTS {p}calls_state_updated",
+        "DROP INDEX IF EXISTS {p}calls_pending",
     ),
 }
 

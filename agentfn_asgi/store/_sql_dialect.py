@@ -17,10 +17,9 @@ statements must not contain ``:`` followed by a letter.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = ["SQLITE", "WORDS", "Dialect", "Query", "postgres_dialect", "quote_identifier"]
@@ -57,10 +56,17 @@ class Dialect:
     skip_locked: str  # after prune's inner SELECT: leave rows another writer holds
     #: One column of names: the columns of table ``:table`` (in schema ``:schema``).
     columns_query: str
+    # Rendered statements by template: a dict lookup on the hot path, nothing more.
+    _rendered: dict[str, Query] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     def render(self, template: str) -> Query:
         """The statement ``template`` in this dialect (cached: templates are constants)."""
-        return _render(self, template)
+        query = self._rendered.get(template)
+        if query is None:
+            query = self._rendered[template] = _render(self, template)
+        return query
 
 
 SQLITE: Final = Dialect(
@@ -102,7 +108,6 @@ def postgres_dialect(schema: str) -> Dialect:
 _PARAMETER: Final = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
-@functools.lru_cache(maxsize=1024)
 def _render(dialect: Dialect, template: str) -> Query:
     # The prefix goes in last: a quoted schema name may itself contain ":" or "$".
     words = {word: getattr(dialect, word) for word in WORDS if word != "p"}

@@ -248,6 +248,16 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
     assert [d.delivery_id for d in await store.unresolved_deliveries(older_than=100.0)] == ["msg_1"]
     versions = await _query(f'SELECT version FROM "{schema}".schema_version')
     assert [row["version"] for row in versions] == [SCHEMA_VERSION]
+    indexes = await _query("SELECT indexname FROM pg_indexes WHERE schemaname = $1", schema)
+    assert {row["indexname"] for row in indexes} == {
+        "deliveries_pkey",
+        "deliveries_unresolved",
+        "deliveries_received",
+        "calls_pkey",
+        "calls_claimed",
+        "calls_unsubmitted",
+        "calls_terminal",
+    }
     fresh = await store.claim_call(
         CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5
     )

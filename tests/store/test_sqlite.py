@@ -310,7 +310,6 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
         "calls_claimed",
         "calls_unsubmitted",
         "calls_terminal",
-        "calls_pending",
     }
 
 

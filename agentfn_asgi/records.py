@@ -95,7 +95,11 @@ class SavedResult:
 
 @dataclass(frozen=True, slots=True)
 class CallRecord:
-    """A snapshot of one call as the store holds it."""
+    """A snapshot of one call as the store holds it.
+
+    ``quarantine_reason`` says why a ``quarantined`` call is held for an operator (what the
+    reconcile hook answered); it is None in every other state.
+    """
 
     key: CallKey
     tool_name: str
@@ -107,6 +111,7 @@ class CallRecord:
     updated_at: float
     delivery_id: str | None = None
     result: SavedResult | None = None
+    quarantine_reason: str | None = None
 
 
 class ClaimStatus(enum.StrEnum):

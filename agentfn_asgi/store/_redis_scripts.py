@@ -7,9 +7,22 @@ passed in from the caller's clock (``ARGV``), never read from Redis' ``TIME``.
 
 from __future__ import annotations
 
+__all__ = [
+    "CLAIM",
+    "INDEXED_CALLS",
+    "PRUNE_CALLS",
+    "PRUNE_DELIVERIES",
+    "RECORD_DELIVERY",
+    "RENEW",
+    "SAVE",
+    "SESSION_CALLS",
+    "TERMINATE",
+    "UNRESOLVED",
+]
+
 # KEYS: delivery key, all-deliveries zset, unresolved zset
 # ARGV: member, value, ttl ms, received_at
-_RECORD_DELIVERY = """
+RECORD_DELIVERY = """
 if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
   redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
   redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
@@ -20,7 +33,7 @@ return 0
 
 # KEYS: unresolved zset, all-deliveries zset. ARGV: delivery key prefix, older_than, limit.
 # Entries whose key expired (dedup window over) are dropped from both indexes on the way.
-_UNRESOLVED = """
+UNRESOLVED = """
 local limit = tonumber(ARGV[3])
 local out = {}
 for round = 1, 20 do
@@ -47,7 +60,7 @@ return out
 # KEYS: call hash, session set, claimed zset, pending zset
 # ARGV: member, now, lease_expires_at, owner, delivery_id ('' = none), then the new call's
 # fields as field/value pairs.
-_CLAIM = """
+CLAIM = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   redis.call('HSET', KEYS[1], unpack(ARGV, 6))
@@ -77,7 +90,7 @@ return {'done', redis.call('HGETALL', KEYS[1])}
 """
 
 # KEYS: call hash, claimed zset. ARGV: member, owner, now, lease_expires_at.
-_RENEW = """
+RENEW = """
 local cur = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if cur[1] == 'claimed' and cur[2] == ARGV[2] then
   redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[4], 'updated_at', ARGV[3])
@@ -90,7 +103,7 @@ return 0
 # KEYS: call hash, claimed zset, target state zset
 # ARGV: member, now, owner, target state, then the result's field/value pairs.
 # First writer wins: only a 'claimed' call takes a result; otherwise the record is returned.
-_SAVE = """
+SAVE = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return false end
 if state == 'claimed' then
@@ -106,7 +119,7 @@ return redis.call('HGETALL', KEYS[1])
 # KEYS: call hash, claimed, succeeded, failed, pending zsets, target zset
 # ARGV: member, now, retention ms, target state, required owner ('' = any),
 #       allowed current states (space separated), then extra field/value pairs.
-_TERMINATE = """
+TERMINATE = """
 local cur = redis.call('HMGET', KEYS[1], 'state', 'owner')
 local state = cur[1]
 if not state then return 0 end
@@ -120,7 +133,7 @@ return 1
 """
 
 # KEYS: session set. ARGV: call key prefix. Drops members whose call expired.
-_SESSION_CALLS = """
+SESSION_CALLS = """
 local out = {}
 for _, m in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local h = redis.call('HGETALL', ARGV[1] .. m)
@@ -131,7 +144,7 @@ return out
 
 # KEYS: one or more index zsets. ARGV: call key prefix, max score, limit.
 # The oldest `limit` entries (by score, across the zsets) with their records.
-_INDEXED_CALLS = """
+INDEXED_CALLS = """
 local limit = tonumber(ARGV[3])
 local entries = {}
 for i, key in ipairs(KEYS) do
@@ -150,52 +163,53 @@ end
 return out
 """
 
-# One prune batch over the oldest deliveries.
-# KEYS: all-deliveries zset, unresolved zset. ARGV: delivery key prefix, before, batch.
-# Returns {keys deleted, 1 if finished}.
-_PRUNE_DELIVERIES = """
-local batch = tonumber(ARGV[3])
-local before = tonumber(ARGV[2])
-local entries = redis.call('ZRANGE', KEYS[1], 0, batch - 1, 'WITHSCORES')
-local removed = 0
-for i = 1, #entries, 2 do
-  local m = entries[i]
-  local key = ARGV[1] .. m
-  if tonumber(entries[i + 1]) < before or redis.call('EXISTS', key) == 0 then
-    removed = removed + redis.call('DEL', key)
-    redis.call('ZREM', KEYS[1], m)
-    redis.call('ZREM', KEYS[2], m)
-  else
-    return {removed, 1}
+# One prune batch: walk the oldest `batch` entries of the zset `index` and let `drop(member,
+# old)` remove each (old: its score is below `before`); drop returns the keys it deleted, or
+# nil to stop at the first entry that must stay. Returns {keys deleted, 1 if finished}.
+# Each prune script below is this function plus its own `drop`.
+_PRUNE_BATCH = """
+local function prune_batch(index, before, batch, drop)
+  local entries = redis.call('ZRANGE', index, 0, batch - 1, 'WITHSCORES')
+  local removed = 0
+  for i = 1, #entries, 2 do
+    local deleted = drop(entries[i], tonumber(entries[i + 1]) < before)
+    if deleted == nil then return {removed, 1} end
+    removed = removed + deleted
   end
+  if #entries < 2 * batch then return {removed, 1} end
+  return {removed, 0}
 end
-if #entries < 2 * batch then return {removed, 1} end
-return {removed, 0}
 """
 
-# One prune batch over one terminal state's index.
-# KEYS: the state's zset. ARGV: call key prefix, session key prefix, before, batch, state.
-# A key that exists in another state was re-created after it expired: only its stale index
-# entry goes.
-_PRUNE_CALLS = """
-local batch = tonumber(ARGV[4])
-local before = tonumber(ARGV[3])
-local entries = redis.call('ZRANGE', KEYS[1], 0, batch - 1, 'WITHSCORES')
-local removed = 0
-for i = 1, #entries, 2 do
-  local m = entries[i]
+# KEYS: all-deliveries zset, unresolved zset. ARGV: delivery key prefix, before, batch.
+# A delivery goes when it is old or Redis already expired its key.
+PRUNE_DELIVERIES = (
+    _PRUNE_BATCH
+    + """
+return prune_batch(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), function(m, old)
+  local key = ARGV[1] .. m
+  if not old and redis.call('EXISTS', key) == 1 then return nil end
+  redis.call('ZREM', KEYS[1], m)
+  redis.call('ZREM', KEYS[2], m)
+  return redis.call('DEL', key)
+end)
+"""
+)
+
+# KEYS: one terminal state's zset. ARGV: call key prefix, session key prefix, before, batch,
+# state. A call goes when it is old or already expired. A key that exists in another state
+# was re-created after it expired: only its stale index entry goes.
+PRUNE_CALLS = (
+    _PRUNE_BATCH
+    + """
+return prune_batch(KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), function(m, old)
   local key = ARGV[1] .. m
   local state = redis.call('HGET', key, 'state')
-  if tonumber(entries[i + 1]) < before or state ~= ARGV[5] then
-    redis.call('ZREM', KEYS[1], m)
-    if not state or state == ARGV[5] then
-      removed = removed + redis.call('DEL', key)
-      redis.call('SREM', ARGV[2] .. string.match(m, '^([^:]+):'), m)
-    end
-  else
-    return {removed, 1}
-  end
-end
-if #entries < 2 * batch then return {removed, 1} end
-return {removed, 0}
+  if not old and state == ARGV[5] then return nil end
+  redis.call('ZREM', KEYS[1], m)
+  if state and state ~= ARGV[5] then return 0 end
+  redis.call('SREM', ARGV[2] .. string.match(m, '^([^:]+):'), m)
+  return redis.call('DEL', key)
+end)
 """
+)

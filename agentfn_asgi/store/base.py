@@ -99,7 +99,11 @@ class Store(Protocol):
         """The API no longer waits for this call (terminal); it is never run again."""
 
     async def quarantine(self, key: CallKey, *, owner: str, reason: str) -> None:
-        """Hold an in-doubt call for an operator instead of answering it (terminal)."""
+        """Hold an in-doubt call for an operator instead of answering it (terminal).
+
+        Only ``owner``'s live or expired claim is quarantined (a saved result always wins);
+        ``reason`` is kept as the record's ``quarantine_reason``.
+        """
 
     async def get_call(self, key: CallKey) -> CallRecord | None:
         """The record of one call, or None."""

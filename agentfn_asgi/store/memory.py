@@ -40,7 +40,6 @@ class MemoryStore:
         self._closed = False
         self._deliveries: dict[str, DeliveryRecord] = {}
         self._calls: dict[CallKey, CallRecord] = {}
-        self._quarantine_reasons: dict[CallKey, str] = {}
 
     def __repr__(self) -> str:
         return f"MemoryStore(calls={len(self._calls)}, deliveries={len(self._deliveries)})"
@@ -87,7 +86,7 @@ class MemoryStore:
             d for d in self._deliveries.values() if not d.resolved and d.received_at <= older_than
         ]
         found.sort(key=lambda d: d.received_at)
-        return found[:limit]
+        return found[: max(0, limit)]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
         """Drop deliveries received and terminal calls last updated before the given times."""
@@ -102,7 +101,6 @@ class MemoryStore:
             del self._deliveries[delivery_id]
         for key in old_calls:
             del self._calls[key]
-            self._quarantine_reasons.pop(key, None)
         return len(old_deliveries) + len(old_calls)
 
     # -- calls -----------------------------------------------------------------------------
@@ -192,14 +190,16 @@ class MemoryStore:
         self._transition(key, CallState.STALE, allowed=_NON_TERMINAL)
 
     async def quarantine(self, key: CallKey, *, owner: str, reason: str) -> None:
-        """``claimed`` by ``owner`` → ``quarantined``; a saved result always wins over it."""
+        """``claimed`` by ``owner`` → ``quarantined`` with ``reason``; a saved result wins."""
         self._check_open()
         record = self._calls.get(key)
         if record is not None and record.state is CallState.CLAIMED and record.owner == owner:
             self._calls[key] = dataclasses.replace(
-                record, state=CallState.QUARANTINED, updated_at=self._clock()
+                record,
+                state=CallState.QUARANTINED,
+                updated_at=self._clock(),
+                quarantine_reason=reason,
             )
-            self._quarantine_reasons[key] = reason
 
     async def get_call(self, key: CallKey) -> CallRecord | None:
         """The record of ``key``, or None."""
@@ -218,7 +218,7 @@ class MemoryStore:
         self._check_open()
         found = [c for c in self._calls.values() if c.state in _SAVED]
         found.sort(key=lambda c: c.updated_at)
-        return found[:limit]
+        return found[: max(0, limit)]
 
     async def expired_claims(self, *, limit: int = 100) -> list[CallRecord]:
         """Claims whose lease has expired, earliest expiry first."""
@@ -230,7 +230,7 @@ class MemoryStore:
             if c.state is CallState.CLAIMED and c.lease_expires_at < now
         ]
         found.sort(key=lambda c: c.lease_expires_at)
-        return found[:limit]
+        return found[: max(0, limit)]
 
     async def stats(self) -> StoreStats:
         """Counts for operators; ``calls_by_state`` lists every state, zeros included."""

@@ -47,16 +47,16 @@ from agentfn_asgi.records import (
 )
 from agentfn_asgi.store._codec import record_from_mapping
 from agentfn_asgi.store._redis_scripts import (
-    _CLAIM,
-    _INDEXED_CALLS,
-    _PRUNE_CALLS,
-    _PRUNE_DELIVERIES,
-    _RECORD_DELIVERY,
-    _RENEW,
-    _SAVE,
-    _SESSION_CALLS,
-    _TERMINATE,
-    _UNRESOLVED,
+    CLAIM,
+    INDEXED_CALLS,
+    PRUNE_CALLS,
+    PRUNE_DELIVERIES,
+    RECORD_DELIVERY,
+    RENEW,
+    SAVE,
+    SESSION_CALLS,
+    TERMINATE,
+    UNRESOLVED,
 )
 
 try:
@@ -200,16 +200,16 @@ class RedisStore:
             self._scripts = {
                 name: client.register_script(source)
                 for name, source in (
-                    ("record_delivery", _RECORD_DELIVERY),
-                    ("unresolved", _UNRESOLVED),
-                    ("claim", _CLAIM),
-                    ("renew", _RENEW),
-                    ("save", _SAVE),
-                    ("terminate", _TERMINATE),
-                    ("session_calls", _SESSION_CALLS),
-                    ("indexed_calls", _INDEXED_CALLS),
-                    ("prune_deliveries", _PRUNE_DELIVERIES),
-                    ("prune_calls", _PRUNE_CALLS),
+                    ("record_delivery", RECORD_DELIVERY),
+                    ("unresolved", UNRESOLVED),
+                    ("claim", CLAIM),
+                    ("renew", RENEW),
+                    ("save", SAVE),
+                    ("terminate", TERMINATE),
+                    ("session_calls", SESSION_CALLS),
+                    ("indexed_calls", INDEXED_CALLS),
+                    ("prune_deliveries", PRUNE_DELIVERIES),
+                    ("prune_calls", PRUNE_CALLS),
                 )
             }
             self._client = client

@@ -7,6 +7,7 @@ Redis and PostgreSQL are skipped when their module or service is missing, except
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,10 +17,32 @@ from typing import NoReturn, Protocol
 import pytest
 
 from agentfn_asgi.errors import StoreUnavailableError
+from agentfn_asgi.records import CallKey, ClaimStatus, SavedResult
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+#: The call most contract tests work on, and the lease they claim it with.
+KEY = CallKey("sess_1", "turn_1", "call_1")
+LEASE = 30.0
+
+
+def result(text: str = "ok", *, success: bool = True, key: str = "idem-1") -> SavedResult:
+    """A saved tool result (a failure carries ``error_type="handler_error"``)."""
+    event = {"type": "agent.session.input.tool_result", "output": text}
+    return SavedResult(
+        success=success,
+        event_json=json.dumps(event, separators=(",", ":")),
+        idempotency_key=key,
+        error_type=None if success else "handler_error",
+    )
+
+
+async def claim(store: Store, owner: str, key: CallKey = KEY) -> ClaimStatus:
+    """Claim ``key`` for ``owner`` with the standard lease; the status the store decided."""
+    outcome = await store.claim_call(key, tool_name="lookup", owner=owner, lease_seconds=LEASE)
+    return outcome.status
 
 
 class StoreFactory(Protocol):

@@ -13,28 +13,9 @@ import pytest
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey, CallState, ClaimStatus, DeliveryRecord, SavedResult
 from agentfn_asgi.store import Store
-from tests.store.conftest import FakeClock, StoreFactory, require_service
+from tests.store.conftest import KEY, LEASE, FakeClock, StoreFactory, claim, require_service, result
 
 pytestmark = pytest.mark.anyio
-
-KEY = CallKey("sess_1", "turn_1", "call_1")
-LEASE = 30.0
-
-
-def result(text: str = "ok", *, success: bool = True, key: str = "idem-1") -> SavedResult:
-    event = {"type": "agent.session.input.tool_result", "output": text}
-    return SavedResult(
-        success=success,
-        event_json=json.dumps(event, separators=(",", ":")),
-        idempotency_key=key,
-        error_type=None if success else "handler_error",
-    )
-
-
-async def claim(store: Store, owner: str, key: CallKey = KEY) -> ClaimStatus:
-    outcome = await store.claim_call(key, tool_name="lookup", owner=owner, lease_seconds=LEASE)
-    return outcome.status
-
 
 # -- lifecycle -----------------------------------------------------------------------------
 
@@ -58,12 +39,19 @@ async def test_first_use_opens_implicitly(store_factory: StoreFactory) -> None:
 
 
 async def test_closed_store_raises_unavailable(store: Store) -> None:
-    """Operations after close() fail with StoreUnavailableError, never a driver error."""
+    """Operations after close() fail with StoreUnavailableError, never a driver error; close()
+    may be repeated and open() makes the store usable again."""
+    await store.close()
     await store.close()
     with pytest.raises(StoreUnavailableError):
         await store.record_delivery("d1", "sess_1")
     with pytest.raises(StoreUnavailableError):
         await store.get_call(KEY)
+    with pytest.raises(StoreUnavailableError):
+        await store.ping()
+    await store.open()
+    await store.ping()
+    assert await store.record_delivery("d1", "sess_1") is True
 
 
 # -- deliveries ----------------------------------------------------------------------------
@@ -176,6 +164,29 @@ async def test_claim_after_save_is_saved(store: Store, clock: FakeClock, success
     assert outcome.record.attempt == 1
 
 
+async def test_leases_are_judged_by_the_injected_clock(store: Store, clock: FakeClock) -> None:
+    """Lease expiry follows the store's clock, never the server's (Redis TIME, now()): a
+    clock far in the past still sees a lease live, then expired."""
+    clock.now = 1000.0
+    await claim(store, "a")
+    clock.advance(LEASE - 1)
+    assert await claim(store, "b") is ClaimStatus.BUSY
+    clock.advance(2)
+    taken = await store.claim_call(KEY, tool_name="t", owner="b", lease_seconds=LEASE)
+    assert (taken.status, taken.record.attempt) == (ClaimStatus.IN_DOUBT, 2)
+
+
+async def test_times_round_trip_exactly(store: Store, clock: FakeClock) -> None:
+    """Times are stored from the injected clock without losing a digit (Lua prints 14)."""
+    clock.now = 1_712_345_678.987654321
+    outcome = await store.claim_call(KEY, tool_name="t", owner="o", lease_seconds=0.000123)
+    assert outcome.record.created_at == clock.now
+    assert outcome.record.lease_expires_at == clock.now + 0.000123
+    await store.record_delivery("m", "s")
+    [delivery] = await store.unresolved_deliveries(older_than=clock.now)
+    assert delivery.received_at == clock.now
+
+
 # -- results -------------------------------------------------------------------------------
 
 
@@ -275,6 +286,7 @@ async def test_quarantine_is_terminal_and_owner_only(store: Store, clock: FakeCl
     record = await store.get_call(KEY)
     assert record is not None
     assert record.state is CallState.CLAIMED
+    assert record.quarantine_reason is None
 
     await store.quarantine(KEY, owner="b", reason="reconcile could not decide")
     record = await store.get_call(KEY)
@@ -290,6 +302,26 @@ async def test_quarantine_is_terminal_and_owner_only(store: Store, clock: FakeCl
     record = await store.get_call(saved_key)
     assert record is not None
     assert record.state is CallState.SUCCEEDED
+    assert record.quarantine_reason is None
+
+
+async def test_quarantine_reason_is_read_back(store: Store, clock: FakeClock) -> None:
+    """The reason given to quarantine() comes back on the record, wherever it is read."""
+    reason = "reconcile could not decide: payment ☃ unknown"
+    await claim(store, "a")
+    await store.quarantine(KEY, owner="a", reason=reason)
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert (record.state, record.quarantine_reason, record.result) == (
+        CallState.QUARANTINED,
+        reason,
+        None,
+    )
+    assert await store.calls_for_session(KEY.session_id) == [record]
+    clock.advance(LEASE + 1)
+    outcome = await store.claim_call(KEY, tool_name="lookup", owner="b", lease_seconds=LEASE)
+    assert outcome.status is ClaimStatus.DONE
+    assert outcome.record == record
 
 
 async def test_renew_lease(store: Store, clock: FakeClock) -> None:
@@ -411,19 +443,41 @@ async def test_prune_removes_old_deliveries_and_old_terminal_calls(
 
 
 async def test_prune_many_rows(store: Store, clock: FakeClock) -> None:
-    """prune removes everything due even when that is more than one batch."""
+    """prune removes everything due even when that is more than one batch, and nothing else."""
     await asyncio.gather(*(store.record_delivery(f"d{i}", "s") for i in range(1234)))
+    done, live = CallKey("s", "t", "done"), CallKey("s", "t", "live")
+    for key in (done, live):
+        await claim(store, "a", key)
+    await store.mark_stale(done)
     clock.advance(10)
-    assert await store.prune(deliveries_before=clock.now, calls_before=0) == 1234
-    assert (await store.stats()).deliveries == 0
+    await store.record_delivery("new", "s")
+    assert await store.prune(deliveries_before=clock.now - 1, calls_before=clock.now) == 1235
+    stats = await store.stats()
+    assert stats.deliveries == 1
+    assert (stats.calls_by_state["claimed"], stats.calls_by_state["stale"]) == (1, 0)
+
+
+async def test_non_positive_limits_return_nothing(store: Store, clock: FakeClock) -> None:
+    """A limit of 0 or below returns nothing from every recovery query (never "no limit")."""
+    await store.record_delivery("d1", "s")
+    await claim(store, "a", CallKey("s", "t", "expired"))
+    await claim(store, "a", CallKey("s", "t", "saved"))
+    await store.save_result(CallKey("s", "t", "saved"), owner="a", result=result())
+    clock.advance(LEASE + 1)
+    for limit in (0, -1):
+        assert await store.unresolved_deliveries(older_than=clock.now, limit=limit) == []
+        assert await store.unsubmitted_results(limit=limit) == []
+        assert await store.expired_claims(limit=limit) == []
+    assert len(await store.expired_claims(limit=1)) == 1
 
 
 async def test_stats(store: Store, clock: FakeClock) -> None:
-    """stats counts deliveries, calls per state, in-doubt claims and the oldest pending call."""
+    """stats counts deliveries, calls in every state (zeros too), in-doubt claims and the
+    oldest pending call."""
     empty = await store.stats()
     assert (empty.deliveries, empty.unresolved_deliveries, empty.in_doubt) == (0, 0, 0)
     assert empty.oldest_pending_at is None
-    assert not any(empty.calls_by_state.values())
+    assert empty.calls_by_state == {state.value: 0 for state in CallState}
 
     await store.record_delivery("d1", "s")
     await store.record_delivery("d2", "s")
@@ -439,6 +493,7 @@ async def test_stats(store: Store, clock: FakeClock) -> None:
     await store.mark_submitted(CallKey("s", "t", "done"))
 
     stats = await store.stats()
+    assert set(stats.calls_by_state) == {state.value for state in CallState}
     assert stats.deliveries == 2
     assert stats.unresolved_deliveries == 1
     assert {k: v for k, v in stats.calls_by_state.items() if v} == {
@@ -450,66 +505,7 @@ async def test_stats(store: Store, clock: FakeClock) -> None:
     assert stats.oldest_pending_at == pytest.approx(first_created)
 
 
-# -- concurrency and payloads --------------------------------------------------------------
-
-
-async def test_concurrent_claims_have_one_winner(store_factory: StoreFactory) -> None:
-    """50 simultaneous claims of one call, over two store instances: exactly one CLAIMED."""
-    stores = [await store_factory(), await store_factory()]
-    outcomes = await asyncio.gather(
-        *(
-            stores[i % 2].claim_call(KEY, tool_name="t", owner=f"o{i}", lease_seconds=LEASE)
-            for i in range(50)
-        )
-    )
-    statuses = [o.status for o in outcomes]
-    assert statuses.count(ClaimStatus.CLAIMED) == 1
-    assert statuses.count(ClaimStatus.BUSY) == 49
-    winner = next(o.record.owner for o in outcomes if o.status is ClaimStatus.CLAIMED)
-    record = await stores[1].get_call(KEY)
-    assert record is not None
-    assert record.owner == winner
-
-
-async def test_concurrent_takeovers_have_one_winner(
-    store_factory: StoreFactory, clock: FakeClock
-) -> None:
-    """50 simultaneous claims of one expired call: exactly one takes it over (IN_DOUBT)."""
-    stores = [await store_factory(), await store_factory()]
-    await claim(stores[0], "first")
-    clock.advance(LEASE + 1)
-    outcomes = await asyncio.gather(
-        *(
-            stores[i % 2].claim_call(KEY, tool_name="t", owner=f"o{i}", lease_seconds=LEASE)
-            for i in range(50)
-        )
-    )
-    statuses = [o.status for o in outcomes]
-    assert statuses.count(ClaimStatus.IN_DOUBT) == 1
-    assert statuses.count(ClaimStatus.BUSY) == 49
-
-
-async def test_concurrent_saves_have_one_winner(store_factory: StoreFactory) -> None:
-    """20 simultaneous saves: every caller gets the same, first, result back."""
-    stores = [await store_factory(), await store_factory()]
-    await claim(stores[0], "a")
-    records = await asyncio.gather(
-        *(
-            stores[i % 2].save_result(KEY, owner=f"o{i}", result=result(f"r{i}", key=f"k{i}"))
-            for i in range(20)
-        )
-    )
-    assert len({r.result for r in records}) == 1
-    assert await stores[1].get_call(KEY) == records[0]
-
-
-async def test_concurrent_record_delivery_has_one_winner(store_factory: StoreFactory) -> None:
-    """200 simultaneous records of one delivery id, over two instances: exactly one True."""
-    stores = [await store_factory(), await store_factory()]
-    answers = await asyncio.gather(
-        *(stores[i % 2].record_delivery("msg_same", "sess_1") for i in range(200))
-    )
-    assert answers.count(True) == 1
+# -- payloads ------------------------------------------------------------------------
 
 
 async def test_saved_result_round_trip_unicode_and_4mib(store: Store) -> None:
@@ -531,6 +527,33 @@ async def test_saved_result_round_trip_unicode_and_4mib(store: Store) -> None:
     assert stored is not None
     assert stored.result == saved
     assert (await store.unsubmitted_results())[0].result == saved
+
+
+async def test_identifiers_of_any_shape_are_distinct_and_round_trip(
+    store: Store, clock: FakeClock
+) -> None:
+    """Separators, glob characters, quotes, unicode and long ids neither collide nor break."""
+    keys = [
+        CallKey("a:b", "c", "d"),
+        CallKey("a", "b:c", "d"),
+        CallKey("a", "b", "c:d"),
+        CallKey("*?[x]\\", '"quoted"', "ü🙂"),
+        CallKey("s" * 5000, "t" * 5000, "c" * 5000),
+    ]
+    for key in keys:
+        outcome = await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
+        assert outcome.status is ClaimStatus.CLAIMED
+        assert outcome.record.key == key
+        clock.advance(1)
+    for key in keys:
+        record = await store.get_call(key)
+        assert record is not None
+        assert record.key == key
+    assert [r.key for r in await store.calls_for_session("a")] == [keys[1], keys[2]]
+    assert await store.record_delivery("x" * 10_000, "ü🙂") is True
+    assert [d.session_id for d in await store.unresolved_deliveries(older_than=clock.now)] == [
+        "ü🙂"
+    ]
 
 
 # -- the suite's own rule ------------------------------------------------------------------

@@ -1,3 +1,4 @@
+# ruff: noqa: S608 - the SQL here interpolates only the schema names the tests generate.
 """PostgreSQL-specific behaviour of :class:`PostgresStore` (shared contract: test_contract.py).
 
 Needs PostgreSQL on 127.0.0.1:5432 (database ``test``, user ``postgres``); skipped when it is
@@ -15,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.errors import StoreUnavailableError
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.errors import StoreError, StoreUnavailableError
+from agentfn_asgi.records import CallKey, CallState, ClaimStatus
+from agentfn_asgi.store._sql import SCHEMA_VERSION
 
 from .conftest import FakeClock as Clock
 from .conftest import require_service
@@ -73,8 +75,56 @@ async def _query(sql: str, *args: object) -> list[Any]:
         await conn.close()
 
 
-def _result(text: str = "ok") -> SavedResult:
-    return SavedResult(success=True, event_json=f'{{"output":"{text}"}}', idempotency_key="ik")
+async def _execute(sql: str) -> None:
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+# The schema as agentfn-asgi made it before schema versions were recorded (verbatim).
+PREVIOUS_DDL = """
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE TABLE IF NOT EXISTS {s}.deliveries (
+    delivery_id text PRIMARY KEY,
+    session_id text NOT NULL,
+    received_at double precision NOT NULL,
+    resolved boolean NOT NULL DEFAULT false
+);
+CREATE INDEX IF NOT EXISTS deliveries_unresolved
+    ON {s}.deliveries (received_at) WHERE NOT resolved;
+CREATE INDEX IF NOT EXISTS deliveries_received ON {s}.deliveries (received_at);
+CREATE TABLE IF NOT EXISTS {s}.calls (
+    session_id text NOT NULL,
+    turn_id text NOT NULL,
+    call_id text NOT NULL,
+    tool_name text NOT NULL,
+    state text NOT NULL,
+    attempt integer NOT NULL,
+    owner text,
+    lease_expires_at double precision NOT NULL,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    delivery_id text,
+    success boolean,
+    event_json text,
+    idempotency_key text,
+    error_type text,
+    source text,
+    full_output text,
+    quarantine_reason text,
+    PRIMARY KEY (session_id, turn_id, call_id)
+);
+CREATE INDEX IF NOT EXISTS calls_claimed
+    ON {s}.calls (lease_expires_at) WHERE state = 'claimed';
+CREATE INDEX IF NOT EXISTS calls_unsubmitted
+    ON {s}.calls (updated_at) WHERE state IN ('succeeded', 'failed');
+CREATE INDEX IF NOT EXISTS calls_terminal
+    ON {s}.calls (updated_at) WHERE state IN ('submitted', 'stale', 'quarantined');
+CREATE INDEX IF NOT EXISTS calls_pending
+    ON {s}.calls (created_at) WHERE state IN ('claimed', 'succeeded', 'failed');
+"""
 
 
 def _free_port() -> int:
@@ -101,7 +151,7 @@ async def test_schemas_isolate_stores_and_destroy_drops_only_its_own(
         " ORDER BY table_name",
         other,
     )
-    assert [row["table_name"] for row in tables] == ["calls", "deliveries"]
+    assert [row["table_name"] for row in tables] == ["calls", "deliveries", "schema_version"]
     await theirs.destroy()
     assert await _query("SELECT 1 FROM pg_namespace WHERE nspname = $1", other) == []
     assert await mine.get_call(key) is not None
@@ -125,110 +175,6 @@ async def test_replicas_opening_together_create_the_schema_once(make_store: Stor
     assert await stores[7].record_delivery("m", "s") is False
 
 
-async def test_clock_values_round_trip_exactly(make_store: StoreMaker) -> None:
-    """Times are stored as double precision from the injected clock, without rounding."""
-    clock = Clock(1_712_345_678.987654321)
-    store = await make_store(clock=clock)
-    key = CallKey("s", "t", "c")
-    outcome = await store.claim_call(key, tool_name="t", owner="o", lease_seconds=0.000123)
-    assert outcome.record.created_at == clock.now
-    assert outcome.record.lease_expires_at == clock.now + 0.000123
-    await store.record_delivery("m", "s")
-    [delivery] = await store.unresolved_deliveries(older_than=clock.now)
-    assert delivery.received_at == clock.now
-
-
-async def test_lease_takeover_uses_the_callers_clock_not_server_time(
-    make_store: StoreMaker,
-) -> None:
-    """Lease expiry is judged by the injected clock: a clock far in the past still sees it live."""
-    clock = Clock(1000.0)
-    store = await make_store(clock=clock)
-    key = CallKey("s", "t", "c")
-    await store.claim_call(key, tool_name="t", owner="a", lease_seconds=5)
-    clock.now += 4
-    assert (await store.claim_call(key, tool_name="t", owner="b", lease_seconds=5)).status is (
-        ClaimStatus.BUSY
-    )
-    clock.now += 2
-    taken = await store.claim_call(key, tool_name="t", owner="b", lease_seconds=5)
-    assert taken.status is ClaimStatus.IN_DOUBT
-    assert taken.record.attempt == 2
-
-
-async def test_concurrent_claims_from_two_instances_elect_one_owner(make_store: StoreMaker) -> None:
-    """Two stores (two pools) racing on one call: exactly one CLAIMED, the rest BUSY."""
-    clock = Clock()
-    first, second = await make_store(clock=clock), await make_store(clock=clock)
-    key = CallKey("sess", "turn", "call")
-    outcomes = await asyncio.gather(
-        *(
-            store.claim_call(key, tool_name="t", owner=f"owner-{i}", lease_seconds=30)
-            for i, store in enumerate([first, second] * 25)
-        )
-    )
-    statuses = [o.status for o in outcomes]
-    assert statuses.count(ClaimStatus.CLAIMED) == 1
-    assert statuses.count(ClaimStatus.BUSY) == 49
-
-
-async def test_concurrent_takeovers_of_an_expired_lease_elect_one(make_store: StoreMaker) -> None:
-    """Racing re-claims of an expired lease: exactly one IN_DOUBT (attempt 2), the rest BUSY."""
-    clock = Clock()
-    first, second = await make_store(clock=clock), await make_store(clock=clock)
-    key = CallKey("sess", "turn", "call")
-    await first.claim_call(key, tool_name="t", owner="dead", lease_seconds=1)
-    clock.now += 5
-    outcomes = await asyncio.gather(
-        *(
-            store.claim_call(key, tool_name="t", owner=f"owner-{i}", lease_seconds=30)
-            for i, store in enumerate([first, second] * 10)
-        )
-    )
-    statuses = [o.status for o in outcomes]
-    assert statuses.count(ClaimStatus.IN_DOUBT) == 1
-    assert statuses.count(ClaimStatus.BUSY) == 19
-    record = await first.get_call(key)
-    assert record is not None
-    assert record.attempt == 2
-
-
-async def test_200_concurrent_record_delivery_accept_one(make_store: StoreMaker) -> None:
-    """200 concurrent records of one delivery id over two instances: exactly one is new."""
-    clock = Clock()
-    stores = [await make_store(clock=clock, max_size=8) for _ in range(2)]
-    results = await asyncio.gather(
-        *(stores[i % 2].record_delivery("msg_same", "sess") for i in range(200))
-    )
-    assert results.count(True) == 1
-    assert len(await stores[0].unresolved_deliveries(older_than=clock.now)) == 1
-
-
-async def test_prune_deletes_in_batches(make_store: StoreMaker) -> None:
-    """More rows than one batch are all pruned; newer rows and live calls stay."""
-    clock = Clock()
-    store = await make_store(clock=clock)
-    for i in range(1_100):
-        await store._execute(
-            "seed",
-            f"INSERT INTO {store._s}.deliveries (delivery_id, session_id, received_at)"  # noqa: S608
-            " VALUES ($1, 's', $2)",
-            f"old-{i}",
-            clock.now - 1000,
-        )
-    done, live = CallKey("s", "t", "done"), CallKey("s", "t", "live")
-    for key in (done, live):
-        await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
-    await store.mark_stale(done)
-    clock.now += 10
-    await store.record_delivery("new", "s")
-    assert await store.prune(deliveries_before=clock.now - 1, calls_before=clock.now) == 1_101
-    stats = await store.stats()
-    assert stats.deliveries == 1
-    assert stats.calls_by_state[CallState.CLAIMED] == 1
-    assert stats.calls_by_state.get(CallState.STALE, 0) == 0
-
-
 async def test_unreachable_postgres_raises_unavailable_quickly() -> None:
     """A closed port gives StoreUnavailableError within about a second, for open and for use."""
     store = PostgresStore(
@@ -241,17 +187,6 @@ async def test_unreachable_postgres_raises_unavailable_quickly() -> None:
         await store.record_delivery("m", "s")
     assert time.monotonic() - started < 3.0
     await store.close()
-
-
-async def test_closed_store_is_unavailable(make_store: StoreMaker) -> None:
-    """After close() every call raises StoreUnavailableError; open() makes it usable again."""
-    store = await make_store(clock=Clock())
-    await store.close()
-    await store.close()
-    with pytest.raises(StoreUnavailableError):
-        await store.ping()
-    await store.open()
-    await store.ping()
 
 
 async def test_recovers_after_its_backends_are_terminated(make_store: StoreMaker) -> None:
@@ -267,3 +202,63 @@ async def test_recovers_after_its_backends_are_terminated(make_store: StoreMaker
     results = await asyncio.gather(*(store.record_delivery(f"after-{i}", "s") for i in range(8)))
     assert all(results)
     await store.ping()
+
+
+async def test_schema_version_is_recorded_and_a_newer_one_is_refused(
+    make_store: StoreMaker,
+) -> None:
+    """open() records the schema version; a schema a newer version wrote is refused."""
+    schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
+    await make_store(clock=Clock(), schema=schema)
+    versions = await _query(f'SELECT version FROM "{schema}".schema_version')
+    assert [row["version"] for row in versions] == [SCHEMA_VERSION]
+    await _execute(f'UPDATE "{schema}".schema_version SET version = version + 1')
+    newer = PostgresStore(POSTGRES_URL, schema=schema)
+    with pytest.raises(StoreError, match="schema version") as info:
+        await newer.open()
+    assert not isinstance(info.value, StoreUnavailableError)
+    await newer.close()
+    await _execute(f'UPDATE "{schema}".schema_version SET version = version - 1')  # teardown
+
+
+async def test_schema_made_before_versions_were_recorded_is_upgraded(
+    make_store: StoreMaker,
+) -> None:
+    """A schema of the previous release keeps its rows, quarantine reasons included."""
+    schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
+    await _execute(PREVIOUS_DDL.format(s=f'"{schema}"'))
+    await _execute(
+        f"INSERT INTO \"{schema}\".deliveries VALUES ('msg_1', 's', 10.0, false);"
+        f' INSERT INTO "{schema}".calls (session_id, turn_id, call_id, tool_name, state,'
+        "  attempt, owner, lease_expires_at, created_at, updated_at, quarantine_reason)"
+        " VALUES ('s', 't', 'c', 'refund', 'quarantined', 2, 'o', 40.0, 10.0, 20.0,"
+        "  'reconcile could not decide')"
+    )
+    clock = Clock(100.0)
+    store = await make_store(clock=clock, schema=schema)
+    record = await store.get_call(CallKey("s", "t", "c"))
+    assert record is not None
+    assert (record.state, record.attempt, record.quarantine_reason) == (
+        CallState.QUARANTINED,
+        2,
+        "reconcile could not decide",
+    )
+    assert record.result is None
+    assert await store.record_delivery("msg_1", "s") is False
+    assert [d.delivery_id for d in await store.unresolved_deliveries(older_than=100.0)] == ["msg_1"]
+    versions = await _query(f'SELECT version FROM "{schema}".schema_version')
+    assert [row["version"] for row in versions] == [SCHEMA_VERSION]
+    indexes = await _query("SELECT indexname FROM pg_indexes WHERE schemaname = $1", schema)
+    assert {row["indexname"] for row in indexes} == {
+        "deliveries_pkey",
+        "deliveries_unresolved",
+        "deliveries_received",
+        "calls_pkey",
+        "calls_claimed",
+        "calls_unsubmitted",
+        "calls_terminal",
+    }
+    fresh = await store.claim_call(
+        CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5
+    )
+    assert fresh.status is ClaimStatus.CLAIMED

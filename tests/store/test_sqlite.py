@@ -1,4 +1,5 @@
-"""SQLite specifics: WAL, persistence, sharing a file, a free event loop, clean errors."""
+"""SQLite specifics: WAL, schema versions and upgrades, the writer thread (a free event loop,
+group commit, shutdown), file locks shared by processes, clean errors."""
 
 from __future__ import annotations
 
@@ -17,9 +18,17 @@ from pathlib import Path
 import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.records import CallKey, CallState, ClaimStatus
 from agentfn_asgi.store import SQLiteStore
-from agentfn_asgi.store.sqlite import SCHEMA_VERSION
+from agentfn_asgi.store._sql import (
+    EXPIRED_CLAIMS,
+    PRUNE_CALLS,
+    PRUNE_DELIVERIES,
+    SCHEMA_VERSION,
+    UNRESOLVED_DELIVERIES,
+    UNSUBMITTED_RESULTS,
+)
+from agentfn_asgi.store._sql_dialect import SQLITE
 
 pytestmark = pytest.mark.anyio
 
@@ -49,41 +58,6 @@ async def test_opens_in_wal_mode_with_schema_version(store: SQLiteStore, db_path
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"deliveries", "calls"} <= tables
-
-
-async def test_data_survives_reopen(db_path: Path) -> None:
-    """Deliveries, claims and saved results are still there after close and a new instance."""
-    first = SQLiteStore(db_path)
-    await first.record_delivery("msg_1", "sess_1")  # first use opens implicitly
-    await first.claim_call(KEY, tool_name="t", owner="a", lease_seconds=30)
-    saved = SavedResult(success=True, event_json='{"x":"☃"}', idempotency_key="k")
-    await first.save_result(KEY, owner="a", result=saved)
-    await first.close()
-
-    second = SQLiteStore(db_path)
-    try:
-        assert await second.record_delivery("msg_1", "sess_1") is False
-        record = await second.get_call(KEY)
-        assert record is not None
-        assert record.state is CallState.SUCCEEDED
-        assert record.result == saved
-    finally:
-        await second.close()
-
-
-async def test_two_instances_share_one_file(store: SQLiteStore, db_path: Path) -> None:
-    """A second instance on the same file sees the first one's writes and claims."""
-    other = SQLiteStore(db_path)
-    try:
-        assert await store.record_delivery("msg_1", "s") is True
-        assert await other.record_delivery("msg_1", "s") is False
-        claimed = await store.claim_call(KEY, tool_name="t", owner="a", lease_seconds=30)
-        assert claimed.status is ClaimStatus.CLAIMED
-        busy = await other.claim_call(KEY, tool_name="t", owner="b", lease_seconds=30)
-        assert busy.status is ClaimStatus.BUSY
-        assert busy.record.owner == "a"
-    finally:
-        await other.close()
 
 
 @pytest.mark.slow
@@ -253,6 +227,110 @@ async def test_newer_schema_is_refused(db_path: Path) -> None:
     with pytest.raises(StoreError, match="schema version"):
         await store.open()
     await store.close()
+
+
+# The schema of version 1 (the previous release), verbatim.
+VERSION_1_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS deliveries (
+        delivery_id TEXT PRIMARY KEY,
+        session_id  TEXT NOT NULL,
+        received_at REAL NOT NULL,
+        resolved    INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX IF NOT EXISTS deliveries_resolved_received ON deliveries (resolved, received_at)",
+    """CREATE TABLE IF NOT EXISTS calls (
+        session_id TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
+        tool_name TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL, owner TEXT,
+        lease_expires_at REAL NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL,
+        delivery_id TEXT,
+        success INTEGER, event_json TEXT, idempotency_key TEXT, error_type TEXT, source TEXT,
+        full_output TEXT,
+        PRIMARY KEY (session_id, turn_id, call_id)
+    )""",
+    "CREATE INDEX IF NOT EXISTS calls_state_lease ON calls (state, lease_expires_at)",
+    "CREATE INDEX IF NOT EXISTS calls_state_updated ON calls (state, updated_at)",
+    "PRAGMA user_version = 1",
+)
+
+
+async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
+    """A file of the previous release keeps working: its rows stay, a quarantine's reason moves
+    from error_type (where version 1 kept it) to quarantine_reason, a failure keeps its
+    error_type, and the indexes are the current ones."""
+    db_path.parent.mkdir(parents=True)
+    columns = (
+        "session_id, turn_id, call_id, tool_name, state, attempt, owner, lease_expires_at,"
+        " created_at, updated_at, success, event_json, idempotency_key, error_type, source"
+    )
+    with sqlite3.connect(db_path) as raw:
+        for statement in VERSION_1_SCHEMA:
+            raw.execute(statement)
+        raw.execute("INSERT INTO deliveries VALUES ('msg_1', 's', 10.0, 0)")
+        raw.execute(
+            f"INSERT INTO calls ({columns}) VALUES ('s', 't', 'held', 'refund', 'quarantined',"  # noqa: S608
+            " 2, 'o', 40.0, 10.0, 20.0, NULL, NULL, NULL, 'reconcile could not decide', NULL)"
+        )
+        raw.execute(
+            f"INSERT INTO calls ({columns}) VALUES ('s', 't', 'failed', 'refund', 'failed',"  # noqa: S608
+            " 1, 'o', 40.0, 11.0, 20.0, 0, '{}', 'ik', 'handler_error', 'ran')"
+        )
+    store = SQLiteStore(db_path, clock=lambda: 100.0)
+    try:
+        held = await store.get_call(CallKey("s", "t", "held"))
+        assert held is not None
+        assert (held.state, held.attempt, held.quarantine_reason, held.result) == (
+            CallState.QUARANTINED,
+            2,
+            "reconcile could not decide",
+            None,
+        )
+        [failed] = await store.unsubmitted_results()
+        assert failed.key == CallKey("s", "t", "failed")
+        assert failed.result is not None
+        assert (failed.result.error_type, failed.quarantine_reason) == ("handler_error", None)
+        assert await store.record_delivery("msg_1", "s") is False
+        fresh = await store.claim_call(KEY, tool_name="t", owner="o", lease_seconds=5)
+        assert fresh.status is ClaimStatus.CLAIMED
+    finally:
+        await store.close()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        indexes = {
+            name
+            for (name,) in raw.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+            )
+        }
+        assert [row[1] for row in raw.execute("PRAGMA table_info(calls)")][-1] == (
+            "quarantine_reason"
+        )
+    assert indexes == {
+        "deliveries_unresolved",
+        "deliveries_received",
+        "calls_claimed",
+        "calls_unsubmitted",
+        "calls_terminal",
+    }
+
+
+async def test_recovery_and_prune_queries_use_the_partial_indexes(
+    store: SQLiteStore, db_path: Path
+) -> None:
+    """SQLite uses a partial index only when a query repeats its condition term for term; the
+    shared predicates make every recovery and prune query do so."""
+    params = {"older_than": 0.0, "now": 0.0, "before": 0.0, "limit": 10, "batch": 10}
+    expected = {
+        UNRESOLVED_DELIVERIES: "deliveries_unresolved",
+        UNSUBMITTED_RESULTS: "calls_unsubmitted",
+        EXPIRED_CLAIMS: "calls_claimed",
+        PRUNE_DELIVERIES: "deliveries_received",
+        PRUNE_CALLS: "calls_terminal",
+    }
+    with sqlite3.connect(db_path) as raw:
+        for template, index in expected.items():
+            query = "EXPLAIN QUERY PLAN " + SQLITE.render(template).text
+            plan = " ".join(str(row[3]) for row in raw.execute(query, params))
+            assert f"INDEX {index}" in plan, (index, plan)
 
 
 async def test_closed_store_refuses_then_reopens(db_path: Path) -> None:

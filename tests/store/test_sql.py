@@ -1,0 +1,98 @@
+"""The shared SQL: rendering for each dialect, and the schema's upgrade plan (no database)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from agentfn_asgi.store._codec import record_from_mapping
+from agentfn_asgi.store._sql import (
+    CALL_COLUMNS,
+    CLAIM,
+    INDEXES,
+    SCHEMA_VERSION,
+    TABLES,
+    UPGRADES,
+    schema_changes,
+)
+from agentfn_asgi.store._sql_dialect import SQLITE, postgres_dialect
+
+
+def test_postgres_numbers_parameters_in_order_of_first_use() -> None:
+    """:name becomes $n, a repeated name keeps its number, and the arguments follow."""
+    query = postgres_dialect("agentfn").render(
+        "UPDATE {p}calls SET a = :b, c = :now WHERE d = :now AND e = :a_b"
+    )
+    assert query.text == 'UPDATE "agentfn".calls SET a = $1, c = $2 WHERE d = $2 AND e = $3'
+    assert query.arguments({"now": 1.5, "b": "x", "a_b": None, "unused": 0}) == ["x", 1.5, None]
+
+
+def test_schema_names_are_quoted_and_never_read_as_parameters() -> None:
+    """A schema name with quotes, ":" or "$" is a quoted identifier, not SQL or a parameter."""
+    query = postgres_dialect('we:ird "$1" name').render("SELECT {text} FROM {p}t WHERE x = :x")
+    assert query.text == 'SELECT text FROM "we:ird ""$1"" name".t WHERE x = $1'
+    assert query.order == ("x",)
+
+
+def test_sqlite_keeps_named_parameters_and_has_no_prefix() -> None:
+    """sqlite3 takes :name with a mapping: the text keeps them; tables are unqualified."""
+    query = SQLITE.render("SELECT {boolean}, {real} FROM {p}calls WHERE a = :a AND b = :a")
+    assert query.text == "SELECT INTEGER, REAL FROM calls WHERE a = :a AND b = :a"
+    assert query.order == ()
+
+
+def test_the_claim_says_what_it_does_to_which_state() -> None:
+    """The upsert inserts attempt 1, and takes over only a claimed call whose lease expired."""
+    text = SQLITE.render(CLAIM).text
+    assert "'claimed', 1," in text
+    assert "attempt = c.attempt + 1" in text
+    assert "WHERE c.state = 'claimed' AND c.lease_expires_at < :now" in text
+
+
+def test_a_fresh_database_gets_tables_and_indexes_only() -> None:
+    """Version 0 with no tables: CREATE TABLE for each, the indexes, the (harmless) upgrades."""
+    changes = schema_changes(0, {})
+    creates = [c for c in changes if c.startswith("CREATE TABLE")]
+    assert [c.split()[5] for c in creates] == [f"{{p}}{table}" for table in TABLES]
+    assert not [c for c in changes if c.startswith("ALTER")]
+    upgrades = [u for version in sorted(UPGRADES) for u in UPGRADES[version]]
+    assert len(changes) == len(TABLES) + len(INDEXES) + len(upgrades)
+
+
+def test_an_older_database_gets_only_its_missing_columns() -> None:
+    """Existing tables are altered, never re-created, and only by the columns they lack."""
+    calls = [name for name, _ in CALL_COLUMNS if name != "quarantine_reason"]
+    deliveries = [name for name, _ in TABLES["deliveries"][0]]
+    changes = schema_changes(1, {"calls": calls, "deliveries": deliveries})
+    assert [c for c in changes if c.startswith(("CREATE TABLE", "ALTER"))] == [
+        "ALTER TABLE {p}calls ADD COLUMN quarantine_reason {text}"
+    ]
+    current = schema_changes(
+        SCHEMA_VERSION, {"calls": [*calls, "quarantine_reason"], "deliveries": deliveries}
+    )
+    assert all(c.startswith("CREATE INDEX IF NOT EXISTS") for c in current)
+
+
+class _Recording(dict[str, Any]):
+    """A row that remembers which fields were read."""
+
+    def __init__(self, names: Iterator[str]) -> None:
+        super().__init__((name, "1") for name in names)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name: str) -> Any:
+        self.read.add(name)
+        return super().__getitem__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.read.add(name)
+        return super().get(name, default)
+
+
+def test_every_call_column_is_read_back() -> None:
+    """A column added to the schema must also be read into the record (and vice versa)."""
+    row = _Recording(iter(name for name, _ in CALL_COLUMNS))
+    row["state"] = "claimed"
+    row.read.clear()
+    record_from_mapping(row)
+    assert row.read == set(row)

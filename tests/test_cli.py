@@ -18,20 +18,14 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi.app import AgentWebhookApp
-from agentfn_asgi.cli import (
-    CLIError,
-    build_parser,
-    load_tools,
-    main,
-    parse_call_spec,
-    serve_fake_api,
-)
+from agentfn_asgi.cli import CLIError, build_parser, load_tools, main, parse_call_spec
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
+from agentfn_asgi.testing.control import serve_fake_api
 from examples.shared_tools import tools as example_tools
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

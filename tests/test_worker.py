@@ -34,7 +34,7 @@ from agentfn_asgi.errors import (
 from agentfn_asgi.records import CallKey, CallRecord, CallState
 from agentfn_asgi.results import INTERNAL_ERROR_MESSAGE
 from agentfn_asgi.store import Store
-from agentfn_asgi.testing import FakeCall, serve_app
+from agentfn_asgi.testing import Connection, FakeCall, serve_app
 from agentfn_asgi.tools import FunctionTools, ToolContext, derive_idempotency_key
 from agentfn_asgi.tracing import trace_id_for_call
 from agentfn_asgi.worker import (
@@ -54,7 +54,7 @@ from agentfn_asgi.worker import (
     run_job,
 )
 
-from .support.stack import APP_URL, Stack, running_stack
+from .support.stack import APP_URL, running_stack
 
 COMPLETION_SECRET = "completion-secret-0123456789abcdef"
 OTHER_SECRET = "another-apps-secret-0123456789abcdef"
@@ -381,7 +381,7 @@ async def record_of(store: Store, session_id: str, call_id: str) -> CallRecord:
     raise AssertionError(f"no record for {call_id}")
 
 
-async def wait_state(stack: Stack, sid: str, call_id: str, state: CallState) -> CallRecord:
+async def wait_state(stack: Connection, sid: str, call_id: str, state: CallState) -> CallRecord:
     with anyio.fail_after(5):
         while (record := await record_of(stack.store, sid, call_id)).state is not state:
             await anyio.sleep(0.02)

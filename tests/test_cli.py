@@ -25,9 +25,10 @@ from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
-from agentfn_asgi.testing.control import serve_fake_api
+from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, serve_fake_api
 from examples.shared_tools import tools as example_tools
 
+ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 COMMANDS = ["demo", "fake-api", "send", "tools", "status", "recover"]
 
@@ -60,9 +61,36 @@ def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]
     assert len(capsys.readouterr().out.splitlines()) > 3
 
 
+def test_fake_api_help_documents_the_session_script_as_the_examples_readme_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``fake-api --help`` shows the session script shape, unwrapped, with the control
+    endpoints and the retry option; the examples README shows the same shape."""
+    with pytest.raises(SystemExit):
+        main(["fake-api", "--help"])
+    out = capsys.readouterr().out
+    readme = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
+    for text in (SESSION_SCRIPT_SHAPE, ONE_STEP_SHAPE):
+        assert text in out
+        assert text in readme
+    for endpoint in ("POST /_fake/sessions/ID/redeliver", "GET  /_fake/submissions"):
+        assert endpoint in out
+    assert "--webhook-retry-for" in out and "(default 300;" in " ".join(out.split())
+
+
 @pytest.mark.parametrize(
     "argv",
-    [[], ["nope"], ["tools"], ["tools", "no-colon"], ["recover"], ["send"], ["status", "--x"]],
+    [
+        [],
+        ["nope"],
+        ["tools"],
+        ["tools", "no-colon"],
+        ["recover"],
+        ["send"],
+        ["status", "--x"],
+        ["fake-api", "--webhook-retry-for", "-1"],
+        ["fake-api", "--webhook-retry-for", "soon"],
+    ],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Missing or malformed arguments are usage errors: exit code 2 with a message."""

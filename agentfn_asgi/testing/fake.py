@@ -164,9 +164,10 @@ class FakeAgentsAPI:
         if sid in self.sessions:
             raise ValueError(f"session {sid} already exists")
         session = FakeSession(self, sid, dict(metadata or {}))
+        turn = session.plan_turn(steps)  # a bad script raises before anything is announced
         self.sessions[sid] = session
         session.announce_created()
-        session.start_turn(steps)
+        session.begin_turn(turn)
         return sid
 
     def start_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> str:

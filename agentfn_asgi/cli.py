@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    demo        play a scripted session against the Starlette example, print a timeline
+    demo        play a scripted session against the demo's app, print a timeline
     fake-api    serve FakeAgentsAPI on a loopback port for local development
     send        sign and POST a webhook to a URL (like a provider's "send test event")
     tools       print a registry's tool definitions as JSON (for ``agent.tools``)
@@ -55,7 +55,7 @@ def load_tools(spec: str) -> FunctionTools:
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CLIError(f"expected MODULE:ATTR (e.g. examples.shared_tools:tools), got {spec!r}")
+        raise CLIError(f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -80,7 +80,7 @@ def _tools_spec(value: str) -> str:
     module_name, sep, attr = value.partition(":")
     if not sep or not module_name or not attr:
         raise argparse.ArgumentTypeError(
-            f"expected MODULE:ATTR (e.g. examples.shared_tools:tools), got {value!r}"
+            f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {value!r}"
         )
     return value
 
@@ -338,14 +338,15 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="play a scripted session end to end and print a timeline",
         description=(
-            "Start FakeAgentsAPI and the Starlette example on free loopback ports (SQLite "
-            "store in a temporary folder), play a session that calls get_customer, "
+            "Start FakeAgentsAPI in this process and the demo's Starlette app "
+            "(agentfn_asgi.demo.app) under uvicorn, on free loopback ports (SQLite store in a "
+            "temporary folder; runs from any folder), play a session that calls get_customer, "
             "create_refund, two parallel slow_echo, an unknown tool and a failing refund, "
             "then a second step; print a timeline and a summary. Leaves nothing running."
         ),
     )
     demo.add_argument("--timeout", type=float, default=30.0, help="give up after this many seconds")
-    demo.add_argument("-v", "--verbose", action="store_true", help="also show the example's logs")
+    demo.add_argument("-v", "--verbose", action="store_true", help="also show the app's logs")
     demo.set_defaults(handler=_cmd_demo)
 
     from .testing.control import DEV_WEBHOOK_RETRY_WINDOW, ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE
@@ -444,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Import MODULE:ATTR (a FunctionTools registry) and print its definitions().",
     )
     tools.add_argument(
-        "spec", type=_tools_spec, metavar="MODULE:ATTR", help="e.g. examples.shared_tools:tools"
+        "spec", type=_tools_spec, metavar="MODULE:ATTR", help="e.g. agentfn_asgi.demo.tools:tools"
     )
     tools.add_argument("--compact", action="store_true", help="one line of compact JSON")
     tools.set_defaults(handler=_cmd_tools)

@@ -21,12 +21,12 @@ from agentfn_asgi.app import AgentWebhookApp
 from agentfn_asgi.cli import CLIError, build_parser, load_tools, main, parse_call_spec
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
+from agentfn_asgi.demo.tools import tools as example_tools
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, serve_fake_api
-from examples.shared_tools import tools as example_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -124,9 +124,9 @@ def test_parser_is_buildable_for_docs() -> None:
 def test_tools_prints_the_definitions(capsys: pytest.CaptureFixture[str]) -> None:
     """``tools MODULE:ATTR`` prints exactly ``definitions()`` as JSON; ``--compact`` on one
     line; a factory function works too."""
-    assert main(["tools", "examples.shared_tools:tools"]) == 0
+    assert main(["tools", "agentfn_asgi.demo.tools:tools"]) == 0
     assert json.loads(capsys.readouterr().out) == example_tools.definitions()
-    assert main(["tools", "--compact", "examples.shared_tools:build_tools"]) == 0
+    assert main(["tools", "--compact", "agentfn_asgi.demo.tools:build_tools"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     assert json.loads(out) == example_tools.definitions()
@@ -136,8 +136,8 @@ def test_tools_prints_the_definitions(capsys: pytest.CaptureFixture[str]) -> Non
     ("spec", "message"),
     [
         ("no_such_module_xyz:tools", "cannot import"),
-        ("examples.shared_tools:missing", "has no attribute"),
-        ("examples.shared_tools:CUSTOMERS", "not a FunctionTools"),
+        ("agentfn_asgi.demo.tools:missing", "has no attribute"),
+        ("agentfn_asgi.demo.tools:CUSTOMERS", "not a FunctionTools"),
     ],
 )
 def test_tools_failures_exit_1(spec: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -149,7 +149,7 @@ def test_tools_failures_exit_1(spec: str, message: str, capsys: pytest.CaptureFi
 def test_load_tools_and_call_specs() -> None:
     """Helpers: ``load_tools`` returns the registry; ``NAME:JSON`` call specs parse or fail
     with a message."""
-    assert load_tools("examples.shared_tools:tools") is example_tools
+    assert load_tools("agentfn_asgi.demo.tools:tools") is example_tools
     assert parse_call_spec('get_customer:{"customer_id": "123"}') == (
         "get_customer",
         {"customer_id": "123"},
@@ -299,7 +299,7 @@ async def test_recover_answers_a_session_with_no_webhook(
             "--session",
             session_id,
             "--tools",
-            "examples.shared_tools:tools",
+            "agentfn_asgi.demo.tools:tools",
             "--store",
             url,
         )

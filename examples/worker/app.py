@@ -26,8 +26,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agentfn_asgi.app import AgentWebhookApp
+from agentfn_asgi.demo.tools import Ledger, build_tools
 from agentfn_asgi.integrations.starlette import mount
-from examples.shared_tools import Ledger, build_tools
 from examples.worker.jobs import RedisQueue, generate_report, job_deadline
 
 queue = RedisQueue.from_env()

@@ -6,10 +6,10 @@ Mount :class:`AgentWebhookApp` in your ASGI service, register handlers on a
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from agentfn_asgi._version import __version__
 from agentfn_asgi.app import AgentWebhookApp
-from agentfn_asgi.client import AgentsClient
+from agentfn_asgi.client import AgentsClient, RetryEvent
+from agentfn_asgi.config import Config
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import (
     AgentFnError,
@@ -18,11 +18,17 @@ from agentfn_asgi.errors import (
     APIStatusError,
     APITimeoutError,
     ArgumentValidationError,
+    AuthenticationError,
+    BadRequestError,
+    CLIError,
     CompletionTokenError,
     CompletionTokenExpiredError,
     ConfigurationError,
     ConflictError,
+    DemoError,
+    InternalServerError,
     NotFoundError,
+    PermissionDeniedError,
     RateLimitError,
     ResultEncodingError,
     ResultError,
@@ -38,7 +44,7 @@ from agentfn_asgi.errors import (
     WebhookVerificationError,
 )
 from agentfn_asgi.results import ImagePart, TextPart, image_from_bytes, image_part, text_part
-from agentfn_asgi.signing import WebhookVerifier, sign, signed_headers
+from agentfn_asgi.signing import VerifiedDelivery, WebhookVerifier, sign, signed_headers
 from agentfn_asgi.store import Store, open_store
 from agentfn_asgi.tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, Unknown
 from agentfn_asgi.tracing import Telemetry, trace_id_for_call
@@ -52,21 +58,29 @@ __all__ = [
     "AgentWebhookApp",
     "AgentsClient",
     "ArgumentValidationError",
+    "AuthenticationError",
+    "BadRequestError",
+    "CLIError",
     "CompletionTokenError",
     "CompletionTokenExpiredError",
+    "Config",
     "ConfigurationError",
     "ConflictError",
+    "DemoError",
     "DispatchSettings",
     "FunctionTool",
     "FunctionTools",
     "ImagePart",
+    "InternalServerError",
     "NotFoundError",
     "NotRun",
+    "PermissionDeniedError",
     "Ran",
     "RateLimitError",
     "ResultEncodingError",
     "ResultError",
     "ResultTooLargeError",
+    "RetryEvent",
     "Store",
     "StoreError",
     "StoreUnavailableError",
@@ -77,6 +91,7 @@ __all__ = [
     "ToolError",
     "Unknown",
     "UnknownPendingToolCallError",
+    "VerifiedDelivery",
     "WebhookHeaderError",
     "WebhookSignatureError",
     "WebhookTimestampError",

@@ -1,7 +1,8 @@
 """``AgentWebhookApp``: the pure ASGI sub-app that receives ``agent.*`` webhooks.
 
 It only gathers bytes, calls the pure cores and maps their errors to status codes; the work
-happens in :class:`~agentfn_asgi.dispatch.Dispatcher`. Every answer is deliberate:
+happens in :class:`~agentfn_asgi.dispatch.Dispatcher` (the package docstring of
+:mod:`agentfn_asgi.dispatch` draws one delivery's whole route). Every answer is deliberate:
 
 ========================================================  ======
 situation                                                 status
@@ -19,7 +20,7 @@ store unavailable, shutting down, unexpected failure      503 (the sender retrie
 ========================================================  ======
 
 ``POST {mount}/calls/complete`` takes a worker's result for a queued call; its answers are
-listed in :mod:`agentfn_asgi.worker`.
+listed in :mod:`agentfn_asgi.jobs`.
 
 No untrusted input can produce a 500 or run a handler: handlers only run for calls read from
 the live session after a verified delivery was recorded.
@@ -29,21 +30,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from ._asgi import BodyTooLargeError, DisconnectedError, header, read_body, send_json, sub_path
 from ._crash import crash_point
 from .client import AgentsClient
+from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
 from .errors import (
-    CompletionTokenError,
-    CompletionTokenExpiredError,
     ConfigurationError,
     StoreError,
     WebhookHeaderError,
@@ -51,18 +50,12 @@ from .errors import (
     WebhookTimestampError,
     WebhookVerificationError,
 )
+from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, worker_jobs
 from .signing import WebhookVerifier, parse_secrets
 from .store import Store, open_store
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
 from .wire import parse_webhook_event
-from .worker import (
-    COMPLETE_PATH,
-    COMPLETION_BODY_LIMIT,
-    bearer_token,
-    completion_setup,
-    parse_completion,
-)
 
 __all__ = ["AgentWebhookApp"]
 
@@ -72,26 +65,6 @@ logger = logging.getLogger("agentfn_asgi.app")
 ACTION_REQUIRED = "agent.session.action_required"
 DEFAULT_MAX_BODY = 1024 * 1024
 
-
-class _BodyTooLargeError(Exception):
-    pass
-
-
-class _DisconnectedError(Exception):
-    pass
-
-
-async def _send_json(send: Send, status: int, payload: dict[str, Any], **headers: str) -> None:
-    body = json.dumps(payload, separators=(",", ":")).encode()
-    raw_headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    raw_headers += [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 _REJECT_REASONS: dict[type[Exception], str] = {
     WebhookHeaderError: "bad_header",
     WebhookSignatureError: "bad_signature",
@@ -99,37 +72,25 @@ _REJECT_REASONS: dict[type[Exception], str] = {
 }
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            # Untrusted, so bounded before it becomes a span attribute.
-            return str(value[:256].decode("latin-1"))
-    return None
-
-
-def _sub_path(scope: Scope) -> str:
-    """The path below the mount point (``root_path``), so ``Mount`` and plain routes both work."""
-    path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "").rstrip("/")
-    if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root) :]
-    return path.rstrip("/")
-
-
 class AgentWebhookApp:
     """Mount this at your webhook URL; it verifies, records, acknowledges and dispatches.
+
+    Every option left out is read from the environment through
+    :meth:`agentfn_asgi.config.Config.from_env` (or taken from ``config=``); see the README's
+    configuration table.
 
     Args:
         tools: the registry whose handlers run and whose definitions you gave the agent.
         webhook_secret: one ``whsec_...`` secret or several (rotation); default
             ``OPENAI_WEBHOOK_SECRET`` (several separated by spaces or commas).
-        client: an :class:`AgentsClient`; default ``AgentsClient.from_env()``.
+        client: an :class:`AgentsClient`; default one built from ``OPENAI_API_KEY``,
+            ``OPENAI_BASE_URL``, ``OPENAI_PROJECT_ID`` and ``OPENAI_ORG_ID``.
         store: a :class:`Store` or a store URL; default ``AGENTFN_STORE_URL`` or
             ``sqlite:///agentfn.sqlite3``.
         tolerance: accepted webhook timestamp skew, seconds, both directions.
         max_body_size: larger bodies get 413 without being read.
         body_timeout: a sender slower than this gets 408.
-        settings: how calls run (:class:`DispatchSettings`).
+        settings: how calls run (:class:`DispatchSettings`); default from ``AGENTFN_*``.
         resources: any object handed to handlers as ``ToolContext.resources`` (a database
             pool, settings, clients created at start-up).
         drain_timeout: on shutdown, how long in-flight calls may finish before they are left
@@ -137,9 +98,10 @@ class AgentWebhookApp:
         telemetry: a :class:`~agentfn_asgi.tracing.Telemetry` (spans and metrics).
         completion_secret: signs the completion tokens of tools with ``enqueue=`` (one, or
             several for a rotation, newest last); default ``AGENTFN_COMPLETION_SECRET``.
-            Required when a tool enqueues. See :mod:`agentfn_asgi.worker`.
+            Required when a tool enqueues. See :mod:`agentfn_asgi.jobs`.
         public_url: this app's public URL (where it is mounted), so that jobs carry
             ``complete_url``; default ``AGENTFN_PUBLIC_URL``.
+        config: the environment's configuration, when you read it yourself.
     """
 
     def __init__(
@@ -159,34 +121,41 @@ class AgentWebhookApp:
         telemetry: Telemetry | None = None,
         completion_secret: str | Sequence[str] | None = None,
         public_url: str | None = None,
+        config: Config | None = None,
     ) -> None:
-        tokens, completion_url = completion_setup(
-            tools, secret=completion_secret, public_url=public_url, clock=clock
-        )
-        secret = (
-            webhook_secret
-            if webhook_secret is not None
-            else os.environ.get("OPENAI_WEBHOOK_SECRET")
-        )
-        if not secret:
+        env = config if config is not None else Config.from_env()
+        secrets = parse_secrets(webhook_secret) if webhook_secret is not None else ()
+        secrets = secrets or env.webhook_secrets
+        if not secrets:
             raise ConfigurationError(
                 "no webhook secret: pass webhook_secret= or set OPENAI_WEBHOOK_SECRET "
                 "(the whsec_... value shown when the webhook endpoint was created)"
             )
-        self.verifier = WebhookVerifier(parse_secrets(secret), tolerance=tolerance, clock=clock)
-        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        self.verifier = WebhookVerifier(secrets, tolerance=tolerance, clock=clock)
+        completion_secrets = (
+            parse_secrets(completion_secret, what="completion secrets")
+            if completion_secret is not None
+            else ()
+        )
+        self.jobs = worker_jobs(
+            tools,
+            completion_secrets or env.completion_secrets,
+            public_url=public_url if public_url is not None else env.public_url,
+            clock=clock,
+        )
+        self.telemetry = (
+            telemetry if telemetry is not None else Telemetry(capture_content=env.capture_content)
+        )
         self._owns_client = client is None
         # An owned client reports its retries as span events; pass
         # on_retry=telemetry.client_retry to a client of your own for the same.
         self.client = (
-            client
-            if client is not None
-            else AgentsClient.from_env(on_retry=self.telemetry.client_retry)
+            client if client is not None else env.client(on_retry=self.telemetry.client_retry)
         )
         self.store: Store = (
             store
             if store is not None and not isinstance(store, str)
-            else open_store(store, clock=clock)
+            else open_store(store if store is not None else env.store_url, clock=clock)
         )
         self.max_body_size = max_body_size
         self.body_timeout = body_timeout
@@ -196,12 +165,11 @@ class AgentWebhookApp:
             tools,
             self.client,
             self.store,
-            settings=settings if settings is not None else DispatchSettings.from_env(),
+            settings=settings if settings is not None else env.dispatch,
             resources=resources,
             clock=clock,
             telemetry=self.telemetry,
-            completion_tokens=tokens,
-            completion_url=completion_url,
+            handoff=self.jobs,
         )
         self._start_lock = asyncio.Lock()
         self._draining = False
@@ -250,22 +218,22 @@ class AgentWebhookApp:
             return
         if scope["type"] != "http":
             return  # websockets are not ours; closing without accept refuses them
-        path = _sub_path(scope)
+        path = sub_path(scope)
         method = scope.get("method", "GET")
         if path == "":
             if method != "POST":
-                await _send_json(send, 405, {"error": "method not allowed"}, allow="POST")
+                await send_json(send, 405, {"error": "method not allowed"}, allow="POST")
                 return
             await self._webhook(scope, receive, send)
         elif path == "/healthz":
             await self._health(send)
         elif path == COMPLETE_PATH:
             if method != "POST":
-                await _send_json(send, 405, {"error": "method not allowed"}, allow="POST")
+                await send_json(send, 405, {"error": "method not allowed"}, allow="POST")
                 return
             await self._complete(scope, receive, send)
         else:
-            await _send_json(send, 404, {"error": "not found"})
+            await send_json(send, 404, {"error": "not found"})
 
     async def _lifespan_protocol(self, receive: Receive, send: Send) -> None:
         while True:
@@ -288,96 +256,35 @@ class AgentWebhookApp:
         except (StoreError, TimeoutError) as exc:
             # The detail (paths, hosts) is for the operator's log, not for anonymous callers.
             logger.warning("health check: store unavailable: %s", exc)
-            await _send_json(send, 503, {"status": "unavailable", "store": "unavailable"})
+            await send_json(send, 503, {"status": "unavailable", "store": "unavailable"})
             return
         status = "draining" if self._draining else "ok"
-        await _send_json(
+        await send_json(
             send,
             503 if self._draining else 200,
             {"status": status, "store": "ok", "inflight": self.dispatcher.inflight},
         )
 
-    async def _read_body(self, scope: Scope, receive: Receive, limit: int | None = None) -> bytes:
-        limit = self.max_body_size if limit is None else limit
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    continue
-                if declared > limit:
-                    raise _BodyTooLargeError
-        chunks: list[bytes] = []
-        size = 0
-        async with asyncio.timeout(self.body_timeout):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise _DisconnectedError
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise _BodyTooLargeError
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
-
     async def _complete(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A worker's result: token first (nothing is read for a stranger), then the body."""
-        tokens = self.dispatcher.completion_tokens
-        if tokens is None:
-            await _send_json(send, 404, {"error": "not found"})
+        """A worker's result for a queued call (the answers are in :mod:`agentfn_asgi.jobs`)."""
+        if self.jobs is None:
+            await send_json(send, 404, {"error": "not found"})
             return
         if self._draining:
-            await _send_json(send, 503, {"error": "shutting down"}, retry_after="5")
+            await send_json(send, 503, {"error": "shutting down"}, retry_after="5")
             return
-        refused = 'Bearer error="invalid_token"'
-        try:
-            claims = tokens.verify(bearer_token(scope.get("headers", ())) or "")
-        except CompletionTokenExpiredError:
-            await _send_json(send, 401, {"error": "token_expired"}, www_authenticate=refused)
-            return
-        except CompletionTokenError:
-            await _send_json(send, 401, {"error": "invalid_token"}, www_authenticate=refused)
-            return
-        try:
-            body = await self._read_body(
-                scope, receive, limit=max(self.max_body_size, COMPLETION_BODY_LIMIT)
-            )
-            completion = parse_completion(body)
-        except _BodyTooLargeError:
-            await _send_json(send, 413, {"error": "body too large"})
-            return
-        except TimeoutError:
-            await _send_json(send, 408, {"error": "body not received in time"})
-            return
-        except _DisconnectedError:
-            return
-        except ValueError as exc:
-            await _send_json(send, 400, {"error": "invalid_body", "message": str(exc)})
-            return
-        try:
-            await self.startup()
-            status = await self.dispatcher.complete(
-                claims, success=completion.success, output=completion.output, error=completion.error
-            )
-        except CompletionTokenError:
-            await _send_json(send, 401, {"error": "invalid_token"}, www_authenticate=refused)
-            return
-        except Exception:
-            # Store down or a bug: never a 500; the worker retries (a repeat is harmless).
-            logger.exception("could not record the completion of %s", claims.key)
-            await _send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
-            return
-        if status == "conflict":
-            await _send_json(send, 409, {"error": "conflict", "status": status})
-        elif status == "unknown_tool":
-            await _send_json(send, 404, {"error": "unknown_tool", "status": status})
-        else:
-            await _send_json(send, 200, {"status": status})
+        await self.jobs.complete(
+            scope,
+            receive,
+            send,
+            dispatcher=self.dispatcher,
+            ready=self.startup,
+            body_limit=max(self.max_body_size, COMPLETION_BODY_LIMIT),
+            body_timeout=self.body_timeout,
+        )
 
     async def _webhook(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with self.telemetry.delivery(delivery_id=_header(scope, b"webhook-id")) as span:
+        with self.telemetry.delivery(delivery_id=header(scope, b"webhook-id")) as span:
             await self._webhook_in_span(scope, receive, send, span)
 
     async def _webhook_in_span(
@@ -385,19 +292,21 @@ class AgentWebhookApp:
     ) -> None:
         if self._draining:
             span.set_outcome("unavailable", "draining")
-            await _send_json(send, 503, {"error": "shutting down"}, retry_after="5")
+            await send_json(send, 503, {"error": "shutting down"}, retry_after="5")
             return
         try:
-            body = await self._read_body(scope, receive)
-        except _BodyTooLargeError:
+            body = await read_body(
+                receive, scope, limit=self.max_body_size, timeout=self.body_timeout
+            )
+        except BodyTooLargeError:
             span.set_outcome("rejected", "too_large")
-            await _send_json(send, 413, {"error": f"body over {self.max_body_size} bytes"})
+            await send_json(send, 413, {"error": f"body over {self.max_body_size} bytes"})
             return
         except TimeoutError:
             span.set_outcome("rejected", "body_timeout")
-            await _send_json(send, 408, {"error": "body not received in time"})
+            await send_json(send, 408, {"error": "body not received in time"})
             return
-        except _DisconnectedError:
+        except DisconnectedError:
             span.set_outcome("rejected", "disconnected")
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
@@ -405,7 +314,7 @@ class AgentWebhookApp:
             delivery = self.verifier.verify(body, headers)
         except WebhookVerificationError as exc:
             span.set_outcome("rejected", _REJECT_REASONS.get(type(exc), "verification"))
-            await _send_json(send, exc.status_code, {"error": str(exc)})
+            await send_json(send, exc.status_code, {"error": str(exc)})
             return
         try:
             await self._accept(delivery.msg_id, body, send, span)
@@ -413,14 +322,14 @@ class AgentWebhookApp:
             span.set_outcome("unavailable", "internal_error")
             # Verified but something of ours failed: never a 500; 503 makes the sender retry.
             logger.exception("could not accept delivery %s", delivery.msg_id)
-            await _send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
+            await send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
 
     async def _accept(self, delivery_id: str, body: bytes, send: Send, span: DeliverySpan) -> None:
         try:
             event = parse_webhook_event(body)
         except ValueError:
             span.set_outcome("rejected", "malformed_body")
-            await _send_json(send, 400, {"error": "body is not a webhook event envelope"})
+            await send_json(send, 400, {"error": "body is not a webhook event envelope"})
             return
         if event.type != ACTION_REQUIRED or event.required_action_type not in (
             None,
@@ -428,12 +337,12 @@ class AgentWebhookApp:
         ):
             span.set_event_type(event.type)
             span.set_outcome("ignored")
-            await _send_json(send, 200, {"status": "ignored"})
+            await send_json(send, 200, {"status": "ignored"})
             return
         session_id = event.session_id
         if not session_id:
             span.set_outcome("rejected", "no_session_id")
-            await _send_json(send, 400, {"error": "data.id (the session id) is missing"})
+            await send_json(send, 400, {"error": "data.id (the session id) is missing"})
             return
         try:
             await self.startup()
@@ -441,16 +350,18 @@ class AgentWebhookApp:
         except StoreError as exc:
             span.set_outcome("unavailable", "store")
             logger.warning("store unavailable, asking the sender to retry: %s", exc)
-            await _send_json(send, 503, {"error": "store unavailable"}, retry_after="5")
+            await send_json(send, 503, {"error": "store unavailable"}, retry_after="5")
             return
         span.set_session(session_id)
         if not is_new:
             span.set_outcome("duplicate")
-            await _send_json(send, 200, {"status": "duplicate"})
+            await send_json(send, 200, {"status": "duplicate"})
             return
         # Acknowledge only after the delivery is durably recorded (DESIGN step 5).
         crash_point("before_ack")
-        span.set_outcome("accepted")  # also remembers the span: the call spans link to it
+        span.set_outcome("accepted")
+        # The calls this delivery causes here link back to its span.
+        self.telemetry.remember_delivery(delivery_id, span.link)
         self.dispatcher.schedule(session_id, delivery_id)
-        await _send_json(send, 200, {"status": "accepted"})
+        await send_json(send, 200, {"status": "accepted"})
         crash_point("after_ack")

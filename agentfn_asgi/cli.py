@@ -10,7 +10,8 @@ Subcommands::
     recover     re-read a session (or sweep everything) and finish what is owed
 
 Exit codes: 0 success, 1 operational failure (the message says what failed), 2 usage error.
-Only this edge reads the environment; everything it builds takes explicit arguments.
+The environment is read through :mod:`agentfn_asgi.config`, as the app reads it, so every
+command agrees with the app on the store, the keys and the ``AGENTFN_*`` settings.
 """
 
 from __future__ import annotations
@@ -28,20 +29,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import __version__
-from .errors import AgentFnError, ConfigurationError
+from ._version import __version__
+from .config import Config
+from .errors import AgentFnError, CLIError, ConfigurationError
 from .records import StoreStats
 from .tools import FunctionTools
 
-__all__ = ["CLIError", "build_parser", "load_tools", "main", "parse_call_spec"]
+__all__ = ["build_parser", "load_tools", "main", "parse_call_spec"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-
-
-class CLIError(AgentFnError):
-    """An operational failure reported on stderr with exit code 1 (no traceback)."""
 
 
 # -- helpers shared by subcommands -----------------------------------------------------------
@@ -103,7 +101,7 @@ def parse_call_spec(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def _secret_from(value: str | None) -> str:
-    secret = value or os.environ.get("OPENAI_WEBHOOK_SECRET", "")
+    secret = value or ",".join(Config.from_env().webhook_secrets)
     if not secret.strip():
         raise CLIError("no webhook secret: pass --secret or set OPENAI_WEBHOOK_SECRET")
     return secret
@@ -172,9 +170,7 @@ def _check_store_exists(url: str) -> None:
 
 
 def _store_url(value: str | None) -> str:
-    from .store import DEFAULT_STORE_URL
-
-    return value or os.environ.get("AGENTFN_STORE_URL", "").strip() or DEFAULT_STORE_URL
+    return value or Config.from_env().store_url
 
 
 def _redacted(url: str) -> str:
@@ -249,18 +245,21 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 async def _recover(args: argparse.Namespace) -> int:
-    from .client import AgentsClient
     from .dispatch import Dispatcher
+    from .jobs import worker_jobs
     from .store import open_store
 
     registry = load_tools(args.tools)
-    url = _store_url(args.store)
+    config = Config.from_env()
+    url = args.store or config.store_url
     _check_store_exists(url)
     store = open_store(url)
     # No webhook app is needed to recover (nothing is received), hence no webhook secret:
-    # the dispatcher alone reads sessions, runs what is owed and submits saved results.
-    async with AgentsClient.from_env() as client:
-        dispatcher = Dispatcher(registry, client, store)
+    # the dispatcher alone reads sessions, runs what is owed and submits saved results,
+    # with the same AGENTFN_* settings and worker lane as the app.
+    handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
+    async with config.client() as client:
+        dispatcher = Dispatcher(registry, client, store, settings=config.dispatch, handoff=handoff)
         try:
             await dispatcher.start(recover=False)
             if args.session:
@@ -302,7 +301,7 @@ def _cmd_fake_api(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             webhook_urls=args.webhook_url,
-            webhook_secret=args.secret or os.environ.get("OPENAI_WEBHOOK_SECRET") or None,
+            webhook_secret=args.secret or ",".join(Config.from_env().webhook_secrets) or None,
             api_key=args.api_key,
             webhook_retry_delays=webhook_backoff(args.webhook_retry_for),
             calls=calls,

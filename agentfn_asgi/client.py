@@ -31,19 +31,18 @@ import email.utils
 import importlib
 import json
 import math
-import os
 import random as _random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from types import ModuleType, TracebackType
 from typing import Any, Self
 
 import anyio
 import httpx
 
+from agentfn_asgi._version import __version__
 from agentfn_asgi.errors import (
     APIConnectionError,
     APIError,
@@ -76,11 +75,7 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=32)
 RACE_RETRY_DELAYS: tuple[float, ...] = (0.1, 0.3, 0.6)
 _RACE_PREFIX = "Unknown pending tool call"
 
-try:
-    _VERSION = metadata.version("agentfn-asgi")
-except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    _VERSION = "0.0.0"
-USER_AGENT = f"agentfn-asgi/{_VERSION} httpx/{httpx.__version__}"
+USER_AGENT = f"agentfn-asgi/{__version__} httpx/{httpx.__version__}"
 
 
 def _optional_httpx2() -> ModuleType | None:
@@ -134,9 +129,12 @@ class _AttemptFailedError(Exception):
 class AgentsClient:
     """Async client for ``/agents/sessions`` retrieve, submit and stream.
 
-    ``api_key`` and ``base_url`` fall back to ``OPENAI_API_KEY`` and ``OPENAI_BASE_URL``
-    (default ``https://api.openai.com/v1``); a missing key raises
-    :class:`~agentfn_asgi.errors.ConfigurationError` here, not at the first request.
+    ``api_key`` is required (a missing one raises
+    :class:`~agentfn_asgi.errors.ConfigurationError` here, not at the first request);
+    ``base_url`` defaults to ``https://api.openai.com/v1``. ``project`` and ``organization``
+    are sent as ``OpenAI-Project`` / ``OpenAI-Organization``, as the official SDK does
+    (webhooks are project-scoped, so a key with several projects must name the one).
+    :meth:`agentfn_asgi.config.Config.client` builds one from the environment.
     ``http_client`` is used as is and left open by :meth:`aclose`; without one the client
     owns a pooled ``httpx.AsyncClient`` using ``timeout``. ``sleep``, ``random`` and
     ``monotonic`` exist so tests can run the retry policy instantly and deterministically.
@@ -148,6 +146,8 @@ class AgentsClient:
         *,
         api_key: str | None = None,
         base_url: str | None = None,
+        project: str | None = None,
+        organization: str | None = None,
         http_client: httpx.AsyncClient | None = None,
         max_retries: int = 4,
         total_deadline: float = 60.0,
@@ -161,21 +161,23 @@ class AgentsClient:
         random: Callable[[], float] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        if not key:
+        if not api_key:
             raise ConfigurationError(
-                "no API key: pass api_key= or set the OPENAI_API_KEY environment variable"
+                "no API key: pass api_key= (the app and the CLI read OPENAI_API_KEY)"
             )
-        url = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self._base_url = url.rstrip("/")
+        self._base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._owns_http = http_client is None
         self._http = http_client or _owned_http_client(timeout)
         self._timeout_errors, self._transport_errors = _error_classes(self._http)
         self._headers = {
-            "Authorization": f"Bearer {key}",
+            "Authorization": f"Bearer {api_key}",
             "OpenAI-Beta": "agents=v1",
             "User-Agent": USER_AGENT,
         }
+        if project:
+            self._headers["OpenAI-Project"] = project
+        if organization:
+            self._headers["OpenAI-Organization"] = organization
         if max_retries < 0 or total_deadline <= 0:
             raise ConfigurationError("max_retries must be >= 0 and total_deadline > 0")
         self.max_retries = max_retries
@@ -188,13 +190,6 @@ class AgentsClient:
         self._sleep = sleep or anyio.sleep
         self._random = random or _random.random
         self._monotonic = monotonic
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> AgentsClient:
-        """Build a client from ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL``; keywords override."""
-        overrides.setdefault("api_key", os.environ.get("OPENAI_API_KEY"))
-        overrides.setdefault("base_url", os.environ.get("OPENAI_BASE_URL"))
-        return cls(**overrides)
 
     @property
     def base_url(self) -> str:

@@ -8,6 +8,8 @@ translated at the boundary with ``raise ... from exc``.
 
     AgentFnError
     ├── ConfigurationError              bad setup: missing secret, bad store URL, missing extra
+    ├── CLIError                        a command of ``agentfn-asgi`` failed (exit code 1)
+    ├── DemoError                       the demo, or an example it started, misbehaved
     ├── ToolDefinitionError             refused at registration: name, signature, duplicates,
     │                                   definitions over the API's 3 MiB limit
     ├── ToolError                       raised by a handler; its text goes to the model as written
@@ -49,10 +51,12 @@ __all__ = [
     "ArgumentValidationError",
     "AuthenticationError",
     "BadRequestError",
+    "CLIError",
     "CompletionTokenError",
     "CompletionTokenExpiredError",
     "ConfigurationError",
     "ConflictError",
+    "DemoError",
     "InternalServerError",
     "NotFoundError",
     "PermissionDeniedError",
@@ -78,6 +82,14 @@ class AgentFnError(Exception):
 
 class ConfigurationError(AgentFnError):
     """The package was set up wrongly (missing secret, bad URL, optional extra not installed)."""
+
+
+class CLIError(AgentFnError):
+    """An operational failure of the command line, reported on stderr with exit code 1."""
+
+
+class DemoError(AgentFnError):
+    """The demo (or an example it started) did not behave as scripted."""
 
 
 class ToolDefinitionError(AgentFnError):

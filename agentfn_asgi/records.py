@@ -9,13 +9,24 @@ Calls are keyed by :class:`CallKey` ``(session_id, turn_id, call_id)``. Their st
     quarantined: an in-doubt side-effect call whose reconcile hook could not decide, held
                  for an operator (with ``hold``) instead of being answered.
 
+Also here: :class:`Job` (one call handed to a worker) and :class:`Completion` (a worker's
+outcome for it), the two values the app's side (:mod:`agentfn_asgi.jobs`) and the worker's
+side (:mod:`agentfn_asgi.worker`) exchange.
+
 This module imports nothing of the package: every other module may depend on it.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
     "CallKey",
@@ -23,7 +34,9 @@ __all__ = [
     "CallState",
     "ClaimOutcome",
     "ClaimStatus",
+    "Completion",
     "DeliveryRecord",
+    "Job",
     "SavedResult",
     "StoreStats",
 ]
@@ -131,3 +144,111 @@ class StoreStats:
     calls_by_state: dict[str, int] = field(default_factory=dict)
     in_doubt: int = 0
     oldest_pending_at: float | None = None
+
+
+# -- worker jobs ---------------------------------------------------------------------------
+
+_W3C = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """One call handed to a worker. JSON-safe: ``Job.from_dict(job.to_dict()) == job``.
+
+    ``arguments`` is the validated argument object in the tool's schema shape (re-parse it
+    with ``tool.parse_arguments`` for typed values; ``agentfn_asgi.worker.run_job`` does).
+    ``deadline`` is the Unix time after which the call fails and completions are refused.
+    ``complete_url`` is set when the app knows its public URL (``public_url=``).
+    ``traceparent`` / ``tracestate`` (W3C) let the worker's span join the call's trace
+    (:meth:`trace_context`). Pass ``idempotency_key`` to downstream APIs.
+    """
+
+    session_id: str
+    turn_id: str
+    call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    completion_token: str
+    deadline: float
+    attempt: int = 1
+    complete_url: str | None = None
+    traceparent: str = ""
+    tracestate: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict of JSON values (give it to Celery, RQ, arq, json.dumps...)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_json(self) -> str:
+        """Compact JSON of :meth:`to_dict`."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Job:
+        """Rebuild a job; ValueError naming the field when something is missing or wrong."""
+        if not isinstance(data, Mapping):
+            raise ValueError("a job must be a JSON object")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.name in _OPTIONAL_FIELDS:
+                    continue
+                raise ValueError(f"job field {f.name!r} is missing")
+            value = data[f.name]
+            expected = _FIELD_TYPES[f.name]
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise ValueError(f"job field {f.name!r} has the wrong type")
+            values[f.name] = value
+        values["deadline"] = float(values["deadline"])
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Job:
+        """Rebuild a job from :meth:`to_json` output."""
+        return cls.from_dict(json.loads(text))
+
+    def remaining(self, *, clock: Callable[[], float] = time.time) -> float:
+        """Seconds left before the deadline (never negative)."""
+        return max(0.0, self.deadline - clock())
+
+    def trace_context(self) -> otel_context.Context:
+        """An OpenTelemetry context whose parent is the call's span, for the worker's span:
+        ``tracer.start_as_current_span("work", context=job.trace_context())``."""
+        carrier = {"traceparent": self.traceparent}
+        if self.tracestate:
+            carrier["tracestate"] = self.tracestate
+        return _W3C.extract(carrier)
+
+
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "session_id": str,
+    "turn_id": str,
+    "call_id": str,
+    "tool_name": str,
+    "arguments": dict,
+    "idempotency_key": str,
+    "completion_token": str,
+    "deadline": (int, float),
+    "attempt": int,
+    "complete_url": (str, type(None)),
+    "traceparent": str,
+    "tracestate": str,
+}
+_OPTIONAL_FIELDS = frozenset({"attempt", "complete_url", "traceparent", "tracestate"})
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A worker's outcome for one job: ``output`` (any JSON value, encoded like a handler's
+    return value) when ``success``, else ``error`` (shown to the model as written)."""
+
+    success: bool
+    output: Any = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The endpoint's JSON body."""
+        if self.success:
+            return {"success": True, "output": self.output}
+        return {"success": False, "error": self.error or ""}

@@ -1,4 +1,10 @@
-"""Handler output → ``agent.session.input.tool_result`` event, and the size budget.
+"""Handler output → the saved ``tool_result`` event, its request body, key and size budget.
+
+Everything the package sends as a tool result is built here, and only here: the event
+(:func:`success_event`, :func:`failure_event`), its compact JSON (:func:`event_json`), the
+request body that carries it (:func:`events_body`), the idempotency key it travels under
+(:func:`submission_key`), and the :class:`~agentfn_asgi.records.SavedResult` the dispatcher
+saves before submitting (:func:`encode_result`, :func:`failure_result`). Pure functions: no I/O.
 
 Encoding rules (:func:`encode_output`):
 
@@ -21,7 +27,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import json
+import logging
 import re
 import typing
 from collections.abc import Mapping
@@ -38,24 +46,33 @@ from .errors import (
     ResultTooLargeError,
     ToolError,
 )
+from .records import CallKey, SavedResult
 
 __all__ = [
     "DEFAULT_SAFETY_MARGIN",
+    "ENQUEUE_FAILED_MESSAGE",
     "INTERNAL_ERROR_MESSAGE",
+    "IN_DOUBT_MESSAGE",
+    "JOB_DEADLINE_MESSAGE",
     "TOOL_RESULT_LIMIT",
     "TOOL_RESULT_TYPE",
+    "UNKNOWN_TOOL_MESSAGE",
     "ImagePart",
     "TextPart",
     "check_size",
     "encode_output",
+    "encode_result",
     "encoded_size",
     "error_type_for",
     "event_json",
+    "events_body",
     "failure_event",
+    "failure_result",
     "fit_text_output",
     "image_from_bytes",
     "image_part",
     "model_error_message",
+    "submission_key",
     "success_event",
     "text_part",
     "timeout_message",
@@ -77,6 +94,26 @@ INTERNAL_ERROR_MESSAGE = (
     "The tool failed with an internal error. "
     "Do not retry with the same arguments unless the user asks."
 )
+
+#: What the model is told when a side-effect call is in doubt and cannot be reconciled.
+IN_DOUBT_MESSAGE = (
+    "This call may or may not have completed: the service restarted while running it and "
+    "could not confirm the outcome. Do not repeat it; ask the user to check before retrying."
+)
+#: What the model is told when no handler is registered for the called function.
+UNKNOWN_TOOL_MESSAGE = "No handler is registered for the function '{name}' in this service."
+#: What the model is told when a worker job's deadline passed with no completion.
+JOB_DEADLINE_MESSAGE = (
+    "The background job for this call did not finish within its deadline. It may or may "
+    "not have taken effect; do not repeat it without checking with the user."
+)
+#: What the model is told when a tool's ``enqueue`` callable raised.
+ENQUEUE_FAILED_MESSAGE = (
+    "The tool '{name}' could not be started: its background job could not be queued. "
+    "It did not run; you may try again later."
+)
+
+logger = logging.getLogger("agentfn_asgi.results")
 
 # The request body is `{"events":[<event>]}`; the limit applies to all of it.
 _BODY_PREFIX = '{"events":['
@@ -236,6 +273,27 @@ def event_json(event: Mapping[str, Any]) -> str:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def events_body(event_json_text: str) -> bytes:
+    """The submission request body carrying one saved event: ``{"events":[<event>]}``."""
+    return b'{"events":[' + event_json_text.encode() + b"]}"
+
+
+def submission_key(key: CallKey, event_json_text: str) -> str:
+    """The idempotency key the result ``event_json_text`` of ``key`` is submitted under."""
+    # Derived from the call *and* the bytes sent: the same result always travels under the
+    # same key (safe retries from any replica), a different body never reuses one.
+    digest = hashlib.sha256()
+    for part in (key.session_id, key.turn_id, key.call_id, event_json_text):
+        # In slices, so hashing a 4 MiB result never holds a second full copy of it.
+        for start in range(0, len(part), _HASH_SLICE):
+            digest.update(part[start : start + _HASH_SLICE].encode())
+        digest.update(b"\x1f")
+    return "afn-submit-" + digest.hexdigest()[:48]
+
+
+_HASH_SLICE = 256 * 1024
+
+
 def encoded_size(event_json: str) -> int:
     """UTF-8 size of the request body ``{"events":[<event>]}`` that carries this event."""
     # ASCII text (the common case: JSON escapes control characters) is measured without
@@ -346,6 +404,55 @@ def error_type_for(exc: BaseException) -> str:
     if isinstance(exc, ResultEncodingError):
         return "encoding_error"
     return "handler_error"
+
+
+# ---------------------------------------------------------------------------------------------
+# Saved results: what the dispatcher stores before it submits.
+
+
+def encode_result(
+    key: CallKey,
+    value: Any,
+    *,
+    tool_name: str,
+    truncate: bool = False,
+    source: str = "ran",
+    limit: int = TOOL_RESULT_LIMIT,
+    margin: int = DEFAULT_SAFETY_MARGIN,
+) -> SavedResult:
+    """``value`` returned by ``tool_name`` as the result to save: a success event, or a
+    failure when it cannot be encoded or is over ``limit`` (unless ``truncate`` is set and
+    the output is text, which is then cut to fit)."""
+    try:
+        output = encode_output(value)
+    except ResultEncodingError as exc:
+        logger.error("tool %s returned an unsendable value for call %s: %s", tool_name, key, exc)
+        return failure_result(
+            key, model_error_message(exc, tool_name=tool_name), "encoding_error", source
+        )
+    text = event_json(success_event(key.turn_id, key.call_id, output))
+    try:
+        check_size(text, limit=limit, margin=margin)
+    except ResultTooLargeError as exc:
+        if truncate and isinstance(output, str):
+            truncated = fit_text_output(
+                key.turn_id, key.call_id, output, limit=limit, margin=margin
+            )
+            text = event_json(success_event(key.turn_id, key.call_id, truncated))
+            return SavedResult(True, text, submission_key(key, text), None, source)
+        failure = failure_result(key, too_large_message(exc.size, exc.limit), "too_large")
+        # Keep the full result: an operator (or a smarter retry) may still want it.
+        full = output if isinstance(output, str) else event_json({"output": output})
+        return SavedResult(
+            False, failure.event_json, failure.idempotency_key, "too_large", source, full
+        )
+    return SavedResult(True, text, submission_key(key, text), None, source)
+
+
+def failure_result(key: CallKey, message: str, error_type: str, source: str = "ran") -> SavedResult:
+    """A failure event telling the model ``message``, saved with ``error_type``."""
+    text = event_json(failure_event(key.turn_id, key.call_id, message))
+    return SavedResult(False, text, submission_key(key, text), error_type, source)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ that with stricter rules than ``openai.lib._webhooks`` and the ``standardwebhook
 
 ::
 
-    verifier = WebhookVerifier(os.environ["OPENAI_WEBHOOK_SECRET"])  # several = rotation
+    verifier = WebhookVerifier(webhook_secrets)   # one whsec_... or several (rotation)
     delivery = verifier.verify(raw_body, request.headers)           # raises on failure
     delivery.msg_id  # use as the idempotency key for the delivery
 """
@@ -87,24 +87,25 @@ class VerifiedDelivery:
     secret_index: int
 
 
-def parse_secrets(value: str | Sequence[str]) -> tuple[str, ...]:
-    """Split webhook secrets given as one string or a sequence of strings.
+def parse_secrets(value: str | Sequence[str], *, what: str = "webhook secrets") -> tuple[str, ...]:
+    """Split secrets given as one string or a sequence of strings.
 
     A string is split on whitespace and/or commas, so ``OPENAI_WEBHOOK_SECRET`` can hold
     the old and the new secret during a rotation (``"whsec_old,whsec_new"``). Items of a
     sequence are split the same way. Empty pieces are dropped; the result may be empty.
-    The secrets are not decoded here (see :class:`WebhookVerifier`).
+    The secrets are not decoded here (see :class:`WebhookVerifier`). ``what`` names them in
+    errors (the same rule serves completion secrets and admin tokens).
     """
     if isinstance(value, str):
         items: Iterable[object] = (value,)
     elif isinstance(value, bytes | bytearray | memoryview):
-        raise ConfigurationError("webhook secrets must be str, not bytes")
+        raise ConfigurationError(f"{what} must be str, not bytes")
     else:
         items = value
     result: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise ConfigurationError(f"webhook secrets must be strings, got {type(item).__name__}")
+            raise ConfigurationError(f"{what} must be strings, got {type(item).__name__}")
         result.extend(piece for piece in _SECRET_SEPARATORS.split(item) if piece)
     return tuple(result)
 

@@ -48,7 +48,7 @@ import time
 import typing
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar, Unpack, overload
+from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 import anyio
 import anyio.to_thread
@@ -56,10 +56,8 @@ from pydantic import ValidationError
 
 from ._schema import ArgumentSpec, build_arguments, decode_arguments, doc_of, parse_docstring
 from .errors import ArgumentValidationError, ToolDefinitionError
+from .records import Job
 from .results import validation_error_message
-
-if TYPE_CHECKING:
-    from .worker import Job
 
 __all__ = [
     "DEFAULT_JOB_DEADLINE",
@@ -77,7 +75,7 @@ __all__ = [
     "derive_idempotency_key",
 ]
 
-#: Seconds a job handed to ``enqueue=`` may take before its call fails (see worker.py).
+#: Seconds a job handed to ``enqueue=`` may take before its call fails (see agentfn_asgi.jobs).
 DEFAULT_JOB_DEADLINE = 3600.0
 
 logger = logging.getLogger("agentfn_asgi.tools")
@@ -157,8 +155,8 @@ ReconcileOutcome: TypeAlias = Ran | NotRun | Unknown
 ReconcileHook: TypeAlias = Callable[
     [ToolContext, dict[str, Any]], ReconcileOutcome | Awaitable[ReconcileOutcome]
 ]
-#: ``enqueue(job)``, sync or async: hands a call to the host's queue (agentfn_asgi.worker).
-EnqueueHook: TypeAlias = "Callable[[Job], Any]"
+#: ``enqueue(job)``, sync or async: hands a call to the host's queue (agentfn_asgi.jobs).
+EnqueueHook: TypeAlias = Callable[[Job], Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,48 +1,18 @@
-"""Handlers that run in a worker: jobs, signed completion tokens and the worker's client.
+"""The worker's side of worker tools: run a job, complete its call.
 
-A tool registered with ``enqueue=`` does not run in the web process. Once its arguments are
-validated, the dispatcher builds a :class:`Job` and hands it to that callable (sync or async:
-a Celery/RQ/arq task's ``delay``, a Redis ``LPUSH``, an HTTP POST to a worker), extends the
-call's claim to the job's deadline and moves on. The worker runs the handler wherever it
-likes (:func:`run_job` does it with the same registry) and completes the call::
+A tool registered with ``enqueue=`` hands each call to your queue as a :class:`Job` (the
+protocol is in :mod:`agentfn_asgi.jobs`). A worker rebuilds the job, runs it with the same
+registry and posts the outcome back::
 
-    POST {mount}/calls/complete
-    Authorization: Bearer <job.completion_token>
-    Content-Type: application/json
+    from agentfn_asgi.worker import Job, complete_job, run_job
 
-    {"success": true, "output": <any JSON>}   or   {"success": false, "error": "<text>"}
+    job = Job.from_json(raw)
+    completion = await run_job(tools, job)     # validates, runs, encodes like the app would
+    await complete_job(job, completion)        # POST {mount}/calls/complete; retries 5xx/429
 
-or from Python with :func:`complete_call` / :func:`complete_call_sync` / :func:`complete_job`.
-From there the result follows the in-process path: saved durably (the first result saved
-wins), submitted with the stable idempotency key, stale handling, recovery.
-
-The completion token (:class:`CompletionTokens`) is an itsdangerous signature over the ids of
-exactly one call (session, turn, call), the tool name and the claim's owner, expiring at
-the job's deadline. It carries no secret: anyone can read it, nobody can forge or alter it
-without ``AGENTFN_COMPLETION_SECRET`` (a secret of its own, never the webhook secret).
-
-Answers of the completion endpoint:
-
-========================================================  ======  ==========================
-situation                                                 status  body
-========================================================  ======  ==========================
-result saved now (submission under way)                   200     ``{"status":"accepted"}``
-the same result was already saved (a retry)                200     ``{"status":"duplicate"}``
-the API no longer waits for this call (don't retry)        200     ``{"status":"stale"}``
-body not the JSON above                                    400     ``{"error":"invalid_body"}``
-token missing, forged, altered or for another app          401     ``{"error":"invalid_token"}``
-token authentic but past the job deadline                  401     ``{"error":"token_expired"}``
-the tool is not registered in this app                     404     ``{"error":"unknown_tool"}``
-another result was saved first (or the deadline failure)   409     ``{"error":"conflict"}``
-store unavailable, shutting down                           503     (retry later)
-========================================================  ======  ==========================
-
-Job deadline policy: while a job is outstanding its claim's lease is the job deadline, so no
-replica re-runs it. When the lease expires with no result, the call fails with
-:data:`JOB_DEADLINE_MESSAGE` (the job is *not* queued again: it may still be running). Only
-when the claim expired before the deadline could have passed (the web process crashed
-between claiming the call and queueing its job) is the call treated like any in-doubt call:
-queued again for a plain tool, reconciled for a side-effect tool.
+:func:`complete_call` / :func:`complete_call_sync` complete a call from its URL and token
+(synchronous workers such as Celery or RQ use the latter). Every completion is retried on
+connection errors, 408, 429 and 5xx; a repeat of the same completion is harmless.
 """
 
 from __future__ import annotations
@@ -50,37 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
 import httpx
 
-# The app's side (tokens, jobs, completion bodies) lives in _completion.py; its names are
-# re-exported so that everything stays importable from here.
-from ._completion import CLOCK_SKEW as CLOCK_SKEW
-from ._completion import (
-    COMPLETE_PATH,
-    COMPLETION_BODY_LIMIT,
-    COMPLETION_SECRET_ENV,
-    ENQUEUE_FAILED_MESSAGE,
-    JOB_DEADLINE_MESSAGE,
-    PUBLIC_URL_ENV,
-    Completion,
-    CompletionStatus,
-    CompletionTokens,
-    Job,
-    TokenClaims,
-    bearer_token,
-    build_job,
-    call_enqueue,
-    completion_setup,
-    parse_completion,
-)
-from ._completion import DEFAULT_TOKEN_MAX_AGE as DEFAULT_TOKEN_MAX_AGE
-from ._completion import MAX_TOKEN_LENGTH as MAX_TOKEN_LENGTH
-from ._completion import MIN_SECRET_LENGTH as MIN_SECRET_LENGTH
-from ._completion import TOKEN_SALT as TOKEN_SALT
 from .client import status_error
 from .errors import (
     APIConnectionError,
@@ -91,37 +37,22 @@ from .errors import (
     ResultEncodingError,
     ToolError,
 )
+from .records import Completion, Job
 from .results import encode_output, model_error_message, timeout_message
-from .tools import FunctionTool, FunctionTools
+from .tools import FunctionTool, FunctionTools, ToolContext
 
 __all__ = [
-    "COMPLETE_PATH",
-    "COMPLETION_BODY_LIMIT",
-    "COMPLETION_SECRET_ENV",
-    "ENQUEUE_FAILED_MESSAGE",
-    "JOB_DEADLINE_MESSAGE",
-    "PUBLIC_URL_ENV",
     "Completion",
     "CompletionResult",
-    "CompletionStatus",
-    "CompletionTokens",
     "Job",
-    "TokenClaims",
-    "bearer_token",
-    "build_job",
-    "call_enqueue",
     "complete_call",
     "complete_call_sync",
     "complete_job",
-    "completion_setup",
-    "parse_completion",
+    "job_context",
     "run_job",
 ]
 
 logger = logging.getLogger("agentfn_asgi.worker")
-
-
-# -- completions (worker side) -----------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +66,51 @@ class CompletionResult:
     status: Literal["accepted", "duplicate", "stale", "conflict"]
 
 
-def _completion_request(token: str, completion: Completion) -> tuple[bytes, dict[str, str]]:
+# -- completing a call: one exchange, two drivers ---------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Post:
+    url: str
+    body: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sleep:
+    seconds: float
+
+
+#: What the exchange is told after a ``_Post``: the response, or the transport error.
+_Answer = httpx.Response | httpx.HTTPError
+
+
+def _exchange(
+    url: str, token: str, completion: Completion, attempts: int
+) -> Generator[_Post | _Sleep, _Answer | None, CompletionResult]:
+    """The retry policy of a completion, without I/O: yields a request or a pause, is sent
+    each request's answer, returns the app's answer (or raises). The drivers below only
+    perform what it yields."""
     body = json.dumps(
         completion.to_dict(), separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
-    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
-    return body, headers
+    post = _Post(
+        url, body, {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    )
+    for attempt in range(1, attempts + 1):
+        answer = yield post
+        last = attempt >= attempts
+        if isinstance(answer, httpx.Response):
+            if last or not _retryable(answer):
+                return _interpret(answer)
+        elif last:
+            raise APIConnectionError(f"cannot reach {url}: {answer}") from answer
+        yield _Sleep(min(0.25 * 2.0 ** (attempt - 1), 4.0))
+    raise AssertionError("unreachable")  # pragma: no cover - the loop always returns
+
+
+def _retryable(response: httpx.Response) -> bool:
+    return response.status_code in (408, 429) or response.status_code >= 500
 
 
 def _interpret(response: httpx.Response) -> CompletionResult:
@@ -164,14 +134,6 @@ def _interpret(response: httpx.Response) -> CompletionResult:
     raise status_error(code, response.content, response.headers)
 
 
-def _retryable(response: httpx.Response) -> bool:
-    return response.status_code in (408, 429) or response.status_code >= 500
-
-
-def _backoff(attempt: int) -> float:
-    return min(0.25 * 2.0 ** (attempt - 1), 4.0)
-
-
 async def complete_call(
     url: str,
     token: str,
@@ -190,20 +152,24 @@ async def complete_call(
     on 401, APIConnectionError when the app cannot be reached, and APIStatusError for other
     refusals.
     """
-    body, headers = _completion_request(token, Completion(success, output, error))
+    steps = _exchange(url, token, Completion(success, output, error), attempts)
     client = http_client if http_client is not None else httpx.AsyncClient(timeout=request_timeout)
     try:
-        for attempt in range(1, attempts + 1):
+        answer: _Answer | None = None
+        while True:
             try:
-                response = await client.post(url, content=body, headers=headers)
+                step = steps.send(answer)
+            except StopIteration as done:
+                result: CompletionResult = done.value
+                return result
+            answer = None
+            if isinstance(step, _Sleep):
+                await anyio.sleep(step.seconds)
+                continue
+            try:
+                answer = await client.post(step.url, content=step.body, headers=step.headers)
             except httpx.HTTPError as exc:
-                if attempt >= attempts:
-                    raise APIConnectionError(f"cannot reach {url}: {exc}") from exc
-            else:
-                if attempt >= attempts or not _retryable(response):
-                    return _interpret(response)
-            await anyio.sleep(_backoff(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+                answer = exc
     finally:
         if http_client is None:
             await client.aclose()
@@ -221,20 +187,24 @@ def complete_call_sync(
     attempts: int = 4,
 ) -> CompletionResult:
     """:func:`complete_call` for synchronous workers (Celery, RQ), over ``httpx.Client``."""
-    body, headers = _completion_request(token, Completion(success, output, error))
+    steps = _exchange(url, token, Completion(success, output, error), attempts)
     client = http_client if http_client is not None else httpx.Client(timeout=request_timeout)
     try:
-        for attempt in range(1, attempts + 1):
+        answer: _Answer | None = None
+        while True:
             try:
-                response = client.post(url, content=body, headers=headers)
+                step = steps.send(answer)
+            except StopIteration as done:
+                result: CompletionResult = done.value
+                return result
+            answer = None
+            if isinstance(step, _Sleep):
+                time.sleep(step.seconds)
+                continue
+            try:
+                answer = client.post(step.url, content=step.body, headers=step.headers)
             except httpx.HTTPError as exc:
-                if attempt >= attempts:
-                    raise APIConnectionError(f"cannot reach {url}: {exc}") from exc
-            else:
-                if attempt >= attempts or not _retryable(response):
-                    return _interpret(response)
-            time.sleep(_backoff(attempt))
-        raise AssertionError("unreachable")  # pragma: no cover
+                answer = exc
     finally:
         if http_client is None:
             client.close()
@@ -263,6 +233,23 @@ async def complete_job(
     )
 
 
+# -- running a job ---------------------------------------------------------------------------
+
+
+def job_context(job: Job, *, resources: Any = None) -> ToolContext:
+    """The :class:`~agentfn_asgi.tools.ToolContext` a handler gets when a worker runs ``job``."""
+    return ToolContext(
+        session_id=job.session_id,
+        turn_id=job.turn_id,
+        call_id=job.call_id,
+        tool_name=job.tool_name,
+        attempt=job.attempt,
+        deadline=job.deadline,
+        idempotency_key=job.idempotency_key,
+        resources=resources,
+    )
+
+
 async def run_job(
     tools: FunctionTools | FunctionTool,
     job: Job,
@@ -272,7 +259,7 @@ async def run_job(
 ) -> Completion:
     """Run the job's handler in the worker, as the dispatcher would in-process.
 
-    Arguments are re-validated, the handler gets ``job.tool_context()`` and is abandoned at
+    Arguments are re-validated, the handler gets :func:`job_context` and is abandoned at
     the job's deadline, and the outcome is encoded exactly as in-process (a ``ToolError``'s
     text as written, any other exception a fixed safe message), ready for
     :func:`complete_job`.
@@ -284,7 +271,7 @@ async def run_job(
         arguments = tool.parse_arguments(job.arguments)
         with anyio.fail_after(job.remaining()):
             value = await tool.invoke(
-                arguments, job.tool_context(resources=resources), limiter=limiter
+                arguments, job_context(job, resources=resources), limiter=limiter
             )
         return Completion(True, output=encode_output(value))
     except TimeoutError:

@@ -18,10 +18,11 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi.app import AgentWebhookApp
-from agentfn_asgi.cli import CLIError, build_parser, load_tools, main, parse_call_spec
+from agentfn_asgi.cli import build_parser, load_tools, main, parse_call_spec
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import tools as example_tools
+from agentfn_asgi.errors import CLIError
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store

@@ -183,21 +183,21 @@ async def test_owned_client_is_closed_and_injected_one_is_not() -> None:
     await injected.aclose()
 
 
-def test_configuration_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Key and base URL come from the environment unless given; a missing key fails early."""
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+def test_configuration_is_explicit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client reads no environment: a missing key fails early, naming the variable the
+    app and CLI read; the base URL defaults to OpenAI's; project and organization become
+    the SDK's headers."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
     with pytest.raises(ConfigurationError, match="OPENAI_API_KEY"):
         AgentsClient()
-    with pytest.raises(ConfigurationError, match="OPENAI_API_KEY"):
-        AgentsClient.from_env()
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-    assert AgentsClient().base_url == DEFAULT_BASE_URL
-    monkeypatch.setenv("OPENAI_BASE_URL", "http://proxy.local/v1/")
-    assert AgentsClient.from_env().base_url == "http://proxy.local/v1"
-    overridden = AgentsClient.from_env(base_url="http://other/v1", api_key="sk-x")
-    assert overridden.base_url == "http://other/v1"
-    assert overridden._headers["Authorization"] == "Bearer sk-x"
+    assert AgentsClient(api_key="sk-x").base_url == DEFAULT_BASE_URL
+    client = AgentsClient(
+        api_key="sk-x", base_url="http://other/v1/", project="proj_1", organization="org_1"
+    )
+    assert client.base_url == "http://other/v1"
+    assert client._headers["Authorization"] == "Bearer sk-x"
+    assert client._headers["OpenAI-Project"] == "proj_1"
+    assert client._headers["OpenAI-Organization"] == "org_1"
 
 
 # -- error mapping ----------------------------------------------------------------------------

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import agentfn_asgi
+import agentfn_asgi.errors
+import agentfn_asgi.worker
 
 
 def test_all_is_sorted_and_importable() -> None:
@@ -26,3 +31,37 @@ def test_every_public_error_is_in_the_tree() -> None:
         value = getattr(agentfn_asgi, name)
         if isinstance(value, type) and issubclass(value, BaseException):
             assert issubclass(value, agentfn_asgi.AgentFnError), name
+
+
+def _documented(section: str) -> set[str]:
+    """The backticked names of one marked section of the README."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"<!-- {section}:start -->")
+    end = text.index(f"<!-- {section}:end -->", start)
+    return set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", text[start:end]))
+
+
+def test_all_matches_the_documented_api() -> None:
+    """The README's "API at a glance" names exactly agentfn_asgi.__all__: nothing exported
+    is undocumented, nothing documented is missing."""
+    assert _documented("api") == set(agentfn_asgi.__all__)
+
+
+def test_every_error_class_is_exported() -> None:
+    """Every class of the error tree is in __all__ (a family is exported whole or not at all)."""
+    for name in agentfn_asgi.errors.__all__:
+        assert name in agentfn_asgi.__all__, name
+
+
+def test_the_worker_module_exports_what_a_worker_calls() -> None:
+    """agentfn_asgi.worker exports the worker's side only (no tokens, no app internals)."""
+    assert sorted(agentfn_asgi.worker.__all__) == [
+        "Completion",
+        "CompletionResult",
+        "Job",
+        "complete_call",
+        "complete_call_sync",
+        "complete_job",
+        "job_context",
+        "run_job",
+    ]

@@ -22,12 +22,8 @@ from opentelemetry.trace import Link, SpanKind, StatusCode
 
 from agentfn_asgi import __version__
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.tracing import (
-    CAPTURE_CONTENT_ENV,
-    CONTENT_LIMIT,
-    Telemetry,
-    trace_id_for_call,
-)
+from agentfn_asgi.tracing import Telemetry, trace_id_for_call
+from agentfn_asgi.tracing.names import CONTENT_LIMIT
 
 
 @dataclass
@@ -80,12 +76,6 @@ def otel() -> Iterator[Otel]:
     yield setup
     setup.tracer_provider.shutdown()
     setup.meter_provider.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def _no_capture_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests decide content capture themselves; the developer's environment must not leak in."""
-    monkeypatch.delenv(CAPTURE_CONTENT_ENV, raising=False)
 
 
 def _call(telemetry: Telemetry, **overrides: Any) -> Any:
@@ -161,10 +151,13 @@ def test_trace_id_for_call_format() -> None:
 
 
 def test_call_span_links_to_its_delivery(otel: Otel) -> None:
-    """An accepted delivery is remembered; the call span it causes carries a link to it."""
+    """A delivery remembered (an explicit step: setting an outcome remembers nothing) is
+    found again by id; the call span it causes carries a link to it."""
     telemetry = otel.telemetry()
     with telemetry.delivery(delivery_id="msg_1") as delivery:
         delivery.set_outcome("accepted")
+    assert telemetry.link_for_delivery("msg_1") is None
+    telemetry.remember_delivery("msg_1", delivery.link)
     link = telemetry.link_for_delivery("msg_1")
     assert link is not None
     with _call(telemetry, delivery_link=link):
@@ -265,17 +258,12 @@ def test_content_captured_when_opted_in(otel: Otel) -> None:
     assert second.attributes["gen_ai.tool.call.result"] == '"{1, 2}"'
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [("true", True), ("1", True), ("TRUE", True), ("false", False), ("0", False), ("", False)],
-)
-def test_content_capture_from_environment(
-    otel: Otel, monkeypatch: pytest.MonkeyPatch, value: str, expected: bool
-) -> None:
-    """Without an explicit choice the GenAI environment variable decides."""
-    monkeypatch.setenv(CAPTURE_CONTENT_ENV, value)
-    assert otel.telemetry().capture_content is expected
-    assert otel.telemetry(capture_content=False).capture_content is False
+def test_content_capture_is_off_unless_asked(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Telemetry reads no environment: content is captured only when asked for (the app
+    asks when OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT says so; tests/test_config.py)."""
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    assert otel.telemetry().capture_content is False
+    assert otel.telemetry(capture_content=True).capture_content is True
 
 
 def test_delivery_span_outcomes(otel: Otel) -> None:
@@ -305,7 +293,7 @@ def test_delivery_span_outcomes(otel: Otel) -> None:
     assert unavailable.attributes is not None
     assert unavailable.status.status_code is StatusCode.ERROR
     assert unavailable.attributes["error.type"] == "store_unavailable"
-    assert telemetry.link_for_delivery("msg_2") is None  # only accepted ones cause work
+    assert telemetry.link_for_delivery("msg_2") is None  # nothing is remembered implicitly
     points = _points(otel.metrics()["agentfn.webhook.deliveries"])
     counted = {
         (p.attributes["agentfn.delivery.outcome"], p.attributes.get("agentfn.delivery.reason")): (
@@ -523,6 +511,7 @@ def test_without_providers_nothing_raises() -> None:
         delivery.set_session("sess_1")
         delivery.set_outcome("accepted")
     assert delivery.link is None
+    telemetry.remember_delivery("msg_1", delivery.link)
     assert telemetry.link_for_delivery("msg_1") is None
     with telemetry.session_read(session_id="sess_1") as read:
         read.set_pending_calls(1)

@@ -1,391 +1,34 @@
-"""Handlers run in workers: completion tokens, jobs, the completion endpoint and the job
-deadline policy, in process against FakeAgentsAPI (issue 10)."""
+"""The worker's side of worker tools (agentfn_asgi.worker): running a job like the app
+would, and completing its call with retries (sync and async share one retry policy)."""
 
 from __future__ import annotations
 
-import asyncio
-import datetime
-import json
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from itsdangerous import URLSafeTimedSerializer
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pydantic import BaseModel
 
-from agentfn_asgi.app import AgentWebhookApp
-from agentfn_asgi.dispatch import DispatchSettings
-from agentfn_asgi.errors import (
-    CompletionTokenError,
-    CompletionTokenExpiredError,
-    ConfigurationError,
-    ToolDefinitionError,
-    ToolError,
+from agentfn_asgi.errors import APIConnectionError
+from agentfn_asgi.results import (
+    INTERNAL_ERROR_MESSAGE,
 )
-from agentfn_asgi.records import CallKey, CallRecord, CallState
-from agentfn_asgi.results import INTERNAL_ERROR_MESSAGE
-from agentfn_asgi.store import Store
-from agentfn_asgi.testing import Connection, FakeCall, serve_app
-from agentfn_asgi.tools import FunctionTools, ToolContext, derive_idempotency_key
+from agentfn_asgi.testing import FakeCall, serve_app
 from agentfn_asgi.tracing import trace_id_for_call
 from agentfn_asgi.worker import (
-    ENQUEUE_FAILED_MESSAGE,
-    JOB_DEADLINE_MESSAGE,
-    TOKEN_SALT,
     Completion,
-    CompletionResult,
-    CompletionTokens,
     Job,
-    bearer_token,
-    build_job,
     complete_call,
     complete_call_sync,
-    complete_job,
-    parse_completion,
     run_job,
 )
 
-from .support.stack import APP_URL, running_stack
-
-COMPLETION_SECRET = "completion-secret-0123456789abcdef"
-OTHER_SECRET = "another-apps-secret-0123456789abcdef"
-COMPLETE_URL = APP_URL + "/calls/complete"
-KEY = CallKey("sess_1", "turn_1", "call_1")
-
-
-# -- tokens --------------------------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_a_token_round_trips_and_names_exactly_one_call() -> None:
-    """verify() gives back the session, turn, call, owner and tool the token was issued for."""
-    tokens = CompletionTokens(COMPLETION_SECRET)
-    claims = tokens.verify(tokens.issue(KEY, owner="host:1:ab", tool_name="report"))
-    assert claims.key == KEY
-    assert (claims.owner, claims.tool_name) == ("host:1:ab", "report")
-
-
-def test_a_token_carries_ids_only() -> None:
-    """Anyone may read a token: it holds the call's ids, owner, tool and expiry, no secret."""
-    token = CompletionTokens(COMPLETION_SECRET).issue(KEY, owner="o", tool_name="report")
-    ok, payload = URLSafeTimedSerializer("x" * 16, salt=TOKEN_SALT).loads_unsafe(token)
-    assert ok is False  # readable without the secret, but not verifiable
-    assert set(payload) == {"s", "t", "c", "o", "n", "x"}
-    assert COMPLETION_SECRET not in token
-
-
-def test_an_altered_token_is_refused_as_invalid_not_expired() -> None:
-    """Changing any one character of the payload or signature is refused as invalid."""
-    tokens = CompletionTokens(COMPLETION_SECRET)
-    token = tokens.issue(KEY, owner="o", tool_name="report")
-    # Not the very last character: it also carries base64 padding bits, and a change there
-    # can decode to the same signature bytes (the token is then, correctly, still valid).
-    for index in (0, len(token) // 2, len(token) - 3):
-        swapped = "A" if token[index] != "A" else "B"
-        altered = token[:index] + swapped + token[index + 1 :]
-        with pytest.raises(CompletionTokenError) as caught:
-            tokens.verify(altered)
-        assert not isinstance(caught.value, CompletionTokenExpiredError)
-    for junk in ("", "abc", token[:-5], token + "x", "x" * 10_000):
-        with pytest.raises(CompletionTokenError):
-            tokens.verify(junk)
-
-
-def test_a_foreign_token_is_refused() -> None:
-    """Signed with another secret, or by itsdangerous with the same secret for another
-    purpose (other salt), a token is refused."""
-    ours = CompletionTokens(COMPLETION_SECRET)
-    foreign = CompletionTokens(OTHER_SECRET).issue(KEY, owner="o", tool_name="report")
-    with pytest.raises(CompletionTokenError):
-        ours.verify(foreign)
-    other_use = URLSafeTimedSerializer(COMPLETION_SECRET).dumps(
-        {"s": "sess_1", "t": "turn_1", "c": "call_1", "o": "o", "n": "report", "x": 2e9}
-    )
-    with pytest.raises(CompletionTokenError):
-        ours.verify(other_use)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(max_size=600))
-def test_any_string_is_refused_with_a_completion_token_error(text: str) -> None:
-    """Hostile input never raises anything but CompletionTokenError."""
-    with pytest.raises(CompletionTokenError):
-        CompletionTokens(COMPLETION_SECRET).verify(text)
-
-
-def test_tokens_expire_at_their_deadline_and_at_max_age() -> None:
-    """expires_at is honoured to the second, max_age caps every token; both raise the
-    distinct CompletionTokenExpiredError."""
-    clock = Clock()
-    tokens = CompletionTokens(COMPLETION_SECRET, max_age=100, clock=clock)
-    token = tokens.issue(KEY, owner="o", tool_name="report", expires_at=clock.now + 60)
-    clock.now += 59
-    assert tokens.verify(token).key == KEY
-    clock.now += 2
-    with pytest.raises(CompletionTokenExpiredError):
-        tokens.verify(token)
-    capped = tokens.issue(KEY, owner="o", tool_name="report", expires_at=clock.now + 10_000)
-    clock.now += 101
-    with pytest.raises(CompletionTokenExpiredError):
-        tokens.verify(capped)
-
-
-def test_a_token_from_a_replica_whose_clock_runs_ahead_is_accepted() -> None:
-    """A few seconds of skew between replicas must not refuse tokens (itsdangerous alone
-    would call a token "from the future" expired)."""
-    ahead = CompletionTokens(COMPLETION_SECRET, clock=lambda: 1_000_010.0)
-    behind = CompletionTokens(COMPLETION_SECRET, clock=lambda: 1_000_000.0)
-    token = ahead.issue(KEY, owner="o", tool_name="report", expires_at=1_000_100.0)
-    assert behind.verify(token).key == KEY
-
-
-def test_secret_rotation_verifies_old_and_new_and_signs_with_the_newest() -> None:
-    """With "old new" configured, tokens signed by either verify; new tokens use the new
-    secret, so they keep verifying once the old one is dropped."""
-    old_secret, new_secret = "old-secret-0123456789abcdef", "new-secret-0123456789abcdef"
-    before = CompletionTokens(old_secret).issue(KEY, owner="o", tool_name="report")
-    during = CompletionTokens(f"{old_secret} {new_secret}")
-    assert during.verify(before).key == KEY
-    issued = during.issue(KEY, owner="o", tool_name="report")
-    assert CompletionTokens([new_secret]).verify(issued).key == KEY
-    with pytest.raises(CompletionTokenError):
-        CompletionTokens(old_secret).verify(issued)
-
-
-@pytest.mark.parametrize("secret", ["", " , ", "short", ["ok-secret-0123456789abcdef", "tiny"]])
-def test_weak_or_missing_secrets_are_refused(secret: str | list[str]) -> None:
-    """No secret, or one under 16 characters, is a configuration error."""
-    with pytest.raises(ConfigurationError):
-        CompletionTokens(secret)
-
-
-def test_bearer_token_reads_the_authorization_header() -> None:
-    """Only ``Authorization: Bearer <token>`` (any case) carries the token."""
-    assert bearer_token([(b"authorization", b"Bearer abc.def")]) == "abc.def"
-    assert bearer_token([(b"authorization", b"bearer  abc ")]) == "abc"
-    assert bearer_token([(b"authorization", b"Basic abc")]) is None
-    assert bearer_token([(b"x-other", b"Bearer abc")]) is None
-
-
-# -- jobs and tool options -----------------------------------------------------------------
-
-
-class Window(BaseModel):
-    start: datetime.date
-    days: int = 7
-
-
-def test_a_job_round_trips_as_json_with_reparseable_arguments() -> None:
-    """Validated arguments (a model, a date) travel as JSON and parse back to the same
-    keyword arguments; the job rebuilds from its JSON."""
-    tools = FunctionTools()
-
-    @tools.function(enqueue=lambda job: None)
-    def report(topic: str, window: Window, when: datetime.date) -> str:
-        """Build a report."""
-        return topic
-
-    tool = tools.get("report")
-    assert tool is not None
-    kwargs = tool.parse_arguments(
-        {"topic": "sales", "window": {"start": "2025-01-31"}, "when": "2025-02-01"}
-    )
-    now = time.time()
-    job = build_job(
-        KEY,
-        tool,
-        kwargs,
-        tokens=CompletionTokens(COMPLETION_SECRET),
-        owner="o",
-        attempt=2,
-        idempotency_key="afn_x",
-        now=now,
-        complete_url=COMPLETE_URL,
-    )
-    assert job.arguments == {
-        "topic": "sales",
-        "window": {"start": "2025-01-31", "days": 7},
-        "when": "2025-02-01",
-    }
-    assert Job.from_json(job.to_json()) == job
-    assert tool.parse_arguments(job.arguments) == kwargs
-    assert job.deadline == now + tool.job_deadline
-    assert CompletionTokens(COMPLETION_SECRET).verify(job.completion_token).key == KEY
-
-
-def test_a_whole_model_tool_dumps_its_argument_object() -> None:
-    """A single-model tool's job carries the model's fields at the top level, as the model
-    sent them."""
-    tools = FunctionTools()
-
-    @tools.function(enqueue=lambda job: None)
-    def report(window: Window) -> str:
-        """Build a report."""
-        return "ok"
-
-    tool = tools.get("report")
-    assert tool is not None
-    kwargs = tool.parse_arguments({"start": "2025-03-01", "days": 3})
-    assert tool.dump_arguments(kwargs) == {"start": "2025-03-01", "days": 3}
-    assert tool.parse_arguments(tool.dump_arguments(kwargs)) == kwargs
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"deadline": None},
-        {"deadline": True},
-        {"arguments": []},
-        {"session_id": 5},
-        {"attempt": "1"},
-    ],
-)
-def test_a_malformed_job_is_refused_naming_the_field(change: dict[str, Any]) -> None:
-    """from_dict raises ValueError naming the first wrong or missing field."""
-    data = {
-        "session_id": "s",
-        "turn_id": "t",
-        "call_id": "c",
-        "tool_name": "report",
-        "arguments": {},
-        "idempotency_key": "afn_x",
-        "completion_token": "tok",
-        "deadline": 1.0,
-    }
-    assert Job.from_dict(data).attempt == 1
-    with pytest.raises(ValueError, match=repr(next(iter(change)))):
-        Job.from_dict({**data, **change})
-    with pytest.raises(ValueError, match="'call_id'"):
-        Job.from_dict({k: v for k, v in data.items() if k != "call_id"})
-
-
-def test_enqueue_options_are_checked_at_registration() -> None:
-    """A non-callable enqueue or a non-positive job deadline is refused up front."""
-    tools = FunctionTools()
-
-    def report() -> str:
-        """Build a report."""
-        return "ok"
-
-    with pytest.raises(ToolDefinitionError, match="enqueue"):
-        tools.add(report, enqueue="not callable")  # type: ignore[arg-type]
-    for bad in (0, -1, float("inf")):
-        with pytest.raises(ToolDefinitionError, match="job_deadline"):
-            tools.add(report, enqueue=lambda job: None, job_deadline=bad)
-
-
-def test_an_app_with_a_queued_tool_needs_a_completion_secret(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Without completion_secret= or AGENTFN_COMPLETION_SECRET, construction fails."""
-    monkeypatch.delenv("AGENTFN_COMPLETION_SECRET", raising=False)
-    tools = FunctionTools()
-
-    @tools.function(enqueue=lambda job: None)
-    def report() -> str:
-        """Build a report."""
-        return "ok"
-
-    with pytest.raises(ConfigurationError, match="AGENTFN_COMPLETION_SECRET"):
-        AgentWebhookApp(tools, webhook_secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-
-
-@pytest.mark.parametrize(
-    ("body", "expected"),
-    [
-        (b'{"success":true,"output":{"a":1}}', Completion(True, {"a": 1})),
-        (b'{"success":true}', Completion(True, None)),
-        (b'{"success":false,"error":"no paper"}', Completion(False, error="no paper")),
-    ],
-)
-def test_parse_completion_accepts_the_documented_bodies(body: bytes, expected: Completion) -> None:
-    """``{success, output}`` and ``{success: false, error}``."""
-    assert parse_completion(body) == expected
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"",
-        b"not json",
-        b"[]",
-        b'{"success":"yes"}',
-        b'{"success":false}',
-        b'{"success":false,"error":"  "}',
-        b'{"success":false,"error":"x","output":1}',
-        b'{"success":true,"error":"x"}',
-        b'{"success":true,"result":1}',
-    ],
-)
-def test_parse_completion_refuses_anything_else(body: bytes) -> None:
-    """Malformed or ambiguous bodies raise ValueError (the endpoint's 400)."""
-    with pytest.raises(ValueError):  # noqa: PT011 - any reason; the endpoint shows it
-        parse_completion(body)
-
-
-# -- the worker side -----------------------------------------------------------------------
-
-
-def worker_tools(record: list[str] | None = None, **options: Any) -> FunctionTools:
-    """A registry whose ``generate_report`` is handed to ``options['enqueue']``."""
-    tools = FunctionTools()
-    seen = record if record is not None else []
-
-    @tools.function(**options)
-    def generate_report(ctx: ToolContext, topic: str, pages: int = 1) -> dict[str, Any]:
-        """Generate a report in the background."""
-        seen.append(ctx.call_id)
-        if topic == "refused":
-            raise ToolError("that topic is off limits")
-        if topic == "crash":
-            raise RuntimeError("password=hunter2")
-        return {"topic": topic, "pages": pages, "key": ctx.idempotency_key}
-
-    return tools
-
-
-def queue_of_jobs() -> tuple[asyncio.Queue[Job], Callable[[Job], Any]]:
-    jobs: asyncio.Queue[Job] = asyncio.Queue()
-
-    async def enqueue(job: Job) -> None:
-        await jobs.put(job)
-
-    return jobs, enqueue
-
-
-async def next_job(jobs: asyncio.Queue[Job]) -> Job:
-    with anyio.fail_after(5):
-        return await jobs.get()
-
-
-async def record_of(store: Store, session_id: str, call_id: str) -> CallRecord:
-    for record in await store.calls_for_session(session_id):
-        if record.key.call_id == call_id:
-            return record
-    raise AssertionError(f"no record for {call_id}")
-
-
-async def wait_state(stack: Connection, sid: str, call_id: str, state: CallState) -> CallRecord:
-    with anyio.fail_after(5):
-        while (record := await record_of(stack.store, sid, call_id)).state is not state:
-            await anyio.sleep(0.02)
-    return record
+from .support.jobs import app_options, next_job, queue_of_jobs, worker_tools
+from .support.stack import running_stack
 
 
 def fixed_job(tool_name: str, arguments: dict[str, Any]) -> Job:
@@ -416,283 +59,6 @@ async def test_run_job_encodes_outcomes_like_the_dispatcher() -> None:
     assert invalid.success is False and "topic" in (invalid.error or "")
     unknown = await run_job(tools, fixed_job("nope", {}))
     assert unknown.success is False
-
-
-# -- the endpoint, in process --------------------------------------------------------------
-
-
-def app_options() -> dict[str, Any]:
-    return {"completion_secret": COMPLETION_SECRET, "public_url": APP_URL}
-
-
-@pytest.mark.anyio
-async def test_a_queued_call_is_completed_by_its_worker() -> None:
-    """The handler does not run in-process; the job carries what the worker needs; the
-    worker's result is submitted once, with the stable key, and repeats are harmless."""
-    jobs, enqueue = queue_of_jobs()
-    ran_here: list[str] = []
-    async with running_stack(worker_tools(ran_here, enqueue=enqueue), **app_options()) as stack:
-        sid = stack.fake.create_session(
-            [[FakeCall("generate_report", {"topic": "q3", "pages": 2}, call_id="w1")]]
-        )
-        job = await next_job(jobs)
-        assert ran_here == []
-        assert (job.session_id, job.call_id, job.tool_name) == (sid, "w1", "generate_report")
-        assert job.arguments == {"topic": "q3", "pages": 2}
-        assert job.idempotency_key == derive_idempotency_key(sid, job.turn_id, "w1")
-        assert job.complete_url == COMPLETE_URL
-        with anyio.fail_after(5):  # the lease becomes the job deadline once the job is out
-            while (record := await record_of(stack.store, sid, "w1")).lease_expires_at < (
-                job.deadline - 5
-            ):
-                await anyio.sleep(0.01)
-        assert record.state is CallState.CLAIMED
-
-        completion = await run_job(worker_tools(), job)
-        first = await complete_job(job, completion, http_client=stack.webhook_http)
-        await stack.fake.wait_idle(sid, timeout=5)
-        again = await complete_job(job, completion, http_client=stack.webhook_http)
-        other = await complete_call(
-            COMPLETE_URL,
-            job.completion_token,
-            success=True,
-            output="something else",
-            http_client=stack.webhook_http,
-        )
-        record = await record_of(stack.store, sid, "w1")
-    assert (first, again, other) == (
-        CompletionResult("accepted"),
-        CompletionResult("duplicate"),
-        CompletionResult("conflict"),
-    )
-    [submission] = stack.fake.submissions
-    assert submission.output == json.dumps(
-        {"topic": "q3", "pages": 2, "key": job.idempotency_key}, separators=(",", ":")
-    )
-    assert record.state is CallState.SUBMITTED
-    assert record.result is not None and record.result.source == "worker"
-
-
-@pytest.mark.anyio
-async def test_a_worker_failure_reaches_the_model_as_written() -> None:
-    """``{"success": false, "error": ...}`` is sent as the tool's failure text."""
-    jobs, enqueue = queue_of_jobs()
-    async with running_stack(worker_tools(enqueue=enqueue), **app_options()) as stack:
-        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        job = await next_job(jobs)
-        answer = await complete_call(
-            COMPLETE_URL,
-            job.completion_token,
-            success=False,
-            error="The printer is on fire.",
-            http_client=stack.webhook_http,
-        )
-        await stack.fake.wait_idle(sid, timeout=5)
-        record = await record_of(stack.store, sid, job.call_id)
-    assert answer.status == "accepted"
-    [submission] = stack.fake.submissions
-    assert (submission.success, submission.error) == (False, "The printer is on fire.")
-    assert record.result is not None and record.result.error_type == "worker_error"
-
-
-@pytest.mark.anyio
-async def test_forged_altered_and_expired_tokens_change_nothing() -> None:
-    """401 invalid_token for a missing, forged or altered token, 401 token_expired for an
-    expired one (the helper raises the matching error); the call stays claimed and the
-    genuine completion still works."""
-    jobs, enqueue = queue_of_jobs()
-    async with running_stack(worker_tools(enqueue=enqueue), **app_options()) as stack:
-        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        job = await next_job(jobs)
-        owner = stack.app.dispatcher.owner
-        key = CallKey(sid, job.turn_id, job.call_id)
-        forged = CompletionTokens(OTHER_SECRET).issue(key, owner=owner, tool_name=job.tool_name)
-        altered = job.completion_token[:-3] + (
-            "AAA" if job.completion_token[-3:] != "AAA" else "BBB"
-        )
-        expired = CompletionTokens(COMPLETION_SECRET, clock=lambda: 1000.0).issue(
-            key, owner=owner, tool_name=job.tool_name, expires_at=1060.0
-        )
-        body = json.dumps({"success": True, "output": "forged"})
-        answers = {}
-        for name, headers in {
-            "missing": {},
-            "not bearer": {"authorization": f"Basic {job.completion_token}"},
-            "forged": {"authorization": f"Bearer {forged}"},
-            "altered": {"authorization": f"Bearer {altered}"},
-            "expired": {"authorization": f"Bearer {expired}"},
-        }.items():
-            response = await stack.webhook_http.post(COMPLETE_URL, content=body, headers=headers)
-            answers[name] = (response.status_code, response.json()["error"])
-            assert response.headers["www-authenticate"].startswith("Bearer")
-        with pytest.raises(CompletionTokenExpiredError):
-            await complete_call(
-                COMPLETE_URL, expired, success=True, output="x", http_client=stack.webhook_http
-            )
-        with pytest.raises(CompletionTokenError) as caught:
-            await complete_call(
-                COMPLETE_URL, forged, success=True, output="x", http_client=stack.webhook_http
-            )
-        assert not isinstance(caught.value, CompletionTokenExpiredError)
-        assert (await record_of(stack.store, sid, job.call_id)).state is CallState.CLAIMED
-        assert stack.fake.submissions == []
-        genuine = await complete_job(job, Completion(True, "real"), http_client=stack.webhook_http)
-        await stack.fake.wait_idle(sid, timeout=5)
-    assert answers == {
-        "missing": (401, "invalid_token"),
-        "not bearer": (401, "invalid_token"),
-        "forged": (401, "invalid_token"),
-        "altered": (401, "invalid_token"),
-        "expired": (401, "token_expired"),
-    }
-    assert genuine.status == "accepted"
-    assert [s.output for s in stack.fake.submissions] == ["real"]
-
-
-@pytest.mark.anyio
-async def test_malformed_completions_get_400_and_other_methods_405() -> None:
-    """A valid token with a bad body is 400 (nothing saved); GET is 405."""
-    jobs, enqueue = queue_of_jobs()
-    async with running_stack(worker_tools(enqueue=enqueue), **app_options()) as stack:
-        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        job = await next_job(jobs)
-        auth = {"authorization": f"Bearer {job.completion_token}"}
-        statuses = []
-        for body in (b"nope", b'{"success":1}', b'{"success":false}', b'{"ok":true}'):
-            response = await stack.webhook_http.post(COMPLETE_URL, content=body, headers=auth)
-            statuses.append((response.status_code, response.json()["error"]))
-        method = await stack.webhook_http.get(COMPLETE_URL, headers=auth)
-        state = (await record_of(stack.store, sid, job.call_id)).state
-    assert statuses == [(400, "invalid_body")] * 4
-    assert method.status_code == 405
-    assert state is CallState.CLAIMED
-
-
-@pytest.mark.anyio
-async def test_the_endpoint_is_absent_without_a_completion_secret(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An app with no secret (and no queued tools) answers 404 there."""
-    monkeypatch.delenv("AGENTFN_COMPLETION_SECRET", raising=False)
-    async with running_stack(worker_tools()) as stack:
-        response = await stack.webhook_http.post(COMPLETE_URL, content=b"{}")
-    assert response.status_code == 404
-
-
-@pytest.mark.anyio
-async def test_a_completion_for_a_cancelled_turn_ends_stale() -> None:
-    """The API no longer waits: the result is saved, refused, the call goes stale, and a
-    later completion answers 200 ``stale`` (the worker must not retry)."""
-    jobs, enqueue = queue_of_jobs()
-    async with running_stack(worker_tools(enqueue=enqueue), **app_options()) as stack:
-        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        job = await next_job(jobs)
-        stack.fake.cancel_turn(sid)
-        first = await complete_job(job, Completion(True, "late"), http_client=stack.webhook_http)
-        await wait_state(stack, sid, job.call_id, CallState.STALE)
-        later = await complete_job(job, Completion(True, "late"), http_client=stack.webhook_http)
-    assert (first.status, later.status) == ("accepted", "stale")
-    assert stack.fake.submissions == []
-
-
-@pytest.mark.anyio
-async def test_an_enqueue_failure_fails_the_call_for_the_model() -> None:
-    """enqueue raising: the model is told the job could not be queued (error_type
-    ``enqueue_error``); nothing waits for a worker."""
-
-    def broken_enqueue(job: Job) -> None:
-        raise ConnectionError("broker down")
-
-    async with running_stack(worker_tools(enqueue=broken_enqueue), **app_options()) as stack:
-        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        await stack.fake.wait_idle(sid, timeout=5)
-        [submission] = stack.fake.submissions
-        record = await record_of(stack.store, sid, submission.call_id)
-    assert submission.error == ENQUEUE_FAILED_MESSAGE.format(name="generate_report")
-    assert record.result is not None and record.result.error_type == "enqueue_error"
-
-
-@pytest.mark.anyio
-async def test_a_sync_enqueue_runs_off_the_event_loop() -> None:
-    """A sync callable (Celery's ``delay``, RQ's ``enqueue``) runs in a worker thread."""
-    threads: list[int] = []
-    jobs: list[Job] = []
-
-    def sync_enqueue(job: Job) -> None:
-        threads.append(threading.get_ident())
-        jobs.append(job)
-
-    async with running_stack(worker_tools(enqueue=sync_enqueue), **app_options()) as stack:
-        stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        with anyio.fail_after(5):
-            while not jobs:
-                await anyio.sleep(0.01)
-    assert threads != [threading.get_ident()]
-    assert jobs[0].tool_name == "generate_report"
-
-
-@pytest.mark.anyio
-async def test_a_job_past_its_deadline_fails_the_call_without_requeueing() -> None:
-    """No completion within job_deadline: the claim expires, the call fails with the
-    documented message (the job is not queued again), a late completion is refused as
-    expired, and one with a longer-lived token gets 409."""
-    jobs, enqueue = queue_of_jobs()
-    tools = worker_tools(enqueue=enqueue, job_deadline=0.4)
-    async with running_stack(tools, **app_options()) as stack:
-        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        job = await next_job(jobs)
-        await stack.fake.wait_idle(sid, timeout=10)
-        with pytest.raises(CompletionTokenExpiredError):
-            await complete_job(job, Completion(True, "late"), http_client=stack.webhook_http)
-        tokens = stack.app.dispatcher.completion_tokens
-        assert tokens is not None
-        long_lived = tokens.issue(
-            CallKey(sid, job.turn_id, job.call_id),
-            owner=stack.app.dispatcher.owner,
-            tool_name=job.tool_name,
-        )
-        late = await complete_call(
-            COMPLETE_URL, long_lived, success=True, output="late", http_client=stack.webhook_http
-        )
-        record = await record_of(stack.store, sid, job.call_id)
-    [submission] = stack.fake.submissions
-    assert (submission.success, submission.error) == (False, JOB_DEADLINE_MESSAGE)
-    assert record.result is not None and record.result.error_type == "job_deadline"
-    assert jobs.empty()
-    assert late.status == "conflict"
-
-
-@pytest.mark.anyio
-async def test_a_claim_lost_before_the_deadline_is_queued_again() -> None:
-    """A process that died after claiming but before handing over the job leaves a short
-    lease; once it expires (well before the job deadline) the call is queued again, as
-    attempt 2, and its completion is accepted."""
-    jobs, enqueue = queue_of_jobs()
-    settings = DispatchSettings(lease_seconds=0.2, recovery_interval=60, recovery_grace=0.1)
-    async with running_stack(
-        worker_tools(enqueue=enqueue), webhooks=False, settings=settings, **app_options()
-    ) as stack:
-        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
-        turn_id, call_id = _first_call(stack.fake.required_actions(sid))
-        key = CallKey(sid, turn_id, call_id)
-        await stack.store.claim_call(
-            key, tool_name="generate_report", owner="dead-replica", lease_seconds=0.05
-        )
-        await anyio.sleep(0.1)
-        await stack.app.recover(sid)
-        job = await next_job(jobs)
-        answer = await complete_job(job, Completion(True, "done"), http_client=stack.webhook_http)
-        await stack.fake.wait_idle(sid, timeout=5)
-    assert job.attempt == 2
-    assert answer.status == "accepted"
-    assert [s.output for s in stack.fake.submissions] == ["done"]
-
-
-def _first_call(required_actions: Any) -> tuple[str, str]:
-    for action in required_actions:
-        if action.get("type") == "function_call":
-            return action["turn_id"], action["call_id"]
-    raise AssertionError(f"no function call in {required_actions!r}")
 
 
 @pytest.mark.anyio
@@ -753,3 +119,40 @@ async def test_the_client_retries_unavailable_answers() -> None:
             "http://w.test/calls/complete", "tok", success=True, output=1, http_client=http
         )
     assert result.status == "accepted"
+
+
+def _scripted(statuses: list[int | None]) -> Callable[[httpx.Request], httpx.Response]:
+    """A transport handler answering each request with the next status (None: a dropped
+    connection), so the sync and async clients can be driven through the same script."""
+    answers = iter(statuses)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = next(answers)
+        if status is None:
+            raise httpx.ConnectError("connection refused", request=request)
+        body = {"status": "accepted"} if status == 200 else {"error": "unavailable"}
+        return httpx.Response(status, json=body)
+
+    return handler
+
+
+@pytest.mark.anyio
+async def test_sync_and_async_completion_share_one_retry_policy() -> None:
+    """Both drivers retry a 503 and a dropped connection, then return the answer; with the
+    attempts used up, both raise APIConnectionError for a connection that never comes."""
+    url = "http://w.test/calls/complete"
+    script = [503, None, 200]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_scripted(script))) as http:
+        answer = await complete_call(url, "tok", success=True, output=1, http_client=http)
+    assert answer.status == "accepted"
+    with httpx.Client(transport=httpx.MockTransport(_scripted(script))) as sync_http:
+        answer = complete_call_sync(url, "tok", success=True, output=1, http_client=sync_http)
+    assert answer.status == "accepted"
+    with (
+        httpx.Client(transport=httpx.MockTransport(_scripted([None, None]))) as sync_http,
+        pytest.raises(APIConnectionError),
+    ):
+        complete_call_sync(url, "tok", success=False, error="x", http_client=sync_http, attempts=2)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_scripted([None, None]))) as http:
+        with pytest.raises(APIConnectionError):
+            await complete_call(url, "tok", success=False, error="x", http_client=http, attempts=2)

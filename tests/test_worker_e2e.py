@@ -22,9 +22,10 @@ import httpx
 import pytest
 import redis
 
+from agentfn_asgi.jobs import CompletionTokens
 from agentfn_asgi.records import CallKey
+from agentfn_asgi.results import JOB_DEADLINE_MESSAGE
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
-from agentfn_asgi.worker import JOB_DEADLINE_MESSAGE, CompletionTokens
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 

@@ -14,17 +14,10 @@ Needs uvicorn: ``pip install 'agentfn-asgi[server]'``.
 from __future__ import annotations
 
 from agentfn_asgi.demo.play import DEMO_STEPS, run_demo
-from agentfn_asgi.demo.process import (
-    DemoError,
-    RunningExample,
-    find_project_root,
-    free_port,
-    run_example,
-)
+from agentfn_asgi.demo.process import RunningExample, find_project_root, free_port, run_example
 
 __all__ = [
     "DEMO_STEPS",
-    "DemoError",
     "RunningExample",
     "find_project_root",
     "free_port",

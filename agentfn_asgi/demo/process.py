@@ -19,11 +19,10 @@ from pathlib import Path
 
 import httpx
 
-from agentfn_asgi.errors import AgentFnError, ConfigurationError
+from agentfn_asgi.errors import ConfigurationError, DemoError
 
 __all__ = [
     "WEBHOOK_PATH",
-    "DemoError",
     "RunningExample",
     "find_project_root",
     "free_port",
@@ -31,10 +30,6 @@ __all__ = [
 ]
 
 WEBHOOK_PATH = "/openai/webhooks"
-
-
-class DemoError(AgentFnError):
-    """The demo (or an example it started) did not behave as scripted."""
 
 
 # -- running an example app ------------------------------------------------------------------

@@ -16,7 +16,6 @@ drivers stay optional.
 from __future__ import annotations
 
 import importlib
-import os
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -54,18 +53,18 @@ def open_store(
 ) -> Store:
     """Create the store named by ``url`` (not yet connected: the first use opens it).
 
-    ``url`` defaults to the ``AGENTFN_STORE_URL`` environment variable, then to
-    :data:`DEFAULT_STORE_URL`. ``clock`` (Unix seconds) is shared by every backend;
-    ``options`` go to the backend's constructor as keywords (``synchronous=``,
-    ``busy_timeout=`` for SQLite, which also accepts them as URL query parameters;
-    ``key_prefix=`` for Redis and ``schema=`` for PostgreSQL, also accepted as URL query
+    ``url`` defaults to :data:`DEFAULT_STORE_URL` (the app and the CLI read
+    ``AGENTFN_STORE_URL`` through :mod:`agentfn_asgi.config`). ``clock`` (Unix seconds) is
+    shared by every backend; ``options`` go to the backend's constructor as keywords
+    (``synchronous=``, ``busy_timeout=`` for SQLite, which also accepts them as URL query
+    parameters; ``key_prefix=`` for Redis and ``schema=`` for PostgreSQL, also accepted as URL query
     parameters: ``redis://host/0?key_prefix=app1:``, ``postgresql://host/db?schema=app1``).
 
     Raises :class:`ConfigurationError` for an unknown scheme, a malformed URL, an unknown
     option, or a backend whose optional driver is not installed.
     """
     if url is None:
-        url = os.environ.get("AGENTFN_STORE_URL", "").strip() or DEFAULT_STORE_URL
+        url = DEFAULT_STORE_URL
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep or not scheme:

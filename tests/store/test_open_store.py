@@ -91,10 +91,15 @@ def test_password_is_not_echoed() -> None:
     assert "user:***@db" in str(info.value)
 
 
-def test_env_url_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without an argument, AGENTFN_STORE_URL names the store."""
+def test_no_argument_means_the_default_file_not_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """open_store reads no environment (the app and CLI resolve AGENTFN_STORE_URL through
+    agentfn_asgi.config): without an argument it is the default SQLite file."""
     monkeypatch.setenv("AGENTFN_STORE_URL", "memory://")
-    assert isinstance(open_store(), MemoryStore)
+    store = open_store()
+    assert isinstance(store, SQLiteStore)
+    assert store.path == "agentfn.sqlite3"
 
 
 @pytest.mark.parametrize("value", [None, "", "  "])

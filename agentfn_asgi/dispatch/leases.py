@@ -13,14 +13,13 @@ import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from .errors import StoreError
-from .records import CallKey
-from .store.base import Store
+from ..errors import StoreError
+from ..records import CallKey
+from ..store.base import Store
 
 __all__ = ["LeaseKeeper"]
 
-# The dispatcher's logger: operators filter on it, and these messages were always logged there.
-logger = logging.getLogger("agentfn_asgi.dispatch")
+logger = logging.getLogger("agentfn_asgi.dispatch.leases")
 
 
 class LeaseKeeper:

@@ -1,9 +1,50 @@
-"""The app's side of worker jobs: completion tokens, building and queueing jobs, reading
-completions.
+"""The app's side of worker tools: jobs, completion tokens, ``POST {mount}/calls/complete``.
 
-What the web process needs to hand a call to a worker and accept its result; the worker's
-side (running a job, posting its completion) is in worker.py, which documents the whole
-protocol and re-exports these names.
+A tool registered with ``enqueue=`` does not run in the web process. Once its arguments are
+validated, the dispatcher asks :class:`WorkerJobs` to hand the call off: it builds a
+:class:`~agentfn_asgi.records.Job` carrying a signed completion token and gives it to the
+tool's ``enqueue`` callable (sync or async: a Celery/RQ/arq task's ``delay``, a Redis
+``LPUSH``, an HTTP POST to a worker); the dispatcher then extends the call's claim to the
+job's deadline and moves on. A worker runs the handler wherever it likes
+(:mod:`agentfn_asgi.worker` is its side) and completes the call::
+
+    POST {mount}/calls/complete
+    Authorization: Bearer <job.completion_token>
+    Content-Type: application/json
+
+    {"success": true, "output": <any JSON>}   or   {"success": false, "error": "<text>"}
+
+From there the result follows the in-process path: saved durably (the first result saved
+wins), submitted with the stable idempotency key, stale handling, recovery.
+
+The completion token (:class:`CompletionTokens`) is an itsdangerous signature over the ids of
+exactly one call (session, turn, call), the tool name and the claim's owner, expiring at
+the job's deadline. It carries no secret: anyone can read it, nobody can forge or alter it
+without ``AGENTFN_COMPLETION_SECRET`` (a secret of its own, never the webhook secret).
+
+Answers of the completion endpoint:
+
+========================================================  ======  ==========================
+situation                                                 status  body
+========================================================  ======  ==========================
+result saved now (submission under way)                   200     ``{"status":"accepted"}``
+the same result was already saved (a retry)                200     ``{"status":"duplicate"}``
+the API no longer waits for this call (don't retry)        200     ``{"status":"stale"}``
+body not the JSON above                                    400     ``{"error":"invalid_body"}``
+token missing, forged, altered or for another app          401     ``{"error":"invalid_token"}``
+token authentic but past the job deadline                  401     ``{"error":"token_expired"}``
+the tool is not registered in this app                     404     ``{"error":"unknown_tool"}``
+another result was saved first (or the deadline failure)   409     ``{"error":"conflict"}``
+body larger than 8 MiB                                     413
+store unavailable, shutting down                           503     (retry later)
+========================================================  ======  ==========================
+
+Job deadline policy: while a job is outstanding its claim's lease is the job deadline, so no
+replica re-runs it. When the lease expires with no result, the call fails with
+:data:`~agentfn_asgi.results.JOB_DEADLINE_MESSAGE` (the job is *not* queued again: it may
+still be running). Only when the claim expired before the deadline could have passed (the
+web process crashed between claiming the call and queueing its job) is the call treated like
+any in-doubt call: queued again for a plain tool, reconciled for a side-effect tool.
 """
 
 from __future__ import annotations
@@ -11,12 +52,12 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import math
-import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any, Literal, cast
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import anyio
 import anyio.to_thread
@@ -25,41 +66,38 @@ from itsdangerous.timed import TimestampSigner
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from starlette.types import Receive, Scope, Send
 
-from ._spans import _virtual_parent
+from ._asgi import BodyTooLargeError, DisconnectedError, read_body, send_json
+from .dispatch import Dispatcher
 from .errors import CompletionTokenError, CompletionTokenExpiredError, ConfigurationError
-from .records import CallKey
+from .records import CallKey, Completion, Job
+from .signing import parse_secrets
 from .tools import FunctionTool, FunctionTools, ToolContext, is_async_callable
+from .tracing.spans import call_parent_context
 
 __all__ = [
     "CLOCK_SKEW",
     "COMPLETE_PATH",
     "COMPLETION_BODY_LIMIT",
-    "COMPLETION_SECRET_ENV",
     "DEFAULT_TOKEN_MAX_AGE",
-    "ENQUEUE_FAILED_MESSAGE",
-    "JOB_DEADLINE_MESSAGE",
     "MAX_TOKEN_LENGTH",
     "MIN_SECRET_LENGTH",
-    "PUBLIC_URL_ENV",
     "TOKEN_SALT",
-    "Completion",
-    "CompletionStatus",
     "CompletionTokens",
-    "Job",
     "TokenClaims",
+    "WorkerJobs",
     "bearer_token",
     "build_job",
     "call_enqueue",
-    "completion_setup",
     "parse_completion",
+    "worker_jobs",
 ]
 
-#: The environment variable holding the completion secret(s), newest last.
-COMPLETION_SECRET_ENV = "AGENTFN_COMPLETION_SECRET"  # noqa: S105 - a variable name
-#: The public URL of the webhook mount, to put ``complete_url`` into jobs.
-PUBLIC_URL_ENV = "AGENTFN_PUBLIC_URL"
+logger = logging.getLogger("agentfn_asgi.jobs")
+
 #: Where the completion endpoint lives below the webhook mount.
+COMPLETE_PATH = "/calls/complete"
 COMPLETE_PATH = "/calls/complete"
 #: Completion bodies may exceed the webhook cap: a result may be up to 4 MiB, JSON-escaped.
 COMPLETION_BODY_LIMIT = 8 * 1024 * 1024
@@ -73,21 +111,7 @@ CLOCK_SKEW = 300.0
 #: Far longer than any token this module issues; refuses junk before decoding it.
 MAX_TOKEN_LENGTH = 4096
 
-#: What the model is told when a job's deadline passed with no completion.
-JOB_DEADLINE_MESSAGE = (
-    "The background job for this call did not finish within its deadline. It may or may "
-    "not have taken effect; do not repeat it without checking with the user."
-)
-#: What the model is told when the enqueue callable raised.
-ENQUEUE_FAILED_MESSAGE = (
-    "The tool '{name}' could not be started: its background job could not be queued. "
-    "It did not run; you may try again later."
-)
 
-#: What :meth:`Dispatcher.complete` decided (the endpoint maps it to a status code).
-CompletionStatus = Literal["accepted", "duplicate", "conflict", "stale", "unknown_tool"]
-
-_SEPARATORS = re.compile(r"[\s,]+")
 _W3C = TraceContextTextMapPropagator()
 
 
@@ -122,16 +146,6 @@ class _ClockedSigner(TimestampSigner):
         return int(self._clock())
 
 
-def _split_secrets(value: str | Sequence[str]) -> list[str]:
-    items = [value] if isinstance(value, str) else list(value)
-    found: list[str] = []
-    for item in items:
-        if not isinstance(item, str):
-            raise ConfigurationError("completion secrets must be strings")
-        found.extend(piece for piece in _SEPARATORS.split(item) if piece)
-    return found
-
-
 class CompletionTokens:
     """Issue and verify the signed, expiring token that lets a worker complete one call.
 
@@ -151,10 +165,10 @@ class CompletionTokens:
         max_age: float = DEFAULT_TOKEN_MAX_AGE,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        keys = _split_secrets(secrets)
+        keys = parse_secrets(secrets, what="completion secrets")
         if not keys:
             raise ConfigurationError(
-                f"no completion secret: pass completion_secret= or set {COMPLETION_SECRET_ENV}"
+                "no completion secret: pass completion_secret= or set AGENTFN_COMPLETION_SECRET"
             )
         if any(len(key) < MIN_SECRET_LENGTH for key in keys):
             raise ConfigurationError(
@@ -206,40 +220,6 @@ class CompletionTokens:
             raise CompletionTokenExpiredError("completion token has expired")
         return claims
 
-    @classmethod
-    def from_env(cls, **kwargs: Any) -> CompletionTokens | None:
-        """Tokens from ``AGENTFN_COMPLETION_SECRET``, or None when it is unset or empty."""
-        import os
-
-        value = os.environ.get(COMPLETION_SECRET_ENV, "")
-        return cls(value, **kwargs) if value.strip() else None
-
-
-def completion_setup(
-    tools: FunctionTools,
-    *,
-    secret: str | Sequence[str] | None,
-    public_url: str | None,
-    clock: Callable[[], float] = time.time,
-) -> tuple[CompletionTokens | None, str | None]:
-    """The app's tokens and completion URL, from its options or the environment.
-
-    Raises ConfigurationError when a tool enqueues jobs but no secret is configured.
-    """
-    import os
-
-    value = secret if secret is not None else os.environ.get(COMPLETION_SECRET_ENV, "")
-    tokens = CompletionTokens(value, clock=clock) if _split_secrets(value) else None
-    queued = sorted(tool.name for tool in tools if tool.enqueue is not None)
-    if tokens is None and queued:
-        raise ConfigurationError(
-            f"tools {queued} hand calls to workers but no completion secret is set: pass "
-            f"completion_secret= or set {COMPLETION_SECRET_ENV} (a random string of 16+ "
-            "characters, not the webhook secret)"
-        )
-    url = public_url if public_url is not None else os.environ.get(PUBLIC_URL_ENV, "")
-    return tokens, (url.rstrip("/") + COMPLETE_PATH if url else None)
-
 
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     """The token of an ASGI request's ``Authorization: Bearer <token>`` header, if any."""
@@ -264,107 +244,7 @@ def _claims_from(payload: object) -> TokenClaims:
     return TokenClaims(s, t, c, o, n, float(expiry))
 
 
-# -- jobs ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Job:
-    """One call handed to a worker. JSON-safe: ``Job.from_dict(job.to_dict()) == job``.
-
-    ``arguments`` is the validated argument object in the tool's schema shape (re-parse it
-    with ``tool.parse_arguments`` for typed values; :func:`run_job` does). ``deadline`` is
-    the Unix time after which the call fails and completions are refused. ``complete_url``
-    is set when the app knows its public URL (``public_url=``). ``traceparent`` /
-    ``tracestate`` (W3C) let the worker's span join the call's trace
-    (:meth:`trace_context`). Pass ``idempotency_key`` to downstream APIs.
-    """
-
-    session_id: str
-    turn_id: str
-    call_id: str
-    tool_name: str
-    arguments: dict[str, Any]
-    idempotency_key: str
-    completion_token: str
-    deadline: float
-    attempt: int = 1
-    complete_url: str | None = None
-    traceparent: str = ""
-    tracestate: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict of JSON values (give it to Celery, RQ, arq, json.dumps...)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def to_json(self) -> str:
-        """Compact JSON of :meth:`to_dict`."""
-        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Job:
-        """Rebuild a job; ValueError naming the field when something is missing or wrong."""
-        if not isinstance(data, Mapping):
-            raise ValueError("a job must be a JSON object")
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name not in data:
-                if f.name in _OPTIONAL_FIELDS:
-                    continue
-                raise ValueError(f"job field {f.name!r} is missing")
-            value = data[f.name]
-            expected = _FIELD_TYPES[f.name]
-            if not isinstance(value, expected) or isinstance(value, bool):
-                raise ValueError(f"job field {f.name!r} has the wrong type")
-            values[f.name] = value
-        values["deadline"] = float(values["deadline"])
-        return cls(**values)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Job:
-        """Rebuild a job from :meth:`to_json` output."""
-        return cls.from_dict(json.loads(text))
-
-    def remaining(self, *, clock: Callable[[], float] = time.time) -> float:
-        """Seconds left before the deadline (never negative)."""
-        return max(0.0, self.deadline - clock())
-
-    def tool_context(self, *, resources: Any = None) -> ToolContext:
-        """The :class:`ToolContext` a handler gets when the worker runs this job."""
-        return ToolContext(
-            session_id=self.session_id,
-            turn_id=self.turn_id,
-            call_id=self.call_id,
-            tool_name=self.tool_name,
-            attempt=self.attempt,
-            deadline=self.deadline,
-            idempotency_key=self.idempotency_key,
-            resources=resources,
-        )
-
-    def trace_context(self) -> otel_context.Context:
-        """An OpenTelemetry context whose parent is the call's span, for the worker's span:
-        ``tracer.start_as_current_span("work", context=job.trace_context())``."""
-        carrier = {"traceparent": self.traceparent}
-        if self.tracestate:
-            carrier["tracestate"] = self.tracestate
-        return _W3C.extract(carrier)
-
-
-_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "session_id": str,
-    "turn_id": str,
-    "call_id": str,
-    "tool_name": str,
-    "arguments": dict,
-    "idempotency_key": str,
-    "completion_token": str,
-    "deadline": (int, float),
-    "attempt": int,
-    "complete_url": (str, type(None)),
-    "traceparent": str,
-    "tracestate": str,
-}
-_OPTIONAL_FIELDS = frozenset({"attempt", "complete_url", "traceparent", "tracestate"})
+# -- handing jobs off ------------------------------------------------------------------------
 
 
 def _trace_headers(key: CallKey) -> tuple[str, str]:
@@ -372,7 +252,7 @@ def _trace_headers(key: CallKey) -> tuple[str, str]:
     none, so a worker's span always lands in the call's trace (see tracing.py)."""
     ctx = otel_context.get_current()
     if not trace.get_current_span(ctx).get_span_context().is_valid:
-        ctx = _virtual_parent(key.session_id, key.call_id)
+        ctx = call_parent_context(key.session_id, key.call_id)
     carrier: dict[str, str] = {}
     _W3C.inject(carrier, context=ctx)
     return carrier.get("traceparent", ""), carrier.get("tracestate", "")
@@ -390,7 +270,7 @@ def build_job(
     now: float,
     complete_url: str | None = None,
 ) -> Job:
-    """The job for one validated call (used by the dispatcher)."""
+    """The job for one validated call (what :class:`WorkerJobs` hands to ``enqueue``)."""
     deadline = now + tool.job_deadline
     traceparent, tracestate = _trace_headers(key)
     return Job(
@@ -426,23 +306,137 @@ async def call_enqueue(
         await result
 
 
-# -- completions ---------------------------------------------------------------------------
+class WorkerJobs:
+    """The app's worker lane: hands calls off as jobs (the dispatcher's
+    :class:`~agentfn_asgi.dispatch.execution.JobHandoff`) and takes completions back.
+
+    ``complete_url`` (``{public_url}/calls/complete``) goes into each job when known.
+    """
+
+    def __init__(
+        self,
+        tokens: CompletionTokens,
+        *,
+        complete_url: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.tokens = tokens
+        self.complete_url = complete_url
+        self._clock = clock
+
+    async def hand_off(
+        self,
+        key: CallKey,
+        tool: FunctionTool,
+        arguments: dict[str, Any],
+        context: ToolContext,
+        *,
+        owner: str,
+        limiter: anyio.CapacityLimiter | None,
+    ) -> None:
+        """Build the call's job and give it to the tool's ``enqueue`` callable."""
+        assert tool.enqueue is not None
+        job = build_job(
+            key,
+            tool,
+            arguments,
+            tokens=self.tokens,
+            owner=owner,
+            attempt=context.attempt,
+            idempotency_key=context.idempotency_key,
+            now=self._clock(),
+            complete_url=self.complete_url,
+        )
+        await call_enqueue(tool.enqueue, job, limiter=limiter)
+
+    async def complete(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        *,
+        dispatcher: Dispatcher,
+        ready: Callable[[], Awaitable[None]],
+        body_limit: int = COMPLETION_BODY_LIMIT,
+        body_timeout: float = 10.0,
+    ) -> None:
+        """Serve ``POST {mount}/calls/complete``: the token first (nothing is read for a
+        stranger), then the body, then ``ready()`` (the app's lazy start) and the save; the
+        answers are in the module docstring."""
+        refused = 'Bearer error="invalid_token"'
+        try:
+            claims = self.tokens.verify(bearer_token(scope.get("headers", ())) or "")
+        except CompletionTokenExpiredError:
+            await send_json(send, 401, {"error": "token_expired"}, www_authenticate=refused)
+            return
+        except CompletionTokenError:
+            await send_json(send, 401, {"error": "invalid_token"}, www_authenticate=refused)
+            return
+        try:
+            body = await read_body(receive, scope, limit=body_limit, timeout=body_timeout)
+            completion = parse_completion(body)
+        except BodyTooLargeError:
+            await send_json(send, 413, {"error": "body too large"})
+            return
+        except TimeoutError:
+            await send_json(send, 408, {"error": "body not received in time"})
+            return
+        except DisconnectedError:
+            return
+        except ValueError as exc:
+            await send_json(send, 400, {"error": "invalid_body", "message": str(exc)})
+            return
+        try:
+            await ready()
+            status = await dispatcher.complete(
+                claims.key,
+                owner=claims.owner,
+                tool_name=claims.tool_name,
+                success=completion.success,
+                output=completion.output,
+                error=completion.error,
+            )
+        except LookupError:  # the token names another tool than its call
+            await send_json(send, 401, {"error": "invalid_token"}, www_authenticate=refused)
+            return
+        except Exception:
+            # Store down or a bug: never a 500; the worker retries (a repeat is harmless).
+            logger.exception("could not record the completion of %s", claims.key)
+            await send_json(send, 503, {"error": "temporarily unavailable"}, retry_after="5")
+            return
+        if status == "conflict":
+            await send_json(send, 409, {"error": "conflict", "status": status})
+        elif status == "unknown_tool":
+            await send_json(send, 404, {"error": "unknown_tool", "status": status})
+        else:
+            await send_json(send, 200, {"status": status})
 
 
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A worker's outcome for one job: ``output`` (any JSON value, encoded like a handler's
-    return value) when ``success``, else ``error`` (shown to the model as written)."""
+def worker_jobs(
+    tools: FunctionTools,
+    secrets: Sequence[str],
+    *,
+    public_url: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> WorkerJobs | None:
+    """The worker lane of an app (or of ``agentfn-asgi recover``) when ``secrets`` are given,
+    else None. Raises ConfigurationError when a tool enqueues jobs but no secret is set."""
+    queued = sorted(tool.name for tool in tools if tool.enqueue is not None)
+    if not secrets:
+        if queued:
+            raise ConfigurationError(
+                f"tools {queued} hand calls to workers but no completion secret is set: pass "
+                "completion_secret= or set AGENTFN_COMPLETION_SECRET (a random string of 16+ "
+                "characters, not the webhook secret)"
+            )
+        return None
+    complete_url = public_url.rstrip("/") + COMPLETE_PATH if public_url else None
+    return WorkerJobs(
+        CompletionTokens(secrets, clock=clock), complete_url=complete_url, clock=clock
+    )
 
-    success: bool
-    output: Any = None
-    error: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The endpoint's JSON body."""
-        if self.success:
-            return {"success": True, "output": self.output}
-        return {"success": False, "error": self.error or ""}
+# -- completion bodies -----------------------------------------------------------------------
 
 
 def parse_completion(body: bytes) -> Completion:

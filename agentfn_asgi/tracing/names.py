@@ -1,19 +1,12 @@
-"""Pinned names of :mod:`agentfn_asgi.tracing`, and its content and error helpers.
+"""Pinned names of :mod:`agentfn_asgi.tracing`: spans, attributes, metrics, buckets.
 
-The names are pinned here rather than imported from ``opentelemetry-semantic-conventions``,
-which marks the ``gen_ai.*`` ones as moved. The helpers decide what of a value or an
-exception reaches a span: the ``capture_content`` rule (messages are content, exception
-types and stack frames are not) lives in them.
+Pinned here rather than imported from ``opentelemetry-semantic-conventions``, which marks
+the ``gen_ai.*`` ones as moved.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import traceback
 from typing import Final
-
-from opentelemetry.trace import Span, Status, StatusCode
 
 INSTRUMENTATION_NAME: Final = "agentfn_asgi"
 CAPTURE_CONTENT_ENV: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -21,7 +14,8 @@ CAPTURE_CONTENT_ENV: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT
 CONTENT_LIMIT: Final = 8 * 1024
 #: How many delivery spans this process remembers, to link the calls they cause.
 LINK_CACHE_SIZE: Final = 10_000
-_ID_LIMIT: Final = 256  # webhook-id comes from an unverified header: bound its size
+#: webhook-id comes from an unverified header: its size is bounded on a span.
+ID_LIMIT: Final = 256
 
 # -- span names ----------------------------------------------------------------------------
 SPAN_DELIVERY: Final = "agentfn.webhook.delivery"
@@ -74,72 +68,8 @@ METRIC_DELIVERY_TO_RESULT: Final = "agentfn.delivery_to_result.duration"
 METRIC_OLDEST_PENDING: Final = "agentfn.calls.oldest_pending.age"
 
 # The GenAI conventions' advised buckets for operation durations (10 ms .. ~82 s).
-_DURATION_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+DURATION_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                             20.48, 40.96, 81.92)  # fmt: skip
-_LATENCY_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+LATENCY_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                            600.0, 1800.0)  # fmt: skip
-_ATTEMPT_BUCKETS: Final = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0)
-
-_CAPTURE_VALUES: Final = frozenset({"true", "1", "span_only", "span_and_event"})
-
-
-def _capture_from_env() -> bool:
-    return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in _CAPTURE_VALUES
-
-
-def _qualified_name(exc: BaseException) -> str:
-    kind = type(exc)
-    if kind.__module__ == "builtins":
-        return kind.__qualname__
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _escaped_error_type(exc: BaseException) -> str:
-    # Handler failures are classified by the dispatcher (validation_error, timeout, ...);
-    # what escapes a span is ours (store/API errors) or a cancellation. Class names are
-    # bounded, as error.type must be; cancellations get one fixed value.
-    if not isinstance(exc, Exception):
-        return ERROR_CANCELLED
-    return _qualified_name(exc)
-
-
-def _content_text(value: object) -> str:
-    """``value`` as JSON text (strings as they are), cut to :data:`CONTENT_LIMIT` bytes."""
-    if isinstance(value, str):
-        text = value
-    else:
-        try:
-            text = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
-        except (TypeError, ValueError, RecursionError):
-            text = f"<unserialisable {type(value).__qualname__}>"
-    data = text.encode("utf-8", "replace")
-    if len(data) <= CONTENT_LIMIT:
-        return text
-    kept = data[:CONTENT_LIMIT].decode("utf-8", "ignore")
-    return f"{kept}...[truncated {len(data) - CONTENT_LIMIT} bytes]"
-
-
-def _record_error(
-    span: Span,
-    error_type: str,
-    message: str | None,
-    exc: BaseException | None,
-    *,
-    capture: bool,
-) -> None:
-    span.set_attribute(ERROR_TYPE, error_type)
-    # The message may quote handler output or exception text: it is content.
-    description = message if capture and message else error_type
-    span.set_status(Status(StatusCode.ERROR, description))
-    if exc is None or not span.is_recording():
-        return
-    if capture:
-        span.record_exception(exc)
-    else:
-        span.add_event(
-            "exception",
-            {
-                EXCEPTION_TYPE: _qualified_name(exc),
-                EXCEPTION_STACKTRACE: "".join(traceback.format_tb(exc.__traceback__)),
-            },
-        )
+ATTEMPT_BUCKETS: Final = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0)

@@ -12,20 +12,19 @@ import logging
 import time
 from collections import OrderedDict
 
-from ._crash import crash_point
-from ._outcomes import events_body, submission_key
-from .client import AgentsClient
-from .errors import (
+from .._crash import crash_point
+from ..client import AgentsClient
+from ..errors import (
     APIError,
     APIStatusError,
     ConflictError,
     NotFoundError,
     UnknownPendingToolCallError,
 )
-from .records import CallKey, CallRecord
-from .results import event_json, failure_event
-from .store.base import Store
-from .tracing import Telemetry
+from ..records import CallKey, CallRecord
+from ..results import event_json, events_body, failure_event, submission_key
+from ..store.base import Store
+from ..tracing import Telemetry
 
 __all__ = ["REFUSED_MESSAGE", "Submitter"]
 
@@ -38,8 +37,7 @@ REFUSED_MESSAGE = (
 )
 _REFUSING_STATUSES = frozenset({400, 413, 422})
 
-# The dispatcher's logger: operators filter on it, and these messages were always logged there.
-logger = logging.getLogger("agentfn_asgi.dispatch")
+logger = logging.getLogger("agentfn_asgi.dispatch.submission")
 
 
 class Submitter:

@@ -1,16 +1,19 @@
-"""The span classes behind :class:`~agentfn_asgi.tracing.Telemetry`, and the call's virtual parent.
+"""The span classes that :class:`~agentfn_asgi.tracing.Telemetry` hands out, the call's
+virtual parent, and what of a value or an exception reaches a span.
 
-Split out of tracing.py, which builds these spans and owns the metrics; the span classes are
-re-exported there. See tracing.py's docstring for the span names, the one-trace-per-call
-scheme and the content-capture rules these classes apply.
+See the package docstring for the span names and the one-trace-per-call scheme. The
+``capture_content`` rule lives in :func:`_record_error` and :func:`_content_text`: messages
+and values are content, exception types and stack frames are not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import time
+import traceback
 from contextvars import ContextVar, Token
 from functools import lru_cache
 from types import TracebackType
@@ -25,22 +28,30 @@ from opentelemetry.trace import (
     Span,
     SpanContext,
     SpanKind,
+    Status,
+    StatusCode,
     TraceFlags,
     Tracer,
 )
 from opentelemetry.util.types import AttributeValue
 
-from ._otel_names import (
-    _ID_LIMIT,
+from ..records import SavedResult
+from .names import (
     CALL_SOURCE,
+    CONTENT_LIMIT,
     DELIVERY_OUTCOME,
     DELIVERY_REASON,
+    ERROR_CANCELLED,
     ERROR_SUBMIT,
+    ERROR_TYPE,
     EVENT_RETRY,
+    EXCEPTION_STACKTRACE,
+    EXCEPTION_TYPE,
     GEN_AI_CONVERSATION_ID,
     GEN_AI_TOOL_CALL_ARGUMENTS,
     GEN_AI_TOOL_CALL_RESULT,
     HTTP_RESPONSE_STATUS_CODE,
+    ID_LIMIT,
     RETRY_ATTEMPT,
     RETRY_DELAY,
     RETRY_REASON,
@@ -51,19 +62,20 @@ from ._otel_names import (
     SUBMISSION_OUTCOME,
     WEBHOOK_EVENT_TYPE,
     WEBHOOK_ID,
-    _content_text,
-    _escaped_error_type,
-    _record_error,
 )
 
 __all__ = [
+    "RETRY_SINK",
     "CallSpan",
     "DeliverySpan",
+    "RetrySink",
     "SessionReadSpan",
     "SubmitSpan",
+    "TelemetryHooks",
+    "call_parent_context",
+    "call_span_context",
 ]
 
-# The name these messages were always logged under, before the spans left tracing.py.
 logger = logging.getLogger("agentfn_asgi.tracing")
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
@@ -79,15 +91,14 @@ class TelemetryHooks(Protocol):
     def tracer(self) -> Tracer: ...
     @property
     def capture_content(self) -> bool: ...
-    def remember_delivery(self, delivery_id: str, link: Link | None) -> None: ...
-    def _count_delivery(self, outcome: str, reason: str | None) -> None: ...
-    def _record_call(
+    def count_delivery(self, outcome: str, reason: str | None) -> None: ...
+    def record_call(
         self, tool_name: str, source: str | None, error_type: str | None, duration: float
     ) -> None: ...
 
 
 @lru_cache(maxsize=4096)  # tool_call and submission ask for the same call in a row
-def _call_span_context(session_id: str, call_id: str) -> SpanContext:
+def call_span_context(session_id: str, call_id: str) -> SpanContext:
     """The call's virtual parent: a remote, sampled span context derived from its ids."""
     digest = hashlib.sha256(f"{session_id}\x1f{call_id}".encode()).digest()
     # All-zero ids are invalid in W3C trace context; a zero digest prefix is only theoretical.
@@ -96,18 +107,18 @@ def _call_span_context(session_id: str, call_id: str) -> SpanContext:
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=_SAMPLED)
 
 
-def _virtual_parent(session_id: str, call_id: str) -> otel_context.Context:
+def call_parent_context(session_id: str, call_id: str) -> otel_context.Context:
     """The current context with the call's virtual remote span as the active span."""
-    return trace.set_span_in_context(NonRecordingSpan(_call_span_context(session_id, call_id)))
+    return trace.set_span_in_context(NonRecordingSpan(call_span_context(session_id, call_id)))
 
 
-class _RetrySink(Protocol):
+class RetrySink(Protocol):
     def retry(self, attempt: int, delay: float, reason: str, status: int | None) -> None: ...
 
 
 # The read or submission span currently waiting on the API client, so that the client's
 # single ``on_retry`` callback (see Telemetry.client_retry) reaches the right span.
-_RETRY_SINK: ContextVar[_RetrySink | None] = ContextVar("agentfn_asgi_retry_sink", default=None)
+RETRY_SINK: ContextVar[RetrySink | None] = ContextVar("agentfn_asgi_retry_sink", default=None)
 
 
 class _SpanScope:
@@ -192,14 +203,13 @@ class _SpanScope:
 class DeliverySpan(_SpanScope):
     """The span of one webhook request (see :meth:`Telemetry.delivery`)."""
 
-    __slots__ = ("_delivery_id", "_link", "_outcome", "_reason")
+    __slots__ = ("_link", "_outcome", "_reason")
 
     def __init__(self, telemetry: TelemetryHooks, delivery_id: str | None) -> None:
         attributes: dict[str, AttributeValue] = {}
         if delivery_id is not None:
-            attributes[WEBHOOK_ID] = delivery_id[:_ID_LIMIT]
+            attributes[WEBHOOK_ID] = delivery_id[:ID_LIMIT]
         super().__init__(telemetry, SPAN_DELIVERY, SpanKind.INTERNAL, attributes)
-        self._delivery_id = delivery_id
         self._outcome: str | None = None
         self._reason: str | None = None
         self._link: Link | None = None
@@ -211,7 +221,7 @@ class DeliverySpan(_SpanScope):
     def _ended(self, exc: BaseException | None) -> None:
         outcome = self._outcome or ("error" if exc is not None else None)
         if outcome is not None:
-            self._telemetry._count_delivery(outcome, self._reason)
+            self._telemetry.count_delivery(outcome, self._reason)
 
     @property
     def link(self) -> Link | None:
@@ -224,7 +234,7 @@ class DeliverySpan(_SpanScope):
 
     def set_event_type(self, event_type: str) -> None:
         """Record the webhook event type (``agent.session.action_required``, ...)."""
-        self.span.set_attribute(WEBHOOK_EVENT_TYPE, event_type[:_ID_LIMIT])
+        self.span.set_attribute(WEBHOOK_EVENT_TYPE, event_type[:ID_LIMIT])
 
     def set_outcome(self, outcome: str, reason: str | None = None) -> None:
         """Record how the delivery ended; counted once, when the span ends.
@@ -233,8 +243,8 @@ class DeliverySpan(_SpanScope):
         ``reason`` a short fixed word (``bad_signature``, ``too_large``, ...). A rejected
         delivery is the sender's error, not ours: as for a 4xx on an HTTP server span the
         status stays unset. ``unavailable`` (we answered 503) sets status ERROR and
-        ``error.type`` = reason. An accepted delivery is remembered so that the calls it
-        causes in this process link back to it (:meth:`Telemetry.link_for_delivery`).
+        ``error.type`` = reason. (Linking the calls a delivery causes back to this span is
+        the caller's explicit step: :meth:`Telemetry.remember_delivery` with :attr:`link`.)
         """
         self._outcome = outcome
         self._reason = reason
@@ -243,8 +253,6 @@ class DeliverySpan(_SpanScope):
             self.span.set_attribute(DELIVERY_REASON, reason)
         if outcome == "unavailable":
             self._fail(reason or "unavailable", None, None)
-        elif outcome == "accepted" and self._delivery_id is not None:
-            self._telemetry.remember_delivery(self._delivery_id, self._link)
 
 
 class _RetryingScope(_SpanScope):
@@ -262,15 +270,15 @@ class _RetryingScope(_SpanScope):
     ) -> None:
         super().__init__(telemetry, name, SpanKind.CLIENT, attributes, parent, links)
         self._retries = 0
-        self._sink_token: Token[_RetrySink | None] | None = None
+        self._sink_token: Token[RetrySink | None] | None = None
 
     def _entered(self) -> None:
-        self._sink_token = _RETRY_SINK.set(self)
+        self._sink_token = RETRY_SINK.set(self)
 
     def _exiting(self) -> None:
         if self._sink_token is not None:
             with contextlib.suppress(ValueError):  # exited in another context: nothing to undo
-                _RETRY_SINK.reset(self._sink_token)
+                RETRY_SINK.reset(self._sink_token)
             self._sink_token = None
 
     @property
@@ -355,7 +363,7 @@ class CallSpan(_SpanScope):
 
     def _ended(self, exc: BaseException | None) -> None:
         duration = time.perf_counter() - self._started
-        self._telemetry._record_call(self._tool_name, self._source, self._error_type, duration)
+        self._telemetry.record_call(self._tool_name, self._source, self._error_type, duration)
 
     @property
     def context(self) -> SpanContext:
@@ -382,6 +390,15 @@ class CallSpan(_SpanScope):
         """
         self._fail(error_type, message, exc)
 
+    def record_result(self, result: SavedResult, source: str | None = None) -> None:
+        """Put how a saved result was obtained, and its failure reason, on the span
+        (``source`` overrides the result's own, e.g. ``saved`` for a resubmission)."""
+        self.set_source(source or result.source)
+        if result.success:
+            self.set_result(result.event_json)
+        else:
+            self.set_error(result.error_type or "handler_error")
+
     def set_arguments(self, value: object) -> None:
         """Record the call's arguments (JSON text) when content capture is on."""
         if self._telemetry.capture_content and self.span.is_recording():
@@ -391,3 +408,64 @@ class CallSpan(_SpanScope):
         """Record the call's result (JSON text) when content capture is on."""
         if self._telemetry.capture_content and self.span.is_recording():
             self.span.set_attribute(GEN_AI_TOOL_CALL_RESULT, _content_text(value))
+
+
+# -- what of a value or an exception reaches a span -------------------------------------------
+
+
+def _qualified_name(exc: BaseException) -> str:
+    kind = type(exc)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _escaped_error_type(exc: BaseException) -> str:
+    # Handler failures are classified by the dispatcher (validation_error, timeout, ...);
+    # what escapes a span is ours (store/API errors) or a cancellation. Class names are
+    # bounded, as error.type must be; cancellations get one fixed value.
+    if not isinstance(exc, Exception):
+        return ERROR_CANCELLED
+    return _qualified_name(exc)
+
+
+def _content_text(value: object) -> str:
+    """``value`` as JSON text (strings as they are), cut to :data:`CONTENT_LIMIT` bytes."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError):
+            text = f"<unserialisable {type(value).__qualname__}>"
+    data = text.encode("utf-8", "replace")
+    if len(data) <= CONTENT_LIMIT:
+        return text
+    kept = data[:CONTENT_LIMIT].decode("utf-8", "ignore")
+    return f"{kept}...[truncated {len(data) - CONTENT_LIMIT} bytes]"
+
+
+def _record_error(
+    span: Span,
+    error_type: str,
+    message: str | None,
+    exc: BaseException | None,
+    *,
+    capture: bool,
+) -> None:
+    span.set_attribute(ERROR_TYPE, error_type)
+    # The message may quote handler output or exception text: it is content.
+    description = message if capture and message else error_type
+    span.set_status(Status(StatusCode.ERROR, description))
+    if exc is None or not span.is_recording():
+        return
+    if capture:
+        span.record_exception(exc)
+    else:
+        span.add_event(
+            "exception",
+            {
+                EXCEPTION_TYPE: _qualified_name(exc),
+                EXCEPTION_STACKTRACE: "".join(traceback.format_tb(exc.__traceback__)),
+            },
+        )

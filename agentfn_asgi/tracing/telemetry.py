@@ -1,48 +1,5 @@
-"""Spans and metrics for deliveries, session reads, tool calls and submissions.
-
-Only the OpenTelemetry *API* is used: the host brings the SDK. :class:`Telemetry` takes a
-tracer provider and a meter provider; without them it uses the global ones, so a host that
-configured the SDK globally gets spans and metrics with no code, and a host that did not pays
-for no-op calls only (tracer, meter and instruments are created once, in ``__init__``).
-
-Spans (instrumentation scope ``agentfn_asgi``)::
-
-    agentfn.webhook.delivery        INTERNAL  one per webhook request
-    GET session                     CLIENT    one per session read (client retries = events)
-    execute_tool {gen_ai.tool.name} INTERNAL  one per call attempt (GenAI "execute tool" span)
-    POST session events             CLIENT    one per result submission (retries = events)
-
-One trace per call: every ``execute_tool`` span of a call, from any attempt, process or
-replica, has the same parent, a *virtual* remote span whose trace id and span id are derived
-from ``sha256(f"{session_id}\\x1f{call_id}")`` (:func:`trace_id_for_call` gives the trace id,
-so a call can be found in any backend from its ``call_id``). The trace has no real root span:
-the attempts are siblings under that parent, each linked to the webhook delivery that caused
-it when this process received it. Submissions made outside a call span (a resubmission after
-a restart) are put under the same virtual parent. The virtual parent is marked *sampled*:
-under the SDK's default ``ParentBased`` sampler calls are always recorded; a sampler that
-decides from the trace id (``TraceIdRatioBased``) keeps or drops all attempts of a call
-together, since they share it.
-
-Content (``gen_ai.tool.call.arguments`` / ``.result``, exception messages, error
-descriptions) is recorded only when ``capture_content`` is on; default: the
-``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` environment variable (``true``/``1``).
-Without it, failures still record ``error.type`` and the exception's type and stack frames
-(frames hold code, not values), never its message: handler messages may quote secrets.
-
-Metrics::
-
-    agentfn.webhook.deliveries          counter    {delivery}  agentfn.delivery.outcome,
-                                                               agentfn.delivery.reason
-    agentfn.tool.calls                  counter    {call}      gen_ai.tool.name,
-                                                               agentfn.call.outcome,
-                                                               agentfn.call.source
-    gen_ai.execute_tool.duration        histogram  s           gen_ai.operation.name,
-                                                               gen_ai.tool.name, error.type,
-                                                               agentfn.call.source
-    agentfn.submission.attempts         histogram  {attempt}   -
-    agentfn.delivery_to_result.duration histogram  s           -
-    agentfn.calls.oldest_pending.age    gauge      s           -
-"""
+"""``Telemetry``: the tracer, the meter and the instruments of one app (see the package
+docstring for what it records)."""
 
 from __future__ import annotations
 
@@ -57,15 +14,15 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from ._otel_names import (
-    _ATTEMPT_BUCKETS,
-    _DURATION_BUCKETS,
-    _LATENCY_BUCKETS,
+from .._version import __version__
+from .names import (
+    ATTEMPT_BUCKETS,
     CALL_ATTEMPT,
     CALL_OUTCOME,
     CALL_SOURCE,
     DELIVERY_OUTCOME,
     DELIVERY_REASON,
+    DURATION_BUCKETS,
     ERROR_TYPE,
     EXECUTE_TOOL,
     GEN_AI_CONVERSATION_ID,
@@ -75,6 +32,7 @@ from ._otel_names import (
     GEN_AI_TOOL_NAME,
     GEN_AI_TOOL_TYPE,
     INSTRUMENTATION_NAME,
+    LATENCY_BUCKETS,
     LINK_CACHE_SIZE,
     METRIC_DELIVERIES,
     METRIC_DELIVERY_TO_RESULT,
@@ -87,36 +45,18 @@ from ._otel_names import (
     SPAN_SUBMISSION,
     TOOL_TYPE_FUNCTION,
     TURN_ID,
-    _capture_from_env,
 )
-
-# Used by the helpers only now; kept importable from this module, where they were.
-from ._otel_names import CAPTURE_CONTENT_ENV as CAPTURE_CONTENT_ENV
-from ._otel_names import CONTENT_LIMIT as CONTENT_LIMIT
-from ._otel_names import ERROR_CANCELLED as ERROR_CANCELLED
-from ._otel_names import EXCEPTION_STACKTRACE as EXCEPTION_STACKTRACE
-from ._otel_names import EXCEPTION_TYPE as EXCEPTION_TYPE
-
-# The span classes live in _spans.py; the public ones are re-exported here.
-from ._spans import (
-    _RETRY_SINK,
+from .spans import (
+    RETRY_SINK,
     CallSpan,
     DeliverySpan,
     SessionReadSpan,
     SubmitSpan,
-    _call_span_context,
-    _virtual_parent,
+    call_parent_context,
+    call_span_context,
 )
 
-__all__ = [
-    "CallSpan",
-    "DeliverySpan",
-    "RetryInfo",
-    "SessionReadSpan",
-    "SubmitSpan",
-    "Telemetry",
-    "trace_id_for_call",
-]
+__all__ = ["RetryInfo", "Telemetry", "trace_id_for_call"]
 
 logger = logging.getLogger("agentfn_asgi.tracing")
 
@@ -140,7 +80,7 @@ def trace_id_for_call(session_id: str, call_id: str) -> str:
     It is derived from the session and call ids only, so every process computes the same
     one: search your tracing backend for it to see all attempts, retries and submissions.
     """
-    return format(_call_span_context(session_id, call_id).trace_id, "032x")
+    return format(call_span_context(session_id, call_id).trace_id, "032x")
 
 
 class Telemetry:
@@ -149,8 +89,8 @@ class Telemetry:
     Args:
         tracer_provider: default ``opentelemetry.trace.get_tracer_provider()``.
         meter_provider: default ``opentelemetry.metrics.get_meter_provider()``.
-        capture_content: record tool arguments, results and error messages; default from
-            ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (``true``/``1``), else off.
+        capture_content: record tool arguments, results and error messages (default off;
+            the app sets it from ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``).
         link_cache_size: how many accepted deliveries are remembered for linking.
     """
 
@@ -159,17 +99,14 @@ class Telemetry:
         *,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
-        capture_content: bool | None = None,
+        capture_content: bool = False,
         link_cache_size: int = LINK_CACHE_SIZE,
     ) -> None:
-        # Imported here: the package __init__ may import this module while it is loading.
-        from . import __version__
-
         tracers = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
         meters = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         self.tracer = tracers.get_tracer(INSTRUMENTATION_NAME, __version__)
         self.meter = meters.get_meter(INSTRUMENTATION_NAME, __version__)
-        self.capture_content = _capture_from_env() if capture_content is None else capture_content
+        self.capture_content = capture_content
         self._link_cache_size = link_cache_size
         self._links: OrderedDict[str, Link] = OrderedDict()
         self._pending_sources: list[Callable[[], float | None]] = []
@@ -185,19 +122,19 @@ class Telemetry:
             METRIC_TOOL_DURATION,
             unit="s",
             description="Duration of tool call attempts.",
-            explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )
         self._submission_attempts = meter.create_histogram(
             METRIC_SUBMISSION_ATTEMPTS,
             unit="{attempt}",
             description="HTTP attempts needed to submit one result.",
-            explicit_bucket_boundaries_advisory=_ATTEMPT_BUCKETS,
+            explicit_bucket_boundaries_advisory=ATTEMPT_BUCKETS,
         )
         self._delivery_to_result = meter.create_histogram(
             METRIC_DELIVERY_TO_RESULT,
             unit="s",
             description="Time from receiving a delivery to submitting the call's result.",
-            explicit_bucket_boundaries_advisory=_LATENCY_BUCKETS,
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
         )
 
     # -- spans -----------------------------------------------------------------------------
@@ -268,7 +205,9 @@ class Telemetry:
         if description:
             attributes[GEN_AI_TOOL_DESCRIPTION] = description
         links = [delivery_link] if delivery_link is not None else None
-        return CallSpan(self, tool_name, attributes, _virtual_parent(session_id, call_id), links)
+        return CallSpan(
+            self, tool_name, attributes, call_parent_context(session_id, call_id), links
+        )
 
     def submission(
         self,
@@ -287,11 +226,13 @@ class Telemetry:
         if parent is not None and parent.is_valid:
             context = trace.set_span_in_context(NonRecordingSpan(parent))
         else:
-            trace_id = _call_span_context(session_id, call_id).trace_id
+            trace_id = call_span_context(session_id, call_id).trace_id
             # Inside this call's span: a plain child. Elsewhere (a resubmission after a
             # restart, the sweep) under the call's virtual parent: still the call's trace.
             current = trace.get_current_span().get_span_context()
-            context = None if current.trace_id == trace_id else _virtual_parent(session_id, call_id)
+            context = (
+                None if current.trace_id == trace_id else call_parent_context(session_id, call_id)
+            )
         attributes: dict[str, AttributeValue] = {
             GEN_AI_CONVERSATION_ID: session_id,
             GEN_AI_TOOL_CALL_ID: call_id,
@@ -302,7 +243,7 @@ class Telemetry:
     def client_retry(self, event: RetryInfo) -> None:
         """Pass as ``AgentsClient(on_retry=telemetry.client_retry)``: each retry becomes an
         event on the read or submission span being waited on (found through the context)."""
-        sink = _RETRY_SINK.get()
+        sink = RETRY_SINK.get()
         if sink is not None:
             sink.retry(event.attempt, event.delay, event.reason, event.status)
 
@@ -338,15 +279,17 @@ class Telemetry:
                 ages.append(age)
         return [Observation(max(ages))] if ages else []
 
-    def _count_delivery(self, outcome: str, reason: str | None) -> None:
+    def count_delivery(self, outcome: str, reason: str | None) -> None:
+        """Count one webhook delivery by outcome (called by its span when it ends)."""
         attributes: dict[str, AttributeValue] = {DELIVERY_OUTCOME: outcome}
         if reason is not None:
             attributes[DELIVERY_REASON] = reason
         self._deliveries.add(1, attributes)
 
-    def _record_call(
+    def record_call(
         self, tool_name: str, source: str | None, error_type: str | None, duration: float
     ) -> None:
+        """Count and time one call attempt (called by its span when it ends)."""
         counted: dict[str, AttributeValue] = {
             GEN_AI_TOOL_NAME: tool_name,
             CALL_OUTCOME: error_type or OUTCOME_SUCCESS,

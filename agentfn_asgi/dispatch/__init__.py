@@ -1,0 +1,42 @@
+"""The durable dispatcher: from "session S needs attention" to submitted tool results.
+
+Steps 6-11 of DESIGN.md "One delivery, end to end", cut by responsibility:
+
+- :mod:`.scheduler`: :class:`Dispatcher`, the facade: the session queue, single-flight per
+  session, the recovery sweep, worker completions;
+- :mod:`.execution`: one call's life: concurrency slot, claim, run (handler, reconcile hook
+  or worker hand-off), save, submit; the in-doubt policy;
+- :mod:`.submission`: sending a saved result, and settling a refusal (stale);
+- :mod:`.leases`: renewing a claim's lease while work on it runs;
+- :mod:`.settings`: :class:`DispatchSettings`.
+
+The route of one delivery, from :meth:`AgentWebhookApp.__call__
+<agentfn_asgi.app.AgentWebhookApp.__call__>` to the submitted result (each module is entered
+once or twice)::
+
+    app.AgentWebhookApp.__call__ → _webhook      read the body, verify (signing), parse (wire)
+      store.record_delivery                       durable before the 2xx
+      dispatch.scheduler.Dispatcher.schedule      queue the session (single-flight)
+    [resolver task]
+      dispatch.scheduler.Dispatcher.resolve       client.retrieve_session → required_actions
+        → one task per pending call, then wait until every claim is decided,
+          store.mark_delivery_resolved
+    [call task]
+      dispatch.execution.Executor.run             slot → store.claim_call
+        → _obtain_result                          tools.parse_arguments, tools.invoke
+                                                  (or reconcile / worker hand-off)
+        → results.encode_result                   the event, its key, the size budget
+        → store.save_result                       durable before submission
+        → dispatch.submission.Submitter.submit    client.submit_raw_events,
+                                                  store.mark_submitted (or stale)
+
+Each part logs under its own name: ``agentfn_asgi.dispatch.scheduler``, ``.execution``,
+``.submission`` and ``.leases``.
+"""
+
+from __future__ import annotations
+
+from agentfn_asgi.dispatch.scheduler import Dispatcher
+from agentfn_asgi.dispatch.settings import DispatchSettings
+
+__all__ = ["DispatchSettings", "Dispatcher"]

@@ -1,0 +1,391 @@
+"""Running one call: claim → run → save → submit, and the in-doubt policy.
+
+One task per pending call runs :meth:`Executor.run` from start to end: it takes a
+concurrency slot, claims the call in the store, obtains a result (runs the handler, asks the
+reconcile hook, hands the call to a worker queue, or decides a failure itself), saves it
+durably and submits it, then gives the slot back. The slot is taken *before* the claim, so a
+claimed call starts (and renews its lease) at once instead of waiting for a slot while its
+lease runs out.
+
+In-doubt policy (a claim expired with no saved result, so the handler may have run): plain
+tools run again (at-least-once); side-effect tools ask their ``reconcile`` hook: ``Ran`` → its
+result is saved and submitted, ``NotRun`` → run now, ``Unknown`` (or no hook) → quarantine: by
+default a model-safe failure is submitted, or with ``in_doubt="hold"`` the call is held for
+an operator and nothing is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+import anyio
+
+from .._crash import crash_point
+from ..errors import APIError, ArgumentValidationError, StoreError, ToolError
+from ..records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
+from ..results import (
+    ENQUEUE_FAILED_MESSAGE,
+    IN_DOUBT_MESSAGE,
+    JOB_DEADLINE_MESSAGE,
+    UNKNOWN_TOOL_MESSAGE,
+    encode_result,
+    error_type_for,
+    failure_result,
+    model_error_message,
+    timeout_message,
+)
+from ..store.base import Store
+from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
+from ..tracing import Telemetry
+from ..wire import FunctionCallAction
+from .leases import LeaseKeeper
+from .settings import DispatchSettings
+from .submission import Submitter
+
+__all__ = ["CompletionStatus", "Executor", "JobHandoff"]
+
+logger = logging.getLogger("agentfn_asgi.dispatch.execution")
+
+#: What :meth:`Executor.complete` decided about a worker's result (the completion endpoint
+#: maps it to a status code).
+CompletionStatus = Literal["accepted", "duplicate", "conflict", "stale", "unknown_tool"]
+
+
+class JobHandoff(Protocol):
+    """Hands a validated call of an ``enqueue=`` tool to its queue (see
+    :mod:`agentfn_asgi.jobs`, which implements it for the app)."""
+
+    async def hand_off(
+        self,
+        key: CallKey,
+        tool: FunctionTool,
+        arguments: dict[str, Any],
+        context: ToolContext,
+        *,
+        owner: str,
+        limiter: anyio.CapacityLimiter | None,
+    ) -> None: ...
+
+
+class Executor:
+    """Claims, runs, saves and submits calls for one dispatcher; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        submitter: Submitter,
+        leases: LeaseKeeper,
+        *,
+        settings: DispatchSettings,
+        owner: str,
+        telemetry: Telemetry,
+        resources: Any,
+        clock: Callable[[], float],
+        handoff: JobHandoff | None,
+    ) -> None:
+        self._store = store
+        self._submitter = submitter
+        self._leases = leases
+        self._settings = settings
+        self._owner = owner
+        self._telemetry = telemetry
+        self._resources = resources
+        self._clock = clock
+        self._handoff = handoff
+        self._slots: asyncio.Semaphore | None = None
+        self._threads: anyio.CapacityLimiter | None = None
+        self._running_since: dict[CallKey, float] = {}
+
+    def start(self) -> None:
+        """Create the concurrency bounds (on the running loop)."""
+        self._slots = asyncio.Semaphore(self._settings.max_concurrency)
+        self._threads = anyio.CapacityLimiter(self._settings.thread_pool_size)
+
+    def oldest_running_age(self) -> float | None:
+        """Seconds since the oldest call still running here started, or None."""
+        if not self._running_since:
+            return None
+        return time.monotonic() - min(self._running_since.values())
+
+    # -- one call --------------------------------------------------------------------------
+    async def run(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        delivery_id: str | None,
+        claimed: asyncio.Future[None],
+    ) -> None:
+        """Claim ``key`` and see it through (the whole life of one call task).
+
+        ``claimed`` is resolved once the claim is decided in the store (or fails with the
+        store's error), so the resolver marks a delivery resolved only after every call it
+        names is durably claimed: a crash in between leaves claims for the sweep to find.
+        """
+        assert self._slots is not None, "start() first"
+        try:
+            async with self._slots:
+                try:
+                    outcome = await self._store.claim_call(
+                        key,
+                        tool_name=action.name,
+                        owner=self._owner,
+                        lease_seconds=self._settings.lease_seconds,
+                        delivery_id=delivery_id,
+                    )
+                except Exception as exc:
+                    claimed.set_exception(exc)  # the resolver reports it
+                    return
+                claimed.set_result(None)
+                if outcome.status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT):
+                    crash_point("after_claim", action.name)
+                    in_doubt = outcome.status is ClaimStatus.IN_DOUBT
+                    await self._execute(
+                        key, action, tool, outcome.record.attempt, in_doubt, delivery_id
+                    )
+                elif outcome.status is ClaimStatus.SAVED:
+                    await self.resubmit(outcome.record, delivery_id)
+        finally:
+            if not claimed.done():  # cancelled before the claim was decided
+                claimed.cancel()
+
+    async def _execute(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        attempt: int,
+        in_doubt: bool,
+        delivery_id: str | None,
+    ) -> None:
+        self._running_since[key] = time.monotonic()
+        span_scope = self._telemetry.tool_call(
+            tool_name=action.name,
+            session_id=key.session_id,
+            turn_id=key.turn_id,
+            call_id=key.call_id,
+            attempt=attempt,
+            delivery_link=self._telemetry.link_for_delivery(delivery_id),
+            description=tool.description if tool is not None else None,
+        )
+        try:
+            with span_scope as span:
+                span.set_arguments(action.arguments)
+                result = await self._obtain_result(key, action, tool, attempt, in_doubt)
+                if result is None:
+                    # Handed to a worker queue, or held for an operator: no result yet.
+                    queued = tool is not None and tool.enqueue is not None
+                    span.set_source("queued" if queued else "held")
+                    return
+                crash_point("after_handler", action.name)
+                record = await self._store.save_result(key, owner=self._owner, result=result)
+                crash_point("after_save", action.name)
+                if record.result is not None:
+                    span.record_result(record.result)
+                await self._submitter.submit(record, delivery_id)
+        except (APIError, StoreError) as exc:
+            logger.warning("call %s left for recovery: %s", key, exc)
+        finally:
+            self._running_since.pop(key, None)
+
+    async def resubmit(self, record: CallRecord, delivery_id: str | None = None) -> None:
+        """Submit a saved result again, as its own attempt span (source ``saved``)."""
+        await self._submit_in_span(record, delivery_id, source="saved")
+
+    async def _submit_in_span(
+        self, record: CallRecord, delivery_id: str | None, *, source: str | None
+    ) -> None:
+        key = record.key
+        with self._telemetry.tool_call(
+            tool_name=record.tool_name,
+            session_id=key.session_id,
+            turn_id=key.turn_id,
+            call_id=key.call_id,
+            attempt=record.attempt,
+            delivery_link=self._telemetry.link_for_delivery(delivery_id),
+        ) as span:
+            if record.result is not None:
+                span.record_result(record.result, source)
+            try:
+                await self._submitter.submit(record, delivery_id)
+            except (APIError, StoreError) as exc:
+                logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
+
+    # -- obtaining a result ----------------------------------------------------------------
+    async def _obtain_result(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        attempt: int,
+        in_doubt: bool,
+    ) -> SavedResult | None:
+        if tool is None:
+            message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
+            return failure_result(key, message, "unknown_tool")
+        context = self._context(key, tool, attempt)
+        try:
+            arguments = tool.parse_arguments(action.arguments)
+        except ArgumentValidationError as exc:
+            return failure_result(
+                key, model_error_message(exc, tool_name=tool.name), "validation_error"
+            )
+        if in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
+            # Its job may still be running: fail the call rather than queue it again.
+            return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
+        if in_doubt and tool.side_effects:
+            # The lease must outlive a slow reconcile hook, or another replica takes the call
+            # over, reconciles from the same state, and runs the side effect a second time.
+            async with self._leases.kept(key):
+                verdict = await tool.run_reconcile(arguments, context, limiter=self._threads)
+            if isinstance(verdict, Ran):
+                return self._encode(key, tool, verdict.result, source="reconciled")
+            if not isinstance(verdict, NotRun):
+                return await self._quarantine(key, tool, verdict.reason)
+        if tool.enqueue is not None:
+            return await self._hand_off(key, tool, arguments, context)
+        return await self._run(key, tool, arguments, context)
+
+    def _context(self, key: CallKey, tool: FunctionTool, attempt: int) -> ToolContext:
+        timeout = self._timeout(tool)
+        return ToolContext(
+            session_id=key.session_id,
+            turn_id=key.turn_id,
+            call_id=key.call_id,
+            tool_name=tool.name,
+            attempt=attempt,
+            deadline=None if timeout is None else self._clock() + timeout,
+            idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
+            resources=self._resources,
+        )
+
+    def _timeout(self, tool: FunctionTool) -> float | None:
+        return tool.timeout if tool.timeout is not None else self._settings.default_timeout
+
+    async def _run(
+        self, key: CallKey, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> SavedResult:
+        timeout = self._timeout(tool)
+        try:
+            async with self._leases.kept(key):
+                with anyio.fail_after(timeout):
+                    value = await tool.invoke(arguments, context, limiter=self._threads)
+        except TimeoutError:
+            assert timeout is not None
+            return failure_result(key, timeout_message(tool.name, timeout), "timeout")
+        except (ToolError, ArgumentValidationError) as exc:
+            return failure_result(
+                key, model_error_message(exc, tool_name=tool.name), error_type_for(exc)
+            )
+        except Exception as exc:
+            logger.exception("tool %s failed for call %s", tool.name, key)
+            return failure_result(
+                key, model_error_message(exc, tool_name=tool.name), "handler_error"
+            )
+        return self._encode(key, tool, value, source="ran")
+
+    def _encode(self, key: CallKey, tool: FunctionTool, value: Any, *, source: str) -> SavedResult:
+        return encode_result(
+            key,
+            value,
+            tool_name=tool.name,
+            truncate=tool.truncate_oversize,
+            source=source,
+            limit=self._settings.result_limit,
+            margin=self._settings.result_margin,
+        )
+
+    async def _quarantine(
+        self, key: CallKey, tool: FunctionTool, reason: str
+    ) -> SavedResult | None:
+        logger.warning(
+            "side-effect call %s of %s is in doubt and could not be reconciled (%s); policy=%s",
+            key,
+            tool.name,
+            reason or "no reconcile hook",
+            self._settings.in_doubt,
+        )
+        if self._settings.in_doubt == "hold":
+            await self._store.quarantine(key, owner=self._owner, reason=reason or "in doubt")
+            return None
+        return failure_result(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
+
+    # -- calls handed to workers -------------------------------------------------------------
+    async def _hand_off(
+        self, key: CallKey, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> SavedResult | None:
+        """Hand the call to the tool's queue; its claim then lasts until the job deadline."""
+        try:
+            if self._handoff is None:  # the app refuses such a registry; recover may not
+                raise RuntimeError("no completion secret is configured to issue job tokens")
+            async with self._leases.kept(key):
+                with anyio.fail_after(self._timeout(tool)):
+                    await self._handoff.hand_off(
+                        key, tool, arguments, context, owner=self._owner, limiter=self._threads
+                    )
+        except Exception:
+            logger.exception("could not enqueue call %s of tool %s", key, tool.name)
+            return failure_result(
+                key, ENQUEUE_FAILED_MESSAGE.format(name=tool.name), "enqueue_error"
+            )
+        # No heartbeat while the job is out: the lease itself is the deadline. (False when
+        # a fast worker already completed it: nothing left to hold.)
+        await self._store.renew_lease(key, owner=self._owner, lease_seconds=tool.job_deadline)
+        return None
+
+    async def _job_overdue(self, key: CallKey, tool: FunctionTool) -> bool:
+        """An in-doubt queued call is past its job deadline (else its claim expired early:
+        the process died between claiming it and handing over its job)."""
+        record = await self._store.get_call(key)
+        return record is None or self._clock() >= record.created_at + tool.job_deadline
+
+    async def complete(
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        tool: FunctionTool | None,
+        tool_name: str,
+        success: bool,
+        output: Any = None,
+        error: str | None = None,
+    ) -> tuple[CompletionStatus, CallRecord | None]:
+        """Save a worker's result for ``key``, handed off by ``owner``.
+
+        Returns the status and the record to submit now, if any. ``accepted``: saved now.
+        ``duplicate``: this same result was already saved. ``conflict``: another one was
+        (another completion, the deadline failure) or the call was quarantined. ``stale``:
+        the API no longer waits for it. ``unknown_tool``: this app does not register it.
+        Raises StoreError, or LookupError when ``tool_name`` is not the call's tool.
+        """
+        record = await self._store.get_call(key)
+        if record is None or record.state is CallState.STALE:
+            return "stale", None
+        if record.tool_name != tool_name:
+            raise LookupError("the completion names another tool than its call")
+        if tool is None:
+            return "unknown_tool", None
+        if success:
+            result = self._encode(key, tool, output, source="worker")
+        else:
+            result = failure_result(key, error or "", "worker_error", source="worker")
+        fresh = record.state is CallState.CLAIMED
+        if fresh:
+            record = await self._store.save_result(key, owner=owner, result=result)
+            crash_point("after_save", tool_name)
+        if record.state is CallState.STALE:
+            return "stale", None
+        if record.result is None or record.result.event_json != result.event_json:
+            return "conflict", None
+        status: CompletionStatus = "accepted" if fresh else "duplicate"
+        # Even if the call's own task is still finishing (a fast worker completes before
+        # the enqueuing attempt returns): a second submission of these bytes is harmless.
+        return status, None if record.state.terminal else record
+
+    async def submit_completed(self, record: CallRecord) -> None:
+        """Submit a worker's saved result under its own call span (source ``worker``)."""
+        await self._submit_in_span(record, None, source=None)

@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    demo        play a scripted session against the Starlette example, print a timeline
+    demo        play a scripted session against the demo's app, print a timeline
     fake-api    serve FakeAgentsAPI on a loopback port for local development
     send        sign and POST a webhook to a URL (like a provider's "send test event")
     tools       print a registry's tool definitions as JSON (for ``agent.tools``)
@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import importlib
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -37,14 +35,7 @@ from .errors import AgentFnError, CLIError, ConfigurationError
 from .records import StoreStats
 from .tools import FunctionTools
 
-__all__ = [
-    "FakeControlApp",
-    "build_parser",
-    "load_tools",
-    "main",
-    "parse_call_spec",
-    "serve_fake_api",
-]
+__all__ = ["build_parser", "load_tools", "main", "parse_call_spec"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -62,7 +53,7 @@ def load_tools(spec: str) -> FunctionTools:
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CLIError(f"expected MODULE:ATTR (e.g. examples.shared_tools:tools), got {spec!r}")
+        raise CLIError(f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -87,7 +78,7 @@ def _tools_spec(value: str) -> str:
     module_name, sep, attr = value.partition(":")
     if not sep or not module_name or not attr:
         raise argparse.ArgumentTypeError(
-            f"expected MODULE:ATTR (e.g. examples.shared_tools:tools), got {value!r}"
+            f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {value!r}"
         )
     return value
 
@@ -291,138 +282,6 @@ async def _recover(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- fake-api: the fake served for local development -------------------------------------------
-
-
-class FakeControlApp:
-    """The fake plus a small control API under ``/_fake/`` for local development.
-
-    - ``POST /_fake/sessions`` with ``{"steps": [[{"name", "arguments", "call_id"?}, ...]]}``
-      (or ``{"calls": [...]}`` for one step) creates a session; answers ``{"id": ...}``.
-    - ``GET /_fake/submissions`` lists the results the fake accepted.
-
-    Everything else goes to the fake (``/v1/agents/sessions/...``).
-    """
-
-    def __init__(self, fake: Any) -> None:
-        self.fake = fake
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/_fake/"):
-            from starlette.requests import Request
-            from starlette.responses import JSONResponse
-
-            request = Request(scope, receive)
-            response = await self._control(request, JSONResponse)
-            await response(scope, receive, send)
-            return
-        await self.fake(scope, receive, send)
-
-    async def _control(self, request: Any, response_class: Any) -> Any:
-        from .testing import FakeCall
-
-        path, method = request.url.path, request.method
-        if path == "/_fake/submissions" and method == "GET":
-            return response_class(
-                [
-                    {
-                        "session_id": s.session_id,
-                        "call_id": s.call_id,
-                        "success": s.success,
-                        "output": s.output,
-                        "error": s.error,
-                    }
-                    for s in self.fake.submissions
-                ]
-            )
-        if path == "/_fake/sessions" and method == "POST":
-            try:
-                payload = json.loads(await request.body())
-                raw_steps = payload["steps"] if "steps" in payload else [payload["calls"]]
-                steps = [
-                    [
-                        FakeCall(c["name"], dict(c.get("arguments", {})), call_id=c.get("call_id"))
-                        for c in step
-                    ]
-                    for step in raw_steps
-                ]
-                session_id = self.fake.create_session(steps)
-            except (ValueError, KeyError, TypeError) as exc:
-                return response_class({"error": f"bad session script: {exc!r}"}, status_code=400)
-            return response_class({"id": session_id}, status_code=201)
-        return response_class({"error": "not found"}, status_code=404)
-
-
-async def serve_fake_api(
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    webhook_urls: Sequence[str] = (),
-    webhook_secret: str | None = None,
-    api_key: str = "sk-test",
-    calls: Sequence[tuple[str, dict[str, Any]]] = (),
-    out: TextIO | None = None,
-    ready: asyncio.Event | None = None,
-    stop_on_sigterm: bool = False,
-) -> int:
-    """Serve :class:`FakeControlApp` until cancelled (Ctrl-C), logging what happens.
-
-    With ``stop_on_sigterm`` (the CLI) a SIGTERM stops the server cleanly too.
-    """
-    from .testing import FakeAgentsAPI, FakeCall, serve_app
-
-    stop = asyncio.Event()
-    if stop_on_sigterm:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-
-    stream = out or sys.stdout
-    fake = FakeAgentsAPI(
-        api_key=api_key, webhook_secret=webhook_secret, webhook_url=list(webhook_urls)
-    )
-    async with fake, serve_app(FakeControlApp(fake), host=host, port=port, lifespan="off") as root:
-        base_url = root + "/v1"
-        print(f"FakeAgentsAPI listening on {base_url}", file=stream)
-        print(f"  OPENAI_BASE_URL={base_url}", file=stream)
-        print(f"  OPENAI_API_KEY={api_key}", file=stream)
-        print(f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}", file=stream)
-        targets = ", ".join(webhook_urls) or "nowhere (pass --webhook-url)"
-        print(f"  webhooks go to {targets}", file=stream)
-        print(
-            f"  create sessions: curl -X POST {root}/_fake/sessions -H 'content-type: "
-            """application/json' -d '{"calls":[{"name":"get_customer","arguments":"""
-            """{"customer_id":"123"}}]}'""",
-            file=stream,
-            flush=True,
-        )
-        if calls:
-            session_id = fake.create_session([[FakeCall(name, args) for name, args in calls]])
-            print(
-                f"session {session_id} created with {len(calls)} call(s)", file=stream, flush=True
-            )
-        if ready is not None:
-            ready.set()
-        await _log_until(stop, fake, stream)
-    print("stopped", file=stream, flush=True)
-    return 0
-
-
-async def _log_until(stop: asyncio.Event, fake: Any, out: TextIO) -> None:
-    seen_deliveries = seen_submissions = 0
-    while not stop.is_set():
-        for attempt in fake.deliveries[seen_deliveries:]:
-            seen_deliveries += 1
-            answer = attempt.status if attempt.status is not None else attempt.error
-            print(f"webhook {attempt.event_type} -> {attempt.url}: {answer}", file=out, flush=True)
-        for s in fake.submissions[seen_submissions:]:
-            seen_submissions += 1
-            text = s.output if s.success else f"error: {s.error or ''}"
-            shown = text if isinstance(text, str) else json.dumps(text)
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            print(f"result  {s.session_id}/{s.call_id}: {shown}", file=out, flush=True)
-        await asyncio.sleep(0.05)
-
-
 # -- demo and fake-api -----------------------------------------------------------------------
 
 
@@ -433,6 +292,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_fake_api(args: argparse.Namespace) -> int:
+    from .testing.control import serve_fake_api
+    from .testing.fake_webhooks import webhook_backoff
+
     calls = [parse_call_spec(spec) for spec in args.call]
     return asyncio.run(
         serve_fake_api(
@@ -441,10 +303,21 @@ def _cmd_fake_api(args: argparse.Namespace) -> int:
             webhook_urls=args.webhook_url,
             webhook_secret=args.secret or ",".join(Config.from_env().webhook_secrets) or None,
             api_key=args.api_key,
+            webhook_retry_delays=webhook_backoff(args.webhook_retry_for),
             calls=calls,
             stop_on_sigterm=True,
         )
     )
+
+
+def _non_negative(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value}")
+    return seconds
 
 
 # -- parser ----------------------------------------------------------------------------------
@@ -464,24 +337,45 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="play a scripted session end to end and print a timeline",
         description=(
-            "Start FakeAgentsAPI and the Starlette example on free loopback ports (SQLite "
-            "store in a temporary folder), play a session that calls get_customer, "
+            "Start FakeAgentsAPI in this process and the demo's Starlette app "
+            "(agentfn_asgi.demo.app) under uvicorn, on free loopback ports (SQLite store in a "
+            "temporary folder; runs from any folder), play a session that calls get_customer, "
             "create_refund, two parallel slow_echo, an unknown tool and a failing refund, "
             "then a second step; print a timeline and a summary. Leaves nothing running."
         ),
     )
     demo.add_argument("--timeout", type=float, default=30.0, help="give up after this many seconds")
-    demo.add_argument("-v", "--verbose", action="store_true", help="also show the example's logs")
+    demo.add_argument("-v", "--verbose", action="store_true", help="also show the app's logs")
     demo.set_defaults(handler=_cmd_demo)
+
+    from .testing.control import DEV_WEBHOOK_RETRY_WINDOW, ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE
 
     fake = sub.add_parser(
         "fake-api",
         help="serve FakeAgentsAPI on a port for local development",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Serve an in-memory Agents API (GET/POST /v1/agents/sessions/...). Point your app's "
-            "OPENAI_BASE_URL at it and name your webhook URL with --webhook-url. Create "
-            "sessions with --call (one session whose step calls them in parallel), or at any "
-            'time with POST /_fake/sessions {"steps": [[{"name": ..., "arguments": {...}}]]}.'
+            "Serve an in-memory Agents API (GET/POST /v1/agents/sessions/...). Point your\n"
+            "app's OPENAI_BASE_URL at it and name your webhook URL with --webhook-url.\n"
+            "Create sessions with --call (one session whose step calls them in parallel),\n"
+            "or at any time with POST /_fake/sessions (below). A webhook the app does not\n"
+            "take is retried with backoff (--webhook-retry-for); giving up is printed."
+        ),
+        epilog=(
+            "control API (same host and port):\n"
+            "  POST /_fake/sessions               create a session from a script:\n"
+            f"      {SESSION_SCRIPT_SHAPE}\n"
+            f"      or {ONE_STEP_SHAPE} for a single step\n"
+            "      each step is a batch of parallel calls; the next step's calls come once\n"
+            '      all have results; "arguments" defaults to {}, "call_id" is optional\n'
+            "  POST /_fake/sessions/ID/redeliver  send its action_required webhook again\n"
+            "  GET  /_fake/submissions            the results the fake accepted\n"
+            "\n"
+            "example:\n"
+            "  curl -X POST http://127.0.0.1:8765/_fake/sessions -H 'content-type: "
+            "application/json' \\\n"
+            """      -d '{"calls": [{"name": "get_customer", "arguments": """
+            """{"customer_id": "123"}}]}'"""
         ),
     )
     fake.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
@@ -508,6 +402,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="NAME:JSON",
         help="""a call of the first session: 'get_customer:{"customer_id":"123"}' (repeatable)""",
+    )
+    fake.add_argument(
+        "--webhook-retry-for",
+        type=_non_negative,
+        default=DEV_WEBHOOK_RETRY_WINDOW,
+        metavar="SECONDS",
+        help=(
+            "keep retrying a webhook the app does not take, with exponential backoff, for "
+            f"about this long (default {DEV_WEBHOOK_RETRY_WINDOW:g}; OpenAI retries for 72 h; "
+            "0 = no retry)"
+        ),
     )
     fake.set_defaults(handler=_cmd_fake_api)
 
@@ -539,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Import MODULE:ATTR (a FunctionTools registry) and print its definitions().",
     )
     tools.add_argument(
-        "spec", type=_tools_spec, metavar="MODULE:ATTR", help="e.g. examples.shared_tools:tools"
+        "spec", type=_tools_spec, metavar="MODULE:ATTR", help="e.g. agentfn_asgi.demo.tools:tools"
     )
     tools.add_argument("--compact", action="store_true", help="one line of compact JSON")
     tools.set_defaults(handler=_cmd_tools)

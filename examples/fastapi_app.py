@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi.demo.tools import Ledger, tools
 from agentfn_asgi.integrations.fastapi import mount
-from examples.shared_tools import Ledger, tools
 
 
 @contextlib.asynccontextmanager

@@ -5,11 +5,11 @@ Run it from the repository root (it needs the dev extra for ``opentelemetry-sdk`
     python -m examples.otel_console            # spans as one line each, then metrics
     python -m examples.otel_console --json     # the SDK's full JSON for every span
 
-Everything runs in this process: ``FakeAgentsAPI`` plays the Agents API and sends signed
-webhooks straight into an ``AgentWebhookApp`` over httpx's ASGI transport, so nothing
-listens on a port. The tools are the examples' shared tools (``get_customer``,
-``create_refund``, ``slow_echo``); content capture is on, so the call spans carry their
-arguments and results.
+Everything runs in this process: ``agentfn_asgi.testing.connect`` wires ``FakeAgentsAPI``
+(the Agents API, sending signed webhooks) and an ``AgentWebhookApp`` together over httpx's
+ASGI transport, so nothing listens on a port. The tools are the examples' three tools
+(``get_customer``, ``create_refund``, ``slow_echo``); content capture is on, so the call
+spans carry their arguments and results.
 """
 
 from __future__ import annotations
@@ -18,61 +18,30 @@ import argparse
 import asyncio
 import tempfile
 from pathlib import Path
-from typing import Any
 
-import httpx
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agentfn_asgi import AgentsClient, AgentWebhookApp, Telemetry, trace_id_for_call
-from agentfn_asgi.testing import FakeAgentsAPI, FakeCall
-from examples.shared_tools import ExampleResources, Ledger, tools
-
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-
-
-class _Forward:
-    """An ASGI app that forwards to the webhook app once it exists (it needs the fake first)."""
-
-    def __init__(self) -> None:
-        self.app: AgentWebhookApp | None = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        assert self.app is not None
-        await self.app(dict(scope, root_path="/openai/webhooks"), receive, send)
+from agentfn_asgi import Telemetry, trace_id_for_call
+from agentfn_asgi.demo.tools import ExampleResources, Ledger, tools
+from agentfn_asgi.testing import FakeCall, connect
 
 
 async def play(workdir: Path, tracer_provider: TracerProvider, meter: MeterProvider) -> str:
     """Run one session (three parallel calls, then one more) and return its session id."""
-    forward = _Forward()
-    hooks = httpx.AsyncClient(transport=httpx.ASGITransport(app=forward), base_url="http://app")
-    fake = FakeAgentsAPI(
-        webhook_secret=SECRET,
-        webhook_url="http://app/openai/webhooks",
-        webhook_client=hooks,
-    )
-    api = httpx.AsyncClient(transport=httpx.ASGITransport(app=fake), base_url="http://fake")
     telemetry = Telemetry(
         tracer_provider=tracer_provider, meter_provider=meter, capture_content=True
     )
-    client = AgentsClient(
-        api_key="sk-test",
-        base_url="http://fake/v1",
-        http_client=api,
-        on_retry=telemetry.client_retry,
-    )
-    forward.app = AgentWebhookApp(
+    async with connect(
         tools,
-        webhook_secret=SECRET,
-        client=client,
         store=f"sqlite:///{workdir / 'store.sqlite3'}",
         resources=ExampleResources(ledger=Ledger(workdir / "ledger.jsonl")),
         telemetry=telemetry,
-    )
-    async with fake, forward.app.lifespan():
+    ) as connection:
+        fake = connection.fake
         session_id = fake.create_session(
             [
                 [
@@ -89,8 +58,6 @@ async def play(workdir: Path, tracer_provider: TracerProvider, meter: MeterProvi
         )
         await fake.wait_idle(session_id, timeout=10)
         await fake.drain_webhooks()  # the last "idle" webhook, before the app stops
-    await hooks.aclose()
-    await api.aclose()
     return session_id
 
 

@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi.demo.tools import Ledger, tools
 from agentfn_asgi.integrations.starlette import mount
-from examples.shared_tools import Ledger, tools
 
 
 @contextlib.asynccontextmanager

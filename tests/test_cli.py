@@ -18,22 +18,18 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi.app import AgentWebhookApp
-from agentfn_asgi.cli import (
-    build_parser,
-    load_tools,
-    main,
-    parse_call_spec,
-    serve_fake_api,
-)
+from agentfn_asgi.cli import build_parser, load_tools, main, parse_call_spec
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
+from agentfn_asgi.demo.tools import tools as example_tools
 from agentfn_asgi.errors import CLIError
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
-from examples.shared_tools import tools as example_tools
+from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, serve_fake_api
 
+ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 COMMANDS = ["demo", "fake-api", "send", "tools", "status", "recover"]
 
@@ -66,9 +62,36 @@ def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]
     assert len(capsys.readouterr().out.splitlines()) > 3
 
 
+def test_fake_api_help_documents_the_session_script_as_the_examples_readme_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``fake-api --help`` shows the session script shape, unwrapped, with the control
+    endpoints and the retry option; the examples README shows the same shape."""
+    with pytest.raises(SystemExit):
+        main(["fake-api", "--help"])
+    out = capsys.readouterr().out
+    readme = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
+    for text in (SESSION_SCRIPT_SHAPE, ONE_STEP_SHAPE):
+        assert text in out
+        assert text in readme
+    for endpoint in ("POST /_fake/sessions/ID/redeliver", "GET  /_fake/submissions"):
+        assert endpoint in out
+    assert "--webhook-retry-for" in out and "(default 300;" in " ".join(out.split())
+
+
 @pytest.mark.parametrize(
     "argv",
-    [[], ["nope"], ["tools"], ["tools", "no-colon"], ["recover"], ["send"], ["status", "--x"]],
+    [
+        [],
+        ["nope"],
+        ["tools"],
+        ["tools", "no-colon"],
+        ["recover"],
+        ["send"],
+        ["status", "--x"],
+        ["fake-api", "--webhook-retry-for", "-1"],
+        ["fake-api", "--webhook-retry-for", "soon"],
+    ],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """Missing or malformed arguments are usage errors: exit code 2 with a message."""
@@ -102,9 +125,9 @@ def test_parser_is_buildable_for_docs() -> None:
 def test_tools_prints_the_definitions(capsys: pytest.CaptureFixture[str]) -> None:
     """``tools MODULE:ATTR`` prints exactly ``definitions()`` as JSON; ``--compact`` on one
     line; a factory function works too."""
-    assert main(["tools", "examples.shared_tools:tools"]) == 0
+    assert main(["tools", "agentfn_asgi.demo.tools:tools"]) == 0
     assert json.loads(capsys.readouterr().out) == example_tools.definitions()
-    assert main(["tools", "--compact", "examples.shared_tools:build_tools"]) == 0
+    assert main(["tools", "--compact", "agentfn_asgi.demo.tools:build_tools"]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     assert json.loads(out) == example_tools.definitions()
@@ -114,8 +137,8 @@ def test_tools_prints_the_definitions(capsys: pytest.CaptureFixture[str]) -> Non
     ("spec", "message"),
     [
         ("no_such_module_xyz:tools", "cannot import"),
-        ("examples.shared_tools:missing", "has no attribute"),
-        ("examples.shared_tools:CUSTOMERS", "not a FunctionTools"),
+        ("agentfn_asgi.demo.tools:missing", "has no attribute"),
+        ("agentfn_asgi.demo.tools:CUSTOMERS", "not a FunctionTools"),
     ],
 )
 def test_tools_failures_exit_1(spec: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,7 +150,7 @@ def test_tools_failures_exit_1(spec: str, message: str, capsys: pytest.CaptureFi
 def test_load_tools_and_call_specs() -> None:
     """Helpers: ``load_tools`` returns the registry; ``NAME:JSON`` call specs parse or fail
     with a message."""
-    assert load_tools("examples.shared_tools:tools") is example_tools
+    assert load_tools("agentfn_asgi.demo.tools:tools") is example_tools
     assert parse_call_spec('get_customer:{"customer_id": "123"}') == (
         "get_customer",
         {"customer_id": "123"},
@@ -277,7 +300,7 @@ async def test_recover_answers_a_session_with_no_webhook(
             "--session",
             session_id,
             "--tools",
-            "examples.shared_tools:tools",
+            "agentfn_asgi.demo.tools:tools",
             "--store",
             url,
         )

@@ -16,10 +16,16 @@ from agentfn_asgi.errors import ToolError
 from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.results import IN_DOUBT_MESSAGE
 from agentfn_asgi.store import Store, open_store
-from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, action_required_event, signed_delivery
+from agentfn_asgi.testing import (
+    Connection,
+    FakeAgentsAPI,
+    FakeCall,
+    action_required_event,
+    signed_delivery,
+)
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ToolContext
 
-from .support.stack import API_KEY, APP_URL, FAST, SECRET, Stack, running_stack
+from .support.stack import API_KEY, APP_URL, FAST, SECRET, running_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -286,7 +292,7 @@ def refund_tools(
     return tools
 
 
-async def _trigger(stack: Stack, session_id: str) -> None:
+async def _trigger(stack: Connection, session_id: str) -> None:
     body, headers = signed_delivery(SECRET, action_required_event(session_id))
     assert (await stack.post_webhook(body, headers)).status_code == 200
 

@@ -1,4 +1,4 @@
-"""The three example apps, end to end over real HTTP, plus the shared tools they serve.
+"""The three example apps, end to end over real HTTP (their tools: ``tests/demo/test_tools.py``).
 
 Each e2e test starts FakeAgentsAPI on a loopback port, runs the example under uvicorn in a
 child process configured only through environment variables, lets the fake send real
@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,105 +26,11 @@ from agentfn_asgi.testing import (
     signed_delivery,
     webhook_event,
 )
-from agentfn_asgi.tools import NotRun, Ran, ToolContext, derive_idempotency_key
-from examples.shared_tools import ExampleResources, Ledger, build_tools, tools
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_SECRET = "whsec_b2xkLXNlY3JldC1vbGQtc2VjcmV0LW9sZA=="
 NEW_SECRET = "whsec_bmV3LXNlY3JldC1uZXctc2VjcmV0LW5ldw=="
 CUSTOMER_123 = '{"found":true,"customer":{"name":"Example Customer","plan":"pro"}}'
-
-
-# -- the shared tools ------------------------------------------------------------------------
-
-
-def _context(call_id: str, ledger: Ledger) -> ToolContext:
-    return ToolContext(
-        session_id="sess_1",
-        turn_id="turn_1",
-        call_id=call_id,
-        tool_name="create_refund",
-        attempt=1,
-        deadline=None,
-        idempotency_key=derive_idempotency_key("sess_1", "turn_1", call_id),
-        resources=ExampleResources(ledger=ledger),
-    )
-
-
-def test_definitions_match_the_contract() -> None:
-    """The three tools, their parameters, and create_refund declared with side effects."""
-    definitions = {d["name"]: d for d in tools.definitions()}
-    assert set(definitions) == {"get_customer", "create_refund", "slow_echo"}
-    assert definitions["get_customer"]["description"] == "Look up a customer by ID."
-    assert definitions["get_customer"]["parameters"]["required"] == ["customer_id"]
-    assert definitions["create_refund"]["parameters"]["properties"]["amount_cents"]["type"] == (
-        "integer"
-    )
-    refund = tools.get("create_refund")
-    assert refund is not None
-    assert refund.side_effects
-    assert refund.reconcile is not None
-
-
-@pytest.mark.anyio
-async def test_refund_writes_one_line_and_reconcile_reads_it(tmp_path: Path) -> None:
-    """A real refund appends one ``{call_id, order_id, amount_cents}`` line; reconcile then
-    answers ``Ran`` with the same result, and ``NotRun`` for a call that never ran."""
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    refund = tools.get("create_refund")
-    assert refund is not None
-    args = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 1500})
-    ran_ctx = _context("call_1", ledger)
-    result = await refund.invoke(args, ran_ctx)
-    assert result["order_id"] == "ord_1"
-    assert result["amount_cents"] == 1500
-    assert result["refund_id"].startswith("re_")
-    assert ledger.entries() == [{"call_id": "call_1", "order_id": "ord_1", "amount_cents": 1500}]
-    assert await refund.run_reconcile(args, ran_ctx) == Ran(result)
-    assert await refund.run_reconcile(args, _context("call_2", ledger)) == NotRun()
-
-
-@pytest.mark.anyio
-async def test_refund_of_zero_is_a_tool_error_and_writes_nothing(tmp_path: Path) -> None:
-    """``amount_cents <= 0`` raises ToolError before any side effect."""
-    from agentfn_asgi.errors import ToolError
-
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    refund = tools.get("create_refund")
-    assert refund is not None
-    args = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 0})
-    with pytest.raises(ToolError, match="must be positive"):
-        await refund.invoke(args, _context("call_1", ledger))
-    assert ledger.entries() == []
-
-
-def test_ledger_lines_never_interleave(tmp_path: Path) -> None:
-    """Concurrent appenders (threads here, processes in production) each write whole lines;
-    a torn last line is skipped by readers."""
-    ledger = Ledger(tmp_path / "ledger.jsonl")
-    padding = "x" * 2000
-
-    def append_many(worker: int) -> None:
-        for i in range(50):
-            ledger.append({"call_id": f"c{worker}_{i}", "order_id": padding, "amount_cents": i})
-
-    threads = [threading.Thread(target=append_many, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    with ledger.path.open("a", encoding="utf-8") as handle:
-        handle.write('{"call_id": "torn"')
-    entries = ledger.entries()
-    assert len(entries) == 400
-    assert len({e["call_id"] for e in entries}) == 400
-    assert ledger.find("torn") is None
-
-
-def test_build_tools_gives_independent_registries() -> None:
-    """Each call builds a fresh registry (Django adds a tool to its own copy)."""
-    assert build_tools() is not tools
-    assert [t.name for t in build_tools()] == [t.name for t in tools]
 
 
 # -- end to end over real HTTP ---------------------------------------------------------------

@@ -17,10 +17,16 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from agentfn_asgi import FunctionTools, Telemetry, ToolError, trace_id_for_call
 from agentfn_asgi.dispatch import DispatchSettings
-from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, action_required_event, signed_delivery
+from agentfn_asgi.testing import (
+    Connection,
+    FakeAgentsAPI,
+    FakeCall,
+    action_required_event,
+    signed_delivery,
+)
 from examples import otel_console
 
-from .support.stack import API_KEY, SECRET, Stack, running_stack
+from .support.stack import API_KEY, SECRET, running_stack
 
 SETTINGS = DispatchSettings(lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1)
 
@@ -53,7 +59,7 @@ def _tools(counter: dict[str, int]) -> FunctionTools:
     return tools
 
 
-async def _trigger(stack: Stack, session_id: str) -> None:
+async def _trigger(stack: Connection, session_id: str) -> None:
     body, headers = signed_delivery(SECRET, action_required_event(session_id))
     assert (await stack.post_webhook(body, headers)).status_code == 200
 

@@ -1,12 +1,13 @@
 """``FakeAgentsAPI``: an in-memory Agents API for testing function tools end to end.
 
-It is a plain ASGI app. Use it in-process::
+It is a plain ASGI app. :func:`~agentfn_asgi.testing.connect` wires it to an
+``AgentWebhookApp`` in the same process::
 
-    fake = FakeAgentsAPI(webhook_secret=SECRET, webhook_url="http://127.0.0.1:8000/webhooks")
-    async with fake:
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=fake), base_url="http://fake/v1")
+    async with connect(tools) as (app, fake):
+        session = fake.create_session([[FakeCall("get_customer", {"customer_id": "123"})]])
+        await fake.wait_idle(session)
 
-or over loopback with :func:`~agentfn_asgi.testing.serve_fake`. It serves
+It also runs over loopback with :func:`~agentfn_asgi.testing.serve_fake`. It serves
 ``GET /v1/agents/sessions/{id}``, ``POST …/{id}/events``, ``GET …/{id}/events`` (SSE) and
 ``DELETE …/{id}``, checks bearer auth and ``OpenAI-Beta: agents=v1``, sends signed webhooks,
 records what it accepted, and can inject the faults a real deployment meets.
@@ -30,7 +31,6 @@ import base64
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -38,12 +38,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from agentfn_asgi.signing import parse_secrets
-from agentfn_asgi.testing.fake_http import (
-    FakeConnectionDropped,
-    FaultPlan,
-    InjectedFailure,
-    handle_http,
-)
+from agentfn_asgi.testing.fake_http import FaultPlan, InjectedFailure, RecordedRequest, handle_http
 from agentfn_asgi.testing.fake_state import FakeCall, FakeSession, Submission
 from agentfn_asgi.testing.fake_webhooks import (
     DEFAULT_WEBHOOK_RETRY_DELAYS,
@@ -51,38 +46,10 @@ from agentfn_asgi.testing.fake_webhooks import (
     WebhookSender,
 )
 
-__all__ = [
-    "FakeAgentsAPI",
-    "FakeCall",
-    "FakeConnectionDropped",
-    "RecordedRequest",
-    "Route",
-    "Submission",
-]
+__all__ = ["FakeAgentsAPI", "Route"]
 
 Route = Literal["retrieve", "submit", "stream", "delete"]
 _ROUTES = frozenset({"retrieve", "submit", "stream", "delete"})
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedRequest:
-    """One request the fake answered: ``status`` is None when the connection was dropped.
-
-    ``route`` is ``retrieve``, ``submit``, ``stream``, ``delete`` or ``unknown``; ``headers``
-    are lower-cased.
-    """
-
-    method: str
-    path: str
-    route: str
-    status: int | None
-    headers: Mapping[str, str]
-    at: float
-
-    @property
-    def idempotency_key(self) -> str | None:
-        """The request's ``Idempotency-Key`` header, if any."""
-        return self.headers.get("idempotency-key")
 
 
 class FakeAgentsAPI:
@@ -93,8 +60,10 @@ class FakeAgentsAPI:
     delivery signed with all) defaults to a random secret exposed as :attr:`webhook_secret`.
     ``webhook_client`` sends them (e.g. over ``httpx.ASGITransport`` to an app in the same
     process); by default the fake owns one. ``webhook_retry_delays`` is the backoff between
-    delivery attempts. ``step_delay`` delays the next step after a step's results (0: at
-    once). ``sse_keepalive`` is the seconds between ``: keepalive`` comments.
+    delivery attempts: fast by default (six attempts over 1.5 s, for tests);
+    ``webhook_backoff(300)`` retries for about five minutes, as ``fake-api`` does.
+    ``step_delay`` delays the next step after a step's results (0: at once).
+    ``sse_keepalive`` is the seconds between ``: keepalive`` comments.
     ``webhook_concurrency`` is how many deliveries may be in flight at once (1: strictly in
     order; more: every URL of an event is posted at the same time, as a real sender with
     several endpoints, or a load balancer plus retries, would).
@@ -166,9 +135,17 @@ class FakeAgentsAPI:
         """Every webhook delivery attempt, in order: webhook-id, type, URL, status."""
         return self.webhooks.attempts
 
-    def add_webhook_url(self, url: str) -> None:
-        """Send future webhooks to ``url`` too."""
-        self.webhooks.urls.append(url)
+    def add_webhook_url(self, url: str, *, client: httpx.AsyncClient | None = None) -> None:
+        """Send future webhooks to ``url`` too, through ``client`` when given.
+
+        ``client`` (yours to close) reaches that URL, e.g. over ``httpx.ASGITransport`` into
+        an app in this process; :func:`~agentfn_asgi.testing.connect` does this for you.
+        """
+        self.webhooks.add_url(url, client)
+
+    def remove_webhook_url(self, url: str) -> None:
+        """Stop sending webhooks to ``url``; its pending deliveries and retries are dropped."""
+        self.webhooks.remove_url(url)
 
     def create_session(
         self,
@@ -187,9 +164,10 @@ class FakeAgentsAPI:
         if sid in self.sessions:
             raise ValueError(f"session {sid} already exists")
         session = FakeSession(self, sid, dict(metadata or {}))
+        turn = session.plan_turn(steps)  # a bad script raises before anything is announced
         self.sessions[sid] = session
         session.announce_created()
-        session.start_turn(steps)
+        session.begin_turn(turn)
         return sid
 
     def start_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> str:
@@ -374,17 +352,6 @@ class FakeAgentsAPI:
                     return
         else:  # websocket: nothing to serve
             await send({"type": "websocket.close", "code": 1000})
-
-    def record(
-        self,
-        method: str,
-        path: str,
-        route: str,
-        status: int | None,
-        headers: Mapping[str, str],
-    ) -> RecordedRequest:
-        """Build the log entry of one request (used by the HTTP layer)."""
-        return RecordedRequest(method, path, route, status, dict(headers), self.clock())
 
     # -- helpers ------------------------------------------------------------------------------
 

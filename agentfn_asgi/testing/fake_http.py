@@ -16,25 +16,31 @@ import random
 import re
 import secrets
 import string
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from agentfn_asgi.testing.fake_state import RawJSON
+from agentfn_asgi.testing.fake_state import FakeSession, RawJSON
 from agentfn_asgi.testing.fake_validation import (
     MAX_REQUEST_BYTES,
     Rejection,
     error_body,
     parse_events_body,
 )
+from agentfn_asgi.testing.fake_webhooks import WebhookSender
 
-if TYPE_CHECKING:
-    from agentfn_asgi.testing.fake import FakeAgentsAPI
-
-__all__ = ["FakeConnectionDropped", "FaultPlan", "InjectedFailure", "handle_http"]
+__all__ = [
+    "FakeConnectionDropped",
+    "FaultPlan",
+    "HTTPHost",
+    "InjectedFailure",
+    "RecordedRequest",
+    "handle_http",
+]
 
 _PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events)?/?")
 _ALNUM = string.ascii_letters + string.digits
@@ -47,6 +53,27 @@ class FakeConnectionDropped(httpx.RemoteProtocolError):
     process, ``httpx.ASGITransport`` re-raises this, which httpx clients treat as a
     transport error because it is an ``httpx.RemoteProtocolError``.
     """
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request the fake answered: ``status`` is None when the connection was dropped.
+
+    ``route`` is ``retrieve``, ``submit``, ``stream``, ``delete`` or ``unknown``; ``headers``
+    are lower-cased.
+    """
+
+    method: str
+    path: str
+    route: str
+    status: int | None
+    headers: Mapping[str, str]
+    at: float
+
+    @property
+    def idempotency_key(self) -> str | None:
+        """The request's ``Idempotency-Key`` header, if any."""
+        return self.headers.get("idempotency-key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +98,22 @@ class FaultPlan:
     latency: dict[str, float] = field(default_factory=dict)
 
 
+class HTTPHost(Protocol):
+    """What the HTTP layer needs from the fake that owns it (``FakeAgentsAPI``)."""
+
+    api_key: str
+    webhooks: WebhookSender
+    faults: FaultPlan
+    sessions: dict[str, FakeSession]
+    idempotency: dict[str, tuple[str, bytes]]
+    requests: list[RecordedRequest]
+    sse_keepalive: float
+    clock: Callable[[], float]
+
+    def delete_session(self, session_id: str) -> None:
+        """Forget a session (``DELETE``)."""
+
+
 @dataclass(slots=True)
 class _Reply:
     status: int
@@ -92,7 +135,7 @@ def _route(method: str, path: str) -> tuple[str, str | None]:
     return routes.get((method, events is not None), "unknown"), session_id
 
 
-async def handle_http(fake: FakeAgentsAPI, scope: Scope, receive: Receive, send: Send) -> None:
+async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one HTTP request and record it in ``fake.requests``."""
     fake.webhooks.ensure_started()
     method: str = scope["method"]
@@ -126,11 +169,11 @@ async def handle_http(fake: FakeAgentsAPI, scope: Scope, receive: Receive, send:
         status = reply.status
         await _send_reply(send, reply)
     finally:
-        fake.requests.append(fake.record(method, path, route, status, headers))
+        fake.requests.append(RecordedRequest(method, path, route, status, headers, fake.clock()))
 
 
 def _check_request(
-    fake: FakeAgentsAPI, route: str, session_id: str | None, headers: dict[str, str]
+    fake: HTTPHost, route: str, session_id: str | None, headers: dict[str, str]
 ) -> _Reply | None:
     """Faults, auth, beta header and session lookup: an error reply, or None to proceed."""
     failures = fake.faults.failures.get(route)
@@ -165,7 +208,7 @@ def _check_request(
 
 
 def _serve(
-    fake: FakeAgentsAPI, route: str, session_id: str | None, headers: dict[str, str], body: bytes
+    fake: HTTPHost, route: str, session_id: str | None, headers: dict[str, str], body: bytes
 ) -> _Reply:
     assert session_id is not None
     if route == "retrieve":
@@ -205,7 +248,7 @@ def _raw_text(value: object) -> str:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
-def _submit(fake: FakeAgentsAPI, session_id: str, key: str | None, body: bytes) -> None:
+def _submit(fake: HTTPHost, session_id: str, key: str | None, body: bytes) -> None:
     """Validate and apply a submission. No ``await``: the check and the update are atomic."""
     events = parse_events_body(body)
     if key is not None:
@@ -273,7 +316,7 @@ async def _drop(send: Send) -> None:
 
 
 async def _stream(
-    fake: FakeAgentsAPI, session_id: str, scope: Scope, receive: Receive, send: Send
+    fake: HTTPHost, session_id: str, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Serve ``GET …/events`` as SSE until the session is idle (then ``data: [DONE]``)."""
     session = fake.sessions[session_id]

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol
 from agentfn_asgi.testing.fake_validation import TOOL_RESULT, Rejection, normalised_result
 from agentfn_asgi.testing.fake_webhooks import WebhookSender
 
-__all__ = ["FakeCall", "FakeSession", "SessionHost", "Submission"]
+__all__ = ["FakeCall", "FakeSession", "FakeTurn", "SessionHost", "Submission"]
 
 _STATUS_EVENTS = {
     "in_progress": "agent.session.in_progress",
@@ -94,7 +94,9 @@ class _Call:
 
 
 @dataclass(slots=True)
-class _Turn:
+class FakeTurn:
+    """One turn of a fake session: its steps (batches of calls) and where it stands."""
+
     id: str
     session_id: str
     created_at: int
@@ -127,8 +129,8 @@ class FakeSession:
         self.metadata = metadata
         self.created_at = self.last_active_at = int(host.clock())
         self.status = "idle"
-        self.turns: list[_Turn] = []
-        self.current: _Turn | None = None
+        self.turns: list[FakeTurn] = []
+        self.current: FakeTurn | None = None
         self.calls: dict[str, _Call] = {}
         self.tool_names: dict[str, None] = {}
         self.queued_turns: list[list[list[FakeCall]]] = []
@@ -193,9 +195,13 @@ class FakeSession:
 
     def start_turn(self, steps: Sequence[Sequence[FakeCall]]) -> str:
         """Start a turn running ``steps``; the session must be idle."""
+        return self.begin_turn(self.plan_turn(steps))
+
+    def plan_turn(self, steps: Sequence[Sequence[FakeCall]]) -> FakeTurn:
+        """Check ``steps`` and build their turn without changing anything (ValueError)."""
         if self.current is not None:
             raise ValueError(f"session {self.id} already has an active turn")
-        turn = _Turn("turn_" + secrets.token_hex(12), self.id, int(self.host.clock()), [])
+        turn = FakeTurn("turn_" + secrets.token_hex(12), self.id, int(self.host.clock()), [])
         planned: set[str] = set()
         for step in steps:
             batch = []
@@ -211,6 +217,10 @@ class FakeSession:
                 )
                 batch.append(_Call(call_id, turn.id, scripted.name, arguments))
             turn.steps.append(batch)
+        return turn
+
+    def begin_turn(self, turn: FakeTurn) -> str:
+        """Start a turn built by :meth:`plan_turn`; return its id."""
         for batch in turn.steps:
             for call in batch:
                 self.calls[call.call_id] = call
@@ -354,11 +364,11 @@ class FakeSession:
         else:
             self._open_next_step(turn)
 
-    def _resume(self, turn: _Turn) -> None:
+    def _resume(self, turn: FakeTurn) -> None:
         if self.current is turn:
             self._open_next_step(turn)
 
-    def _open_next_step(self, turn: _Turn) -> None:
+    def _open_next_step(self, turn: FakeTurn) -> None:
         turn.step += 1
         if turn.step >= len(turn.steps):
             turn.status = "completed"
@@ -400,7 +410,7 @@ class FakeSession:
             event_type, {"id": self.id, "environment_type": "none"}, session_id=self.id
         )
 
-    def _emit_turn(self, event_type: str, turn: _Turn) -> None:
+    def _emit_turn(self, event_type: str, turn: FakeTurn) -> None:
         self._emit(
             {"type": event_type, "session_id": self.id, "turn_id": turn.id, "turn": turn.to_json()}
         )

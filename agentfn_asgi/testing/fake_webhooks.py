@@ -7,6 +7,11 @@ key) while each attempt is signed with a fresh timestamp. By default deliveries 
 a time, in order, from one background task, unless a fault asks for duplicates or
 reordering; with ``concurrency`` > 1 up to that many are in flight at once.
 
+OpenAI keeps retrying for up to 72 hours. The default schedule here is fast (tests);
+:func:`webhook_backoff` builds a realistic one over a window of your choice (``fake-api``
+retries for five minutes by default). Each :class:`DeliveryAttempt` says whether another
+attempt follows (``next_retry``) or the sender gave up (``gave_up``).
+
 asyncio only: the sender uses the running loop's timers.
 """
 
@@ -26,10 +31,37 @@ import httpx
 from agentfn_asgi.signing import signed_headers
 from agentfn_asgi.testing.deliveries import WEBHOOK_USER_AGENT, new_webhook_id, webhook_event
 
-__all__ = ["DEFAULT_WEBHOOK_RETRY_DELAYS", "DeliveryAttempt", "WebhookSender"]
+__all__ = [
+    "DEFAULT_WEBHOOK_RETRY_DELAYS",
+    "DeliveryAttempt",
+    "WebhookSender",
+    "webhook_backoff",
+]
 
 #: Fast backoff for tests: 6 attempts over about a second and a half.
 DEFAULT_WEBHOOK_RETRY_DELAYS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)
+
+
+def webhook_backoff(
+    window: float, *, first: float = 1.0, factor: float = 2.0, cap: float = 60.0
+) -> tuple[float, ...]:
+    """Retry delays for a sender that keeps trying for about ``window`` seconds.
+
+    The delays start at ``first`` and grow by ``factor`` up to ``cap`` (exponential backoff,
+    as OpenAI's sender does over 72 hours); they add up to at most ``window``.
+    ``webhook_backoff(300)`` is 1, 2, 4, ... 32, 60, 60, 60 s: ten attempts over four
+    minutes. A ``window`` below ``first`` means no retry at all.
+    """
+    if first <= 0 or factor < 1 or cap < first:
+        raise ValueError("need first > 0, factor >= 1 and cap >= first")
+    delays: list[float] = []
+    delay, total = first, 0.0
+    while total + delay <= window:
+        delays.append(delay)
+        total += delay
+        delay = min(delay * factor, cap)
+    return tuple(delays)
+
 
 #: How long a held delivery waits for a successor to swap with when reordering.
 _REORDER_HOLD = 0.05
@@ -41,7 +73,9 @@ class DeliveryAttempt:
 
     ``status`` is None when no response came back (``error`` then says why); ``attempt``
     counts from 1 per delivery; ``webhook_id`` is the same on every attempt (and on a
-    duplicate), while the body's ``event_id`` names the event.
+    duplicate), while the body's ``event_id`` names the event. ``next_retry`` is the delay
+    before the next attempt, None when no attempt follows (this one succeeded, or the
+    sender gave up: see :attr:`gave_up`).
     """
 
     webhook_id: str
@@ -53,11 +87,17 @@ class DeliveryAttempt:
     status: int | None
     error: str | None
     at: float
+    next_retry: float | None = None
 
     @property
     def ok(self) -> bool:
         """True for a 2xx answer."""
         return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def gave_up(self) -> bool:
+        """True when this attempt failed and was the last: the webhook was not delivered."""
+        return not self.ok and self.next_retry is None
 
 
 @dataclass(slots=True)
@@ -90,6 +130,8 @@ class WebhookSender:
         self._sending: set[asyncio.Task[None]] = set()
         self.secrets = tuple(secrets)
         self.urls = list(urls)
+        """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
+        self._url_clients: dict[str, httpx.AsyncClient] = {}
         self.retry_delays = tuple(retry_delays)
         self.attempts: list[DeliveryAttempt] = []
         self.duplicate = False
@@ -105,6 +147,23 @@ class WebhookSender:
         self._task: asyncio.Task[None] | None = None
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add_url(self, url: str, client: httpx.AsyncClient | None = None) -> None:
+        """Send future events to ``url`` too, through ``client`` when given.
+
+        The client is the caller's (never closed here): an ``httpx.ASGITransport`` into an
+        app in the same process, for example.
+        """
+        if url not in self.urls:
+            self.urls.append(url)
+        if client is not None:
+            self._url_clients[url] = client
+
+    def remove_url(self, url: str) -> None:
+        """Stop sending to ``url``; its queued deliveries and pending retries are dropped."""
+        if url in self.urls:
+            self.urls.remove(url)
+        self._url_clients.pop(url, None)
 
     @property
     def max_attempts(self) -> int:
@@ -228,21 +287,30 @@ class WebhookSender:
             task.add_done_callback(self._sending.discard)
 
     async def _deliver(self, delivery: _Delivery, slots: asyncio.Semaphore | None = None) -> None:
-        retry = False
+        retry_in: float | None = None
         try:
-            retry = await self._send(delivery)
+            retry_in = await self._send(delivery)
         finally:
             if slots is not None:
                 slots.release()
-            if retry:
-                self._schedule_retry(delivery)
+            if retry_in is not None:
+                self._schedule_retry(delivery, retry_in)
             else:
                 self._busy -= 1
 
-    async def _send(self, delivery: _Delivery) -> bool:
-        """Make one attempt; return True if it failed and may be retried."""
+    def _client_for(self, url: str) -> httpx.AsyncClient:
+        client = self._url_clients.get(url)
+        if client is not None:
+            return client
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=5.0)
+        return self._client
+
+    async def _send(self, delivery: _Delivery) -> float | None:
+        """Make one attempt; return the delay before a retry, or None if none follows."""
+        if delivery.url not in self.urls:
+            return None  # the endpoint was removed: nothing is sent there any more
+        client = self._client_for(delivery.url)
         delivery.attempt += 1
         headers = {
             "content-type": "application/json",
@@ -256,14 +324,18 @@ class WebhookSender:
         }
         status: int | None = None
         error: str | None = None
+        retry_in: float | None = None
         try:
             # Redirects are not followed: a sender counts a 3xx as a failed delivery.
-            response = await self._client.post(
+            response = await client.post(
                 delivery.url, content=delivery.body, headers=headers, follow_redirects=False
             )
             status = response.status_code
         except Exception as exc:  # the fake must survive any receiver, even a crashing one
             error = f"{type(exc).__name__}: {exc}"
+        ok = status is not None and 200 <= status < 300
+        if not ok and delivery.attempt < self.max_attempts:
+            retry_in = self.retry_delays[delivery.attempt - 1]
         self.attempts.append(
             DeliveryAttempt(
                 webhook_id=delivery.webhook_id,
@@ -275,14 +347,13 @@ class WebhookSender:
                 status=status,
                 error=error,
                 at=self._clock(),
+                next_retry=retry_in,
             )
         )
-        ok = status is not None and 200 <= status < 300
-        return not ok and delivery.attempt < self.max_attempts
+        return retry_in
 
-    def _schedule_retry(self, delivery: _Delivery) -> None:
+    def _schedule_retry(self, delivery: _Delivery, delay: float) -> None:
         assert self._loop is not None
-        delay = self.retry_delays[min(delivery.attempt - 1, len(self.retry_delays) - 1)]
 
         def requeue() -> None:
             self._timers.discard(timer)

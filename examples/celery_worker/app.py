@@ -26,9 +26,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi.demo.tools import Ledger
 from agentfn_asgi.integrations.starlette import mount
 from examples.celery_worker.tools import celery_app, tools
-from examples.shared_tools import Ledger
 
 
 @contextlib.asynccontextmanager

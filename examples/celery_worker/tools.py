@@ -25,7 +25,7 @@ from celery import Celery
 
 from agentfn_asgi import ToolContext, ToolError
 from agentfn_asgi.integrations.celery import celery_enqueue
-from examples.shared_tools import build_tools
+from agentfn_asgi.demo.tools import build_tools
 
 __all__ = ["BROKER_URL", "JOBS_QUEUE", "JOB_DEADLINE", "celery_app", "generate_report", "tools"]
 

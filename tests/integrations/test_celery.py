@@ -36,11 +36,12 @@ from agentfn_asgi.integrations.celery import (
 )
 from agentfn_asgi.records import CallState
 from agentfn_asgi.results import ENQUEUE_FAILED_MESSAGE, REDELIVERED_IN_DOUBT_MESSAGE
+from agentfn_asgi.testing import Connection as Stack
 from agentfn_asgi.testing import FakeCall, serve_app
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ReconcileOutcome, ToolContext, Unknown
 from agentfn_asgi.worker import Job
 
-from ..support.stack import APP_URL, Stack, running_stack
+from ..support.stack import APP_URL, running_stack
 
 COMPLETION_SECRET = "completion-secret-0123456789abcdef"
 

@@ -25,6 +25,7 @@ from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.results import success_event
 from agentfn_asgi.store import Store
 from agentfn_asgi.testing import (
+    Connection,
     FakeAgentsAPI,
     FakeCall,
     RecordedRequest,
@@ -34,7 +35,7 @@ from agentfn_asgi.testing import (
 from agentfn_asgi.testing.fake_validation import error_body
 from agentfn_asgi.tools import FunctionTools, ToolContext
 
-from ..support.stack import SECRET, Stack
+from ..support.stack import SECRET
 from .stacks import API_KEY, fault_stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
@@ -82,7 +83,9 @@ async def record_of(store: Store, session_id: str, call_id: str) -> CallRecord |
     return None
 
 
-async def wait_state(stack: Stack, session_id: str, call_id: str, state: CallState) -> CallRecord:
+async def wait_state(
+    stack: Connection, session_id: str, call_id: str, state: CallState
+) -> CallRecord:
     with anyio.fail_after(5):
         while True:
             record = await record_of(stack.store, session_id, call_id)
@@ -91,7 +94,7 @@ async def wait_state(stack: Stack, session_id: str, call_id: str, state: CallSta
             await anyio.sleep(0.02)
 
 
-async def settle(stack: Stack) -> None:
+async def settle(stack: Connection) -> None:
     """Wait until the dispatcher holds nothing in flight (no task left behind)."""
     with anyio.fail_after(5):
         while stack.app.dispatcher.inflight:

@@ -12,9 +12,10 @@ import anyio
 from agentfn_asgi.errors import ToolError
 from agentfn_asgi.records import CallKey, CallRecord, CallState, Job
 from agentfn_asgi.store import Store
+from agentfn_asgi.testing import Connection
 from agentfn_asgi.tools import FunctionTools, ToolContext
 
-from .stack import APP_URL, Stack
+from .stack import APP_URL
 
 COMPLETION_SECRET = "completion-secret-0123456789abcdef"
 OTHER_SECRET = "another-apps-secret-0123456789abcdef"
@@ -74,7 +75,7 @@ async def record_of(store: Store, session_id: str, call_id: str) -> CallRecord:
     raise AssertionError(f"no record for {call_id}")
 
 
-async def wait_state(stack: Stack, sid: str, call_id: str, state: CallState) -> CallRecord:
+async def wait_state(stack: Connection, sid: str, call_id: str, state: CallState) -> CallRecord:
     """Wait (5 s at most) until the call reaches ``state``."""
     with anyio.fail_after(5):
         while (record := await record_of(stack.store, sid, call_id)).state is not state:

@@ -26,6 +26,7 @@ from agentfn_asgi.testing import (
     serve_app,
     serve_fake,
     signed_delivery,
+    webhook_backoff,
 )
 from agentfn_asgi.wire import parse_webhook_event
 
@@ -218,6 +219,16 @@ async def test_session_snapshot_is_a_full_agent_session(fake: FakeAgentsAPI) -> 
         fake.create_session([], session_id="sess_fixed")
     with pytest.raises(KeyError):
         fake.session("sess_nope")
+
+
+async def test_a_bad_script_creates_nothing(fake: FakeAgentsAPI, receiver: Receiver) -> None:
+    """A script that reuses a call id is refused before the session exists: no session,
+    no ``agent.session.created`` webhook."""
+    with pytest.raises(ValueError, match="call id c1 is already used"):
+        fake.create_session([[FakeCall("a", call_id="c1")], [FakeCall("b", call_id="c1")]])
+    await fake.drain_webhooks()
+    assert fake.sessions == {}
+    assert receiver.received == []
 
 
 async def test_step_delay_shows_in_progress_between_steps(receiver: Receiver) -> None:
@@ -663,6 +674,59 @@ async def test_attempts_are_bounded(fake: FakeAgentsAPI, receiver: Receiver) -> 
     await fake.drain_webhooks()
     created = [d for d in fake.deliveries if d.event_type == "agent.session.created"]
     assert len(created) == fake.webhooks.max_attempts == 4
+
+
+async def test_each_attempt_says_whether_another_follows(
+    fake: FakeAgentsAPI, receiver: Receiver
+) -> None:
+    """``next_retry`` is the delay before the next attempt; the last failed attempt has
+    none and says ``gave_up``; a delivered one neither."""
+    receiver.fail_each = (4, 500)  # every attempt fails
+    fake.create_session([])
+    await fake.drain_webhooks()
+    created = [d for d in fake.deliveries if d.event_type == "agent.session.created"]
+    assert [(d.next_retry, d.gave_up) for d in created] == [
+        (0.01, False),
+        (0.01, False),
+        (0.01, False),
+        (None, True),
+    ]
+    receiver.fail_each = (1, 500)  # the retry succeeds
+    fake.create_session([], session_id="sess_second")
+    await fake.drain_webhooks()
+    second = [d for d in fake.deliveries if d.session_id == "sess_second"]
+    assert second and not any(d.gave_up for d in second)
+    assert all(d.next_retry is None for d in second if d.ok)
+    assert all(d.next_retry == 0.01 for d in second if not d.ok)
+
+
+def test_webhook_backoff_doubles_up_to_a_cap_within_the_window() -> None:
+    """``webhook_backoff`` grows exponentially, caps each delay and never exceeds the
+    window; a window shorter than the first delay means no retry."""
+    assert webhook_backoff(300) == (1, 2, 4, 8, 16, 32, 60, 60, 60)
+    assert sum(webhook_backoff(300)) <= 300
+    assert webhook_backoff(1.0, first=0.25, cap=0.5) == (0.25, 0.5)
+    assert webhook_backoff(0.5) == ()
+    with pytest.raises(ValueError, match="first > 0"):
+        webhook_backoff(10, first=0)
+
+
+async def test_a_url_with_its_own_client_and_its_removal(receiver: Receiver) -> None:
+    """``add_webhook_url(url, client=...)`` reaches that URL through the given client;
+    after ``remove_webhook_url`` nothing more is sent there, queued deliveries included."""
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver))
+    async with FakeAgentsAPI() as api:
+        api.add_webhook_url("http://in-process/hooks", client=client)
+        api.create_session([])
+        await api.drain_webhooks()
+        assert len(receiver.received) == 3  # created, in_progress, idle
+        api.create_session([])  # queued...
+        api.remove_webhook_url("http://in-process/hooks")  # ...then the endpoint goes away
+        await api.drain_webhooks()
+    await client.aclose()
+    assert len(receiver.received) == 3
+    assert len(api.deliveries) == 3
+    assert api.webhooks.urls == []
 
 
 async def test_unreachable_receiver_is_recorded() -> None:

@@ -23,9 +23,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_app.exampleproj
 django_application = get_asgi_application()
 
 from agentfn_asgi import AgentWebhookApp  # noqa: E402
+from agentfn_asgi.demo.tools import ExampleResources, Ledger  # noqa: E402
 from agentfn_asgi.integrations.django import with_webhooks  # noqa: E402
 from examples.django_app.exampleproject.tools import tools  # noqa: E402
-from examples.shared_tools import ExampleResources, Ledger  # noqa: E402
 
 # Host resources handlers reach as ``ctx.resources`` (created once, at start-up).
 webhooks = AgentWebhookApp(tools, resources=ExampleResources(ledger=Ledger.from_env()))

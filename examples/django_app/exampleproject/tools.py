@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from agentfn_asgi import FunctionTools
+from agentfn_asgi.demo.tools import build_tools
 from agentfn_asgi.integrations.django import django_db
 from examples.django_app.orders.models import Order
-from examples.shared_tools import build_tools
 
 tools = FunctionTools()
 tools.include(build_tools())

@@ -1,171 +1,38 @@
-"""The embedded demo (``agentfn-asgi demo``, ``make demo``).
+"""The demo's scripted session, its timeline and its summary (``agentfn-asgi demo``).
 
-The demo starts :class:`~agentfn_asgi.testing.FakeAgentsAPI` in this process and the
-Starlette example (``examples/starlette_app.py``) under uvicorn in a child process, both on
-free loopback ports, with a SQLite store in a temporary folder. It plays one session whose
-first step asks for six calls at once (a customer lookup, a refund, two slow echoes, an
-unknown tool, a refund that fails) and whose second step asks for one more, and prints what
-happens as it happens: signed deliveries, session reads, handlers (read from the example's
-store), submitted results, the turn completing. Then a summary, and everything is stopped.
-
-:func:`run_example` (start an example under uvicorn and wait until it is healthy) is also
-what the examples' end-to-end tests use.
+:func:`run_demo` starts :class:`~agentfn_asgi.testing.FakeAgentsAPI` in this process and
+the demo's app (:mod:`agentfn_asgi.demo.app`, the tools of :mod:`agentfn_asgi.demo.tools`)
+under uvicorn in a child process, both on free loopback ports, with a SQLite store in a
+temporary folder. It plays one session whose first step asks for six calls at once (a
+customer lookup, a refund, two slow echoes, an unknown tool, a refund that fails) and whose
+second step asks for one more, and prints what happens as it happens: signed deliveries,
+session reads, handlers (read from the app's store), submitted results, the turn
+completing. Then a summary, and everything is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import secrets
 import shutil
-import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import httpx
+from agentfn_asgi.demo.process import WEBHOOK_PATH, free_port, run_example
+from agentfn_asgi.errors import AgentFnError, DemoError
+from agentfn_asgi.records import CallRecord, CallState
+from agentfn_asgi.store import Store, open_store
+from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
-from .errors import AgentFnError, ConfigurationError, DemoError
-from .records import CallRecord, CallState
+#: What the child process serves (``uvicorn agentfn_asgi.demo.app:app``).
+DEMO_APP = "agentfn_asgi.demo.app:app"
 
-__all__ = [
-    "DEMO_STEPS",
-    "RunningExample",
-    "find_project_root",
-    "free_port",
-    "run_demo",
-    "run_example",
-]
-
-WEBHOOK_PATH = "/openai/webhooks"
-
-
-# -- running an example app ------------------------------------------------------------------
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def find_project_root() -> Path:
-    """The source checkout holding ``examples/`` (next to the package, else the cwd)."""
-    for candidate in (Path(__file__).resolve().parent.parent, Path.cwd()):
-        if (candidate / "examples" / "starlette_app.py").is_file():
-            return candidate
-    raise ConfigurationError(
-        "the demo runs examples/starlette_app.py from a source checkout: run it from the "
-        "repository root (make demo)"
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class RunningExample:
-    """An example app running under uvicorn in a child process."""
-
-    url: str
-    """Root URL, ``http://127.0.0.1:PORT``."""
-    port: int
-    process: asyncio.subprocess.Process
-    log_path: Path
-
-    @property
-    def webhook_url(self) -> str:
-        """Where its webhook receiver answers."""
-        return self.url + WEBHOOK_PATH
-
-    def log(self) -> str:
-        """Everything the child wrote to stdout and stderr so far."""
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-
-
-@contextlib.asynccontextmanager
-async def run_example(
-    target: str,
-    *,
-    env: Mapping[str, str],
-    log_path: Path,
-    cwd: Path | None = None,
-    host: str = "127.0.0.1",
-    port: int | None = None,
-    startup_timeout: float = 20.0,
-) -> AsyncIterator[RunningExample]:
-    """Run ``uvicorn TARGET`` (``module:attr``) in a child process until the block exits.
-
-    ``env`` is added to this process's environment. Yields once
-    ``GET /openai/webhooks/healthz`` answers 200; raises :class:`DemoError` with the
-    child's output if it exits or stays unhealthy for ``startup_timeout`` seconds. The child
-    is always stopped on exit (SIGTERM, then SIGKILL after 5 s).
-    """
-    port = port or free_port(host)
-    root = cwd or find_project_root()
-    child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    # The project root must be importable (``examples.*``) whatever the caller's cwd.
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p
-    )
-    command = [sys.executable, "-m", "uvicorn", target, "--host", host, "--port", str(port)]
-    command += ["--log-level", "warning", "--lifespan", "on", "--timeout-graceful-shutdown", "5"]
-    with log_path.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            *command, cwd=root, env=child_env, stdout=log_file, stderr=asyncio.subprocess.STDOUT
-        )
-    running = RunningExample(f"http://{host}:{port}", port, process, log_path)
-    try:
-        await _wait_healthy(running, startup_timeout)
-        yield running
-    finally:
-        await _stop(process)
-
-
-async def _wait_healthy(running: RunningExample, limit: float) -> None:
-    deadline = time.monotonic() + limit
-    last = "no answer"
-    async with httpx.AsyncClient(timeout=2.0) as http:
-        while time.monotonic() < deadline:
-            if running.process.returncode is not None:
-                raise DemoError(
-                    f"the example exited with code {running.process.returncode} during "
-                    f"start-up:\n{running.log()}"
-                )
-            try:
-                response = await http.get(running.webhook_url + "/healthz")
-            except httpx.HTTPError as exc:
-                last = type(exc).__name__
-            else:
-                if response.status_code == 200:
-                    return
-                last = f"{response.status_code} {response.text}"
-            await asyncio.sleep(0.05)
-    raise DemoError(f"the example was not healthy after {limit:.0f} s ({last}):\n{running.log()}")
-
-
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        process.terminate()
-    try:
-        await asyncio.wait_for(process.wait(), timeout=5.0)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-
-
-# -- the scripted session --------------------------------------------------------------------
+__all__ = ["DEMO_STEPS", "run_demo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +152,6 @@ async def run_demo(
 
 
 async def _demo(workdir: Path, *, time_limit: float, verbose: bool, out: TextIO) -> None:
-    from .store import open_store
-    from .testing import FakeAgentsAPI, serve_fake
-
     started = time.time()
     store_url = f"sqlite:///{workdir / 'agentfn.sqlite3'}"
     ledger = workdir / "ledger.jsonl"
@@ -296,7 +160,7 @@ async def _demo(workdir: Path, *, time_limit: float, verbose: bool, out: TextIO)
     api_key = "sk-demo-" + secrets.token_hex(4)
     fake = FakeAgentsAPI(api_key=api_key, webhook_url=webhook_url)
     print(
-        "agentfn-asgi demo: FakeAgentsAPI -> signed webhooks -> examples/starlette_app.py\n",
+        f"agentfn-asgi demo: FakeAgentsAPI -> signed webhooks -> {DEMO_APP} (Starlette)\n",
         file=out,
     )
     async with fake, serve_fake(fake) as base_url:
@@ -309,14 +173,14 @@ async def _demo(workdir: Path, *, time_limit: float, verbose: bool, out: TextIO)
             "EXAMPLE_LEDGER": str(ledger),
         }
         print(
-            f"  setup  starting examples.starlette_app (uvicorn) on {webhook_url}, "
-            f"store {store_url}",
+            f"  setup  starting {DEMO_APP} (uvicorn) on {webhook_url}, store {store_url}",
             file=out,
             flush=True,
         )
-        log_path = workdir / "example.log"
+        log_path = workdir / "app.log"
+        # The child runs in the temporary folder: nothing but the installed package is needed.
         async with run_example(
-            "examples.starlette_app:app", env=env, log_path=log_path, port=app_port
+            DEMO_APP, env=env, log_path=log_path, cwd=workdir, port=app_port
         ) as app:
             print(f"  setup  ready in {time.time() - started:.1f} s\n", file=out, flush=True)
             store = open_store(store_url)
@@ -325,13 +189,13 @@ async def _demo(workdir: Path, *, time_limit: float, verbose: bool, out: TextIO)
             finally:
                 await store.close()
                 if verbose:
-                    print("\nexample log:\n" + (app.log() or "(empty)"), file=out)
+                    print("\napp log:\n" + (app.log() or "(empty)"), file=out)
         _summary(fake, views, ledger, out=out)
 
 
-async def _play(fake: Any, store: Any, *, out: TextIO, time_limit: float) -> dict[str, _CallView]:
-    from .testing import FakeCall
-
+async def _play(
+    fake: FakeAgentsAPI, store: Store, *, out: TextIO, time_limit: float
+) -> dict[str, _CallView]:
     steps = [
         [FakeCall(e.tool, e.arguments, call_id=e.call_id) for e in step] for step in DEMO_STEPS
     ]
@@ -441,7 +305,9 @@ def _observe(views: dict[str, _CallView], record: CallRecord, timeline: _Timelin
         timeline.add(saved_at, f"saved      {tool:<15} {call_id:<16} {result} in {took:.1f} ms")
 
 
-def _summary(fake: Any, views: dict[str, _CallView], ledger: Path, *, out: TextIO) -> None:
+def _summary(
+    fake: FakeAgentsAPI, views: dict[str, _CallView], ledger: Path, *, out: TextIO
+) -> None:
     problems: list[str] = []
     print("\nsummary", file=out)
     print(f"  {'call':<16} {'tool':<15} {'step':>4}  {'result':<28} {'claim->saved':>12}", file=out)

@@ -1,6 +1,6 @@
-"""The embedded demo (``make demo``): it plays the scripted session against the Starlette
-example, prints the timeline and summary, exits 0 on success and 1 with a clear message on
-failure, and leaves no process or temporary folder behind."""
+"""The embedded demo (``make demo``, ``agentfn-asgi demo``): it plays the scripted session
+against the demo's app, prints the timeline and summary, exits 0 on success and 1 with a
+clear message on failure, and leaves no process or temporary folder behind."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from agentfn_asgi.demo import find_project_root, run_demo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _workdir(output: str) -> Path:
@@ -68,12 +68,13 @@ async def test_demo_failure_is_clear_and_cleans_up() -> None:
 
 
 @pytest.mark.slow
-def test_cli_demo_exits_0_within_seconds() -> None:
-    """``python -m agentfn_asgi demo`` (what ``make demo`` runs) ends by itself, fast."""
+def test_cli_demo_exits_0_within_seconds_from_any_folder(tmp_path: Path) -> None:
+    """``python -m agentfn_asgi demo`` (what ``make demo`` runs) ends by itself, fast, from
+    an empty folder, and leaves that folder empty."""
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "agentfn_asgi", "demo"],
-        cwd=ROOT,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=60,
@@ -82,11 +83,12 @@ def test_cli_demo_exits_0_within_seconds() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "demo passed" in done.stdout
     assert time.monotonic() - started < 20
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_project_root_is_found_from_anywhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The demo finds ``examples/`` next to the package even when run from another folder."""
+    """``run_example`` finds ``examples/`` next to the package from another folder."""
     monkeypatch.chdir(tmp_path)
     assert find_project_root() == ROOT

@@ -1,4 +1,4 @@
-"""The three tools every example registers, shared so all three apps behave identically.
+"""The demo's three tools, which the examples serve too (one definition for both).
 
 - ``get_customer(customer_id)``: the lookup from OpenAI's function-tools guide;
 - ``create_refund(order_id, amount_cents)``: a side effect, written to an append-only JSON
@@ -6,13 +6,18 @@
   reads the ledger to tell whether an in-doubt call already ran;
 - ``slow_echo(text, delay_ms)``: waits without blocking other calls, then echoes.
 
-Handlers reach host resources through ``ctx.resources`` (no module globals): each example
-hands its app an object with a ``ledger`` attribute, created at start-up. When the host
-never ran its start-up (no lifespan), the ledger falls back to the environment.
+They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
+the examples (``examples/``) import them from here rather than keep a copy. It is user code:
+it uses only the public API.
+
+Handlers reach host resources through ``ctx.resources`` (no module globals): each app
+hands its webhook app an object with a ``ledger`` attribute, created at start-up. When the
+host never ran its start-up (no lifespan, or ``agentfn-asgi recover``), the ledger falls
+back to the environment.
 
 Print the definitions to paste into ``agent.tools``::
 
-    agentfn-asgi tools examples.shared_tools:tools
+    agentfn-asgi tools agentfn_asgi.demo.tools:tools
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ class Ledger:
 
 @dataclass(frozen=True, slots=True)
 class ExampleResources:
-    """What an example hands its webhook app as ``resources`` when it has no ``app.state``."""
+    """What an app hands its webhook app as ``resources`` when it has no ``app.state``."""
 
     ledger: Ledger
 
@@ -148,5 +153,6 @@ def build_tools() -> FunctionTools:
     return registry
 
 
-#: The registry the example apps serve (``agentfn-asgi tools examples.shared_tools:tools``).
+#: The registry the demo and the examples serve
+#: (``agentfn-asgi tools agentfn_asgi.demo.tools:tools``).
 tools = build_tools()

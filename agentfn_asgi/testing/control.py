@@ -1,0 +1,343 @@
+"""The fake served for local development (``agentfn-asgi fake-api``).
+
+:class:`FakeControlApp` puts a small control API under ``/_fake/`` in front of a
+:class:`~agentfn_asgi.testing.FakeAgentsAPI`; :func:`serve_fake_api` serves it on a port
+and prints what happens (each delivery, each result, a webhook it gave up on).
+
+A session script, the body of ``POST /_fake/sessions``, is :data:`SESSION_SCRIPT_SHAPE`:
+each step is a batch of parallel calls, pending together; the next step's calls come once
+every call of the step has a result (:meth:`FakeAgentsAPI.create_session`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from agentfn_asgi.testing.fake import FakeAgentsAPI
+from agentfn_asgi.testing.fake_state import FakeCall
+from agentfn_asgi.testing.fake_webhooks import DeliveryAttempt, webhook_backoff
+from agentfn_asgi.testing.server import serve_app
+
+__all__ = [
+    "DEV_WEBHOOK_RETRY_WINDOW",
+    "ONE_STEP_SHAPE",
+    "SESSION_SCRIPT_SHAPE",
+    "FakeControlApp",
+    "SessionScriptError",
+    "parse_session_script",
+    "serve_fake_api",
+]
+
+#: The body of ``POST /_fake/sessions``: ``call_id`` is optional, ``arguments`` defaults to
+#: ``{}``; ``{"calls": [...]}`` (:data:`ONE_STEP_SHAPE`) is the same for a single step.
+SESSION_SCRIPT_SHAPE = (
+    '{"steps": [[{"name": "...", "arguments": {...}, "call_id": "..."}, ...], ...]}'
+)
+ONE_STEP_SHAPE = '{"calls": [...]}'
+
+#: How long ``fake-api`` keeps retrying a webhook by default (OpenAI's sender: 72 hours).
+DEV_WEBHOOK_RETRY_WINDOW = 300.0
+
+_SCRIPT_KEYS = ("steps", "calls")
+_CALL_KEYS = ("name", "arguments", "call_id")
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
+
+
+class SessionScriptError(ValueError):
+    """A session script that does not have :data:`SESSION_SCRIPT_SHAPE`; says what is wrong."""
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _unknown_keys(found: dict[str, Any], allowed: Sequence[str], where: str) -> None:
+    for key in found:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise SessionScriptError(f'{where} has an unknown key "{key}"{hint}')
+
+
+def _call(raw: object, where: str) -> FakeCall:
+    if not isinstance(raw, dict):
+        raise SessionScriptError(
+            f'{where} must be an object like {{"name": "get_customer", "arguments": {{...}}}}, '
+            f"got {_json_type(raw)}"
+        )
+    _unknown_keys(raw, _CALL_KEYS, where)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        found = "nothing" if "name" not in raw else _json_type(name)
+        raise SessionScriptError(f"{where}.name must be the tool's name (a string), got {found}")
+    arguments = raw.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise SessionScriptError(
+            f"{where}.arguments must be an object of the tool's arguments, "
+            f"got {_json_type(arguments)}"
+        )
+    call_id = raw.get("call_id")
+    if call_id is not None and (not isinstance(call_id, str) or not call_id):
+        raise SessionScriptError(f"{where}.call_id must be a non-empty string when given")
+    return FakeCall(name, arguments, call_id=call_id)
+
+
+def _step(raw: object, where: str) -> list[FakeCall]:
+    if not isinstance(raw, list):
+        raise SessionScriptError(f"{where} must be an array of calls, got {_json_type(raw)}")
+    if not raw:
+        raise SessionScriptError(f"{where} is empty: a step needs at least one call")
+    return [_call(call, f"{where}[{index}]") for index, call in enumerate(raw)]
+
+
+def parse_session_script(payload: object) -> list[list[FakeCall]]:
+    """The steps of a session script (:data:`SESSION_SCRIPT_SHAPE`), decoded JSON.
+
+    Raises :class:`SessionScriptError` naming the first thing that is wrong and where
+    (``steps[0][1].arguments must be an object ...``).
+    """
+    if not isinstance(payload, dict):
+        raise SessionScriptError(f"the body must be a JSON object, got {_json_type(payload)}")
+    _unknown_keys(payload, _SCRIPT_KEYS, "the body")
+    if "steps" in payload and "calls" in payload:
+        raise SessionScriptError('give either "steps" or "calls", not both')
+    if "calls" in payload:
+        return [_step(payload["calls"], "calls")]
+    if "steps" not in payload:
+        raise SessionScriptError('the body needs "steps" (several steps) or "calls" (one step)')
+    steps = payload["steps"]
+    if not isinstance(steps, list):
+        raise SessionScriptError(
+            f'"steps" must be an array of steps, each an array of calls; got {_json_type(steps)}'
+        )
+    if not steps:
+        raise SessionScriptError('"steps" is empty: a session needs at least one step')
+    return [_step(step, f"steps[{index}]") for index, step in enumerate(steps)]
+
+
+class FakeControlApp:
+    """The fake plus a small control API under ``/_fake/`` for local development.
+
+    - ``POST /_fake/sessions`` with a session script (:data:`SESSION_SCRIPT_SHAPE`) creates a
+      session and answers ``201 {"id": ...}``; a bad script answers ``400`` with
+      ``{"error": what is wrong, "expected": the shape}``.
+    - ``POST /_fake/sessions/{id}/redeliver`` sends the session's ``action_required``
+      webhook again (a new webhook-id), e.g. after the fake gave up on the app:
+      ``202 {"webhook_id": ...}``; ``404`` for an unknown session, ``409`` when nothing is
+      pending or no webhook URL is set.
+    - ``GET /_fake/submissions`` lists the results the fake accepted.
+
+    Everything else goes to the fake (``/v1/agents/sessions/...``).
+    """
+
+    def __init__(self, fake: FakeAgentsAPI) -> None:
+        self.fake = fake
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/_fake/"):
+            response = await self._control(Request(scope, receive))
+            await response(scope, receive, send)
+            return
+        await self.fake(scope, receive, send)
+
+    async def _control(self, request: Request) -> JSONResponse:
+        parts = request.url.path.strip("/").split("/")[1:]
+        method = request.method
+        if parts == ["submissions"]:
+            if method != "GET":
+                return _not_allowed("GET")
+            return JSONResponse([_submission(s) for s in self.fake.submissions])
+        if parts == ["sessions"]:
+            if method != "POST":
+                return _not_allowed("POST")
+            return self._create(await request.body())
+        if len(parts) == 3 and parts[0] == "sessions" and parts[2] == "redeliver":
+            if method != "POST":
+                return _not_allowed("POST")
+            return self._redeliver(parts[1])
+        return JSONResponse(
+            {
+                "error": f"no control endpoint {method} {request.url.path}",
+                "endpoints": [
+                    "POST /_fake/sessions",
+                    "POST /_fake/sessions/{id}/redeliver",
+                    "GET /_fake/submissions",
+                ],
+            },
+            status_code=404,
+        )
+
+    def _create(self, body: bytes) -> JSONResponse:
+        try:
+            try:
+                payload = json.loads(body)
+            except ValueError as exc:
+                raise SessionScriptError(f"the body is not JSON ({exc})") from None
+            steps = parse_session_script(payload)
+            # A call id used twice is only known once the session plans its turn.
+            session_id = self.fake.create_session(steps)
+        except ValueError as exc:
+            return JSONResponse(
+                {
+                    "error": f"bad session script: {exc}",
+                    "expected": f"{SESSION_SCRIPT_SHAPE} or {ONE_STEP_SHAPE} for one step",
+                },
+                status_code=400,
+            )
+        return JSONResponse({"id": session_id}, status_code=201)
+
+    def _redeliver(self, session_id: str) -> JSONResponse:
+        if session_id not in self.fake.sessions:
+            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+        if not self.fake.webhooks.urls:
+            return JSONResponse(
+                {"error": "no webhook URL is set (start fake-api with --webhook-url)"},
+                status_code=409,
+            )
+        webhook_id = self.fake.redeliver(session_id)
+        if webhook_id is None:
+            return JSONResponse(
+                {"error": f"session {session_id} has no pending calls: nothing to redeliver"},
+                status_code=409,
+            )
+        return JSONResponse({"webhook_id": webhook_id}, status_code=202)
+
+
+def _not_allowed(method: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": f"method not allowed (use {method})"},
+        status_code=405,
+        headers={"allow": method},
+    )
+
+
+def _submission(submission: Any) -> dict[str, Any]:
+    return {
+        "session_id": submission.session_id,
+        "call_id": submission.call_id,
+        "success": submission.success,
+        "output": submission.output,
+        "error": submission.error,
+    }
+
+
+async def serve_fake_api(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    webhook_urls: Sequence[str] = (),
+    webhook_secret: str | None = None,
+    api_key: str = "sk-test",
+    webhook_retry_delays: Sequence[float] | None = None,
+    calls: Sequence[tuple[str, dict[str, Any]]] = (),
+    out: TextIO | None = None,
+    ready: asyncio.Event | None = None,
+    stop_on_sigterm: bool = False,
+) -> int:
+    """Serve :class:`FakeControlApp` until cancelled (Ctrl-C), logging what happens.
+
+    ``webhook_retry_delays`` defaults to :func:`webhook_backoff` over
+    :data:`DEV_WEBHOOK_RETRY_WINDOW` (a few minutes to start the app). With
+    ``stop_on_sigterm`` (the CLI) a SIGTERM stops the server cleanly too.
+    """
+    stop = asyncio.Event()
+    if stop_on_sigterm:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    stream = out or sys.stdout
+    delays = (
+        tuple(webhook_retry_delays)
+        if webhook_retry_delays is not None
+        else webhook_backoff(DEV_WEBHOOK_RETRY_WINDOW)
+    )
+    fake = FakeAgentsAPI(
+        api_key=api_key,
+        webhook_secret=webhook_secret,
+        webhook_url=list(webhook_urls),
+        webhook_retry_delays=delays,
+    )
+    async with fake, serve_app(FakeControlApp(fake), host=host, port=port, lifespan="off") as root:
+        base_url = root + "/v1"
+        print(f"FakeAgentsAPI listening on {base_url}", file=stream)
+        print(f"  OPENAI_BASE_URL={base_url}", file=stream)
+        print(f"  OPENAI_API_KEY={api_key}", file=stream)
+        print(f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}", file=stream)
+        targets = ", ".join(webhook_urls) or "nowhere (pass --webhook-url)"
+        print(f"  webhooks go to {targets}", file=stream)
+        print(
+            f"  a failed webhook is retried {len(delays)} time(s) over {sum(delays):g} s",
+            file=stream,
+        )
+        print(
+            f"  create sessions: curl -X POST {root}/_fake/sessions -H 'content-type: "
+            """application/json' -d '{"calls":[{"name":"get_customer","arguments":"""
+            """{"customer_id":"123"}}]}'""",
+            file=stream,
+            flush=True,
+        )
+        if calls:
+            session_id = fake.create_session([[FakeCall(name, args) for name, args in calls]])
+            print(
+                f"session {session_id} created with {len(calls)} call(s)", file=stream, flush=True
+            )
+        if ready is not None:
+            ready.set()
+        await _log_until(stop, fake, root, stream)
+    print("stopped", file=stream, flush=True)
+    return 0
+
+
+def _describe_attempt(attempt: DeliveryAttempt, root: str) -> list[str]:
+    """The log lines of one delivery attempt (``root``: where the control API answers)."""
+    answer = attempt.status if attempt.status is not None else attempt.error
+    line = f"webhook {attempt.event_type} -> {attempt.url}: {answer}"
+    if attempt.next_retry is not None:
+        line += f" (attempt {attempt.attempt}, next in {attempt.next_retry:g} s)"
+    lines = [line]
+    if attempt.gave_up:
+        lines.append(
+            f"gave up on webhook {attempt.webhook_id} ({attempt.event_type}) to {attempt.url} "
+            f"after {attempt.attempt} attempt(s)"
+        )
+        if attempt.event_type == "agent.session.action_required" and attempt.session_id:
+            lines.append(
+                f"  once the app answers, send it again: curl -X POST "
+                f"{root}/_fake/sessions/{attempt.session_id}/redeliver"
+            )
+    return lines
+
+
+async def _log_until(stop: asyncio.Event, fake: FakeAgentsAPI, root: str, out: TextIO) -> None:
+    seen_deliveries = seen_submissions = 0
+    while not stop.is_set():
+        for attempt in fake.deliveries[seen_deliveries:]:
+            seen_deliveries += 1
+            for line in _describe_attempt(attempt, root):
+                print(line, file=out, flush=True)
+        for s in fake.submissions[seen_submissions:]:
+            seen_submissions += 1
+            text = s.output if s.success else f"error: {s.error or ''}"
+            shown = text if isinstance(text, str) else json.dumps(text)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            print(f"result  {s.session_id}/{s.call_id}: {shown}", file=out, flush=True)
+        await asyncio.sleep(0.05)

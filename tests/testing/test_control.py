@@ -1,0 +1,249 @@
+"""The fake served for local development: the ``/_fake/`` control API (session scripts with
+readable errors, redelivery) and ``serve_fake_api`` (retries with backoff, says when it
+gives up)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from agentfn_asgi import AgentsClient, AgentWebhookApp, FunctionTools
+from agentfn_asgi.demo import free_port
+from agentfn_asgi.integrations.starlette import webhook_routes
+from agentfn_asgi.testing import FakeAgentsAPI, FakeControlApp, serve_app
+from agentfn_asgi.testing.control import (
+    ONE_STEP_SHAPE,
+    SESSION_SCRIPT_SHAPE,
+    parse_session_script,
+    serve_fake_api,
+)
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+#: A session script a newcomer gets wrong -> what the 400 says (also listed for the README's
+#: common mistakes).
+BAD_SCRIPTS: list[tuple[bytes | Any, str]] = [
+    (b"calls: get_customer", "the body is not JSON"),
+    ([{"name": "get_customer"}], "the body must be a JSON object, got an array"),
+    ({}, 'the body needs "steps" (several steps) or "calls" (one step)'),
+    ({"call": []}, 'the body has an unknown key "call" (did you mean "calls"?)'),
+    ({"steps": [], "calls": []}, 'give either "steps" or "calls", not both'),
+    ({"steps": [{"name": "get_customer"}]}, "steps[0] must be an array of calls, got an object"),
+    ({"steps": {"name": "get_customer"}}, '"steps" must be an array of steps'),
+    ({"steps": []}, '"steps" is empty: a session needs at least one step'),
+    ({"calls": []}, "calls is empty: a step needs at least one call"),
+    ({"calls": ["get_customer"]}, "calls[0] must be an object like"),
+    ({"calls": [{"arguments": {}}]}, "calls[0].name must be the tool's name (a string)"),
+    (
+        {"calls": [{"name": "get_customer", "args": {}}]},
+        'calls[0] has an unknown key "args" (did you mean "arguments"?)',
+    ),
+    (
+        {"calls": [{"name": "get_customer", "arguments": '{"customer_id": "123"}'}]},
+        "calls[0].arguments must be an object of the tool's arguments, got a string",
+    ),
+    (
+        {"calls": [{"name": "a", "call_id": "c1"}, {"name": "b", "call_id": "c1"}]},
+        "call id c1 is already used",
+    ),
+]
+
+
+@pytest.fixture
+async def control() -> AsyncIterator[tuple[FakeAgentsAPI, httpx.AsyncClient]]:
+    async with FakeAgentsAPI(webhook_secret=SECRET) as fake:
+        transport = httpx.ASGITransport(app=FakeControlApp(fake))
+        async with httpx.AsyncClient(transport=transport, base_url="http://fake") as http:
+            yield fake, http
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_SCRIPTS)
+async def test_a_bad_session_script_gets_a_readable_400(
+    control: tuple[FakeAgentsAPI, httpx.AsyncClient], body: bytes | Any, message: str
+) -> None:
+    """Each mistake answers 400 naming what is wrong and where, with the expected shape;
+    no Python repr, and no session is created."""
+    fake, http = control
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer = await http.post("/_fake/sessions", content=content)
+    assert answer.status_code == 400
+    error = answer.json()
+    assert message in error["error"], error
+    assert error["error"].startswith("bad session script: ")
+    assert SESSION_SCRIPT_SHAPE in error["expected"] and ONE_STEP_SHAPE in error["expected"]
+    assert "Error(" not in error["error"] and "\\n" not in error["error"]
+    assert fake.sessions == {}
+
+
+def test_a_script_of_steps_becomes_the_calls_of_each_step() -> None:
+    """``steps`` keeps the batches and their order; ``arguments`` defaults to {}."""
+    steps = parse_session_script(
+        {"steps": [[{"name": "a", "arguments": {"x": 1}}, {"name": "b"}], [{"name": "c"}]]}
+    )
+    assert [[(c.name, c.arguments) for c in step] for step in steps] == [
+        [("a", {"x": 1}), ("b", {})],
+        [("c", {})],
+    ]
+
+
+async def test_sessions_are_created_and_results_listed(
+    control: tuple[FakeAgentsAPI, httpx.AsyncClient],
+) -> None:
+    """A good script answers 201 with the session id, whose calls are pending."""
+    fake, http = control
+    answer = await http.post(
+        "/_fake/sessions", json={"calls": [{"name": "get_customer", "call_id": "c1"}]}
+    )
+    assert answer.status_code == 201
+    [action] = fake.required_actions(answer.json()["id"])
+    assert action["call_id"] == "c1" and action["arguments"] == {}
+    assert (await http.get("/_fake/submissions")).json() == []
+
+
+async def test_control_paths_answer_405_and_404_with_directions(
+    control: tuple[FakeAgentsAPI, httpx.AsyncClient],
+) -> None:
+    """A wrong method names the right one; an unknown control path lists the endpoints."""
+    _, http = control
+    wrong = await http.get("/_fake/sessions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    unknown = await http.get("/_fake/nothing")
+    assert unknown.status_code == 404
+    assert "POST /_fake/sessions/{id}/redeliver" in unknown.json()["endpoints"]
+
+
+async def test_redeliver_answers_for_each_state(
+    control: tuple[FakeAgentsAPI, httpx.AsyncClient],
+) -> None:
+    """404 for an unknown session, 409 without a webhook URL or with nothing pending, and
+    202 with a fresh webhook-id when calls are pending."""
+    fake, http = control
+    assert (await http.post("/_fake/sessions/sess_nope/redeliver")).status_code == 404
+    pending = (await http.post("/_fake/sessions", json={"calls": [{"name": "a"}]})).json()["id"]
+    no_url = await http.post(f"/_fake/sessions/{pending}/redeliver")
+    assert no_url.status_code == 409 and "--webhook-url" in no_url.json()["error"]
+    fake.add_webhook_url("http://127.0.0.1:9/unreachable")
+    answer = await http.post(f"/_fake/sessions/{pending}/redeliver")
+    assert answer.status_code == 202
+    assert answer.json()["webhook_id"].startswith("wh_")
+    fake.cancel_turn(pending)
+    idle = await http.post(f"/_fake/sessions/{pending}/redeliver")
+    assert idle.status_code == 409 and "no pending calls" in idle.json()["error"]
+
+
+# -- serve_fake_api --------------------------------------------------------------------------
+
+
+def _echo_tools() -> FunctionTools:
+    tools = FunctionTools()
+
+    @tools.function
+    def echo(text: str) -> str:
+        """Echo the text."""
+        return text
+
+    return tools
+
+
+@contextlib.asynccontextmanager
+async def _fake_api(
+    app_port: int, **options: Any
+) -> AsyncIterator[tuple[str, io.StringIO, Callable[[], Awaitable[list[Any]]]]]:
+    """``serve_fake_api`` in a task, webhooks to ``app_port``; yields its root URL, its
+    output and a reader of its submissions."""
+    port = free_port()
+    out = io.StringIO()
+    ready = asyncio.Event()
+    server = asyncio.create_task(
+        serve_fake_api(
+            port=port,
+            webhook_urls=[f"http://127.0.0.1:{app_port}/openai/webhooks"],
+            webhook_secret=SECRET,
+            calls=[("echo", {"text": "hi"})],
+            out=out,
+            ready=ready,
+            **options,
+        )
+    )
+    root = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=root) as http:
+
+        async def submissions() -> list[Any]:
+            return list((await http.get("/_fake/submissions")).json())
+
+        try:
+            await asyncio.wait_for(ready.wait(), timeout=10)
+            yield root, out, submissions
+        finally:
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
+
+
+@contextlib.asynccontextmanager
+async def _app_on(port: int, root: str) -> AsyncIterator[None]:
+    """The user's app, started late on ``port``, reading from the fake at ``root``."""
+    client = AgentsClient(api_key="sk-test", base_url=root + "/v1")
+    app = AgentWebhookApp(_echo_tools(), webhook_secret=SECRET, client=client, store="memory://")
+    host = Starlette(routes=webhook_routes(app), lifespan=app.lifespan)
+    async with serve_app(host, port=port, lifespan="on"):
+        yield
+    await client.aclose()
+
+
+async def _wait_for(check: Callable[[], Awaitable[bool]], seconds: float) -> None:
+    async with asyncio.timeout(seconds):
+        while not await check():
+            await asyncio.sleep(0.05)
+
+
+async def test_giving_up_is_printed_and_redeliver_gets_the_call_answered() -> None:
+    """With nothing listening, each failed attempt says when the next comes, the last says
+    the fake gave up and how to redeliver; once the app runs, redeliver gets the call
+    answered."""
+    app_port = free_port()
+    async with _fake_api(app_port, webhook_retry_delays=(0.05,)) as (root, out, submissions):
+        await _wait_for(lambda: _contains(out, "/redeliver"), 10)
+        log = out.getvalue()
+        assert "(attempt 1, next in 0.05 s)" in log
+        assert "gave up on webhook wh_" in log and "after 2 attempt(s)" in log
+        session_id = log.split("session ", 1)[1].split()[0]
+        assert f"curl -X POST {root}/_fake/sessions/{session_id}/redeliver" in log
+        async with _app_on(app_port, root), httpx.AsyncClient() as http:
+            answer = await http.post(f"{root}/_fake/sessions/{session_id}/redeliver")
+            assert answer.status_code == 202
+            await _wait_for(lambda: _has_results(submissions, 1), 10)
+        assert [s["output"] for s in await submissions()] == ["hi"]
+
+
+@pytest.mark.slow
+async def test_the_default_retries_wait_for_an_app_started_seconds_later() -> None:
+    """``fake-api``'s default schedule (minutes, not 1.5 s) delivers to an app that starts
+    two seconds after the session was created: the first retry after 1 s fails, the
+    next (3 s in) is answered."""
+    app_port = free_port()
+    async with _fake_api(app_port) as (root, out, submissions):
+        await _wait_for(lambda: _contains(out, "next in 1 s"), 10)
+        await asyncio.sleep(2.0)
+        async with _app_on(app_port, root):
+            await _wait_for(lambda: _has_results(submissions, 1), 15)
+    assert "gave up" not in out.getvalue()
+    assert "a failed webhook is retried 9 time(s) over 243 s" in out.getvalue()
+
+
+async def _contains(out: io.StringIO, text: str) -> bool:
+    return text in out.getvalue()
+
+
+async def _has_results(submissions: Callable[[], Awaitable[list[Any]]], n: int) -> bool:
+    return len(await submissions()) >= n

@@ -134,6 +134,8 @@ class Gate:
         # several processes behind one balancer then need secret= to accept each other's forms.
         host_base = secret or secrets.token_bytes(32)
         self._token_keys = [_derive(token_base, b"session", token) for token in self.tokens]
+        # Compared as digests: equal lengths, so not even a token's length leaks.
+        self._token_digests = [hashlib.sha256(token).digest() for token in self.tokens]
         self._host_key = _derive(host_base, b"host", b"")
         self._serializers = {
             key: URLSafeTimedSerializer(key, salt=_SALT, signer=signer)
@@ -145,9 +147,10 @@ class Gate:
     def match_token(self, presented: bytes) -> bytes | None:
         """The session key of the token ``presented`` equals, or None. Constant time: every
         configured token is compared, whatever matched first."""
+        digest = hashlib.sha256(presented).digest()
         found: bytes | None = None
-        for token, key in zip(self.tokens, self._token_keys, strict=True):
-            if hmac.compare_digest(token, presented):
+        for expected, key in zip(self._token_digests, self._token_keys, strict=True):
+            if hmac.compare_digest(expected, digest):
                 found = key
         return found
 

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit reliability fuzz-long bench bench-quick clean
+.PHONY: demo test lint types unit browser screenshots reliability fuzz-long bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,8 +22,17 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	$(BIN)/pytest -q
+
+# The operator page's browser tests drive Debian's chromium + chromium-driver: installed here
+# when missing and when we are root (or have passwordless sudo); elsewhere they skip.
+browser:
+	@bash .ci/install-browser
+
+# Photograph each operator page into docs/screenshots/ (shown in the README).
+screenshots: $(STAMP) browser
+	$(BIN)/python -m tests.admin.screenshots docs/screenshots
 
 test: lint types unit
 

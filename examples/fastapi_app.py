@@ -7,7 +7,8 @@ Run it (from the repository root)::
 
 Configuration comes from the environment: ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
 ``OPENAI_WEBHOOK_SECRET`` (several, separated by spaces or commas, during a rotation),
-``AGENTFN_STORE_URL`` (default ``sqlite:///agentfn.sqlite3``) and ``EXAMPLE_LEDGER``.
+``AGENTFN_STORE_URL`` (default ``sqlite:///agentfn.sqlite3``), ``EXAMPLE_LEDGER`` and
+``AGENTFN_ADMIN_TOKEN`` (when set, the operator page answers at ``/openai/admin``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from fastapi import FastAPI
 
 from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.demo.tools import Ledger, tools
-from agentfn_asgi.integrations.fastapi import mount
+from agentfn_asgi.integrations.fastapi import mount, mount_admin
+from examples.operator_page import admin_from_env
 
 
 @contextlib.asynccontextmanager
@@ -34,6 +36,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 app = FastAPI(lifespan=lifespan)
 webhooks = AgentWebhookApp(tools, resources=app.state)
 mount(app, webhooks, "/openai/webhooks")
+if (admin := admin_from_env(webhooks)) is not None:
+    mount_admin(app, admin, "/openai/admin")
 
 
 @app.get("/")

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.demo import free_port, run_example
 from agentfn_asgi.testing import (
     FakeAgentsAPI,
@@ -56,6 +57,7 @@ def _base_env(tmp_path: Path, base_url: str, secret: str) -> dict[str, str]:
         "OPENAI_WEBHOOK_SECRET": secret,
         "AGENTFN_STORE_URL": f"sqlite:///{tmp_path / 'store.sqlite3'}",
         "EXAMPLE_LEDGER": str(tmp_path / "ledger.jsonl"),
+        "AGENTFN_ADMIN_TOKEN": "",  # the operator page stays off (not mounted)
     }
 
 
@@ -101,6 +103,9 @@ async def _check_routing(root: str, secret: str) -> None:
             assert response.json() == {"status": "ignored"}
         home = await http.get(root + "/")
         assert home.status_code == 200
+        # Without AGENTFN_ADMIN_TOKEN the operator page is not mounted at all.
+        for path in ("/openai/admin", "/openai/admin/calls"):
+            assert (await http.get(root + path)).status_code == 404, path
 
 
 def _assert_common(submissions: dict[str, Submission], ledger: list[dict[str, Any]]) -> None:
@@ -188,3 +193,35 @@ async def test_django_example_end_to_end(tmp_path: Path, django_db_file: Path) -
         "order": {"order_id": "ord_1", "customer_id": "123", "total_cents": 4200},
     }
     assert submissions["call_order_2"].output == '{"found":false,"order":null}'
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "target",
+    [
+        "examples.starlette_app:app",
+        "examples.fastapi_app:app",
+        "examples.django_app.exampleproject.asgi:application",
+    ],
+)
+async def test_examples_mount_the_operator_page_when_a_token_is_set(
+    tmp_path: Path, target: str
+) -> None:
+    """With AGENTFN_ADMIN_TOKEN set, each example serves the operator page at /openai/admin:
+    a browser is sent to the login form, a bearer client gets the overview."""
+    if not hasattr(AgentWebhookApp, "operator"):
+        pytest.skip("waits for AgentWebhookApp.operator(), the real OperatorView")
+    token = "example-admin-token-0123"
+    env = _base_env(tmp_path, "http://127.0.0.1:9/v1", OLD_SECRET)
+    env.update(AGENTFN_ADMIN_TOKEN=token, EXAMPLE_DJANGO_DB=str(tmp_path / "django.sqlite3"))
+    async with (
+        run_example(target, env=env, log_path=tmp_path / "app.log") as app,
+        httpx.AsyncClient(follow_redirects=False) as http,
+    ):
+        browser = await http.get(app.url + "/openai/admin", headers={"accept": "text/html"})
+        assert browser.status_code == 303, app.log()
+        assert browser.headers["location"] == "/openai/admin/login?next=%2F"
+        bearer = {"authorization": f"Bearer {token}"}
+        overview = await http.get(app.url + "/openai/admin/", headers=bearer)
+        assert overview.status_code == 200 and "Overview" in overview.text, app.log()

@@ -16,6 +16,9 @@ both in one ASGI application that routes by path. In your project's ``asgi.py``:
     webhooks = AgentWebhookApp(tools, resources=settings)    # or any object of yours
     application = with_webhooks(django_app, webhooks)        # POST /openai/webhooks
 
+The operator page (:class:`agentfn_asgi.admin.AdminApp`) goes in front of that with
+``application = with_admin(with_webhooks(django_app, webhooks), admin)`` (``/openai/admin``).
+
 The wrapper answers the ``lifespan`` protocol itself (Django's handler refuses it) by starting
 and stopping the webhook app, so ``uvicorn mysite.asgi:application`` runs the recovery sweep
 at start-up and drains in-flight calls on shutdown. Without lifespan (some servers never send
@@ -35,9 +38,17 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
 from ..errors import ConfigurationError, ToolDefinitionError
-from .starlette import DEFAULT_PATH
+from .starlette import ADMIN_PATH, DEFAULT_PATH
 
-__all__ = ["DEFAULT_PATH", "WebhooksAndDjango", "django_db", "with_webhooks"]
+__all__ = [
+    "ADMIN_PATH",
+    "DEFAULT_PATH",
+    "AdminBeside",
+    "WebhooksAndDjango",
+    "django_db",
+    "with_admin",
+    "with_webhooks",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -84,6 +95,24 @@ def with_webhooks(
 ) -> WebhooksAndDjango:
     """Serve ``webhooks`` at ``path`` and Django everywhere else (see the module docstring)."""
     return WebhooksAndDjango(django_app, webhooks, path=path)
+
+
+class AdminBeside(WebhooksAndDjango):
+    """One ASGI app: ``path`` (exact, trailing slash and below) → the operator page, the rest
+    → ``app``. Unlike :class:`WebhooksAndDjango`, ``lifespan`` goes to ``app`` (typically
+    ``with_webhooks(...)``, which starts the webhook app); the page has nothing to start."""
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.django_app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def with_admin(app: ASGIApp, admin: ASGIApp, path: str = ADMIN_PATH) -> AdminBeside:
+    """Serve the operator page ``admin`` at ``path`` and ``app`` everywhere else, e.g.
+    ``with_admin(with_webhooks(django_app, webhooks), admin)``."""
+    return AdminBeside(app, admin, path=path)
 
 
 def django_db(fn: Callable[P, R]) -> Callable[P, R]:

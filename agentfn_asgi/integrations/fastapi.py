@@ -25,6 +25,22 @@ webhook app reads the raw body to verify its signature)::
 
 from __future__ import annotations
 
-from .starlette import DEFAULT_PATH, AnyASGIApp, ExactPathApp, mount, webhook_routes
+from .starlette import (
+    ADMIN_PATH,
+    DEFAULT_PATH,
+    AnyASGIApp,
+    ExactPathApp,
+    mount,
+    mount_admin,
+    webhook_routes,
+)
 
-__all__ = ["DEFAULT_PATH", "AnyASGIApp", "ExactPathApp", "mount", "webhook_routes"]
+__all__ = [
+    "ADMIN_PATH",
+    "DEFAULT_PATH",
+    "AnyASGIApp",
+    "ExactPathApp",
+    "mount",
+    "mount_admin",
+    "webhook_routes",
+]

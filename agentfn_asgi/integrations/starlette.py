@@ -13,7 +13,8 @@ and ``/openai/webhooks/healthz`` still works::
     webhooks = AgentWebhookApp(tools)
     app = Starlette(routes=[*webhook_routes(webhooks), ...], lifespan=webhooks.lifespan)
 
-or, for an app that already exists (FastAPI too), ``mount(app, webhooks)``.
+or, for an app that already exists (FastAPI too), ``mount(app, webhooks)``. The operator
+page (:class:`agentfn_asgi.admin.AdminApp`) goes beside it with ``mount_admin(app, admin)``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import ConfigurationError
 
-__all__ = ["DEFAULT_PATH", "AnyASGIApp", "ExactPathApp", "mount", "webhook_routes"]
+__all__ = [
+    "ADMIN_PATH",
+    "DEFAULT_PATH",
+    "AnyASGIApp",
+    "ExactPathApp",
+    "mount",
+    "mount_admin",
+    "webhook_routes",
+]
 
 #: Any ASGI callable: ``AgentWebhookApp`` types its scope as a plain ``dict``, which
 #: Starlette's stricter ``ASGIApp`` alias would refuse.
@@ -34,11 +43,13 @@ AnyASGIApp = Callable[..., Awaitable[None]]
 
 #: Where the examples and the README mount the receiver.
 DEFAULT_PATH = "/openai/webhooks"
+#: Where the examples and the README mount the operator page.
+ADMIN_PATH = "/openai/admin"
 
 
 def _normalise(path: str) -> str:
     if not path.startswith("/") or path.rstrip("/") == "":
-        raise ConfigurationError(f"webhook path must start with '/' and not be the root: {path!r}")
+        raise ConfigurationError(f"mount path must start with '/' and not be the root: {path!r}")
     return path.rstrip("/")
 
 
@@ -99,3 +110,12 @@ def mount(host: Any, webhooks: AnyASGIApp, path: str = DEFAULT_PATH) -> None:
             f"cannot mount on {type(host).__name__}: expected a Starlette or FastAPI app"
         )
     routes[0:0] = webhook_routes(webhooks, path)
+
+
+def mount_admin(host: Any, admin: AnyASGIApp, path: str = ADMIN_PATH) -> None:
+    """Mount the operator page at ``path`` (and below) in front of ``host``'s routes.
+
+    The same exact-path routes as the webhook, so ``/openai/admin`` answers without a
+    redirect and the page's links (built from ``root_path``) work with or without the slash.
+    """
+    mount(host, admin, path)

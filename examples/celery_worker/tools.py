@@ -24,8 +24,8 @@ import anyio
 from celery import Celery
 
 from agentfn_asgi import ToolContext, ToolError
-from agentfn_asgi.integrations.celery import celery_enqueue
 from agentfn_asgi.demo.tools import build_tools
+from agentfn_asgi.integrations.celery import celery_enqueue
 
 __all__ = ["BROKER_URL", "JOBS_QUEUE", "JOB_DEADLINE", "celery_app", "generate_report", "tools"]
 

@@ -14,10 +14,18 @@ import pytest
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 
+from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.errors import ConfigurationError, ToolDefinitionError, ToolError
-from agentfn_asgi.integrations.django import WebhooksAndDjango, django_db, with_webhooks
+from agentfn_asgi.integrations.django import (
+    AdminBeside,
+    WebhooksAndDjango,
+    django_db,
+    with_admin,
+    with_webhooks,
+)
 from agentfn_asgi.testing import FakeCall, signed_delivery, webhook_event
 from agentfn_asgi.tools import FunctionTools
+from tests.admin.memory_view import MemoryOperatorView
 
 from . import SECRET, WebhooksFactory, hosted_stack, lifespan_of
 
@@ -200,3 +208,26 @@ def test_example_project_files_exist() -> None:
     root = Path(__file__).resolve().parents[2] / "examples" / "django_app"
     assert (root / "exampleproject" / "asgi.py").is_file()
     assert (root / "orders" / "migrations" / "0001_initial.py").is_file()
+
+
+@pytest.mark.anyio
+async def test_with_admin_serves_the_page_and_passes_lifespan_on(django_asgi: Any) -> None:
+    """``with_admin(with_webhooks(...), admin)``: the page at ``/openai/admin``, the webhook
+    and Django unchanged, and lifespan still starts the webhook app."""
+    token = "admin-token-0123456789"
+    bearer = {"authorization": f"Bearer {token}"}
+
+    def make_host(new_webhooks: WebhooksFactory) -> AdminBeside:
+        admin = AdminApp(MemoryOperatorView(), tokens=[token])
+        return with_admin(with_webhooks(django_asgi, new_webhooks()), admin)
+
+    async with hosted_stack(_orm_tools(), make_host) as hosted:
+        for url in ["/openai/admin", "/openai/admin/calls"]:
+            page = await hosted.http.get(url, headers=bearer)
+            assert page.status_code == 200, url
+            assert 'href="/openai/admin/deliveries"' in page.text
+        assert (await hosted.http.get("/")).text == "django /"
+        assert (await hosted.http.get("/openai/webhooks/healthz")).json()["status"] == "ok"
+        async with lifespan_of(hosted.host):
+            assert hosted.webhooks.dispatcher.started
+        assert not hosted.webhooks.dispatcher.started

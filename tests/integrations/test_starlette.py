@@ -13,10 +13,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
+from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.app import AgentWebhookApp
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.errors import ConfigurationError
-from agentfn_asgi.integrations.starlette import ExactPathApp, mount, webhook_routes
+from agentfn_asgi.integrations.starlette import ExactPathApp, mount, mount_admin, webhook_routes
 from agentfn_asgi.testing import (
     FakeAgentsAPI,
     FakeCall,
@@ -26,6 +27,7 @@ from agentfn_asgi.testing import (
     webhook_event,
 )
 from agentfn_asgi.tools import FunctionTools, ToolContext
+from tests.admin.memory_view import MemoryOperatorView
 
 from . import (
     API_KEY,
@@ -230,3 +232,25 @@ async def test_webhooks_lifespan_directly_as_the_host_lifespan() -> None:
     ]
     assert not webhooks.dispatcher.started
     await client.aclose()
+
+
+@pytest.mark.anyio
+async def test_mount_admin_serves_the_operator_page_beside_the_webhook() -> None:
+    """``mount_admin`` puts the page at ``/openai/admin`` (exact path and below, no
+    redirect) without shadowing the webhook or the host's routes."""
+    token = "admin-token-0123456789"
+    bearer = {"authorization": f"Bearer {token}"}
+
+    def make_host(new_webhooks: WebhooksFactory) -> Starlette:
+        app = _host_with_mount(new_webhooks)
+        mount_admin(app, AdminApp(MemoryOperatorView(), tokens=[token]))
+        return app
+
+    async with hosted_stack(echo_tools(), make_host) as hosted:
+        for url in ["/openai/admin", "/openai/admin/", "/openai/admin/calls"]:
+            page = await hosted.http.get(url, headers=bearer)
+            assert page.status_code == 200, url
+            assert 'href="/openai/admin/calls"' in page.text
+        assert (await hosted.http.get("/openai/admin")).status_code == 401
+        assert (await hosted.http.get("/openai/webhooks/healthz")).json()["status"] == "ok"
+        assert (await hosted.http.get("/")).text == "host home"

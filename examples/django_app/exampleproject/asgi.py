@@ -8,8 +8,9 @@ Run it (from the repository root)::
 
 Configuration comes from the environment: ``OPENAI_API_KEY``, ``OPENAI_BASE_URL``,
 ``OPENAI_WEBHOOK_SECRET`` (several, separated by spaces or commas, during a rotation),
-``AGENTFN_STORE_URL`` (default ``sqlite:///agentfn.sqlite3``), ``EXAMPLE_LEDGER`` and
-``EXAMPLE_DJANGO_DB`` (Django's own SQLite file).
+``AGENTFN_STORE_URL`` (default ``sqlite:///agentfn.sqlite3``), ``EXAMPLE_LEDGER``,
+``EXAMPLE_DJANGO_DB`` (Django's own SQLite file) and ``AGENTFN_ADMIN_TOKEN`` (when set, the
+operator page answers at ``/openai/admin``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ django_application = get_asgi_application()
 
 from agentfn_asgi import AgentWebhookApp  # noqa: E402
 from agentfn_asgi.demo.tools import ExampleResources, Ledger  # noqa: E402
-from agentfn_asgi.integrations.django import with_webhooks  # noqa: E402
+from agentfn_asgi.integrations.django import with_admin, with_webhooks  # noqa: E402
 from examples.django_app.exampleproject.tools import tools  # noqa: E402
+from examples.operator_page import admin_from_env  # noqa: E402
 
 # Host resources handlers reach as ``ctx.resources`` (created once, at start-up).
 webhooks = AgentWebhookApp(tools, resources=ExampleResources(ledger=Ledger.from_env()))
 application = with_webhooks(django_application, webhooks, "/openai/webhooks")
+if (admin := admin_from_env(webhooks)) is not None:
+    application = with_admin(application, admin, "/openai/admin")

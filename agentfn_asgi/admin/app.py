@@ -1,0 +1,336 @@
+"""The operator page as a pure ASGI app: routing, authentication, CSRF, headers, refusals.
+
+Every response carries a strict Content-Security-Policy (no script at all, styles only from
+the served stylesheet), ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and
+``Cache-Control: no-store``. Untrusted input (paths, queries, forms, cookies, headers) is
+answered with 4xx; a failing store with 503; only a bug of ours or of the view is a 500.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from ..errors import StoreError
+from ..operator import OperatorView
+from .auth import SESSION_COOKIE, Authorizer, Gate, Session
+from .forms import FormError, parse_pairs
+from .handlers import GET_PAGES, html_page, see_other, settle
+from .html import Safe
+from .layout import Context
+from .pages import login_page, message_page
+
+__all__ = ["AdminApp"]
+
+logger = logging.getLogger("agentfn_asgi.admin")
+
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'none'; style-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+    "cross-origin-opener-policy": "same-origin",
+    "cross-origin-resource-policy": "same-origin",
+}
+_STYLESHEET = importlib.resources.files("agentfn_asgi.admin").joinpath("style.css").read_bytes()
+# A settle form carries at most one result (the API's own limit is 4 MiB); a login, a token.
+_FORM_LIMIT = 8 * 1024 * 1024
+_LOGIN_LIMIT = 16 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Access:
+    session: Session | None  # the verified cookie (binds CSRF tokens), if any
+    bearer: bool  # authenticated by the Authorization header: no CSRF token needed
+    new_cookie: str | None = None  # a CSRF-binding cookie to set (host logins)
+
+
+class AdminApp:
+    """The operator page: mount it where you like (``Mount``, or the integrations' helpers).
+
+    ``view`` is what it shows and settles through. It is **off unless configured**: give
+    ``tokens`` (one string or several, for rotation; at least 16 characters each) and/or an
+    ``authorizer`` (``callable(request) -> bool``, sync or async) that reuses the host's
+    login; with neither it raises :class:`~agentfn_asgi.errors.ConfigurationError`.
+
+    ``secret`` signs the session cookies together with the token that logged in (default:
+    the token alone); changing it logs everybody out. Several processes serving the page
+    with only an ``authorizer`` need the same ``secret`` (it signs the CSRF cookie).
+    ``session_max_age`` is in seconds; ``refresh_seconds`` is the auto-refresh period.
+    """
+
+    def __init__(
+        self,
+        view: OperatorView,
+        *,
+        tokens: str | Iterable[str] | None = None,
+        authorizer: Authorizer | None = None,
+        secret: str | bytes | None = None,
+        session_max_age: float = 8 * 3600,
+        refresh_seconds: int = 10,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.view = view
+        self.gate = Gate(
+            tokens=tokens,
+            authorizer=authorizer,
+            secret=secret,
+            max_age=session_max_age,
+            clock=clock,
+        )
+        self.refresh_seconds = refresh_seconds
+        self.clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        request = Request(scope, receive)
+        try:
+            response = await self._respond(request)
+        except ClientDisconnect:
+            return
+        except Exception:
+            # A bug (ours or the view's), never the input: log it, show nothing of it.
+            logger.exception("operator page: unexpected error")
+            root, route = _split_path(scope)
+            ctx = Context(root=root, route=route, refresh_seconds=self.refresh_seconds)
+            response = self._message(
+                ctx, 500, "Internal error", "Something went wrong; the server log has details."
+            )
+        response.headers.update(SECURITY_HEADERS)
+        await response(scope, receive, send)
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def _respond(self, request: Request) -> Response:
+        scope = request.scope
+        root, route = _split_path(scope)
+        method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        ctx = Context(
+            root=root, route=route, now=self.clock(), refresh_seconds=self.refresh_seconds
+        )
+        try:
+            query = parse_pairs(scope.get("query_string", b"").decode("latin-1"))
+        except FormError as exc:
+            return self._message(ctx, exc.status, "Bad request", exc.message)
+        ctx = dataclasses.replace(ctx, query=query)
+        if route == "/style.css" and method == "GET":
+            return Response(_STYLESHEET, media_type="text/css; charset=utf-8")
+        if route == "/login" and self.gate.tokens:
+            return await self._login(request, ctx, method)
+        post = route in ("/settle", "/logout")
+        if route not in GET_PAGES and not post:
+            return self._message(ctx, 404, "Not found", "There is no such page here.")
+        if method != ("POST" if post else "GET"):
+            response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
+            response.headers["allow"] = "POST" if post else "GET, HEAD"
+            return response
+        access = await self._access(request)
+        if access is None:
+            return self._refuse(request, ctx, method)
+        session = access.session
+        ctx = dataclasses.replace(
+            ctx,
+            csrf=self.gate.csrf_token(session) if session is not None else "",
+            logged_in=session is not None and session.via == "token",
+        )
+        response = await self._handle(request, ctx, method, route, access)
+        if access.new_cookie is not None:
+            self._set_cookie(response, request, ctx, access.new_cookie)
+        return response
+
+    async def _handle(
+        self, request: Request, ctx: Context, method: str, route: str, access: _Access
+    ) -> Response:
+        try:
+            if method == "GET":
+                return await GET_PAGES[route](self.view, ctx, ctx.query)
+            fields = await _read_form(request, _FORM_LIMIT)
+            if not access.bearer and not self.gate.check_csrf(access.session, fields.get("csrf")):
+                return self._message(
+                    ctx,
+                    403,
+                    "Form refused",
+                    "This form has expired or did not come from this page (CSRF check). "
+                    "Reload the page and try again.",
+                    signed_in=True,
+                )
+            if route == "/logout":
+                response = see_other(ctx.url("/login" if self.gate.tokens else "/"))
+                response.delete_cookie(SESSION_COOKIE, path=ctx.root or "/")
+                return response
+            return await settle(self.view, ctx, fields)
+        except FormError as exc:
+            return self._message(ctx, exc.status, "Bad request", exc.message, signed_in=True)
+        except LookupError as exc:
+            return self._message(ctx, 404, "Not found", _text(exc, "no such call"), signed_in=True)
+        except StoreError as exc:
+            logger.warning("operator page: the store failed: %s", type(exc).__name__)
+            return self._message(
+                ctx,
+                503,
+                "Store unavailable",
+                f"The store cannot answer right now ({type(exc).__name__}). Try again shortly.",
+                signed_in=True,
+            )
+        except ValueError as exc:
+            return self._message(ctx, 400, "Bad request", _text(exc, "refused"), signed_in=True)
+
+    # -- authentication --------------------------------------------------------------------
+
+    async def _access(self, request: Request) -> _Access | None:
+        session = self.gate.read_session(request.cookies.get(SESSION_COOKIE))
+        if session is not None and session.via == "token":
+            return _Access(session=session, bearer=False)
+        presented = self.gate.bearer(request)
+        if presented is not None and self.gate.match_token(presented) is not None:
+            return _Access(session=None, bearer=True)
+        if await self.gate.host_allows(request):
+            if session is not None:
+                return _Access(session=session, bearer=False)
+            session, cookie = self.gate.open_session()
+            return _Access(session=session, bearer=False, new_cookie=cookie)
+        return None
+
+    def _refuse(self, request: Request, ctx: Context, method: str) -> Response:
+        if self.gate.bearer(request) is not None and self.gate.tokens:
+            response = self._message(ctx, 401, "Not authorized", "The bearer token is not valid.")
+            response.headers["www-authenticate"] = 'Bearer error="invalid_token"'
+            return response
+        if not self.gate.tokens:
+            return self._message(
+                ctx, 403, "Not authorized", "Sign in to the application first, then come back."
+            )
+        if method == "GET" and "text/html" in request.headers.get("accept", ""):
+            # The raw query (parse_pairs has accepted it): Request.url would decode it again.
+            query = request.scope.get("query_string", b"").decode("latin-1")
+            next_route = ctx.route + (f"?{query}" if query else "")
+            return see_other(ctx.url("/login", {"next": next_route}))
+        response = self._message(
+            ctx, 401, "Not authorized", "Log in, or send Authorization: Bearer <token>."
+        )
+        response.headers["www-authenticate"] = 'Bearer realm="agentfn-asgi operator page"'
+        return response
+
+    async def _login(self, request: Request, ctx: Context, method: str) -> Response:
+        next_route = _safe_next(ctx.query.get("next"))
+        if method == "GET":
+            session = self.gate.read_session(request.cookies.get(SESSION_COOKIE))
+            if session is not None and session.via == "token":
+                return see_other(ctx.root + next_route)
+            return html_page(self._login_form(ctx, next_route, failed=False))
+        if method != "POST":
+            response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
+            response.headers["allow"] = "GET, HEAD, POST"
+            return response
+        try:
+            fields = await _read_form(request, _LOGIN_LIMIT)
+        except FormError as exc:
+            return self._message(ctx, exc.status, "Bad request", exc.message)
+        next_route = _safe_next(fields.get("next"))
+        key = self.gate.match_token(fields.get("token", "").encode("utf-8"))
+        if key is None:
+            logger.warning("operator page: a login with an invalid token was refused")
+            return html_page(self._login_form(ctx, next_route, failed=True), status=401)
+        _session, cookie = self.gate.open_session(key)
+        response = see_other(ctx.root + next_route)
+        self._set_cookie(response, request, ctx, cookie)
+        return response
+
+    def _login_form(self, ctx: Context, next_route: str, *, failed: bool) -> Safe:
+        return login_page(ctx, next_route=next_route, failed=failed, hours=self.gate.max_age / 3600)
+
+    def _set_cookie(self, response: Response, request: Request, ctx: Context, value: str) -> None:
+        response.set_cookie(
+            SESSION_COOKIE,
+            value,
+            max_age=int(self.gate.max_age),
+            path=ctx.root or "/",
+            secure=request.scope.get("scheme") == "https",
+            httponly=True,
+            samesite="strict",
+        )
+
+    def _message(
+        self, ctx: Context, status: int, title: str, message: str, *, signed_in: bool = False
+    ) -> Response:
+        links = [(ctx.url("/"), "Overview")] if signed_in else []
+        body = message_page(ctx, title=title, message=message, signed_in=signed_in, links=links)
+        return html_page(body, status=status)
+
+
+def _split_path(scope: Scope) -> tuple[str, str]:
+    """(mount point for links, route below it): ``Mount`` and the exact-path helpers move the
+    matched prefix into ``root_path``; the route is what remains (``/`` when nothing)."""
+    path: str = scope.get("path", "/")
+    root: str = scope.get("root_path", "")
+    if root and (path == root or path.startswith(root + "/")):
+        path = path[len(root) :]
+    return root.rstrip("/"), path or "/"
+
+
+def _safe_next(candidate: str | None) -> str:
+    """A route below the mount point to return to after logging in (never another site)."""
+    if (
+        not candidate
+        or not candidate.startswith("/")
+        or candidate.startswith("//")
+        or "\\" in candidate
+        or not candidate.isascii()  # it goes into a Location header as it is
+        or not candidate.isprintable()
+        or len(candidate) > 2048
+    ):
+        return "/"
+    return candidate
+
+
+def _text(exc: Exception, fallback: str) -> str:
+    # LookupError's str() quotes a lone argument (KeyError); show the plain message instead.
+    if exc.args and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return fallback
+
+
+async def _read_form(request: Request, limit: int) -> Mapping[str, str]:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/x-www-form-urlencoded":
+        raise FormError("send the form as application/x-www-form-urlencoded", status=415)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise FormError(f"the form is larger than {limit} bytes", status=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise FormError(f"the form is larger than {limit} bytes", status=413)
+        chunks.append(chunk)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormError("the form is not UTF-8") from None
+    return parse_pairs(text)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    # Served on its own, the page has nothing to start: answer the protocol and return.
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,230 @@
+"""Who may use the operator page: tokens, a host's authorizer, session cookies, CSRF.
+
+Three ways in, checked in this order:
+
+- a **session cookie** from the login form: signed and timed (itsdangerous), ``HttpOnly``,
+  ``SameSite=Strict``, ``Secure`` over https. It is signed with a key derived from the token
+  that logged in (and from ``secret=`` when given), so adding a token keeps every session,
+  removing a token ends exactly the sessions it opened, and changing ``secret=`` ends all;
+- ``Authorization: Bearer <token>`` (API clients): compared in constant time with every
+  configured token;
+- the host's **authorizer** (its own login): ``authorizer(request) -> bool`` (or awaitable),
+  where only ``True`` allows; if it raises, the request is denied and the error logged.
+
+A POST authenticated by a cookie (ours or the host's) carries a synchronizer token bound to
+our session cookie's random id; a bearer POST needs none (a browser never adds that header
+on its own). When the host's authorizer lets a browser in, the page gives it a cookie that
+only carries that id (it grants nothing by itself).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import inspect
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from itsdangerous import BadData, TimestampSigner, URLSafeTimedSerializer
+from starlette.requests import Request
+
+from ..errors import ConfigurationError
+
+__all__ = ["MIN_TOKEN_LENGTH", "SESSION_COOKIE", "Authorizer", "Gate", "Session"]
+
+logger = logging.getLogger("agentfn_asgi.admin")
+
+#: ``authorizer(request)`` → ``True`` to allow (anything else denies); may be async.
+Authorizer = Callable[[Request], bool | Awaitable[bool]]
+
+#: Shorter tokens are refused at start: the page can settle calls, so it needs a real secret.
+MIN_TOKEN_LENGTH = 16
+SESSION_COOKIE = "agentfn_admin"
+
+# Keys are derived, never used raw: one purpose per key (sessions, CSRF-only cookies).
+_TOKEN_BASE = b"agentfn-asgi admin session"
+_SALT = "agentfn-asgi.admin.session"
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A verified cookie: its random id, how it was issued, and the key that signed it."""
+
+    sid: str
+    via: Literal["token", "host"]
+    key: bytes
+
+
+def _derive(base: bytes, purpose: bytes, material: bytes) -> bytes:
+    return hmac.new(base, purpose + b"\0" + material, hashlib.sha256).digest()
+
+
+def _clocked_signer(clock: Callable[[], float]) -> type[TimestampSigner]:
+    class ClockedSigner(TimestampSigner):
+        # The injected clock decides expiry, so tests can move time instead of waiting.
+        def get_timestamp(self) -> int:
+            return int(clock())
+
+    return ClockedSigner
+
+
+def _tokens(tokens: str | Iterable[str] | None) -> tuple[bytes, ...]:
+    if tokens is None:
+        return ()
+    listed = [tokens] if isinstance(tokens, str) else list(tokens)
+    checked: list[bytes] = []
+    for token in listed:
+        if (
+            not isinstance(token, str)
+            or not token.isprintable()
+            or any(c.isspace() or c == "," for c in token)
+        ):
+            raise ConfigurationError(
+                "each operator page token must be a string without spaces, commas or control "
+                "characters (pass several tokens as a list, not one joined string)"
+            )
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigurationError(
+                f"an operator page token must be at least {MIN_TOKEN_LENGTH} characters; make "
+                "one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        checked.append(token.encode("utf-8"))
+    return tuple(checked)
+
+
+class Gate:
+    """Checks tokens, cookies, CSRF tokens and the host's authorizer for :class:`AdminApp`."""
+
+    def __init__(
+        self,
+        *,
+        tokens: str | Iterable[str] | None,
+        authorizer: Authorizer | None,
+        secret: str | bytes | None,
+        max_age: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.tokens = _tokens(tokens)
+        self.authorizer = authorizer
+        if not self.tokens and authorizer is None:
+            raise ConfigurationError(
+                "the operator page is off unless configured: pass tokens=[...] (for example "
+                "from AGENTFN_ADMIN_TOKEN) or authorizer=<callable(request) -> bool> to reuse "
+                "your own login"
+            )
+        if authorizer is not None and not callable(authorizer):
+            raise ConfigurationError("authorizer must be a callable(request) -> bool")
+        if max_age <= 0:
+            raise ConfigurationError(f"session_max_age must be positive, got {max_age!r}")
+        if isinstance(secret, str):
+            secret = secret.encode("utf-8")
+        if secret is not None and len(secret) < MIN_TOKEN_LENGTH:
+            raise ConfigurationError(
+                f"the operator page secret must be at least {MIN_TOKEN_LENGTH} bytes"
+            )
+        self.max_age = max_age
+        signer = _clocked_signer(clock)
+        token_base = secret or _TOKEN_BASE
+        # Without secret=, CSRF-only cookies (host logins) are signed with a per-process key:
+        # several processes behind one balancer then need secret= to accept each other's forms.
+        host_base = secret or secrets.token_bytes(32)
+        self._token_keys = [_derive(token_base, b"session", token) for token in self.tokens]
+        # Compared as digests: equal lengths, so not even a token's length leaks.
+        self._token_digests = [hashlib.sha256(token).digest() for token in self.tokens]
+        self._host_key = _derive(host_base, b"host", b"")
+        self._serializers = {
+            key: URLSafeTimedSerializer(key, salt=_SALT, signer=signer)
+            for key in [*self._token_keys, self._host_key]
+        }
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    def match_token(self, presented: bytes) -> bytes | None:
+        """The session key of the token ``presented`` equals, or None. Constant time: every
+        configured token is compared, whatever matched first."""
+        digest = hashlib.sha256(presented).digest()
+        found: bytes | None = None
+        for expected, key in zip(self._token_digests, self._token_keys, strict=True):
+            if hmac.compare_digest(expected, digest):
+                found = key
+        return found
+
+    @staticmethod
+    def bearer(request: Request) -> bytes | None:
+        """The token of an ``Authorization: Bearer`` header, or None if there is none."""
+        header = request.headers.get("authorization")
+        if header is None:
+            return None
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            return None
+        return value.strip().encode("latin-1")
+
+    # -- cookies ---------------------------------------------------------------------------
+
+    def open_session(self, key: bytes | None = None) -> tuple[Session, str]:
+        """A new session and its cookie value: a token session when ``key`` (from
+        :meth:`match_token`) is given, else a CSRF-only session for a host login."""
+        via: Literal["token", "host"] = "token" if key is not None else "host"
+        key = key if key is not None else self._host_key
+        session = Session(sid=secrets.token_urlsafe(16), via=via, key=key)
+        value = self._serializers[key].dumps({"sid": session.sid, "via": via})
+        return session, value
+
+    def read_session(self, cookie: str | None) -> Session | None:
+        """The session a cookie proves, or None (absent, forged, expired, token removed)."""
+        if not cookie or len(cookie) > 1024:
+            return None
+        for key, serializer in self._serializers.items():
+            try:
+                payload: Any = serializer.loads(cookie, max_age=math.ceil(self.max_age))
+            except BadData:
+                continue
+            if not isinstance(payload, dict):
+                return None
+            sid, via = payload.get("sid"), payload.get("via")
+            if not isinstance(sid, str):
+                return None
+            # A cookie signed with a token's key is a login; one signed with the host key
+            # only ever binds CSRF tokens, whatever its payload claims.
+            if via == "token" and key != self._host_key:
+                return Session(sid=sid, via="token", key=key)
+            if via == "host" and key == self._host_key:
+                return Session(sid=sid, via="host", key=key)
+            return None
+        return None
+
+    # -- CSRF ------------------------------------------------------------------------------
+
+    @staticmethod
+    def csrf_token(session: Session) -> str:
+        """The synchronizer token of ``session`` (same for every form of that session)."""
+        digest = _derive(session.key, b"csrf", session.sid.encode("ascii", "replace"))
+        return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
+
+    def check_csrf(self, session: Session | None, presented: str | None) -> bool:
+        """True when ``presented`` is ``session``'s token (constant-time comparison)."""
+        if session is None or not presented:
+            return False
+        expected = self.csrf_token(session).encode("ascii")
+        return hmac.compare_digest(expected, presented.encode("utf-8", "replace"))
+
+    # -- the host's authorizer -------------------------------------------------------------
+
+    async def host_allows(self, request: Request) -> bool:
+        """Ask the host's authorizer; only ``True`` allows, and an exception denies."""
+        if self.authorizer is None:
+            return False
+        try:
+            verdict: object = self.authorizer(request)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception:
+            logger.exception("operator page: the authorizer raised; request denied")
+            return False
+        return verdict is True

@@ -1,0 +1,197 @@
+"""The frame every page shares (head, navigation, auto-refresh, log-out) and small widgets.
+
+Links are absolute, built from the mount point (``root_path``), so the page works wherever
+the host mounts it, with or without a trailing slash.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .forms import DISPLAY_STATES
+from .html import Safe, escape, join, render
+
+__all__ = [
+    "Context",
+    "age",
+    "bare_frame",
+    "call_link",
+    "frame",
+    "offset",
+    "state_badge",
+    "timestamp",
+]
+
+_NAV = (("/", "Overview"), ("/calls", "Calls"), ("/attention", "Needs attention"))
+_NAV_TAIL = (("/deliveries", "Deliveries"),)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """One request as the renderers see it: where the page is mounted, what was asked."""
+
+    root: str  # the mount point, "" at the server root
+    route: str  # the page below the mount point: "/", "/calls"...
+    query: Mapping[str, str] = field(default_factory=dict)
+    now: float = 0.0
+    csrf: str = ""  # the synchronizer token to put in forms ("" for bearer clients)
+    logged_in: bool = False  # a login-form session (shows "Log out")
+    refresh_seconds: int = 10
+
+    def url(self, route: str, params: Mapping[str, str] | None = None) -> str:
+        """Absolute URL of ``route`` under the mount point, with ``params`` encoded."""
+        path = self.root + route
+        query = urllib.parse.urlencode(dict(params or {}))
+        return f"{path}?{query}" if query else path
+
+    @property
+    def refreshing(self) -> bool:
+        """Whether the operator turned auto-refresh on for this page (``?refresh=1``)."""
+        return self.query.get("refresh") == "1"
+
+
+def timestamp(at: float | None) -> Safe:
+    """A Unix time as ``YYYY-MM-DD HH:MM:SS UTC`` (``-`` when missing or absurd)."""
+    if at is None or not math.isfinite(at):
+        return escape("-")
+    try:
+        moment = time.gmtime(at)
+    except (OverflowError, OSError, ValueError):
+        return escape("-")
+    return render(
+        '<time datetime="{iso}">{text}</time>',
+        iso=time.strftime("%Y-%m-%dT%H:%M:%SZ", moment),
+        text=time.strftime("%Y-%m-%d %H:%M:%S UTC", moment),
+    )
+
+
+def age(seconds: float | None) -> str:
+    """A duration for people: ``42s``, ``3m 20s``, ``2h 5m``, ``3d 4h``."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def offset(seconds: float) -> str:
+    """Time between two steps of one call: ``12 ms``, ``1.3 s``, then as :func:`age`."""
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds < 1:
+        return f"{max(0.0, seconds) * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return age(seconds)
+
+
+def state_badge(state: str) -> Safe:
+    """A state as a coloured label (unknown states get a neutral one, never a raw class)."""
+    css = state if state in DISPLAY_STATES else "other"
+    return render('<span class="state state-{css}">{state}</span>', css=css, state=state)
+
+
+def call_link(ctx: Context, call_id: str, session_id: str, text: str | None = None) -> Safe:
+    """A link to one call's page."""
+    href = ctx.url("/call", {"id": call_id, "session": session_id})
+    return render('<a href="{href}">{text}</a>', href=href, text=text or call_id)
+
+
+def _nav(ctx: Context) -> Safe:
+    items = [
+        render(
+            '<a href="{href}"{current}>{label}</a>',
+            href=ctx.url(route),
+            current=Safe(' aria-current="page"') if ctx.route == route else Safe(""),
+            label=label,
+        )
+        for route, label in (*_NAV, *_NAV_TAIL)
+    ]
+    return join(items, " ")
+
+
+def _tools(ctx: Context, refreshable: bool) -> Safe:
+    parts: list[Safe] = []
+    if refreshable:
+        params = {k: v for k, v in ctx.query.items() if k != "refresh"}
+        if ctx.refreshing:
+            parts.append(
+                render(
+                    '<a class="toggle on" href="{href}">Auto-refresh: on ({s} s)</a>',
+                    href=ctx.url(ctx.route, params),
+                    s=ctx.refresh_seconds,
+                )
+            )
+        else:
+            parts.append(
+                render(
+                    '<a class="toggle" href="{href}">Auto-refresh: off</a>',
+                    href=ctx.url(ctx.route, {**params, "refresh": "1"}),
+                )
+            )
+    if ctx.logged_in:
+        parts.append(
+            render(
+                '<form method="post" action="{action}" class="inline">'
+                '<input type="hidden" name="csrf" value="{csrf}">'
+                '<button type="submit" class="link">Log out</button></form>',
+                action=ctx.url("/logout"),
+                csrf=ctx.csrf,
+            )
+        )
+    return join(parts, " ")
+
+
+def frame(ctx: Context, *, title: str, body: Safe, refreshable: bool = False) -> Safe:
+    """A whole HTML document: head (stylesheet, optional refresh), navigation, ``body``."""
+    refresh = (
+        render('<meta http-equiv="refresh" content="{s}">', s=ctx.refresh_seconds)
+        if refreshable and ctx.refreshing
+        else Safe("")
+    )
+    return render(
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">{refresh}'
+        "<title>{title} · agentfn-asgi</title>"
+        '<link rel="stylesheet" href="{css}"></head>\n'
+        '<body><header><a class="brand" href="{home}">agentfn-asgi operator</a>'
+        '<nav>{nav}</nav><div class="tools">{tools}</div></header>\n'
+        "<main><h1>{title}</h1>\n{body}</main></body></html>\n",
+        refresh=refresh,
+        title=title,
+        css=ctx.url("/style.css"),
+        home=ctx.url("/"),
+        nav=_nav(ctx),
+        tools=_tools(ctx, refreshable),
+        body=body,
+    )
+
+
+def bare_frame(ctx: Context, *, title: str, body: Safe) -> Safe:
+    """A document without navigation (the login page, refusals before logging in)."""
+    return render(
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
+        "<title>{title} · agentfn-asgi</title>"
+        '<link rel="stylesheet" href="{css}"></head>\n'
+        '<body class="bare"><main><h1>{title}</h1>\n{body}</main></body></html>\n',
+        title=title,
+        css=ctx.url("/style.css"),
+        body=body,
+    )

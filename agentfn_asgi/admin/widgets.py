@@ -1,0 +1,139 @@
+"""Pieces several pages share: call and delivery tables, a call's summary, the settle form.
+
+Like the pages, they take the view's values and return escaped HTML (see :mod:`.html`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..operator import CallSummary, DeliveryView
+from .html import Safe, join, render
+from .layout import Context, age, call_link, state_badge, timestamp
+
+__all__ = [
+    "call_summary",
+    "calls_table",
+    "deliveries_table",
+    "or_dash",
+    "session_link",
+    "settle_form",
+    "when",
+]
+
+
+def when(ctx: Context, at: float) -> Safe:
+    """How long ago, then the exact time."""
+    return render(
+        "<span>{age} ago</span> <small>{at}</small>", age=age(ctx.now - at), at=timestamp(at)
+    )
+
+
+def session_link(ctx: Context, session_id: str) -> Safe:
+    """A session id linking to its calls."""
+    href = ctx.url("/calls", {"session": session_id})
+    return render('<a href="{href}">{text}</a>', href=href, text=session_id)
+
+
+def or_dash(value: object) -> object:
+    """``-`` for a missing value (None or empty), the value otherwise."""
+    return "-" if value is None or value == "" else value
+
+
+def calls_table(ctx: Context, calls: Sequence[CallSummary], *, empty: str) -> Safe:
+    """Calls as table rows, each linking to its page (``empty`` when there are none)."""
+    if not calls:
+        return render('<p class="empty">{empty}</p>', empty=empty)
+    rows = [
+        render(
+            "<tr><td>{created}</td><td>{session}</td><td><code>{turn}</code></td>"
+            "<td>{call}</td><td><code>{tool}</code></td><td>{state}</td>"
+            '<td class="num">{attempt}</td><td>{error}</td></tr>',
+            created=when(ctx, call.created_at),
+            session=session_link(ctx, call.session_id),
+            turn=call.turn_id,
+            call=call_link(ctx, call.call_id, call.session_id),
+            tool=call.tool_name,
+            state=state_badge(call.state),
+            attempt=call.attempt,
+            error=or_dash(call.error_type or call.reason),
+        )
+        for call in calls
+    ]
+    return render(
+        '<table class="calls"><thead><tr><th>First seen</th><th>Session</th><th>Turn</th>'
+        "<th>Call</th><th>Tool</th><th>State</th><th>Attempt</th><th>Error / reason</th>"
+        "</tr></thead><tbody>{rows}</tbody></table>",
+        rows=join(rows),
+    )
+
+
+def deliveries_table(ctx: Context, deliveries: Sequence[DeliveryView], *, empty: str) -> Safe:
+    """Deliveries as table rows, with the sweep's attempts and last error."""
+    if not deliveries:
+        return render('<p class="empty">{empty}</p>', empty=empty)
+    rows = [
+        render(
+            "<tr><td>{received}</td><td><code>{delivery}</code></td><td>{session}</td>"
+            '<td>{resolved}</td><td class="num">{attempts}</td><td>{next}</td>'
+            "<td>{error}</td></tr>",
+            received=when(ctx, d.received_at),
+            delivery=d.delivery_id,
+            session=session_link(ctx, d.session_id),
+            resolved="yes" if d.resolved else "no",
+            attempts=d.attempts,
+            next=timestamp(d.next_attempt_at),
+            error=or_dash(d.last_error),
+        )
+        for d in deliveries
+    ]
+    return render(
+        '<table class="deliveries"><thead><tr><th>Received</th><th>Delivery</th>'
+        "<th>Session</th><th>Resolved</th><th>Attempts</th><th>Next attempt</th>"
+        "<th>Last error</th></tr></thead><tbody>{rows}</tbody></table>",
+        rows=join(rows),
+    )
+
+
+def settle_form(ctx: Context, call: CallSummary) -> Safe:
+    """The first step of settling ``call``: choose output, error or re-run (then confirm)."""
+    return render(
+        '<form method="post" action="{action}" class="settle">'
+        '<input type="hidden" name="csrf" value="{csrf}">'
+        '<input type="hidden" name="call" value="{call}">'
+        '<input type="hidden" name="session" value="{session}">'
+        "<fieldset><legend>Settle</legend>"
+        '<label><input type="radio" name="mode" value="output" checked> Save this output</label>'
+        '<label><input type="radio" name="mode" value="error"> Fail it with this error text'
+        "</label>"
+        '<label><input type="radio" name="mode" value="rerun"> Re-run the handler</label>'
+        '<label class="value">Output (JSON or text) or error text'
+        '<textarea name="value" rows="3"></textarea></label>'
+        '<button type="submit">Review…</button></fieldset></form>',
+        action=ctx.url("/settle"),
+        csrf=ctx.csrf,
+        call=call.call_id,
+        session=call.session_id,
+    )
+
+
+def call_summary(ctx: Context, call: CallSummary) -> Safe:
+    """One call's facts as a definition list (no content)."""
+    return render(
+        '<dl class="summary"><dt>Tool</dt><dd><code>{tool}</code></dd>'
+        "<dt>State</dt><dd>{state}</dd><dt>Reason</dt><dd>{reason}</dd>"
+        "<dt>Error type</dt><dd>{error}</dd>"
+        "<dt>Session</dt><dd>{session}</dd><dt>Turn</dt><dd><code>{turn}</code></dd>"
+        "<dt>Call</dt><dd><code>{call}</code></dd><dt>Attempt</dt><dd>{attempt}</dd>"
+        "<dt>First seen</dt><dd>{created}</dd><dt>Last change</dt><dd>{updated}</dd></dl>",
+        tool=call.tool_name,
+        state=state_badge(call.state),
+        reason=or_dash(call.reason),
+        error=or_dash(call.error_type),
+        session=session_link(ctx, call.session_id),
+        turn=call.turn_id,
+        call=call.call_id,
+        attempt=call.attempt,
+        created=when(ctx, call.created_at),
+        updated=when(ctx, call.updated_at),
+    )

@@ -1,0 +1,24 @@
+"""The operator page for the examples: ``/openai/admin``, only when ``AGENTFN_ADMIN_TOKEN``
+is set (one token, or several separated by spaces or commas during a rotation).
+
+Without the variable the page is not mounted at all (the URL is the host's 404).
+"""
+
+from __future__ import annotations
+
+import os
+
+from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi.admin import AdminApp
+
+__all__ = ["admin_from_env"]
+
+
+def admin_from_env(webhooks: AgentWebhookApp) -> AdminApp | None:
+    """The operator page over ``webhooks``' store and dispatcher, or None when it is off."""
+    tokens = os.environ.get("AGENTFN_ADMIN_TOKEN", "").replace(",", " ").split()
+    if not tokens:
+        return None
+    # LEAD: webhooks.operator() is the real OperatorView (store history, settle via the dispatcher).
+    view = webhooks.operator()  # type: ignore[attr-defined]
+    return AdminApp(view, tokens=tokens)

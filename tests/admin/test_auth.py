@@ -1,0 +1,171 @@
+"""The page's gate: configuration refusals, tokens, session cookies, rotation, CSRF."""
+
+from __future__ import annotations
+
+import pytest
+from starlette.requests import Request
+
+from agentfn_asgi.admin import AdminApp
+from agentfn_asgi.admin.auth import Gate
+from agentfn_asgi.errors import ConfigurationError
+
+from .memory_view import MemoryOperatorView
+
+A = "token-aaaaaaaaaaaaaaaa"
+B = "token-bbbbbbbbbbbbbbbb"
+
+
+class Clock:
+    """A settable clock for cookie expiry."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gate(
+    tokens: list[str] | None = None, *, secret: str | None = None, clock: Clock | None = None
+) -> Gate:
+    return Gate(
+        tokens=tokens if tokens is not None else [A],
+        authorizer=None,
+        secret=secret,
+        max_age=3600,
+        clock=clock or Clock(),
+    )
+
+
+def test_the_page_refuses_to_start_unconfigured() -> None:
+    """No token and no authorizer: a ConfigurationError that names both fixes."""
+    with pytest.raises(ConfigurationError, match="off unless configured") as info:
+        AdminApp(MemoryOperatorView())
+    assert "AGENTFN_ADMIN_TOKEN" in str(info.value) and "authorizer=" in str(info.value)
+    with pytest.raises(ConfigurationError, match="off unless configured"):
+        AdminApp(MemoryOperatorView(), tokens=[])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [
+        (["short"], "at least 16 characters"),
+        ([" " + A], "without spaces"),
+        (["tok\nen-aaaaaaaaaaaaaaa"], "without spaces"),
+        ([A + " " + B], "without spaces"),
+        ([A + "," + B], "without spaces"),
+    ],
+)
+def test_weak_or_malformed_tokens_are_refused(tokens: list[str], message: str) -> None:
+    """The page can settle calls: a short token, or two joined in one string, is refused."""
+    with pytest.raises(ConfigurationError, match=message):
+        AdminApp(MemoryOperatorView(), tokens=tokens)
+
+
+def test_a_single_string_is_one_token_and_every_token_matches() -> None:
+    """``tokens="..."`` is one token; with several, each opens a session of its own key."""
+    assert gate([A]).match_token(A.encode()) is not None
+    assert Gate(tokens=A, authorizer=None, secret=None, max_age=60, clock=Clock()).tokens == (
+        A.encode(),
+    )
+    both = gate([A, B])
+    key_a, key_b = both.match_token(A.encode()), both.match_token(B.encode())
+    assert key_a is not None and key_b is not None and key_a != key_b
+    assert both.match_token(b"token-cccccccccccccccc") is None
+    assert both.match_token(A.encode()[:-1]) is None
+    assert both.match_token(b"") is None
+
+
+def test_session_cookies_round_trip_and_expire() -> None:
+    """A cookie proves its session until max_age has passed on the injected clock."""
+    clock = Clock()
+    g = gate(clock=clock)
+    key = g.match_token(A.encode())
+    session, cookie = g.open_session(key)
+    assert g.read_session(cookie) == session and session.via == "token"
+    clock.now += 3599
+    assert g.read_session(cookie) == session
+    clock.now += 2
+    assert g.read_session(cookie) is None
+
+
+def test_tampered_or_foreign_cookies_prove_nothing() -> None:
+    """Altered, truncated, oversized or differently-keyed cookies are all None."""
+    g = gate()
+    _session, cookie = g.open_session(g.match_token(A.encode()))
+    last = "A" if cookie[-1] != "A" else "B"
+    for bad in [cookie[:-1] + last, cookie[:20], cookie + "x" * 2000, "", "not.a.cookie"]:
+        assert g.read_session(bad) is None
+    assert gate([B]).read_session(cookie) is None
+
+
+def test_rotation_adding_keeps_sessions_removing_ends_them() -> None:
+    """Adding a token keeps every session; removing one ends only the sessions it opened;
+    changing ``secret`` ends them all."""
+    old = gate([A])
+    _s, cookie_a = old.open_session(old.match_token(A.encode()))
+    during = gate([A, B])
+    assert during.read_session(cookie_a) is not None
+    _s, cookie_b = during.open_session(during.match_token(B.encode()))
+    after = gate([B])
+    assert after.read_session(cookie_a) is None
+    assert after.read_session(cookie_b) is not None
+
+    signed = gate([A], secret="s" * 32)
+    _s, cookie = signed.open_session(signed.match_token(A.encode()))
+    assert gate([A], secret="s" * 32).read_session(cookie) is not None
+    assert gate([A], secret="t" * 32).read_session(cookie) is None
+    assert gate([A]).read_session(cookie) is None
+
+
+def test_a_host_cookie_never_grants_a_token_session() -> None:
+    """The CSRF-only cookie given after a host login stays 'host', whatever it claims."""
+    g = Gate(tokens=[A], authorizer=lambda r: True, secret=None, max_age=60, clock=Clock())
+    session, cookie = g.open_session()
+    assert session.via == "host"
+    assert g.read_session(cookie) == session
+
+
+def test_csrf_tokens_are_bound_to_their_session() -> None:
+    """A session's token checks; another session's token, or none, does not."""
+    g = gate()
+    first, _ = g.open_session(g.match_token(A.encode()))
+    second, _ = g.open_session(g.match_token(A.encode()))
+    assert g.check_csrf(first, g.csrf_token(first))
+    assert not g.check_csrf(first, g.csrf_token(second))
+    assert not g.check_csrf(first, "")
+    assert not g.check_csrf(None, g.csrf_token(first))
+    assert not g.check_csrf(first, "é" * 43)
+
+
+@pytest.mark.anyio
+async def test_authorizer_only_true_allows_and_exceptions_deny(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Sync or async; truthy non-True values deny; a raising authorizer denies and logs."""
+    request = Request({"type": "http", "headers": [], "method": "GET", "path": "/"})
+
+    async def async_yes(r: Request) -> bool:
+        return True
+
+    def broken(r: Request) -> bool:
+        raise RuntimeError("session store down")
+
+    verdicts = {}
+    for name, authorizer in {
+        "sync": lambda r: True,
+        "async": async_yes,
+        "truthy": lambda r: "user",
+        "false": lambda r: False,
+        "broken": broken,
+    }.items():
+        g = Gate(tokens=None, authorizer=authorizer, secret=None, max_age=60, clock=Clock())  # type: ignore[arg-type]
+        verdicts[name] = await g.host_allows(request)
+    assert verdicts == {
+        "sync": True,
+        "async": True,
+        "truthy": False,
+        "false": False,
+        "broken": False,
+    }
+    assert "authorizer raised" in caplog.text

@@ -18,7 +18,9 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi.app import AgentWebhookApp
-from agentfn_asgi.cli import build_parser, load_tools, main, parse_call_spec
+from agentfn_asgi.cli import build_parser, main
+from agentfn_asgi.cli.common import load_tools
+from agentfn_asgi.cli.dev import parse_call_spec
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import tools as example_tools

@@ -1,0 +1,63 @@
+"""``agentfn-asgi``: the command line (also ``python -m agentfn_asgi``).
+
+Modules: :mod:`.common` (shared helpers), :mod:`.dev` (developer commands), :mod:`.ops`
+(operator commands); each adds its commands to the parser with ``register``.
+
+Subcommands::
+
+    demo        play a scripted session against the demo's app, print a timeline
+    fake-api    serve FakeAgentsAPI on a loopback port for local development
+    send        sign and POST a webhook to a URL (like a provider's "send test event")
+    tools       print a registry's tool definitions as JSON (for ``agent.tools``)
+    status      what the store holds: deliveries, calls by state, in-doubt, oldest pending
+    recover     re-read a session (or sweep everything) and finish what is owed
+
+Exit codes: 0 success, 1 operational failure (the message says what failed), 2 usage error.
+The environment is read through :mod:`agentfn_asgi.config`, as the app reads it, so every
+command agrees with the app on the store, the keys and the ``AGENTFN_*`` settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .._version import __version__
+from ..errors import AgentFnError, ConfigurationError
+from . import dev, ops
+from .common import EXIT_FAILURE
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="agentfn-asgi",
+        description="Run function tools for OpenAI's Agents API from signed webhooks.",
+        epilog="Exit codes: 0 success, 1 operational failure, 2 usage error.",
+    )
+    parser.add_argument("--version", action="version", version=f"agentfn-asgi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    dev.register(sub)
+    ops.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except ConfigurationError as exc:
+        print(f"agentfn-asgi {args.command}: configuration error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except AgentFnError as exc:
+        print(f"agentfn-asgi {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    return code

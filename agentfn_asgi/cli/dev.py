@@ -1,0 +1,225 @@
+"""Developer commands: ``demo``, ``fake-api``, ``send``, ``tools``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import Any
+
+from ..config import Config
+from ..errors import AgentFnError, CLIError
+from .common import EXIT_FAILURE, EXIT_OK, load_tools, progress, secret_from, tools_spec
+
+__all__ = ["parse_call_spec", "register"]
+
+
+def parse_call_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Parse ``NAME`` or ``NAME:{json arguments}`` (``fake-api --call``)."""
+    name, sep, raw = spec.partition(":")
+    name = name.strip()
+    if not name:
+        raise CLIError(f"a call needs a tool name: {spec!r}")
+    if not sep or not raw.strip():
+        return name, {}
+    try:
+        arguments = json.loads(raw)
+    except ValueError as exc:
+        raise CLIError(f"arguments of {name!r} are not JSON: {exc}") from exc
+    if not isinstance(arguments, dict):
+        raise CLIError(f"arguments of {name!r} must be a JSON object")
+    return name, arguments
+
+
+def _cmd_tools(args: argparse.Namespace) -> int:
+    registry = load_tools(args.spec)
+    definitions = registry.definitions()
+    indent = None if args.compact else 2
+    separators = (",", ":") if args.compact else None
+    print(json.dumps(definitions, indent=indent, separators=separators, ensure_ascii=False))
+    return EXIT_OK
+
+
+async def _send(args: argparse.Namespace) -> int:
+    import httpx
+
+    from ..testing.deliveries import signed_delivery, webhook_event
+
+    secret = secret_from(args.secret)
+    data: dict[str, Any] = {"id": args.session_id}
+    if args.type == "agent.session.action_required":
+        data["required_action"] = {"type": args.action_type}
+    event = webhook_event(args.type, data)
+    try:
+        body, headers = signed_delivery(secret, event, msg_id=args.webhook_id)
+    except AgentFnError as exc:
+        raise CLIError(f"cannot sign with this secret: {exc}") from exc
+    progress(f"POST {args.url} ({args.type}, session {args.session_id})")
+    try:
+        async with httpx.AsyncClient(timeout=args.timeout) as http:
+            response = await http.post(args.url, content=body, headers=headers)
+    except httpx.HTTPError as exc:
+        raise CLIError(f"could not deliver to {args.url}: {exc!r}") from exc
+    print(f"{response.status_code} {response.reason_phrase}")
+    if response.content:
+        print(response.text)
+    if response.is_redirect:
+        progress(
+            "a redirect is a failed delivery for a webhook sender: use the exact URL "
+            f"(Location: {response.headers.get('location', '?')})"
+        )
+    return EXIT_OK if response.is_success else EXIT_FAILURE
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ..demo import run_demo
+
+    return asyncio.run(run_demo(time_limit=args.timeout, verbose=args.verbose))
+
+
+def _cmd_fake_api(args: argparse.Namespace) -> int:
+    from ..testing.control import serve_fake_api
+    from ..testing.fake_webhooks import webhook_backoff
+
+    calls = [parse_call_spec(spec) for spec in args.call]
+    return asyncio.run(
+        serve_fake_api(
+            host=args.host,
+            port=args.port,
+            webhook_urls=args.webhook_url,
+            webhook_secret=args.secret or ",".join(Config.from_env().webhook_secrets) or None,
+            api_key=args.api_key,
+            webhook_retry_delays=webhook_backoff(args.webhook_retry_for),
+            calls=calls,
+            stop_on_sigterm=True,
+        )
+    )
+
+
+def _non_negative(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value}")
+    return seconds
+
+
+def register(sub: Any) -> None:
+    """Add the developer commands to the ``agentfn-asgi`` subparsers."""
+    demo = sub.add_parser(
+        "demo",
+        help="play a scripted session end to end and print a timeline",
+        description=(
+            "Start FakeAgentsAPI in this process and the demo's Starlette app "
+            "(agentfn_asgi.demo.app) under uvicorn, on free loopback ports (SQLite store in a "
+            "temporary folder; runs from any folder), play a session that calls get_customer, "
+            "create_refund, two parallel slow_echo, an unknown tool and a failing refund, "
+            "then a second step; print a timeline and a summary. Leaves nothing running."
+        ),
+    )
+    demo.add_argument("--timeout", type=float, default=30.0, help="give up after this many seconds")
+    demo.add_argument("-v", "--verbose", action="store_true", help="also show the app's logs")
+    demo.set_defaults(handler=_cmd_demo)
+
+    from ..testing.control import DEV_WEBHOOK_RETRY_WINDOW, ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE
+
+    fake = sub.add_parser(
+        "fake-api",
+        help="serve FakeAgentsAPI on a port for local development",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Serve an in-memory Agents API (GET/POST /v1/agents/sessions/...). Point your\n"
+            "app's OPENAI_BASE_URL at it and name your webhook URL with --webhook-url.\n"
+            "Create sessions with --call (one session whose step calls them in parallel),\n"
+            "or at any time with POST /_fake/sessions (below). A webhook the app does not\n"
+            "take is retried with backoff (--webhook-retry-for); giving up is printed."
+        ),
+        epilog=(
+            "control API (same host and port):\n"
+            "  POST /_fake/sessions               create a session from a script:\n"
+            f"      {SESSION_SCRIPT_SHAPE}\n"
+            f"      or {ONE_STEP_SHAPE} for a single step\n"
+            "      each step is a batch of parallel calls; the next step's calls come once\n"
+            '      all have results; "arguments" defaults to {}, "call_id" is optional\n'
+            "  POST /_fake/sessions/ID/redeliver  send its action_required webhook again\n"
+            "  GET  /_fake/submissions            the results the fake accepted\n"
+            "\n"
+            "example:\n"
+            "  curl -X POST http://127.0.0.1:8765/_fake/sessions -H 'content-type: "
+            "application/json' \\\n"
+            """      -d '{"calls": [{"name": "get_customer", "arguments": """
+            """{"customer_id": "123"}}]}'"""
+        ),
+    )
+    fake.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    fake.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 = any)")
+    fake.add_argument(
+        "--webhook-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="where to send signed webhooks (repeatable)",
+    )
+    fake.add_argument(
+        "--secret",
+        "--webhook-secret",
+        dest="secret",
+        help="whsec_ signing secret (default: OPENAI_WEBHOOK_SECRET, else a random one)",
+    )
+    fake.add_argument(
+        "--api-key", default="sk-test", help="bearer token to accept (default sk-test)"
+    )
+    fake.add_argument(
+        "--call",
+        action="append",
+        default=[],
+        metavar="NAME:JSON",
+        help="""a call of the first session: 'get_customer:{"customer_id":"123"}' (repeatable)""",
+    )
+    fake.add_argument(
+        "--webhook-retry-for",
+        type=_non_negative,
+        default=DEV_WEBHOOK_RETRY_WINDOW,
+        metavar="SECONDS",
+        help=(
+            "keep retrying a webhook the app does not take, with exponential backoff, for "
+            f"about this long (default {DEV_WEBHOOK_RETRY_WINDOW:g}; OpenAI retries for 72 h; "
+            "0 = no retry)"
+        ),
+    )
+    fake.set_defaults(handler=_cmd_fake_api)
+
+    send = sub.add_parser(
+        "send",
+        help="sign and POST a webhook to a URL",
+        description="Sign a webhook with a whsec_ secret and POST it, like a test event.",
+    )
+    send.add_argument("url", help="e.g. http://127.0.0.1:8000/openai/webhooks")
+    send.add_argument("--secret", help="whsec_ secret (default: OPENAI_WEBHOOK_SECRET)")
+    send.add_argument("--session-id", default="sess_test", help="data.id of the event")
+    send.add_argument(
+        "--type",
+        default="agent.session.action_required",
+        help="event type (default agent.session.action_required)",
+    )
+    send.add_argument(
+        "--action-type",
+        default="function_call",
+        help="data.required_action.type (default function_call)",
+    )
+    send.add_argument("--webhook-id", help="the webhook-id header (default: a fresh wh_ id)")
+    send.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    send.set_defaults(handler=lambda args: asyncio.run(_send(args)))
+
+    tools = sub.add_parser(
+        "tools",
+        help="print tool definitions as JSON for agent.tools",
+        description="Import MODULE:ATTR (a FunctionTools registry) and print its definitions().",
+    )
+    tools.add_argument(
+        "spec", type=tools_spec, metavar="MODULE:ATTR", help="e.g. agentfn_asgi.demo.tools:tools"
+    )
+    tools.add_argument("--compact", action="store_true", help="one line of compact JSON")
+    tools.set_defaults(handler=_cmd_tools)

@@ -1,0 +1,151 @@
+"""Operator commands: ``status``, ``recover``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ..config import Config
+from ..records import StoreStats
+from .common import (
+    EXIT_OK,
+    ago,
+    check_store_exists,
+    load_tools,
+    progress,
+    redacted,
+    store_url,
+    tools_spec,
+)
+
+__all__ = ["format_stats", "register"]
+
+
+def format_stats(stats: StoreStats, *, url: str, now: float | None = None) -> str:
+    """The human-readable ``status`` report."""
+    now = time.time() if now is None else now
+    by_state = dict(stats.calls_by_state)
+    total = sum(by_state.values())
+    states = ", ".join(f"{state} {count}" for state, count in sorted(by_state.items())) or "none"
+    if stats.oldest_pending_at is None:
+        oldest = "none"
+    else:
+        stamp = dt.datetime.fromtimestamp(stats.oldest_pending_at, dt.UTC)
+        oldest = f"{stamp:%Y-%m-%d %H:%M:%S} UTC ({ago(stats.oldest_pending_at, now)})"
+    rows = [
+        ("store", redacted(url)),
+        ("deliveries", f"{stats.deliveries} ({stats.unresolved_deliveries} unresolved)"),
+        ("calls", f"{total} ({states})"),
+        ("in doubt", str(stats.in_doubt)),
+        ("quarantined", str(by_state.get("quarantined", 0))),
+        ("oldest pending", oldest),
+    ]
+    width = max(len(label) for label, _ in rows)
+    lines = [f"{label:<{width}}  {value}" for label, value in rows]
+    if stats.in_doubt or by_state.get("quarantined", 0):
+        lines.append("")
+        lines.append(
+            "in-doubt or quarantined calls need a look: `agentfn-asgi recover --session ID "
+            "--tools MODULE:ATTR` re-reads a session"
+        )
+    return "\n".join(lines)
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from ..store import open_store
+
+    url = store_url(args.store)
+    check_store_exists(url)
+    store = open_store(url)
+    try:
+        await store.open()
+        stats = await store.stats()
+    finally:
+        await store.close()
+    if args.json:
+        print(json.dumps({"store": redacted(url), **asdict(stats)}, indent=2))
+    else:
+        print(format_stats(stats, url=url))
+    return EXIT_OK
+
+
+async def _recover(args: argparse.Namespace) -> int:
+    from ..dispatch import Dispatcher
+    from ..jobs import worker_jobs
+    from ..store import open_store
+
+    registry = load_tools(args.tools)
+    config = Config.from_env()
+    url = args.store or config.store_url
+    check_store_exists(url)
+    store = open_store(url)
+    # No webhook app is needed to recover (nothing is received), hence no webhook secret:
+    # the dispatcher alone reads sessions, runs what is owed and submits saved results,
+    # with the same AGENTFN_* settings and worker lane as the app.
+    handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
+    async with config.client() as client:
+        dispatcher = Dispatcher(registry, client, store, settings=config.dispatch, handoff=handoff)
+        try:
+            await dispatcher.start(recover=False)
+            if args.session:
+                progress(f"reading session {args.session} and finishing what is owed...")
+            else:
+                progress("running one recovery sweep over the whole store...")
+            await dispatcher.recover(args.session)
+            if dispatcher.inflight:
+                progress(f"waiting for {dispatcher.inflight} call(s) to finish...")
+        finally:
+            await dispatcher.stop(drain_timeout=args.drain_timeout)
+            calls = await store.calls_for_session(args.session) if args.session else []
+            await store.close()
+    for record in calls:
+        key, state = record.key, record.state.value
+        print(f"{key.call_id}  {record.tool_name}  {state}  attempt {record.attempt}")
+    if args.session and not calls:
+        print(f"no calls recorded for session {args.session}")
+    print("recovery done")
+    return EXIT_OK
+
+
+def register(sub: Any) -> None:
+    """Add the operator commands to the ``agentfn-asgi`` subparsers."""
+    status = sub.add_parser(
+        "status",
+        help="what the store holds, for operators",
+        description="Deliveries, calls by state, in-doubt and quarantined calls, oldest pending.",
+    )
+    status.add_argument(
+        "--store", help="store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(handler=lambda args: asyncio.run(_status(args)))
+
+    recover = sub.add_parser(
+        "recover",
+        help="re-read a session and finish what is owed",
+        description=(
+            "Re-read a session (or, without --session, sweep the whole store): resubmit saved "
+            "results, run calls that are owed, apply the in-doubt policy. Uses OPENAI_API_KEY "
+            "and OPENAI_BASE_URL."
+        ),
+    )
+    recover.add_argument("--session", help="session id (default: one full recovery sweep)")
+    recover.add_argument(
+        "--tools",
+        required=True,
+        type=tools_spec,
+        metavar="MODULE:ATTR",
+        help="the registry to run calls with",
+    )
+    recover.add_argument(
+        "--store", help="store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
+    )
+    recover.add_argument(
+        "--drain-timeout", type=float, default=60.0, help="seconds to let calls finish (default 60)"
+    )
+    recover.set_defaults(handler=lambda args: asyncio.run(_recover(args)))

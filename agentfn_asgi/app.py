@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -51,8 +52,9 @@ from .errors import (
     WebhookVerificationError,
 )
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, worker_jobs
+from .operator import Operator
 from .signing import WebhookVerifier, parse_secrets
-from .store import Store, open_store
+from .store import Store
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
 from .wire import parse_webhook_event
@@ -166,7 +168,7 @@ class AgentWebhookApp:
         self.store: Store = (
             store
             if store is not None and not isinstance(store, str)
-            else open_store(store if store is not None else env.store_url, clock=clock)
+            else env.open_store(store, clock=clock)
         )
         self.max_body_size = max_body_size
         self.body_timeout = body_timeout
@@ -219,6 +221,12 @@ class AgentWebhookApp:
             await self.store.close()
         if self._owns_client:
             await self.client.aclose()
+
+    def operator(self) -> Operator:
+        """What an operator sees and does for this app (the CLI's ``calls`` and the operator
+        page, :mod:`agentfn_asgi.admin`, read through it)."""
+        location = getattr(self.store, "location", None) or repr(self.store)
+        return Operator(self.store, dispatcher=self.dispatcher, location=str(location))
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
@@ -396,7 +404,11 @@ class AgentWebhookApp:
             return
         try:
             await self._lazy_startup()
-            is_new = await self.store.record_delivery(delivery_id, session_id)
+            # A nonce of this request: if the write commits but its answer is lost and the
+            # store retries it, the repeat is recognised as ours (new), not a duplicate.
+            is_new = await self.store.record_delivery(
+                delivery_id, session_id, nonce=secrets.token_hex(8)
+            )
         except StoreError as exc:
             span.set_outcome("unavailable", "store")
             logger.warning("store unavailable, asking the sender to retry: %s", exc)

@@ -12,6 +12,7 @@ variable                                               :class:`Config` field
                                                        ``OpenAI-Project``/``OpenAI-Organization``)
 ``OPENAI_WEBHOOK_SECRET`` (several: spaces or commas)  ``webhook_secrets``
 ``AGENTFN_STORE_URL``                                  ``store_url``
+``AGENTFN_STORE_NAMESPACE`` (default the project id)   ``store_namespace``
 ``AGENTFN_COMPLETION_SECRET``, ``AGENTFN_PUBLIC_URL``  ``completion_secrets``, ``public_url``
 ``AGENTFN_ADMIN_TOKEN`` (several: spaces or commas)    ``admin_tokens``
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``  ``capture_content``
@@ -30,7 +31,7 @@ from .client import AgentsClient
 from .dispatch.settings import DispatchSettings
 from .errors import ConfigurationError
 from .signing import parse_secrets
-from .store import DEFAULT_STORE_URL
+from .store import DEFAULT_STORE_URL, Store, open_store
 
 __all__ = ["DISPATCH_ENV", "Config", "dispatch_settings"]
 
@@ -60,6 +61,7 @@ class Config:
     organization: str | None = None
     webhook_secrets: tuple[str, ...] = ()
     store_url: str = DEFAULT_STORE_URL
+    store_namespace: str = ""
     completion_secrets: tuple[str, ...] = ()
     public_url: str | None = None
     admin_tokens: tuple[str, ...] = ()
@@ -85,6 +87,7 @@ class Config:
             organization=text("OPENAI_ORG_ID"),
             webhook_secrets=parse_secrets(env.get("OPENAI_WEBHOOK_SECRET", "")),
             store_url=text("AGENTFN_STORE_URL") or DEFAULT_STORE_URL,
+            store_namespace=text("AGENTFN_STORE_NAMESPACE") or text("OPENAI_PROJECT_ID") or "",
             completion_secrets=parse_secrets(env.get("AGENTFN_COMPLETION_SECRET", "")),
             public_url=text("AGENTFN_PUBLIC_URL"),
             admin_tokens=parse_secrets(env.get("AGENTFN_ADMIN_TOKEN", "")),
@@ -94,6 +97,13 @@ class Config:
             ),
             dispatch=dispatch_settings(env),
         )
+
+    def open_store(self, url: str | None = None, **options: Any) -> Store:
+        """The store at ``url`` (default :attr:`store_url`) in :attr:`store_namespace`:
+        several apps (one per OpenAI project) can share one database, each seeing only
+        its own deliveries and calls."""
+        options.setdefault("namespace", self.store_namespace)
+        return open_store(url if url is not None else self.store_url, **options)
 
     def client(self, **options: Any) -> AgentsClient:
         """An :class:`AgentsClient` for this configuration (``options`` go to it as well).

@@ -126,6 +126,9 @@ class TokenClaims:
     owner: str
     tool_name: str
     expires_at: float
+    #: The claim's attempt the job was handed off in: a completion is saved only while that
+    #: attempt holds the call (fencing). None in tokens issued before attempts were signed.
+    attempt: int | None = None
 
     @property
     def key(self) -> CallKey:
@@ -181,9 +184,16 @@ class CompletionTokens:
         )
 
     def issue(
-        self, key: CallKey, *, owner: str, tool_name: str, expires_at: float | None = None
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        tool_name: str,
+        expires_at: float | None = None,
+        attempt: int | None = None,
     ) -> str:
-        """A token completing ``key`` only, valid until ``expires_at`` (capped by max_age)."""
+        """A token completing ``key`` only, valid until ``expires_at`` (capped by max_age),
+        for the claim ``(owner, attempt)`` that handed the job off."""
         limit = self._clock() + self.max_age
         expiry = limit if expires_at is None else min(expires_at, limit)
         payload = {
@@ -194,6 +204,8 @@ class CompletionTokens:
             "n": tool_name,
             "x": round(expiry, 3),
         }
+        if attempt is not None:
+            payload["a"] = attempt
         return self._serializer.dumps(payload)
 
     def verify(self, token: str) -> TokenClaims:
@@ -239,7 +251,10 @@ def _claims_from(payload: object) -> TokenClaims:
     if not all(isinstance(text, str) and text for text in texts):
         raise CompletionTokenError("completion token payload is incomplete")
     s, t, c, o, n = cast(list[str], texts)
-    return TokenClaims(s, t, c, o, n, float(expiry))
+    attempt = payload.get("a")
+    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
+        raise CompletionTokenError("completion token payload has a bad attempt")
+    return TokenClaims(s, t, c, o, n, float(expiry), attempt)
 
 
 # -- handing jobs off ------------------------------------------------------------------------
@@ -278,7 +293,9 @@ def build_job(
         tool_name=tool.name,
         arguments=tool.dump_arguments(arguments),
         idempotency_key=idempotency_key,
-        completion_token=tokens.issue(key, owner=owner, tool_name=tool.name, expires_at=deadline),
+        completion_token=tokens.issue(
+            key, owner=owner, tool_name=tool.name, expires_at=deadline, attempt=attempt
+        ),
         deadline=deadline,
         attempt=attempt,
         complete_url=complete_url,
@@ -388,6 +405,7 @@ class WorkerJobs:
             status = await dispatcher.complete(
                 claims.key,
                 owner=claims.owner,
+                attempt=claims.attempt,
                 tool_name=claims.tool_name,
                 success=completion.success,
                 output=completion.output,

@@ -7,13 +7,27 @@ when asked for (``content=True``): it may hold personal data.
 
 Display states of a call (``CallSummary.state``) are the store's states plus ``in_doubt``
 (claimed, but its lease expired with no saved result: the handler may or may not have run).
+
+:class:`Operator` is the real view over an app's dispatcher (its store, its API client and
+its settling rules): ``AgentWebhookApp.operator()`` builds one, and the CLI builds one over
+a dispatcher of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import base64
+import binascii
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from .dispatch import Dispatcher
+from .errors import APIError, ConfigurationError, StoreError
+from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
+from .store.base import Store
 
 __all__ = [
     "CallDetail",
@@ -22,9 +36,12 @@ __all__ = [
     "CallPage",
     "CallSummary",
     "DeliveryView",
+    "Operator",
     "OperatorView",
     "Overview",
     "SettleOutcome",
+    "json_or_text",
+    "parse_duration",
 ]
 
 #: Display states, in the order an operator reads them.
@@ -158,3 +175,260 @@ class OperatorView(Protocol):
         error: str | None = None,
         rerun: bool = False,
     ) -> SettleOutcome: ...
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d{1,9})([smhdw])")
+
+
+def parse_duration(text: str) -> float:
+    """``15m``, ``2h``, ``3d`` (also ``s`` and ``w``) → seconds (the ``since`` filter of the
+    CLI and the page). ValueError, saying the expected form, for anything else."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(
+            "'since' must be a number and a unit (s, m, h, d or w), like 15m, 2h or 3d; "
+            f"got {text!r}"
+        )
+    return float(int(match.group(1)) * _DURATION_UNITS[match.group(2)])
+
+
+def json_or_text(text: str) -> tuple[bool, Any]:
+    """An operator's output, as the CLI's ``--output`` and the page read it: ``(True,
+    value)`` when the text is JSON (not NaN or Infinity, which the API does not take),
+    else ``(False, text)``."""
+    try:
+        return True, json.loads(text, parse_constant=_refuse_constant)
+    except ValueError:
+        return False, text
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+#: How many in-doubt and quarantined calls the overview names.
+ATTENTION_LIMIT = 50
+
+
+class Operator:
+    """The :class:`OperatorView` of a store, and of the dispatcher that settles its calls.
+
+    Without a ``dispatcher`` (a read-only CLI command with no API key) everything but
+    settling and showing a pending call's arguments works. ``location`` is the store's
+    location as shown to operators (password hidden); ``margin`` the dispatcher's clock-skew
+    allowance (an in-doubt call is settleable once its lease expired that long ago).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        dispatcher: Dispatcher | None = None,
+        location: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._store = store
+        self._location = location
+        self._clock = clock
+        self._margin = 0.0 if dispatcher is None else dispatcher.settings.fence_margin
+
+    async def overview(self) -> Overview:
+        """Health, counts by state (``in_doubt`` apart), what needs a person, failing
+        deliveries, the oldest pending call."""
+        try:
+            await self._store.ping()
+            stats = await self._store.stats()
+        except StoreError:
+            return Overview(
+                store=self._location, healthy=False, deliveries=0, unresolved_deliveries=0
+            )
+        attention: list[CallSummary] = []
+        for state in ("in_doubt", "quarantined"):
+            found = await self._store.list_calls(CallQuery(state=state, limit=ATTENTION_LIMIT))
+            attention += [self._summary(record) for record in found]
+        failing = [
+            _delivery_view(d)
+            for d in await self._store.list_deliveries(unresolved_only=True, limit=200)
+            if d.attempts
+        ]
+        counts = dict(stats.calls_by_state)
+        counts["in_doubt"] = stats.in_doubt
+        counts["claimed"] = counts.get("claimed", 0) - stats.in_doubt
+        return Overview(
+            store=self._location,
+            healthy=True,
+            deliveries=stats.deliveries,
+            unresolved_deliveries=stats.unresolved_deliveries,
+            calls_by_state=counts,
+            successes=stats.successes,
+            failures=stats.failures,
+            needs_attention=tuple(attention),
+            failing_deliveries=tuple(failing[:ATTENTION_LIMIT]),
+            oldest_pending_at=stats.oldest_pending_at,
+        )
+
+    async def calls(self, query: CallFilter) -> CallPage:
+        """A page of calls, newest first (``ValueError`` for a cursor that is not ours)."""
+        before = None if query.cursor is None else _decode_cursor(query.cursor)
+        found = await self._store.list_calls(
+            CallQuery(
+                state=query.state,
+                session_id=query.session_id,
+                tool_name=query.tool_name,
+                since=query.since,
+                limit=query.limit + 1,
+                before=before,
+            )
+        )
+        page = found[: max(0, query.limit)]
+        more = len(found) > len(page) and page
+        next_cursor = _encode_cursor(page[-1]) if more else None
+        return CallPage(calls=tuple(self._summary(r) for r in page), next_cursor=next_cursor)
+
+    async def call(
+        self, call_id: str, *, session_id: str | None = None, content: bool = False
+    ) -> CallDetail:
+        """One call with its history (``LookupError``: unknown; ``ValueError``: the id names
+        calls of several sessions, give ``session_id``). With ``content``, the saved output
+        and, while the call is still pending, its arguments read from the live session."""
+        record = await self._find(call_id, session_id)
+        arguments = output = None
+        if content:
+            output = _output_of(record)
+            arguments = await self._arguments(record.key)
+        return CallDetail(
+            summary=self._summary(record),
+            history=tuple(_event_view(e) for e in record.history),
+            arguments=arguments,
+            output=output,
+            settleable=self._settleable(record),
+        )
+
+    async def deliveries(self, *, unresolved: bool = False, limit: int = 50) -> list[DeliveryView]:
+        """Recorded deliveries, newest first."""
+        found = await self._store.list_deliveries(unresolved_only=unresolved, limit=limit)
+        return [_delivery_view(d) for d in found]
+
+    async def settle(
+        self,
+        call_id: str,
+        *,
+        session_id: str | None = None,
+        output: Any = None,
+        error: str | None = None,
+        rerun: bool = False,
+    ) -> SettleOutcome:
+        """Settle a held, quarantined or in-doubt call through the dispatcher's rules."""
+        record = await self._find(call_id, session_id)
+        if self._dispatcher is None:
+            raise ConfigurationError(
+                "settling a call submits its result: it needs the Agents API (OPENAI_API_KEY)"
+            )
+        try:
+            status, message = await self._dispatcher.settle(
+                record.key, output=output, error=error, rerun=rerun
+            )
+        except APIError as exc:
+            return SettleOutcome(
+                status="refused", message=f"the Agents API could not be read: {exc}"
+            )
+        return SettleOutcome(status=status, message=message)
+
+    # -- helpers ---------------------------------------------------------------------------
+    async def _find(self, call_id: str, session_id: str | None) -> CallRecord:
+        found = await self._store.find_calls(call_id)
+        if session_id is not None:
+            found = [r for r in found if r.key.session_id == session_id]
+        if not found:
+            where = f" in session {session_id}" if session_id else ""
+            raise LookupError(f"no call {call_id}{where} in the store")
+        if len(found) > 1:
+            sessions = ", ".join(sorted({r.key.session_id for r in found})[:5])
+            raise ValueError(
+                f"call id {call_id} names calls of several sessions ({sessions}): give the session"
+            )
+        return found[0]
+
+    async def _arguments(self, key: CallKey) -> str | None:
+        # Arguments are not stored (they may hold personal data): while the call is pending
+        # the live session still has them.
+        if self._dispatcher is None:
+            return None
+        try:
+            session = await self._dispatcher.client.retrieve_session(key.session_id)
+        except (APIError, ValueError):
+            return None
+        for action in session.function_calls:
+            if action.turn_id == key.turn_id and action.call_id == key.call_id:
+                return json.dumps(action.arguments, ensure_ascii=False, default=str)
+        return None
+
+    def _summary(self, record: CallRecord) -> CallSummary:
+        result = record.result
+        return CallSummary(
+            session_id=record.key.session_id,
+            turn_id=record.key.turn_id,
+            call_id=record.key.call_id,
+            tool_name=record.tool_name,
+            state="in_doubt" if record.in_doubt(self._clock()) else record.state.value,
+            attempt=record.attempt,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            error_type=None if result is None else result.error_type,
+            reason=record.quarantine_reason,
+        )
+
+    def _settleable(self, record: CallRecord) -> bool:
+        expired_before = self._clock() - self._margin
+        return record.state is CallState.QUARANTINED or record.in_doubt(expired_before)
+
+
+def _event_view(event: CallEvent) -> CallEventView:
+    return CallEventView(
+        at=event.at, kind=event.kind, attempt=event.attempt, owner=event.owner, detail=event.detail
+    )
+
+
+def _delivery_view(delivery: DeliveryRecord) -> DeliveryView:
+    return DeliveryView(
+        delivery_id=delivery.delivery_id,
+        session_id=delivery.session_id,
+        received_at=delivery.received_at,
+        resolved=delivery.resolved,
+        attempts=delivery.attempts,
+        next_attempt_at=None if delivery.resolved else delivery.next_attempt_at,
+        last_error=delivery.last_error,
+    )
+
+
+def _output_of(record: CallRecord) -> str | None:
+    """The saved output (or the error the model was told), as text; a too-large result's
+    full output when one was kept."""
+    result = record.result
+    if result is None:
+        return None
+    if result.full_output is not None:
+        return result.full_output
+    try:
+        event = json.loads(result.event_json)
+    except ValueError:
+        return result.event_json
+    value = event.get("output") if result.success else event.get("error")
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _encode_cursor(record: CallRecord) -> str:
+    key = record.key
+    raw = json.dumps([record.created_at, key.session_id, key.turn_id, key.call_id])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[float, str, str, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, session_id, turn_id, call_id = json.loads(raw)
+        return float(at), str(session_id), str(turn_id), str(call_id)
+    except (ValueError, TypeError, binascii.Error):
+        raise ValueError("not a cursor of this listing") from None

@@ -29,7 +29,9 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
+    "CallEvent",
     "CallKey",
+    "CallQuery",
     "CallRecord",
     "CallState",
     "ClaimOutcome",
@@ -39,6 +41,7 @@ __all__ = [
     "Job",
     "SavedResult",
     "StoreStats",
+    "parse_history",
 ]
 
 
@@ -94,11 +97,75 @@ class SavedResult:
 
 
 @dataclass(frozen=True, slots=True)
+class CallEvent:
+    """One step of a call's history, as every store keeps it (never content).
+
+    ``kind``: ``claimed`` (first seen, attempt 1), ``taken_over`` (claimed again after a
+    lease ran out: in doubt), ``saved`` (a result; ``detail`` holds its source, error type
+    and how long obtaining it took), ``submitted``, ``submit_failed`` (``detail``: the API's
+    answer), ``stale``, ``quarantined`` (``detail``: the reason), ``settled`` (an operator
+    saved a result), ``released`` (an operator asked for a re-run). ``owner`` is the
+    replica that did it, when one did.
+    """
+
+    at: float
+    kind: str
+    attempt: int
+    owner: str | None = None
+    detail: str = ""
+
+    def to_json(self) -> str:
+        """Compact JSON of the event (what the stores keep)."""
+        data: dict[str, Any] = {"at": self.at, "kind": self.kind, "attempt": self.attempt}
+        if self.owner is not None:
+            data["owner"] = self.owner
+        if self.detail:
+            data["detail"] = self.detail
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> CallEvent:
+        """Rebuild an event from its JSON object (extra keys ignored)."""
+        return cls(
+            at=float(data.get("at") or 0.0),
+            kind=str(data.get("kind") or ""),
+            attempt=int(data.get("attempt") or 0),
+            owner=None if data.get("owner") is None else str(data["owner"]),
+            detail=str(data.get("detail") or ""),
+        )
+
+
+def parse_history(text: str | None) -> tuple[CallEvent, ...]:
+    """Events stored as concatenated JSON objects (``{...}{...}``: SQL appends them without
+    a separator) or one per line (Redis, memory); unreadable pieces are skipped."""
+    if not text:
+        return ()
+    decoder = json.JSONDecoder()
+    events: list[CallEvent] = []
+    position, end = 0, len(text)
+    while position < end:
+        while position < end and text[position] in " \t\r\n":
+            position += 1
+        if position >= end:
+            break
+        try:
+            data, position = decoder.raw_decode(text, position)
+        except ValueError:
+            break
+        if isinstance(data, dict):
+            events.append(CallEvent.from_mapping(data))
+    return tuple(events)
+
+
+@dataclass(frozen=True, slots=True)
 class CallRecord:
     """A snapshot of one call as the store holds it.
 
     ``quarantine_reason`` says why a ``quarantined`` call is held for an operator (what the
-    reconcile hook answered); it is None in every other state.
+    reconcile hook answered); it is None in every other state. ``history`` is filled only
+    where it was asked for (:meth:`Store.get_call` with ``history=True``, operator listings).
+    ``next_attempt_at`` is when the recovery sweep may next retry a saved result that failed
+    to submit (``failures`` times so far).
     """
 
     key: CallKey
@@ -112,6 +179,13 @@ class CallRecord:
     delivery_id: str | None = None
     result: SavedResult | None = None
     quarantine_reason: str | None = None
+    history: tuple[CallEvent, ...] = ()
+    next_attempt_at: float = 0.0
+    failures: int = 0
+
+    def in_doubt(self, now: float) -> bool:
+        """Claimed, but its lease ran out with no saved result: the handler may have run."""
+        return self.state is CallState.CLAIMED and self.lease_expires_at < now
 
 
 class ClaimStatus(enum.StrEnum):
@@ -132,23 +206,55 @@ class ClaimOutcome:
 
 @dataclass(frozen=True, slots=True)
 class DeliveryRecord:
-    """A verified webhook delivery recorded before it was acknowledged."""
+    """A verified webhook delivery recorded before it was acknowledged.
+
+    ``attempts`` counts the recovery sweep's failed tries to resolve it, ``last_error`` says
+    why the last one failed, ``next_attempt_at`` is when it may be tried again (backoff).
+    """
 
     delivery_id: str
     session_id: str
     received_at: float
     resolved: bool = False
+    attempts: int = 0
+    next_attempt_at: float = 0.0
+    last_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class StoreStats:
-    """What an operator wants to see (``agentfn-asgi status``)."""
+    """What an operator wants to see (``agentfn-asgi status``).
+
+    ``successes``/``failures``: submitted results by their outcome. ``failing_deliveries``:
+    unresolved deliveries the sweep has failed on at least once.
+    """
 
     deliveries: int
     unresolved_deliveries: int
     calls_by_state: dict[str, int] = field(default_factory=dict)
     in_doubt: int = 0
     oldest_pending_at: float | None = None
+    successes: int = 0
+    failures: int = 0
+    failing_deliveries: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallQuery:
+    """Which calls :meth:`Store.list_calls` returns, newest first (by first seen).
+
+    ``state`` is a :class:`CallState` value or ``in_doubt`` (claimed, lease run out);
+    ``since`` a Unix time (first seen at or after); ``before`` the position after which the
+    page starts: the ``(created_at, session_id, turn_id, call_id)`` of the last call of the
+    previous page.
+    """
+
+    state: str | None = None
+    session_id: str | None = None
+    tool_name: str | None = None
+    since: float | None = None
+    limit: int = 50
+    before: tuple[float, str, str, str] | None = None
 
 
 # -- worker jobs ---------------------------------------------------------------------------

@@ -19,6 +19,5 @@ def admin_from_env(webhooks: AgentWebhookApp) -> AdminApp | None:
     tokens = os.environ.get("AGENTFN_ADMIN_TOKEN", "").replace(",", " ").split()
     if not tokens:
         return None
-    # LEAD: webhooks.operator() is the real OperatorView (store history, settle via the dispatcher).
-    view = webhooks.operator()  # type: ignore[attr-defined]
+    view = webhooks.operator()
     return AdminApp(view, tokens=tokens)

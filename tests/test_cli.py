@@ -234,7 +234,9 @@ async def _populated_store(path: Path) -> str:
     await store.mark_delivery_resolved("wh_1")
     done = CallKey("sess_1", "turn_1", "call_done")
     await store.claim_call(done, tool_name="get_customer", owner="me", lease_seconds=30)
-    await store.save_result(done, owner="me", result=SavedResult(True, '{"type":"x"}', "key-1"))
+    await store.save_result(
+        done, owner="me", attempt=1, result=SavedResult(True, '{"type":"x"}', "key-1")
+    )
     await store.mark_submitted(done)
     pending = CallKey("sess_1", "turn_1", "call_pending")
     await store.claim_call(pending, tool_name="slow_echo", owner="me", lease_seconds=30)

@@ -306,7 +306,9 @@ async def test_second_instance_applies_the_in_doubt_policy(tmp_path: Path, recon
     """
     db = f"sqlite:///{tmp_path / 'calls.sqlite3'}"
     ledger = tmp_path / "ledger.jsonl"
-    settings = DispatchSettings(lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1)
+    settings = DispatchSettings(
+        lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1, retry_base=0.05
+    )
     fake = FakeAgentsAPI(api_key=API_KEY, webhook_secret=SECRET)
     async with fake:
         gate = anyio.Event()  # never set: app 1 never finishes its handler
@@ -337,7 +339,9 @@ async def test_second_instance_applies_the_in_doubt_policy(tmp_path: Path, recon
 async def test_a_plain_tool_in_doubt_runs_again(tmp_path: Path) -> None:
     """Without side effects, a call whose claim expired is simply run again (at-least-once)."""
     db = f"sqlite:///{tmp_path / 'calls.sqlite3'}"
-    settings = DispatchSettings(lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1)
+    settings = DispatchSettings(
+        lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1, retry_base=0.05
+    )
     runs: list[str] = []
     gate = anyio.Event()
 
@@ -375,7 +379,9 @@ async def test_saved_result_is_resubmitted_not_rerun(tmp_path: Path) -> None:
     """App 1 saves a result but cannot submit (API down); app 2 resubmits it without running."""
     db = f"sqlite:///{tmp_path / 'calls.sqlite3'}"
     counter: dict[str, int] = {}
-    settings = DispatchSettings(lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1)
+    settings = DispatchSettings(
+        lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1, retry_base=0.05
+    )
     fake = FakeAgentsAPI(api_key=API_KEY, webhook_secret=SECRET)
     async with fake:
         fake.fail_next("submit", 1000, 503)
@@ -387,7 +393,7 @@ async def test_saved_result_is_resubmitted_not_rerun(tmp_path: Path) -> None:
             )
             await _trigger(first, sid)
             with anyio.fail_after(5):
-                while (await first.store.unsubmitted_results()) == []:
+                while (await first.store.unsubmitted_results(due_before=2e9)) == []:
                     await anyio.sleep(0.02)
         fake.faults.failures["submit"].clear()  # the API is back
         async with running_stack(customer_tools(counter), store=db, settings=settings, fake=fake):

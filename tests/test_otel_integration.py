@@ -28,7 +28,9 @@ from examples import otel_console
 
 from .support.stack import API_KEY, SECRET, running_stack
 
-SETTINGS = DispatchSettings(lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1)
+SETTINGS = DispatchSettings(
+    lease_seconds=0.3, recovery_interval=0.1, recovery_grace=0.1, retry_base=0.05
+)
 
 
 def _recorder() -> tuple[Telemetry, InMemorySpanExporter]:
@@ -84,7 +86,7 @@ async def test_one_trace_per_call_across_two_app_instances(tmp_path: Path) -> No
             )
             await _trigger(first, sid)
             with anyio.fail_after(5):
-                while not await first.store.unsubmitted_results():
+                while not await first.store.unsubmitted_results(due_before=2e9):
                     await anyio.sleep(0.02)
         fake.faults.failures["submit"].clear()
         async with running_stack(

@@ -6,14 +6,13 @@ with a message the page shows as a 400, never a 500.
 
 from __future__ import annotations
 
-import json
-import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ..operator import CallFilter, DisplayState
+from ..operator import CallFilter, DisplayState, json_or_text
+from ..operator import parse_duration as operator_parse_duration
 
 __all__ = [
     "DISPLAY_STATES",
@@ -34,9 +33,6 @@ DEFAULT_LIMIT = 50
 MAX_TEXT = 512
 MAX_FIELDS = 32
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_DURATION = re.compile(r"(\d{1,9})([smhdw])")
-
 
 class FormError(ValueError):
     """A query, form or body the page refuses; ``status`` is the HTTP answer (400 unless
@@ -50,13 +46,10 @@ class FormError(ValueError):
 
 def parse_duration(text: str) -> float:
     """``15m``, ``2h``, ``3d`` (also ``s`` and ``w``) → seconds. Anything else: FormError."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        raise FormError(
-            f"'since' must be a number and a unit (s, m, h, d or w), like 15m, 2h or 3d; "
-            f"got {text!r}"
-        )
-    return float(int(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        return operator_parse_duration(text)
+    except ValueError as exc:
+        raise FormError(str(exc)) from None
 
 
 def parse_pairs(encoded: str) -> dict[str, str]:
@@ -178,22 +171,10 @@ class SettleRequest:
         """The output to save: JSON when the text parses as JSON, the text itself otherwise
         (the CLI's ``--output JSON_OR_TEXT`` rule). JSON ``null`` stays the text ``null``:
         the view reads ``output=None`` as "no output given"."""
-        value = _json_or_text(self.value)[1]
+        value = json_or_text(self.value)[1]
         return self.value if value is None else value
 
     @property
     def output_is_json(self) -> bool:
         """Whether :meth:`output` reads the value as JSON (shown on the confirmation step)."""
-        return _json_or_text(self.value)[0]
-
-
-def _json_or_text(text: str) -> tuple[bool, Any]:
-    try:
-        return True, json.loads(text, parse_constant=_refuse_constant)
-    except ValueError:
-        return False, text
-
-
-def _refuse_constant(name: str) -> Any:
-    # NaN and Infinity are not JSON the API accepts: such text is kept as text.
-    raise ValueError(name)
+        return json_or_text(self.value)[0]

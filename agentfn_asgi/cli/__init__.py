@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentFnError, ConfigurationError
-from . import dev, ops
+from . import calls, dev, ops
 from .common import EXIT_FAILURE
 
 __all__ = ["build_parser", "main"]
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     dev.register(sub)
     ops.register(sub)
+    calls.register(sub)
     return parser
 
 

@@ -11,79 +11,80 @@ from dataclasses import asdict
 from typing import Any
 
 from ..config import Config
-from ..records import StoreStats
+from ..operator import Overview
 from .common import (
     EXIT_OK,
     ago,
     check_store_exists,
     load_tools,
     progress,
-    redacted,
-    store_url,
     tools_spec,
 )
 
-__all__ = ["format_stats", "register"]
+__all__ = ["format_overview", "register"]
 
 
-def format_stats(stats: StoreStats, *, url: str, now: float | None = None) -> str:
-    """The human-readable ``status`` report."""
+def format_overview(overview: Overview, *, now: float | None = None) -> str:
+    """The human-readable ``status`` report: counts, then the calls that need a person and
+    the deliveries the sweep keeps failing on, by id, with the command that deals with each."""
     now = time.time() if now is None else now
-    by_state = dict(stats.calls_by_state)
-    total = sum(by_state.values())
-    states = ", ".join(f"{state} {count}" for state, count in sorted(by_state.items())) or "none"
-    if stats.oldest_pending_at is None:
+    counts = {state: n for state, n in overview.calls_by_state.items() if n}
+    states = ", ".join(f"{state} {n}" for state, n in counts.items()) or "none"
+    if overview.oldest_pending_at is None:
         oldest = "none"
     else:
-        stamp = dt.datetime.fromtimestamp(stats.oldest_pending_at, dt.UTC)
-        oldest = f"{stamp:%Y-%m-%d %H:%M:%S} UTC ({ago(stats.oldest_pending_at, now)})"
+        stamp = dt.datetime.fromtimestamp(overview.oldest_pending_at, dt.UTC)
+        oldest = f"{stamp:%Y-%m-%d %H:%M:%S} UTC ({ago(overview.oldest_pending_at, now)})"
     rows = [
-        ("store", redacted(url)),
-        ("deliveries", f"{stats.deliveries} ({stats.unresolved_deliveries} unresolved)"),
-        ("calls", f"{total} ({states})"),
-        ("in doubt", str(stats.in_doubt)),
-        ("quarantined", str(by_state.get("quarantined", 0))),
+        ("store", f"{overview.store}" + ("" if overview.healthy else " (UNAVAILABLE)")),
+        ("deliveries", f"{overview.deliveries} ({overview.unresolved_deliveries} unresolved)"),
+        ("calls", f"{sum(counts.values())} ({states})"),
+        ("results", f"{overview.successes} succeeded, {overview.failures} failed (submitted)"),
+        ("in doubt", str(overview.calls_by_state.get("in_doubt", 0))),
+        ("quarantined", str(overview.calls_by_state.get("quarantined", 0))),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)
     lines = [f"{label:<{width}}  {value}" for label, value in rows]
-    if stats.in_doubt or by_state.get("quarantined", 0):
-        lines.append("")
-        lines.append(
-            "in-doubt or quarantined calls need a look: `agentfn-asgi recover --session ID "
-            "--tools MODULE:ATTR` re-reads a session"
-        )
+    if overview.needs_attention:
+        lines += ["", "needs a person (agentfn-asgi calls show CALL_ID --session SESSION):"]
+        for call in overview.needs_attention:
+            why = f": {call.reason}" if call.reason else ""
+            lines.append(
+                f"  {call.state:<11} {call.session_id}  {call.call_id}  {call.tool_name}"
+                f"  attempt {call.attempt}{why}"
+            )
+    if overview.failing_deliveries:
+        lines += ["", "the recovery sweep keeps failing on (agentfn-asgi deliveries --unresolved):"]
+        for delivery in overview.failing_deliveries:
+            lines.append(
+                f"  {delivery.delivery_id}  session {delivery.session_id}  failed "
+                f"{delivery.attempts}x: {delivery.last_error}"
+            )
     return "\n".join(lines)
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from ..store import open_store
+    from .calls import operator
 
-    url = store_url(args.store)
-    check_store_exists(url)
-    store = open_store(url)
-    try:
-        await store.open()
-        stats = await store.stats()
-    finally:
-        await store.close()
+    async with operator(args.store) as view:
+        overview = await view.overview()
     if args.json:
-        print(json.dumps({"store": redacted(url), **asdict(stats)}, indent=2))
+        print(json.dumps(asdict(overview), indent=2))
     else:
-        print(format_stats(stats, url=url))
+        print(format_overview(overview))
     return EXIT_OK
 
 
 async def _recover(args: argparse.Namespace) -> int:
     from ..dispatch import Dispatcher
     from ..jobs import worker_jobs
-    from ..store import open_store
 
     registry = load_tools(args.tools)
     config = Config.from_env()
     url = args.store or config.store_url
     check_store_exists(url)
-    store = open_store(url)
+    store = config.open_store(url)
     # No webhook app is needed to recover (nothing is received), hence no webhook secret:
     # the dispatcher alone reads sessions, runs what is owed and submits saved results,
     # with the same AGENTFN_* settings and worker lane as the app.
@@ -117,7 +118,10 @@ def register(sub: Any) -> None:
     status = sub.add_parser(
         "status",
         help="what the store holds, for operators",
-        description="Deliveries, calls by state, in-doubt and quarantined calls, oldest pending.",
+        description=(
+            "Deliveries, calls by state, successes and failures, the in-doubt and quarantined "
+            "calls by id, the deliveries the recovery sweep keeps failing on, oldest pending."
+        ),
     )
     status.add_argument(
         "--store", help="store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"

@@ -166,6 +166,7 @@ class Executor:
                         owner=self._owner,
                         lease_seconds=self._settings.lease_seconds,
                         delivery_id=delivery_id,
+                        margin=self._settings.fence_margin,
                     )
                 except Exception as exc:
                     claimed.set_exception(exc)  # the resolver reports it
@@ -180,7 +181,9 @@ class Executor:
                         number=outcome.record.attempt,
                         in_doubt=outcome.status is ClaimStatus.IN_DOUBT,
                         delivery_id=delivery_id,
-                        lease=self._leases.lease(key, claimed_at=sent),
+                        lease=self._leases.lease(
+                            key, attempt=outcome.record.attempt, claimed_at=sent
+                        ),
                     )
                     await self._execute(attempt)
                 elif outcome.status is ClaimStatus.SAVED:
@@ -188,6 +191,30 @@ class Executor:
         finally:
             if not claimed.done():  # cancelled before the claim was decided
                 claimed.cancel()
+
+    async def rerun(
+        self,
+        record: CallRecord,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        *,
+        claimed_at: float,
+    ) -> None:
+        """Run a call an operator released (claimed for us, next attempt) as a fresh
+        attempt: no reconcile hook is asked, the operator decided. ``claimed_at`` is the
+        monotonic time the release was sent."""
+        assert self._slots is not None, "start() first"
+        async with self._slots:
+            attempt = _Attempt(
+                key=record.key,
+                action=action,
+                tool=tool,
+                number=record.attempt,
+                in_doubt=False,
+                delivery_id=None,
+                lease=self._leases.lease(record.key, attempt=record.attempt, claimed_at=claimed_at),
+            )
+            await self._execute(attempt)
 
     async def _execute(self, attempt: _Attempt) -> None:
         key, action, tool = attempt.key, attempt.action, attempt.tool
@@ -219,8 +246,16 @@ class Executor:
                     span.set_source("queued" if queued else "held")
                     return
                 crash_point("after_handler", action.name)
-                record = await self._store.save_result(key, owner=self._owner, result=result)
+                record = await self._store.save_result(
+                    key,
+                    owner=self._owner,
+                    attempt=attempt.number,
+                    result=result,
+                    duration=time.monotonic() - self._running_since[key],
+                )
                 crash_point("after_save", action.name)
+                if record.attempt != attempt.number or record.result != result:
+                    _log_superseded(record, attempt.number, mine=result)
                 if record.result is not None:
                     span.record_result(record.result)
                 submitted = await self._submitter.submit(record, attempt.delivery_id)
@@ -417,7 +452,9 @@ class Executor:
     async def _hold(self, attempt: _Attempt, reason: str) -> None:
         """Hold the call for an operator (quarantined), if our claim still stands."""
         self._leases.check(attempt.lease)
-        await self._store.quarantine(attempt.key, owner=self._owner, reason=reason)
+        await self._store.quarantine(
+            attempt.key, owner=self._owner, attempt=attempt.number, reason=reason
+        )
 
     # -- calls handed to workers -------------------------------------------------------------
     async def _hand_off(
@@ -460,13 +497,15 @@ class Executor:
         key: CallKey,
         *,
         owner: str,
+        attempt: int | None,
         tool: FunctionTool | None,
         tool_name: str,
         success: bool,
         output: Any = None,
         error: str | None = None,
     ) -> tuple[CompletionStatus, CallRecord | None]:
-        """Save a worker's result for ``key``, handed off by ``owner``.
+        """Save a worker's result for ``key``, handed off by ``owner`` in ``attempt`` (None:
+        whichever attempt ``owner`` holds, for tokens issued before attempts were signed).
 
         Returns the status and the record to submit now, if any. ``accepted``: saved now.
         ``duplicate``: this same result was already saved. ``conflict``: another one was
@@ -487,7 +526,12 @@ class Executor:
             result = failure_result(key, error or "", "worker_error", source="worker")
         fresh = record.state is CallState.CLAIMED
         if fresh:
-            record = await self._store.save_result(key, owner=owner, result=result)
+            record = await self._store.save_result(
+                key,
+                owner=owner,
+                attempt=record.attempt if attempt is None else attempt,
+                result=result,
+            )
             crash_point("after_save", tool_name)
         if record.state is CallState.STALE:
             return "stale", None
@@ -501,6 +545,20 @@ class Executor:
     async def submit_completed(self, record: CallRecord) -> None:
         """Submit a worker's saved result under its own call span (source ``worker``)."""
         await self._submit_in_span(record, None, source=None)
+
+
+def _log_superseded(record: CallRecord, attempt: int, *, mine: SavedResult) -> None:
+    """Our save was refused: another attempt holds the call, or saved first (fencing)."""
+    if record.result is not None and record.result == mine:
+        return  # the same bytes were saved already (a retry): nothing was lost
+    logger.warning(
+        "call %s: the result of attempt %d was dropped: %s",
+        record.key,
+        attempt,
+        "another attempt saved first"
+        if record.result is not None
+        else f"attempt {record.attempt} holds the call now",
+    )
 
 
 def _log_finished(

@@ -48,10 +48,11 @@ class Lease:
     minus the margin. :meth:`check` raises once that moment has passed or the lease was lost.
     """
 
-    __slots__ = ("fence_at", "key", "lost", "scope")
+    __slots__ = ("attempt", "fence_at", "key", "lost", "scope")
 
-    def __init__(self, key: CallKey, fence_at: float) -> None:
+    def __init__(self, key: CallKey, attempt: int, fence_at: float) -> None:
         self.key = key
+        self.attempt = attempt
         self.fence_at = fence_at
         self.lost: str | None = None
         #: The cancel scope of the block running under the lease, if one is running.
@@ -99,10 +100,10 @@ class LeaseKeeper:
         self._spawn = spawn
         self._monotonic = monotonic
 
-    def lease(self, key: CallKey, *, claimed_at: float) -> Lease:
-        """The lease of a claim sent at monotonic time ``claimed_at`` (counted from the
-        request, never from its answer)."""
-        return Lease(key, claimed_at + self._lease_seconds - self._margin)
+    def lease(self, key: CallKey, *, attempt: int, claimed_at: float) -> Lease:
+        """The lease of ``attempt``'s claim, sent at monotonic time ``claimed_at`` (counted
+        from the request, never from its answer)."""
+        return Lease(key, attempt, claimed_at + self._lease_seconds - self._margin)
 
     def check(self, lease: Lease) -> None:
         """Raise LeaseLostError if ``lease`` is lost or past its fence now: call it before
@@ -115,7 +116,10 @@ class LeaseKeeper:
         StoreError when the store cannot say."""
         self.check(lease)
         sent = self._monotonic()
-        if not await self._store.renew_lease(lease.key, owner=self._owner, lease_seconds=seconds):
+        renewed = await self._store.renew_lease(
+            lease.key, owner=self._owner, attempt=lease.attempt, lease_seconds=seconds
+        )
+        if not renewed:
             lease.lose("taken over")
             raise LeaseLostError(lease.key, "taken over")
         lease.fence_at = sent + seconds - self._margin
@@ -158,7 +162,10 @@ class LeaseKeeper:
                 # Never wait on the store past the fence: a paused store must not hold it.
                 async with asyncio.timeout(max(lease.fence_at - sent, 0.001)):
                     kept = await self._store.renew_lease(
-                        lease.key, owner=self._owner, lease_seconds=self._lease_seconds
+                        lease.key,
+                        owner=self._owner,
+                        attempt=lease.attempt,
+                        lease_seconds=self._lease_seconds,
                     )
             except (StoreError, TimeoutError) as exc:
                 logger.warning("could not renew the lease of %s (will retry): %s", lease.key, exc)

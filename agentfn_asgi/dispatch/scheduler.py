@@ -25,7 +25,7 @@ from typing import Any
 
 from ..client import AgentsClient
 from ..errors import APIError, APIStatusError, NotFoundError, StoreError
-from ..records import CallKey
+from ..records import CallKey, DeliveryRecord
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
@@ -34,6 +34,7 @@ from .alarms import ConfigurationAlarm, is_configuration_error
 from .execution import CompletionStatus, Executor, JobHandoff
 from .leases import LeaseKeeper
 from .settings import DispatchSettings
+from .settling import Settler, SettleStatus
 from .submission import Submitter
 
 __all__ = ["Dispatcher"]
@@ -43,6 +44,17 @@ logger = logging.getLogger("agentfn_asgi.dispatch.scheduler")
 #: Resolvers only read a session and start call tasks, so they never wait on a handler:
 #: a handful is enough.
 RESOLVERS = 8
+
+
+#: The failed attempts of a record that get their own WARNING line (then every tenth).
+_LOGGED_ATTEMPTS = frozenset({1, 3, 5})
+
+
+def _describe(failure: Exception) -> str:
+    """A short, content-free description of a failure, for the store and the logs."""
+    if isinstance(failure, APIStatusError):
+        return f"HTTP {failure.status} {failure.code or ''}".strip()
+    return f"{type(failure).__name__}: {str(failure)[:160]}"
 
 
 class SessionNotFoundYetError(APIError):
@@ -110,7 +122,14 @@ class Dispatcher:
         self.alarm = ConfigurationAlarm()
         self._started = False
         self._stopping = False
-        self._submitter = Submitter(client, store, self.telemetry, alarm=self.alarm)
+        self._submitter = Submitter(
+            client,
+            store,
+            self.telemetry,
+            alarm=self.alarm,
+            retry_delay=self.settings.retry_delay,
+            clock=clock,
+        )
         leases = LeaseKeeper(
             store,
             owner=self.owner,
@@ -128,6 +147,17 @@ class Dispatcher:
             resources=resources,
             clock=clock,
             handoff=handoff,
+        )
+
+        self._settler = Settler(
+            store,
+            client,
+            self._submitter,
+            self._executor,
+            settings=self.settings,
+            owner=self.owner,
+            clock=clock,
+            track=self._track,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -236,7 +266,9 @@ class Dispatcher:
         *,
         settle: bool = False,
         received_at: float | None = None,
-    ) -> None:
+    ) -> Exception | None:
+        """:meth:`resolve`, logged; returns the failure (None when it succeeded, or when it
+        can never succeed and was settled: a malformed session id)."""
         try:
             await self.resolve(
                 session_id, delivery_id=delivery_id, settle=settle, received_at=received_at
@@ -253,11 +285,15 @@ class Dispatcher:
                 self.alarm.report(exc, doing=f"reading session {session_id}")
             else:
                 logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
+            return exc
         except (APIError, StoreError) as exc:
             # Left unresolved on purpose: the recovery sweep retries it.
             logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
-        except Exception:
+            return exc
+        except Exception as exc:
             logger.exception("unexpected error resolving session %s", session_id)
+            return exc
+        return None
 
     # -- resolution ----------------------------------------------------------------------
     async def resolve(
@@ -282,6 +318,9 @@ class Dispatcher:
         treated as deleted: its recorded calls become stale.
         """
         link = self.telemetry.link_for_delivery(delivery_id)
+        # Anything saved after this moment (less the clock-skew margin) may be newer than
+        # what the read shows: settling must not make it stale.
+        read_at = self._clock() - self.settings.fence_margin
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
                 session = await self._read_session(session_id)
@@ -295,13 +334,13 @@ class Dispatcher:
             ):
                 raise SessionNotFoundYetError(session_id) from None
             logger.info("session %s no longer exists; nothing to do", session_id)
-            await self._settle_missing(session_id, pending=set())
+            await self._settle_missing(session_id, pending=set(), read_at=read_at)
         else:
             self.alarm.cleared()
             pending, claims = self._start_calls(session, delivery_id)
             await _claimed(claims)
             if settle:
-                await self._settle_missing(session.id, pending)
+                await self._settle_missing(session.id, pending, read_at=read_at)
         if delivery_id is not None:
             await self.store.mark_delivery_resolved(delivery_id)
 
@@ -340,15 +379,18 @@ class Dispatcher:
             self._track(key, self._executor.run(key, action, tool, delivery_id, claimed))
         return pending, claims
 
-    async def _settle_missing(self, session_id: str, pending: set[CallKey]) -> None:
-        """Calls we hold records for that the session no longer waits for become stale."""
+    async def _settle_missing(
+        self, session_id: str, pending: set[CallKey], *, read_at: float
+    ) -> None:
+        """Calls we hold records for that the session (read at ``read_at``) no longer waits
+        for become stale, unless they changed after that read (another replica's result)."""
         now = self._clock()
         for record in await self.store.calls_for_session(session_id):
             if record.key in pending or record.key in self._inflight or record.state.terminal:
                 continue
             claimed_elsewhere = record.state == "claimed" and record.lease_expires_at > now
             if not claimed_elsewhere:
-                await self.store.mark_stale(record.key)
+                await self.store.mark_stale(record.key, unchanged_since=read_at)
 
     # -- worker completions --------------------------------------------------------------
     async def complete(
@@ -360,11 +402,13 @@ class Dispatcher:
         success: bool,
         output: Any = None,
         error: str | None = None,
+        attempt: int | None = None,
     ) -> CompletionStatus:
         """Save and submit a worker's result for ``key`` (see :meth:`Executor.complete`)."""
         status, record = await self._executor.complete(
             key,
             owner=owner,
+            attempt=attempt,
             tool=self.tools.get(tool_name),
             tool_name=tool_name,
             success=success,
@@ -374,6 +418,20 @@ class Dispatcher:
         if record is not None:
             self._track(record.key, self._executor.submit_completed(record))
         return status
+
+    # -- operators -----------------------------------------------------------------------
+    async def settle(
+        self,
+        key: CallKey,
+        *,
+        output: Any = None,
+        error: str | None = None,
+        rerun: bool = False,
+    ) -> tuple[SettleStatus, str]:
+        """An operator settles a held or in-doubt call (see :meth:`Settler.settle`)."""
+        return await self._settler.settle(
+            key, tools=self.tools, output=output, error=error, rerun=rerun
+        )
 
     # -- recovery ------------------------------------------------------------------------
     async def recover(self, session_id: str | None = None) -> None:
@@ -387,35 +445,99 @@ class Dispatcher:
         await self.sweep()
 
     async def sweep(self) -> None:
-        """One pass of the recovery sweep (see the module docstring)."""
+        """One pass of the recovery sweep (see the module docstring).
+
+        Each record carries its own next-attempt time: one that failed is retried later with
+        exponential backoff (``retry_base`` doubling up to ``retry_cap``), so records that
+        keep failing go to the back and never hide the others. The pass pages through
+        everything due with a cursor (at most ``sweep_budget`` records) and reads at most
+        :data:`RESOLVERS` sessions at a time.
+        """
         now = self._clock()
-        sessions: dict[str, str | None] = {}
-        received: dict[str, float] = {}
-        for delivery in await self.store.unresolved_deliveries(
-            older_than=now - self.settings.recovery_grace
-        ):
-            sessions.setdefault(delivery.session_id, delivery.delivery_id)
-            received.setdefault(delivery.session_id, delivery.received_at)
-        for record in await self.store.expired_claims():
-            if record.key not in self._inflight:
-                sessions.setdefault(record.key.session_id, None)
-        for record in await self.store.unsubmitted_results():
-            # A result saved moments ago is being submitted by whoever saved it.
-            fresh = record.updated_at > now - self.settings.recovery_grace
-            if record.key not in self._inflight and not fresh:
-                self._track(record.key, self._executor.resubmit(record))
-        for session_id, delivery_id in sessions.items():
-            if session_id in self._resolving or session_id in self._queued:
-                if delivery_id is not None:
-                    self._dirty.setdefault(session_id, delivery_id)
-                continue
-            await self._resolve_logged(
-                session_id, delivery_id, settle=True, received_at=received.get(session_id)
+        due = now - self.settings.recovery_grace
+        by_session: dict[str, list[DeliveryRecord]] = {}
+        after: tuple[float, str] | None = None
+        budget = self.settings.sweep_budget
+        while budget > 0:
+            page = await self.store.unresolved_deliveries(
+                due_before=due, limit=min(100, budget), after=after
             )
+            for delivery in page:
+                by_session.setdefault(delivery.session_id, []).append(delivery)
+            if len(page) < min(100, budget):
+                break
+            budget -= len(page)
+            after = (page[-1].next_attempt_at, page[-1].delivery_id)
+        claimed_only = [
+            record.key.session_id
+            for record in await self.store.expired_claims(margin=self.settings.fence_margin)
+            if record.key not in self._inflight and record.key.session_id not in by_session
+        ]
+        await self._resubmit_due(due)
+        readers = asyncio.Semaphore(RESOLVERS)
+
+        async def recover_session(session_id: str, deliveries: list[DeliveryRecord]) -> None:
+            async with readers:
+                await self._recover_session(session_id, deliveries)
+
+        await asyncio.gather(
+            *(recover_session(sid, found) for sid, found in by_session.items()),
+            *(recover_session(sid, []) for sid in dict.fromkeys(claimed_only)),
+        )
         await self.store.prune(
             deliveries_before=now - self.settings.dedup_window,
             calls_before=now - self.settings.call_retention,
         )
+
+    async def _resubmit_due(self, due: float) -> None:
+        """Resubmit saved results due for it (at most ``sweep_budget``, by their retry time)."""
+        after: tuple[float, CallKey] | None = None
+        budget = self.settings.sweep_budget
+        while budget > 0:
+            page = await self.store.unsubmitted_results(
+                due_before=due, limit=min(100, budget), after=after
+            )
+            for record in page:
+                if record.key not in self._inflight:
+                    self._track(record.key, self._executor.resubmit(record))
+            if len(page) < min(100, budget):
+                return
+            budget -= len(page)
+            after = (page[-1].next_attempt_at, page[-1].key)
+
+    async def _recover_session(self, session_id: str, deliveries: list[DeliveryRecord]) -> None:
+        """Resolve one session for the sweep; record a failure on each of its deliveries."""
+        if session_id in self._resolving or session_id in self._queued:
+            for delivery in deliveries:
+                self._dirty.setdefault(session_id, delivery.delivery_id)
+            return
+        first = deliveries[0] if deliveries else None
+        failure = await self._resolve_logged(
+            session_id,
+            None if first is None else first.delivery_id,
+            settle=True,
+            received_at=None if first is None else first.received_at,
+        )
+        for delivery in deliveries[1:] if failure is None else ():
+            await self.store.mark_delivery_resolved(delivery.delivery_id)
+        if failure is None:
+            return
+        for delivery in deliveries:
+            attempts = delivery.attempts + 1
+            retry_at = self._clock() + self.settings.retry_delay(attempts)
+            await self.store.delivery_failed(
+                delivery.delivery_id, error=_describe(failure), retry_at=retry_at
+            )
+            self.telemetry.record_recovery_failure("delivery")
+            if attempts in _LOGGED_ATTEMPTS or attempts % 10 == 0:
+                logger.warning(
+                    "delivery %s (session %s) has failed %d times (%s); next try in %.0f s",
+                    delivery.delivery_id,
+                    session_id,
+                    attempts,
+                    _describe(failure),
+                    retry_at - self._clock(),
+                )
 
     async def _sweep_loop(self, *, immediate: bool) -> None:
         if not immediate:

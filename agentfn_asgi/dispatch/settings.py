@@ -28,6 +28,9 @@ class DispatchSettings:
     operator when it has side effects and ``in_doubt="hold"``. ``not_found_grace``: how long
     after its webhook a session the API does not find (404) is read again before it is
     treated as deleted; ``not_found_retries`` are the pauses before reading it again at once.
+    ``retry_base``/``retry_cap``: the recovery sweep retries a record that failed (a
+    session read, a submission) after ``retry_base`` seconds, doubling per failure up to
+    ``retry_cap``; ``sweep_budget`` bounds the records one pass takes.
     ``thread_wait``: how long a sync handler may wait for a free thread (all
     ``thread_pool_size`` threads busy, hung handlers included) before its call fails saying
     so; its ``timeout`` only starts once it runs.
@@ -44,6 +47,9 @@ class DispatchSettings:
     max_attempts: int = 5
     recovery_interval: float = 10.0
     recovery_grace: float = 5.0
+    retry_base: float = 5.0
+    retry_cap: float = 600.0
+    sweep_budget: int = 1000
     not_found_grace: float = 60.0
     not_found_retries: tuple[float, ...] = (0.25, 0.5, 1.0)
     dedup_window: float = 72 * 3600.0
@@ -56,3 +62,7 @@ class DispatchSettings:
     def fence_margin(self) -> float:
         """``lease_margin``, or a sixth of the lease when it is not set."""
         return self.lease_seconds / 6 if self.lease_margin is None else self.lease_margin
+
+    def retry_delay(self, failures: int) -> float:
+        """Seconds before the next try of a record that failed ``failures`` times."""
+        return float(min(self.retry_base * 2.0 ** max(failures - 1, 0), self.retry_cap))

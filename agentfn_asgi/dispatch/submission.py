@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Literal
 
 from .._crash import crash_point
@@ -56,8 +57,12 @@ class Submitter:
         telemetry: Telemetry,
         *,
         alarm: ConfigurationAlarm | None = None,
+        retry_delay: Callable[[int], float] = lambda failures: 5.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._client = client
+        self._retry_delay = retry_delay
+        self._clock = clock
         self._alarm = alarm if alarm is not None else ConfigurationAlarm()
         self._store = store
         self._telemetry = telemetry
@@ -83,8 +88,13 @@ class Submitter:
         with self._telemetry.submission(
             session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
         ) as span:
-            outcome = await self._send(record, result.event_json, result.idempotency_key)
+            outcome, answer = await self._send(record, result.event_json, result.idempotency_key)
             span.set_outcome(outcome)
+            if outcome == "failed":
+                # The sweep retries it later, with backoff, so it never crowds out the rest.
+                retry_at = self._clock() + self._retry_delay(record.failures + 1)
+                await self._store.submission_failed(key, detail=answer, retry_at=retry_at)
+                self._telemetry.record_recovery_failure("submission")
             if outcome != "submitted":
                 return outcome
             self._alarm.cleared()
@@ -99,31 +109,34 @@ class Submitter:
 
     async def _send(
         self, record: CallRecord, event_json_text: str, idempotency_key: str
-    ) -> SubmitOutcome:
-        """One submission and what its answer means for the call."""
+    ) -> tuple[SubmitOutcome, str]:
+        """One submission: what its answer means for the call, and the answer in short."""
         key = record.key
         try:
             await self._client.submit_raw_events(
                 key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
             )
         except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
-            return "stale" if await self._after_rejection(key, exc) else "failed"
+            stale = await self._after_rejection(key, exc)
+            return ("stale" if stale else "failed"), _answer(exc)
         except APIStatusError as exc:
             if is_configuration_error(exc):
                 self._alarm.report(exc, doing=f"the result of call {key}")
             elif exc.status in _REFUSING_STATUSES:
-                await self._submit_refusal(record, exc)
+                if await self._submit_refusal(record, exc):
+                    return "submitted", _answer(exc)
             else:
                 logger.warning("submitting %s failed; the sweep retries it: %s", key, exc)
-            return "failed"
+            return "failed", _answer(exc)
         except APIError as exc:
             logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
-            return "failed"
-        return "submitted"
+            return "failed", _answer(exc)
+        return "submitted", "HTTP 202"
 
-    async def _submit_refusal(self, record: CallRecord, refused: APIStatusError) -> None:
+    async def _submit_refusal(self, record: CallRecord, refused: APIStatusError) -> bool:
         """The API refused the saved result itself (e.g. too large after all): tell the model
-        with a failure instead of resending bytes that can never be accepted."""
+        with a failure instead of resending bytes that can never be accepted. True once the
+        failure is accepted (the call is then submitted)."""
         key = record.key
         logger.error("the API refused the result of %s (%s); sending a failure", key, refused)
         message = REFUSED_MESSAGE.format(status=refused.status, code=refused.code or "no code")
@@ -134,11 +147,11 @@ class Submitter:
             )
         except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
             await self._after_rejection(key, exc)
-            return
+            return False
         except APIError as exc:
             logger.warning("submitting the refusal of %s failed; will retry: %s", key, exc)
-            return
-        await self._store.mark_submitted(key)
+            return False
+        return True
 
     async def _after_rejection(self, key: CallKey, exc: APIError) -> bool:
         """The API refused our result: only a fresh read of the session says what that means."""
@@ -160,3 +173,10 @@ class Submitter:
         logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
         await self._store.mark_stale(key)
         return True
+
+
+def _answer(exc: APIError) -> str:
+    """The API's answer in short (status and code, never the message: it may quote us)."""
+    if exc.status is None:
+        return type(exc).__name__
+    return f"HTTP {exc.status} {exc.code or ''}".strip()

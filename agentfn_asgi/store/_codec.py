@@ -9,9 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentfn_asgi.records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.records import (
+    CallKey,
+    CallRecord,
+    CallState,
+    ClaimStatus,
+    SavedResult,
+    parse_history,
+)
 
-__all__ = ["claim_status_for", "record_from_mapping"]
+__all__ = ["claim_status_for", "record_from_mapping", "saved_detail"]
 
 
 def claim_status_for(record: CallRecord) -> ClaimStatus:
@@ -26,6 +33,15 @@ def claim_status_for(record: CallRecord) -> ClaimStatus:
     if record.state.has_result and record.state is not CallState.SUBMITTED:
         return ClaimStatus.SAVED
     return ClaimStatus.DONE
+
+
+def saved_detail(result: SavedResult, duration: float | None) -> str:
+    """The history's ``detail`` of a saved result: how it was obtained, never what it says."""
+    parts = [f"source={result.source}"]
+    parts.append("success" if result.success else f"error={result.error_type or 'failure'}")
+    if duration is not None:
+        parts.append(f"duration={duration:.3f}s")
+    return " ".join(parts)
 
 
 def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
@@ -61,4 +77,7 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         delivery_id=row.get("delivery_id") or None,
         result=result,
         quarantine_reason=row.get("quarantine_reason") or None,
+        history=parse_history(row.get("history")),
+        next_attempt_at=float(row.get("next_attempt_at") or 0.0),
+        failures=int(row.get("failures") or 0),
     )

@@ -1,8 +1,8 @@
+# ruff: noqa: S608 - statements are built from constants of this module only, never input.
 """The SQL state machine of the SQLite and PostgreSQL stores, written once; read top to bottom.
 
-1. **Fragments** the statements share, such as the state predicates.
-2. **Schema**: the tables, their partial indexes, the schema version and the upgrades that
-   bring an older database to it.
+The fragments they share and the schema are in :mod:`agentfn_asgi.store._sql_schema`.
+
 3. **Statements**, in the order of a call's life. What a claim does to which state, the
    first-writer-wins save and the allowed transitions are decided here, inside one statement
    each, never by reading and then writing from Python.
@@ -23,18 +23,23 @@ from :func:`schema_changes` on open), the statement that writes it below, its fi
 :class:`~agentfn_asgi.records.CallRecord` and its reading in
 :func:`~agentfn_asgi.store._codec.record_from_mapping`. A data migration goes into
 :data:`UPGRADES` with a bump of :data:`SCHEMA_VERSION`.
+
+A call's history is text: the JSON events each statement appends (``history || event``, no
+separator; :func:`~agentfn_asgi.records.parse_history` reads them back). ``{columns}`` (the
+hot path: claims, saves, the sweep) leaves it out; ``{detail_columns}`` adds it.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import (
     CallKey,
+    CallQuery,
     CallRecord,
     CallState,
     ClaimOutcome,
@@ -43,251 +48,239 @@ from agentfn_asgi.records import (
     SavedResult,
     StoreStats,
 )
-from agentfn_asgi.store._codec import claim_status_for, record_from_mapping
-from agentfn_asgi.store._sql_dialect import WORDS
-
-__all__ = [
-    "CALL_COLUMNS",
-    "FRAGMENTS",
-    "SCHEMA_VERSION",
-    "TABLES",
-    "UPGRADES",
-    "Row",
-    "SQLStore",
-    "Statement",
-    "check_schema_version",
-    "schema_changes",
-]
-
-#: One result row, by position (an ``sqlite3`` tuple or an ``asyncpg.Record``).
-Row = Sequence[Any]
-
-# -- 1. shared fragments -------------------------------------------------------------------
-
-
-def _state_in(*states: CallState) -> str:
-    # Always in CallState order, so a query and a partial index spell it identically.
-    listed = [state for state in CallState if state in states]
-    if len(listed) == 1:
-        return f"state = '{listed[0].value}'"
-    return "state IN ({})".format(", ".join(f"'{state.value}'" for state in listed))
-
-
-#: What ``{name}`` stands for in the statements below, in both dialects.
-FRAGMENTS: Final[Mapping[str, str]] = {
-    "key": "session_id = :session_id AND turn_id = :turn_id AND call_id = :call_id",
-    "claimed": _state_in(CallState.CLAIMED),
-    "saved": _state_in(CallState.SUCCEEDED, CallState.FAILED),
-    "pending": _state_in(*(state for state in CallState if not state.terminal)),
-    "terminal": _state_in(*(state for state in CallState if state.terminal)),
-    "count_by_state": ", ".join(
-        f"count(*) FILTER (WHERE {_state_in(state)})" for state in CallState
-    ),
-}
-
-
-def _sql(template: str) -> str:
-    """``template`` with the shared fragments filled in; the dialect's words are kept."""
-    kept = {word: "{" + word + "}" for word in WORDS}
-    return template.format(**kept, **FRAGMENTS, columns=_COLUMN_LIST)
-
-
-# -- 2. schema -----------------------------------------------------------------------------
-
-#: Bump with an entry in UPGRADES. SQLite keeps it in ``PRAGMA user_version``, PostgreSQL in
-#: the ``schema_version`` table of the store's schema.
-SCHEMA_VERSION: Final = 2
-
-DELIVERY_COLUMNS: Final = (
-    ("delivery_id", "{text} PRIMARY KEY"),
-    ("session_id", "{text} NOT NULL"),
-    ("received_at", "{real} NOT NULL"),
-    ("resolved", "{boolean} NOT NULL DEFAULT false"),
-)
-#: The columns of a call, in the order every statement returns them.
-CALL_COLUMNS: Final = (
-    ("session_id", "{text} NOT NULL"),
-    ("turn_id", "{text} NOT NULL"),
-    ("call_id", "{text} NOT NULL"),
-    ("tool_name", "{text} NOT NULL"),
-    ("state", "{text} NOT NULL"),
-    ("attempt", "{integer} NOT NULL"),
-    ("owner", "{text}"),
-    ("lease_expires_at", "{real} NOT NULL"),
-    ("created_at", "{real} NOT NULL"),
-    ("updated_at", "{real} NOT NULL"),
-    ("delivery_id", "{text}"),
-    # the saved result: all NULL until one is saved
-    ("success", "{boolean}"),
-    ("event_json", "{text}"),
-    ("idempotency_key", "{text}"),
-    ("error_type", "{text}"),
-    ("source", "{text}"),
-    ("full_output", "{text}"),
-    # why the call is held for an operator (state quarantined)
-    ("quarantine_reason", "{text}"),
-)
-_COLUMN_NAMES: Final = tuple(name for name, _ in CALL_COLUMNS)
-_COLUMN_LIST: Final = ", ".join(_COLUMN_NAMES)
-
-#: table -> (columns, table constraint)
-TABLES: Final = {
-    "deliveries": (DELIVERY_COLUMNS, ""),
-    "calls": (CALL_COLUMNS, "PRIMARY KEY (session_id, turn_id, call_id)"),
-}
-
-# Each one serves a query below, so recovery and pruning never scan the whole table; stats()
-# does, once (operators only). Every index costs each write that changes its rows: none more.
-INDEXES: Final = (
-    # unresolved_deliveries
-    "CREATE INDEX IF NOT EXISTS deliveries_unresolved ON {p}deliveries (received_at)"
-    " WHERE NOT resolved",
-    # prune
-    "CREATE INDEX IF NOT EXISTS deliveries_received ON {p}deliveries (received_at)",
-    # expired_claims
-    "CREATE INDEX IF NOT EXISTS calls_claimed ON {p}calls (lease_expires_at) WHERE {claimed}",
-    # unsubmitted_results
-    "CREATE INDEX IF NOT EXISTS calls_unsubmitted ON {p}calls (updated_at) WHERE {saved}",
-    # prune
-    "CREATE INDEX IF NOT EXISTS calls_terminal ON {p}calls (updated_at) WHERE {terminal}",
+from agentfn_asgi.store._codec import claim_status_for, record_from_mapping, saved_detail
+from agentfn_asgi.store._sql_schema import (
+    DELIVERY_LIST,
+    DETAIL_COLUMNS,
+    DETAIL_SQL,
+    HOT_COLUMNS,
+    OWNER_SQL,
+    Row,
+    event_sql,
+    fill,
 )
 
-#: version -> what brings the data of the version before to it, run once, after the tables
-#: got their missing columns and the indexes above exist. Each statement must also be
-#: harmless on a database that never had the old shape (a PostgreSQL schema made before
-#: versions were recorded counts as version 0 and runs every upgrade).
-UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
-    # SQLite files of version 1 kept a quarantine's reason in error_type (a quarantined call
-    # has no result), and had other indexes. PostgreSQL always had the column, and an index
-    # for a stats query that is now one scan.
-    2: (
-        "UPDATE {p}calls SET quarantine_reason = coalesce(quarantine_reason, error_type),"
-        " error_type = NULL WHERE state = 'quarantined' AND error_type IS NOT NULL",
-        "DROP INDEX IF EXISTS {p}deliveries_resolved_received",
-        "DROP INDEX IF EXISTS {p}calls_state_lease",
-        "DROP INDEX IF EXISTS {p}calls_state_updated",
-        "DROP INDEX IF EXISTS {p}calls_pending",
-    ),
-}
-
-
-def check_schema_version(version: int, where: str) -> None:
-    """Refuse a database written by a newer agentfn-asgi instead of misreading it."""
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{where} has schema version {version}; this agentfn-asgi understands up to "
-            f"{SCHEMA_VERSION}: upgrade the package"
-        )
-
-
-def schema_changes(version: int, existing: Mapping[str, Collection[str]]) -> list[str]:
-    """The statements that bring a database at ``version`` to :data:`SCHEMA_VERSION`.
-
-    ``existing`` maps each table name to the columns it has now (none: it does not exist).
-    Missing tables are created, missing columns added (new columns are nullable or have a
-    default), then the indexes and the data upgrades follow. Run them in one transaction.
-    """
-    changes: list[str] = []
-    for table, (columns, constraint) in TABLES.items():
-        have = existing.get(table) or ()
-        if not have:
-            body = [f"{name} {definition}" for name, definition in columns]
-            body += [constraint] if constraint else []
-            changes.append(f"CREATE TABLE IF NOT EXISTS {{p}}{table} ({', '.join(body)})")
-            continue
-        changes += [
-            f"ALTER TABLE {{p}}{table} ADD COLUMN {name} {definition}"
-            for name, definition in columns
-            if name not in have
-        ]
-    changes += INDEXES
-    for target in range(version + 1, SCHEMA_VERSION + 1):
-        changes += UPGRADES.get(target, ())
-    return [_sql(change) for change in changes]
+__all__ = ["PRUNE_BATCH", "SQLStore", "Statement", "list_calls_statement"]
 
 
 # -- 3. statements, in the order of a call's life ------------------------------------------
 
-RECORD_DELIVERY: Final = _sql("""
-    INSERT INTO {p}deliveries (delivery_id, session_id, received_at, resolved)
-    VALUES (:delivery_id, :session_id, :now, false)
-    ON CONFLICT (delivery_id) DO NOTHING""")
-RESOLVE_DELIVERY: Final = _sql("""
+# A repeat of our own write (same nonce: its answer was lost) "updates" the row to itself,
+# so it counts one row like an insert; anyone else's repeat changes nothing.
+RECORD_DELIVERY: Final = fill("""
+    INSERT INTO {p}deliveries AS d (delivery_id, session_id, received_at, resolved,
+                                    namespace, next_attempt_at, nonce)
+    VALUES (:delivery_id, :session_id, :now, false, :namespace, :now, :nonce)
+    ON CONFLICT (delivery_id) DO UPDATE SET nonce = d.nonce WHERE d.nonce = excluded.nonce""")
+RESOLVE_DELIVERY: Final = fill("""
     UPDATE {p}deliveries SET resolved = true WHERE delivery_id = :delivery_id AND NOT resolved""")
-UNRESOLVED_DELIVERIES: Final = _sql("""
-    SELECT delivery_id, session_id, received_at FROM {p}deliveries
-    WHERE NOT resolved AND received_at <= :older_than
-    ORDER BY received_at, delivery_id LIMIT :limit""")
+DELIVERY_FAILED: Final = fill("""
+    UPDATE {p}deliveries SET attempts = attempts + 1, last_error = :error,
+        next_attempt_at = :retry_at
+    WHERE delivery_id = :delivery_id AND NOT resolved""")
+_UNRESOLVED: Final = """
+    SELECT {delivery_list} FROM {{p}}deliveries
+    WHERE namespace = :namespace AND NOT resolved AND next_attempt_at <= :due_before {after}
+    ORDER BY next_attempt_at, delivery_id LIMIT :limit"""
+UNRESOLVED_DELIVERIES: Final = fill(_UNRESOLVED.format(delivery_list=DELIVERY_LIST, after=""))
+UNRESOLVED_DELIVERIES_AFTER: Final = fill(
+    _UNRESOLVED.format(
+        delivery_list=DELIVERY_LIST,
+        after="AND (next_attempt_at, delivery_id) > (:after_at, :after_id)",
+    )
+)
+_LISTED: Final = """
+    SELECT {delivery_list} FROM {{p}}deliveries WHERE namespace = :namespace {unresolved}
+    ORDER BY received_at DESC, delivery_id DESC LIMIT :limit"""
+LIST_DELIVERIES: Final = fill(_LISTED.format(delivery_list=DELIVERY_LIST, unresolved=""))
+LIST_UNRESOLVED: Final = fill(
+    _LISTED.format(delivery_list=DELIVERY_LIST, unresolved="AND NOT resolved")
+)
 
-# The claim. Absent: insert it claimed, attempt 1. Claimed with an expired lease: take it
-# over (attempt + 1). Anything else: leave it, and RETURNING yields no row. A fresh insert
-# is told from a takeover by the attempt it returns: the insert writes 1 and a takeover
-# writes the old attempt + 1 >= 2, in both databases (PostgreSQL's "xmax = 0" is an
-# implementation detail SQLite has no counterpart of).
-CLAIM: Final = _sql("""
+# The claim. Absent: insert it claimed, attempt 1. Claimed with a lease expired before
+# :takeover_before (now minus the margin): take it over, attempt + 1. Claimed by the same
+# owner with a live lease (our own claim, retried after its answer was lost): return it
+# unchanged. Anything else: leave it, and RETURNING yields no row. A fresh insert is told
+# from a takeover by the attempt it returns: 1, against the old attempt + 1 >= 2.
+CLAIM: Final = fill(
+    """
     INSERT INTO {p}calls AS c (session_id, turn_id, call_id, tool_name, state, attempt, owner,
-                               lease_expires_at, created_at, updated_at, delivery_id)
+                               lease_expires_at, created_at, updated_at, delivery_id,
+                               next_attempt_at, namespace, history)
     VALUES (:session_id, :turn_id, :call_id, :tool_name, 'claimed', 1, :owner,
-            :lease_expires_at, :now, :now, :delivery_id)
+            :lease_expires_at, :now, :now, :delivery_id, :now, :namespace, """
+    + event_sql("claimed", "1", owner=OWNER_SQL)
+    + """)
     ON CONFLICT (session_id, turn_id, call_id) DO UPDATE SET
-        attempt = c.attempt + 1,
+        attempt = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
+                       THEN c.attempt ELSE c.attempt + 1 END,
+        history = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
+                       THEN c.history ELSE coalesce(c.history, '') || """
+    + event_sql("taken_over", "c.attempt + 1", owner=OWNER_SQL)
+    + """ END,
         owner = excluded.owner,
         lease_expires_at = excluded.lease_expires_at,
         updated_at = excluded.updated_at,
         delivery_id = coalesce(c.delivery_id, excluded.delivery_id)
-    WHERE c.state = 'claimed' AND c.lease_expires_at < :now
-    RETURNING {columns}""")
-GET_CALL: Final = _sql("SELECT {columns} FROM {p}calls WHERE {key}")
-RENEW_LEASE: Final = _sql("""
+    WHERE c.state = 'claimed' AND (c.lease_expires_at < :takeover_before
+                                   OR (c.owner = excluded.owner AND c.lease_expires_at >= :now))
+    RETURNING {columns}"""
+)
+GET_CALL: Final = fill("SELECT {columns} FROM {p}calls WHERE {key}")
+GET_CALL_DETAIL: Final = fill("SELECT {detail_columns} FROM {p}calls WHERE {key}")
+# Fenced: only the holder of the claim's current attempt renews, saves or quarantines.
+RENEW_LEASE: Final = fill("""
     UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
-    WHERE {key} AND {claimed} AND owner = :owner""")
-# First writer wins: only a claimed call takes a result (even when its lease expired, as
-# long as nobody saved since); otherwise nothing is returned and the stored one stands.
-SAVE_RESULT: Final = _sql("""
-    UPDATE {p}calls SET state = :state, owner = :owner, updated_at = :now,
+    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt""")
+# First writer wins: only the claim's holder saves, and only while it is claimed (even when
+# its lease expired, as long as nobody took it over); otherwise the stored record stands.
+SAVE_RESULT: Final = fill(
+    """
+    UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
         success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
-        error_type = :error_type, source = :source, full_output = :full_output
-    WHERE {key} AND {claimed}
-    RETURNING {columns}""")
-MARK_SUBMITTED: Final = _sql("""
-    UPDATE {p}calls SET state = 'submitted', updated_at = :now WHERE {key} AND {saved}""")
-MARK_STALE: Final = _sql("""
-    UPDATE {p}calls SET state = 'stale', updated_at = :now WHERE {key} AND {pending}""")
+        error_type = :error_type, source = :source, full_output = :full_output,
+        history = coalesce(history, '') || """
+    + event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
+    + """
+    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt
+    RETURNING {columns}"""
+)
+MARK_SUBMITTED: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'submitted', updated_at = :now,
+        history = coalesce(history, '') || """
+    + event_sql("submitted", "attempt")
+    + """
+    WHERE {key} AND {saved}"""
+)
+SUBMISSION_FAILED: Final = fill(
+    """
+    UPDATE {p}calls SET failures = failures + 1, next_attempt_at = :retry_at,
+        history = coalesce(history, '') || """
+    + event_sql("submit_failed", "attempt", detail=DETAIL_SQL)
+    + """
+    WHERE {key} AND {saved}"""
+)
+_STALE: Final = (
+    """
+    UPDATE {{p}}calls SET state = 'stale', updated_at = :now,
+        history = coalesce(history, '') || """
+    + event_sql("stale", "attempt")
+    + """
+    WHERE {{key}} AND {{pending}} {unchanged}"""
+)
+MARK_STALE: Final = fill(_STALE.format(unchanged=""))
+MARK_STALE_UNCHANGED: Final = fill(_STALE.format(unchanged="AND updated_at <= :since"))
 # Only the claim's holder quarantines, and a saved result always wins over it.
-QUARANTINE: Final = _sql("""
-    UPDATE {p}calls SET state = 'quarantined', updated_at = :now,
-        quarantine_reason = :reason
-    WHERE {key} AND {claimed} AND owner = :owner""")
+QUARANTINE: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'quarantined', updated_at = :now, quarantine_reason = :detail,
+        history = coalesce(history, '') || """
+    + event_sql("quarantined", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
+    + """
+    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt"""
+)
+# What an operator may settle or re-run: held for them, or in doubt (claimed, lease expired
+# before :takeover_before).
+_SETTLEABLE: Final = (
+    "(state = 'quarantined' OR ({claimed} AND lease_expires_at < :takeover_before))"
+)
+SETTLE: Final = fill(
+    """
+    UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
+        success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
+        error_type = :error_type, source = :source, full_output = :full_output,
+        quarantine_reason = NULL,
+        history = coalesce(history, '') || """
+    + event_sql("settled", "attempt", detail=DETAIL_SQL)
+    + """
+    WHERE {key} AND """
+    + _SETTLEABLE
+    + """
+    RETURNING {columns}"""
+)
+RELEASE: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
+        lease_expires_at = :lease_expires_at, updated_at = :now, quarantine_reason = NULL,
+        history = coalesce(history, '') || """
+    + event_sql("released", "attempt + 1", owner=OWNER_SQL)
+    + """
+    WHERE {key} AND """
+    + _SETTLEABLE
+    + """
+    RETURNING {columns}"""
+)
 
-CALLS_FOR_SESSION: Final = _sql("""
+CALLS_FOR_SESSION: Final = fill("""
     SELECT {columns} FROM {p}calls WHERE session_id = :session_id
     ORDER BY created_at, turn_id, call_id""")
-UNSUBMITTED_RESULTS: Final = _sql("""
-    SELECT {columns} FROM {p}calls WHERE {saved} ORDER BY updated_at LIMIT :limit""")
-EXPIRED_CLAIMS: Final = _sql("""
-    SELECT {columns} FROM {p}calls WHERE {claimed} AND lease_expires_at < :now
+FIND_CALLS: Final = fill("""
+    SELECT {detail_columns} FROM {p}calls WHERE namespace = :namespace AND call_id = :call_id
+    ORDER BY created_at, session_id, turn_id""")
+_UNSUBMITTED: Final = """
+    SELECT {{columns}} FROM {{p}}calls
+    WHERE namespace = :namespace AND {{saved}} AND next_attempt_at <= :due_before {after}
+    ORDER BY next_attempt_at, session_id, turn_id, call_id LIMIT :limit"""
+UNSUBMITTED_RESULTS: Final = fill(_UNSUBMITTED.format(after=""))
+UNSUBMITTED_RESULTS_AFTER: Final = fill(
+    _UNSUBMITTED.format(
+        after="AND (next_attempt_at, session_id, turn_id, call_id)"
+        " > (:after_at, :after_session, :after_turn, :after_call)"
+    )
+)
+EXPIRED_CLAIMS: Final = fill("""
+    SELECT {columns} FROM {p}calls
+    WHERE namespace = :namespace AND {claimed} AND lease_expires_at < :takeover_before
     ORDER BY lease_expires_at LIMIT :limit""")
+#: list_calls' filters, each a condition over named parameters, joined in this order.
+LIST_FILTERS: Final = {
+    "in_doubt": "{claimed} AND lease_expires_at < :now",
+    "state": "state = :state",
+    "session_id": "session_id = :session_id",
+    "tool_name": "tool_name = :tool_name",
+    "since": "created_at >= :since",
+    "before": "(created_at, session_id, turn_id, call_id)"
+    " < (:before_at, :before_session, :before_turn, :before_call)",
+}
+_LIST_CALLS: Final = """
+    SELECT {{columns}} FROM {{p}}calls WHERE namespace = :namespace {filters}
+    ORDER BY created_at DESC, session_id DESC, turn_id DESC, call_id DESC LIMIT :limit"""
+
+
+def list_calls_statement(filters: Sequence[str]) -> str:
+    """The ``list_calls`` statement with ``filters`` (names of :data:`LIST_FILTERS`)."""
+    where = "".join(f" AND {LIST_FILTERS[name]}" for name in filters)
+    return fill(_LIST_CALLS.format(filters=where))
+
+
 # One statement, so one snapshot, in both databases.
-STATS: Final = _sql("""
-    SELECT (SELECT count(*) FROM {p}deliveries),
-           (SELECT count(*) FROM {p}deliveries WHERE NOT resolved),
+STATS: Final = fill("""
+    SELECT (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace),
+           (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace AND NOT resolved),
+           (SELECT count(*) FROM {p}deliveries
+            WHERE namespace = :namespace AND NOT resolved AND attempts > 0),
            count(*) FILTER (WHERE {claimed} AND lease_expires_at < :now),
            min(created_at) FILTER (WHERE {pending}),
+           count(*) FILTER (WHERE state = 'submitted' AND success),
+           count(*) FILTER (WHERE state = 'submitted' AND NOT success),
            {count_by_state}
-    FROM {p}calls""")
+    FROM {p}calls WHERE namespace = :namespace""")
 
 # Small batches by physical row address keep each delete short, so the write lock (SQLite)
-# or the rows (PostgreSQL) are never held for long. Pending calls are never pruned.
-PRUNE_DELIVERIES: Final = _sql("""
+# or the rows (PostgreSQL) are never held for long. Pending and quarantined calls are never
+# pruned.
+PRUNE_DELIVERIES: Final = fill("""
     DELETE FROM {p}deliveries WHERE {rowid} IN (
-        SELECT {rowid} FROM {p}deliveries WHERE received_at < :before
+        SELECT {rowid} FROM {p}deliveries
+        WHERE received_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
-PRUNE_CALLS: Final = _sql("""
+PRUNE_CALLS: Final = fill("""
     DELETE FROM {p}calls WHERE {rowid} IN (
-        SELECT {rowid} FROM {p}calls WHERE {terminal} AND updated_at < :before
+        SELECT {rowid} FROM {p}calls
+        WHERE {finished} AND updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
-
 
 # -- 4. the store, over three primitives ---------------------------------------------------
 
@@ -305,7 +298,34 @@ def _key(key: CallKey) -> dict[str, object]:
 
 
 def _call_record(row: Row) -> CallRecord:
-    return record_from_mapping(dict(zip(_COLUMN_NAMES, row, strict=True)))
+    names = DETAIL_COLUMNS if len(row) == len(DETAIL_COLUMNS) else HOT_COLUMNS
+    return record_from_mapping(dict(zip(names, row, strict=True)))
+
+
+def _delivery(row: Row) -> DeliveryRecord:
+    delivery_id, session_id, received_at, resolved, attempts, next_at, error = row
+    return DeliveryRecord(
+        str(delivery_id),
+        str(session_id),
+        float(received_at),
+        bool(resolved),
+        int(attempts),
+        float(next_at),
+        None if error is None else str(error),
+    )
+
+
+def _result_params(result: SavedResult) -> dict[str, object]:
+    state = CallState.SUCCEEDED if result.success else CallState.FAILED
+    return {
+        "state": state.value,
+        "success": result.success,
+        "event_json": result.event_json,
+        "idempotency_key": result.idempotency_key,
+        "error_type": result.error_type,
+        "source": result.source,
+        "full_output": result.full_output,
+    }
 
 
 class SQLStore(abc.ABC):
@@ -316,8 +336,9 @@ class SQLStore(abc.ABC):
     names the operation, for those messages).
     """
 
-    def __init__(self, *, clock: Callable[[], float]) -> None:
+    def __init__(self, *, clock: Callable[[], float], namespace: str = "") -> None:
         self._clock = clock
+        self.namespace = namespace
 
     @abc.abstractmethod
     async def _count(self, action: str, statement: Statement) -> int:
@@ -334,10 +355,23 @@ class SQLStore(abc.ABC):
         Returns that statement's index and first row, or None when none returned a row.
         """
 
+    async def _calls(
+        self, action: str, template: str, params: Mapping[str, object]
+    ) -> list[CallRecord]:
+        return [_call_record(row) for row in await self._rows(action, Statement(template, params))]
+
     # -- deliveries ------------------------------------------------------------------------
-    async def record_delivery(self, delivery_id: str, session_id: str) -> bool:
-        """Record a delivery; True if new. Decided by the primary key."""
-        params = {"delivery_id": delivery_id, "session_id": session_id, "now": self._clock()}
+    async def record_delivery(
+        self, delivery_id: str, session_id: str, *, nonce: str | None = None
+    ) -> bool:
+        """Record a delivery; True if new, or our own retried write (same ``nonce``)."""
+        params = {
+            "delivery_id": delivery_id,
+            "session_id": session_id,
+            "now": self._clock(),
+            "namespace": self.namespace,
+            "nonce": nonce or None,
+        }
         return await self._count("record_delivery", Statement(RECORD_DELIVERY, params)) == 1
 
     async def mark_delivery_resolved(self, delivery_id: str) -> None:
@@ -345,16 +379,42 @@ class SQLStore(abc.ABC):
         params = {"delivery_id": delivery_id}
         await self._count("mark_delivery_resolved", Statement(RESOLVE_DELIVERY, params))
 
+    async def delivery_failed(self, delivery_id: str, *, error: str, retry_at: float) -> None:
+        """Count a failed resolve, keep its error, retry at ``retry_at``."""
+        params = {"delivery_id": delivery_id, "error": error, "retry_at": retry_at}
+        await self._count("delivery_failed", Statement(DELIVERY_FAILED, params))
+
     async def unresolved_deliveries(
-        self, *, older_than: float, limit: int = 100
+        self,
+        *,
+        due_before: float,
+        limit: int = 100,
+        after: tuple[float, str] | None = None,
     ) -> list[DeliveryRecord]:
-        """Unresolved deliveries received at or before ``older_than``, oldest first."""
-        params = {"older_than": older_than, "limit": max(0, limit)}
-        rows = await self._rows("unresolved_deliveries", Statement(UNRESOLVED_DELIVERIES, params))
-        return [DeliveryRecord(str(d), str(s), float(r)) for d, s, r in rows]
+        """Unresolved deliveries due at or before ``due_before``, soonest first."""
+        params: dict[str, object] = {
+            "namespace": self.namespace,
+            "due_before": due_before,
+            "limit": max(0, limit),
+        }
+        template = UNRESOLVED_DELIVERIES
+        if after is not None:
+            template = UNRESOLVED_DELIVERIES_AFTER
+            params.update(after_at=after[0], after_id=after[1])
+        rows = await self._rows("unresolved_deliveries", Statement(template, params))
+        return [_delivery(row) for row in rows]
+
+    async def list_deliveries(
+        self, *, unresolved_only: bool = False, limit: int = 50
+    ) -> list[DeliveryRecord]:
+        """Deliveries, newest first."""
+        template = LIST_UNRESOLVED if unresolved_only else LIST_DELIVERIES
+        params = {"namespace": self.namespace, "limit": max(0, limit)}
+        rows = await self._rows("list_deliveries", Statement(template, params))
+        return [_delivery(row) for row in rows]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Delete old deliveries and old terminal calls in batches of 500 rows.
+        """Delete old deliveries and old submitted or stale calls in batches of 500 rows.
 
         Each batch is its own short statement, so other work gets the lock in between.
         """
@@ -363,7 +423,8 @@ class SQLStore(abc.ABC):
             (PRUNE_DELIVERIES, deliveries_before),
             (PRUNE_CALLS, calls_before),
         ):
-            statement = Statement(template, {"before": before, "batch": PRUNE_BATCH})
+            params = {"before": before, "batch": PRUNE_BATCH, "namespace": self.namespace}
+            statement = Statement(template, params)
             while True:
                 count = await self._count("prune", statement)
                 removed += count
@@ -380,6 +441,7 @@ class SQLStore(abc.ABC):
         owner: str,
         lease_seconds: float,
         delivery_id: str | None = None,
+        margin: float = 0.0,
     ) -> ClaimOutcome:
         """Decide who runs ``key`` with one upsert; see :meth:`Store.claim_call`."""
         now = self._clock()
@@ -390,15 +452,17 @@ class SQLStore(abc.ABC):
                 "tool_name": tool_name,
                 "owner": owner,
                 "now": now,
+                "takeover_before": now - margin,
                 "lease_expires_at": now + lease_seconds,
                 "delivery_id": delivery_id,
+                "namespace": self.namespace,
             },
         )
         read = Statement(GET_CALL, _key(key))
         # Left alone, the row is read back only to report what the upsert decided: states
         # never return to "claimed", so that read classifies correctly (claim_status_for
         # has the one clock-skew case). It finds nothing only when prune() removed a
-        # terminal call in between; the next upsert then inserts it afresh.
+        # finished call in between; the next upsert then inserts it afresh.
         for _ in range(3):
             found = await self._first_row("claim_call", claim, read)
             if found is None:
@@ -411,30 +475,39 @@ class SQLStore(abc.ABC):
             return ClaimOutcome(claim_status_for(record), record)
         raise StoreError(f"call {key} changed under the claim three times")
 
-    async def renew_lease(self, key: CallKey, *, owner: str, lease_seconds: float) -> bool:
-        """Extend ``owner``'s lease; False if the call is not claimed by ``owner``."""
+    async def renew_lease(
+        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
+    ) -> bool:
+        """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
         now = self._clock()
-        params = {**_key(key), "owner": owner, "now": now, "lease_expires_at": now + lease_seconds}
+        params = {
+            **_key(key),
+            "owner": owner,
+            "attempt": attempt,
+            "now": now,
+            "lease_expires_at": now + lease_seconds,
+        }
         return await self._count("renew_lease", Statement(RENEW_LEASE, params)) == 1
 
-    async def save_result(self, key: CallKey, *, owner: str, result: SavedResult) -> CallRecord:
-        """First writer wins; see :meth:`Store.save_result`."""
-        state = CallState.SUCCEEDED if result.success else CallState.FAILED
-        save = Statement(
-            SAVE_RESULT,
-            {
-                **_key(key),
-                "state": state.value,
-                "owner": owner,
-                "now": self._clock(),
-                "success": result.success,
-                "event_json": result.event_json,
-                "idempotency_key": result.idempotency_key,
-                "error_type": result.error_type,
-                "source": result.source,
-                "full_output": result.full_output,
-            },
-        )
+    async def save_result(
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        attempt: int,
+        result: SavedResult,
+        duration: float | None = None,
+    ) -> CallRecord:
+        """Fenced, first writer wins; see :meth:`Store.save_result`."""
+        params = {
+            **_key(key),
+            **_result_params(result),
+            "owner": owner,
+            "attempt": attempt,
+            "now": self._clock(),
+            "detail": saved_detail(result, duration),
+        }
+        save = Statement(SAVE_RESULT, params)
         found = await self._first_row("save_result", save, Statement(GET_CALL, _key(key)))
         if found is None:
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
@@ -445,42 +518,140 @@ class SQLStore(abc.ABC):
         params = {**_key(key), "now": self._clock()}
         await self._count("mark submitted", Statement(MARK_SUBMITTED, params))
 
-    async def mark_stale(self, key: CallKey) -> None:
-        """Any non-terminal state → ``stale``; terminal states are left alone."""
-        params = {**_key(key), "now": self._clock()}
-        await self._count("mark stale", Statement(MARK_STALE, params))
+    async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
+        """Record a failed submission; the sweep retries it at ``retry_at``."""
+        params = {**_key(key), "now": self._clock(), "detail": detail, "retry_at": retry_at}
+        await self._count("submission_failed", Statement(SUBMISSION_FAILED, params))
 
-    async def quarantine(self, key: CallKey, *, owner: str, reason: str) -> None:
-        """``claimed`` by ``owner`` → ``quarantined``, with ``reason`` kept on the record."""
-        params = {**_key(key), "now": self._clock(), "owner": owner, "reason": reason}
+    async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
+        """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
+        params: dict[str, object] = {**_key(key), "now": self._clock()}
+        template = MARK_STALE
+        if unchanged_since is not None:
+            template = MARK_STALE_UNCHANGED
+            params["since"] = unchanged_since
+        await self._count("mark stale", Statement(template, params))
+
+    async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
+        """``claimed`` by ``(owner, attempt)`` → ``quarantined``, with ``reason`` kept."""
+        params = {
+            **_key(key),
+            "now": self._clock(),
+            "owner": owner,
+            "attempt": attempt,
+            "detail": reason,
+        }
         await self._count("quarantine", Statement(QUARANTINE, params))
 
-    async def get_call(self, key: CallKey) -> CallRecord | None:
-        """The record of ``key``, or None."""
-        found = await self._first_row("get_call", Statement(GET_CALL, _key(key)))
+    async def settle(
+        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
+    ) -> CallRecord | None:
+        """An operator's result for a quarantined or in-doubt call; see the protocol."""
+        now = self._clock()
+        params = {
+            **_key(key),
+            **_result_params(result),
+            "now": now,
+            "takeover_before": now - margin,
+            "detail": saved_detail(result, None),
+        }
+        found = await self._first_row("settle", Statement(SETTLE, params))
         return None if found is None else _call_record(found[1])
+
+    async def release(
+        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
+    ) -> CallRecord | None:
+        """An operator's re-run: claimed by ``owner`` with the next attempt."""
+        now = self._clock()
+        params = {
+            **_key(key),
+            "owner": owner,
+            "now": now,
+            "takeover_before": now - margin,
+            "lease_expires_at": now + lease_seconds,
+        }
+        found = await self._first_row("release", Statement(RELEASE, params))
+        return None if found is None else _call_record(found[1])
+
+    async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
+        """The record of ``key`` (with its history if asked), or None."""
+        template = GET_CALL_DETAIL if history else GET_CALL
+        found = await self._first_row("get_call", Statement(template, _key(key)))
+        return None if found is None else _call_record(found[1])
+
+    async def find_calls(self, call_id: str) -> list[CallRecord]:
+        """Every call with ``call_id`` in this namespace, with its history."""
+        params = {"namespace": self.namespace, "call_id": call_id}
+        return await self._calls("find_calls", FIND_CALLS, params)
 
     async def calls_for_session(self, session_id: str) -> list[CallRecord]:
         """Every call of a session, oldest first."""
-        statement = Statement(CALLS_FOR_SESSION, {"session_id": session_id})
-        return [_call_record(row) for row in await self._rows("calls_for_session", statement)]
+        return await self._calls("calls_for_session", CALLS_FOR_SESSION, {"session_id": session_id})
 
-    async def unsubmitted_results(self, *, limit: int = 100) -> list[CallRecord]:
-        """Saved, not yet submitted results, least recently updated first."""
-        statement = Statement(UNSUBMITTED_RESULTS, {"limit": max(0, limit)})
-        return [_call_record(row) for row in await self._rows("unsubmitted_results", statement)]
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """Calls matching ``query``, newest first."""
+        params: dict[str, object] = {"namespace": self.namespace, "limit": max(0, query.limit)}
+        filters: list[str] = []
+        if query.state == "in_doubt":
+            filters.append("in_doubt")
+            params["now"] = self._clock()
+        elif query.state is not None:
+            filters.append("state")
+            params["state"] = query.state
+        for name in ("session_id", "tool_name", "since"):
+            value = getattr(query, name)
+            if value is not None:
+                filters.append(name)
+                params[name] = value
+        if query.before is not None:
+            filters.append("before")
+            at, session_id, turn_id, call_id = query.before
+            params.update(
+                before_at=at, before_session=session_id, before_turn=turn_id, before_call=call_id
+            )
+        return await self._calls("list_calls", list_calls_statement(filters), params)
 
-    async def expired_claims(self, *, limit: int = 100) -> list[CallRecord]:
-        """Claims whose lease has expired by the store's clock, earliest expiry first."""
-        statement = Statement(EXPIRED_CLAIMS, {"now": self._clock(), "limit": max(0, limit)})
-        return [_call_record(row) for row in await self._rows("expired_claims", statement)]
+    async def unsubmitted_results(
+        self,
+        *,
+        due_before: float,
+        limit: int = 100,
+        after: tuple[float, CallKey] | None = None,
+    ) -> list[CallRecord]:
+        """Saved, not yet submitted results due at or before ``due_before``, soonest first."""
+        params: dict[str, object] = {
+            "namespace": self.namespace,
+            "due_before": due_before,
+            "limit": max(0, limit),
+        }
+        template = UNSUBMITTED_RESULTS
+        if after is not None:
+            template = UNSUBMITTED_RESULTS_AFTER
+            at, key = after
+            params.update(
+                after_at=at,
+                after_session=key.session_id,
+                after_turn=key.turn_id,
+                after_call=key.call_id,
+            )
+        return await self._calls("unsubmitted_results", template, params)
+
+    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
+        """Claims whose lease expired more than ``margin`` ago, earliest expiry first."""
+        params = {
+            "namespace": self.namespace,
+            "takeover_before": self._clock() - margin,
+            "limit": max(0, limit),
+        }
+        return await self._calls("expired_claims", EXPIRED_CLAIMS, params)
 
     async def stats(self) -> StoreStats:
         """Counts for operators, read in one snapshot; every state is listed, zeros too."""
-        found = await self._first_row("stats", Statement(STATS, {"now": self._clock()}))
+        params = {"now": self._clock(), "namespace": self.namespace}
+        found = await self._first_row("stats", Statement(STATS, params))
         if found is None:  # pragma: no cover - an aggregate without GROUP BY returns one row
             raise StoreError("the stats query returned no row")
-        deliveries, unresolved, in_doubt, oldest, *counts = found[1]
+        deliveries, unresolved, failing, in_doubt, oldest, successes, failures, *counts = found[1]
         return StoreStats(
             deliveries=int(deliveries),
             unresolved_deliveries=int(unresolved),
@@ -489,4 +660,7 @@ class SQLStore(abc.ABC):
             },
             in_doubt=int(in_doubt),
             oldest_pending_at=None if oldest is None else float(oldest),
+            successes=int(successes),
+            failures=int(failures),
+            failing_deliveries=int(failing),
         )

@@ -7,7 +7,9 @@ The statements of :mod:`agentfn_asgi.store._sql` are written once, with named pa
   PostgreSQL (each store lives in its own schema there);
 - ``{text}``, ``{real}``, ``{integer}``, ``{boolean}``: the column types (SQLite keeps a
   boolean as an integer; ``true``/``false`` are literals in both);
-- ``{rowid}``, ``{skip_locked}``: how prune addresses small batches of rows.
+- ``{rowid}``, ``{skip_locked}``: how prune addresses small batches of rows;
+- ``{json_object}``: the function that builds a JSON object from key/value pairs (a call's
+  history events are built inside the statement that makes the change).
 
 Parameters: SQLite's driver takes ``:name`` with a mapping, so the text is left as it is;
 asyncpg takes ``$1, $2…`` with an ordered list, so :meth:`Dialect.render` numbers the names
@@ -26,7 +28,16 @@ __all__ = ["SQLITE", "WORDS", "Dialect", "Query", "postgres_dialect", "quote_ide
 
 #: The words in braces a dialect fills in (every other one is filled in by ``_sql``); each
 #: but ``p`` (the prefix) is the name of a :class:`Dialect` field.
-WORDS: Final = ("p", "text", "real", "integer", "boolean", "rowid", "skip_locked")
+WORDS: Final = (
+    "p",
+    "text",
+    "real",
+    "integer",
+    "boolean",
+    "rowid",
+    "skip_locked",
+    "json_object",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +65,7 @@ class Dialect:
     boolean: str
     rowid: str  # the physical address of a row: prune deletes small batches by it
     skip_locked: str  # after prune's inner SELECT: leave rows another writer holds
+    json_object: str  # json_object(k1, v1, ...) in SQLite, json_build_object in PostgreSQL
     #: One column of names: the columns of table ``:table`` (in schema ``:schema``).
     columns_query: str
     # Rendered statements by template: a dict lookup on the hot path, nothing more.
@@ -78,6 +90,7 @@ SQLITE: Final = Dialect(
     boolean="INTEGER",
     rowid="rowid",
     skip_locked="",  # SQLite has one writer at a time: nothing to skip
+    json_object="json_object",
     columns_query="SELECT name FROM pragma_table_info(:table)",
 )
 
@@ -98,6 +111,7 @@ def postgres_dialect(schema: str) -> Dialect:
         boolean="boolean",
         rowid="ctid",
         skip_locked="FOR UPDATE SKIP LOCKED",
+        json_object="json_build_object",
         columns_query=(
             "SELECT column_name FROM information_schema.columns"
             " WHERE table_schema = :schema AND table_name = :table"

@@ -8,6 +8,23 @@ states, are in :mod:`agentfn_asgi.records`.
 
 Time comes from the store's injected ``clock`` (Unix seconds, ``time.time`` by default), so
 leases are comparable across replicas that share the store.
+
+**Fencing.** A claim is held by ``(owner, attempt)``. Renewing it, saving its result and
+quarantining it succeed only for the holder of the claim's current attempt, atomically: a
+replica that lost its lease (it stalled, the store was unreachable) and was taken over can
+never overwrite what the new holder does. Taking over an expired claim waits ``margin``
+seconds past the lease (the clock-skew allowance the holder also fences itself with).
+
+**A retried write recognises itself.** A claim retried after its answer was lost (the
+connection dropped after the commit) finds the call claimed by its own owner and returns
+it as taken, not busy; a delivery recorded again with the same ``nonce`` is new again.
+
+**Namespaces.** A store instance works in its ``namespace`` (default ``""``): several apps
+(one per OpenAI project) can share one database, each sweeping and listing only its own.
+
+**History.** Every step of a call is appended to its history in the same atomic step that
+makes it (:class:`~agentfn_asgi.records.CallEvent`); content (arguments, output) is never
+part of it.
 """
 
 from __future__ import annotations
@@ -16,6 +33,7 @@ from typing import Protocol, runtime_checkable
 
 from agentfn_asgi.records import (
     CallKey,
+    CallQuery,
     CallRecord,
     ClaimOutcome,
     DeliveryRecord,
@@ -30,6 +48,8 @@ __all__ = ["Store"]
 class Store(Protocol):
     """Durable, atomic storage of deliveries and calls. See the module docstring."""
 
+    namespace: str
+
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
         """Connect and create the schema if needed. Idempotent."""
@@ -41,24 +61,42 @@ class Store(Protocol):
         """Raise :class:`StoreUnavailableError` when the store cannot be used right now."""
 
     # -- deliveries ------------------------------------------------------------------------
-    async def record_delivery(self, delivery_id: str, session_id: str) -> bool:
+    async def record_delivery(
+        self, delivery_id: str, session_id: str, *, nonce: str | None = None
+    ) -> bool:
         """Record a verified delivery; True if new, False if ``delivery_id`` was seen.
 
-        Decided by a unique constraint / ``SET NX``; durable when it returns.
+        Decided by a unique constraint / ``SET NX``; durable when it returns. A repeat with
+        the same non-empty ``nonce`` (our own retried write) also answers True. It is due
+        for the recovery sweep from now (``next_attempt_at``).
         """
 
     async def mark_delivery_resolved(self, delivery_id: str) -> None:
         """The session named by this delivery was read and its calls were dispatched."""
 
+    async def delivery_failed(self, delivery_id: str, *, error: str, retry_at: float) -> None:
+        """Resolving the delivery failed: count it, keep ``error``, retry at ``retry_at``."""
+
     async def unresolved_deliveries(
-        self, *, older_than: float, limit: int = 100
+        self,
+        *,
+        due_before: float,
+        limit: int = 100,
+        after: tuple[float, str] | None = None,
     ) -> list[DeliveryRecord]:
-        """Deliveries recorded at or before ``older_than`` and never resolved (recovery)."""
+        """Unresolved deliveries due at or before ``due_before``, by ``(next_attempt_at,
+        delivery_id)``, starting after ``after`` (the last one of the previous page)."""
+
+    async def list_deliveries(
+        self, *, unresolved_only: bool = False, limit: int = 50
+    ) -> list[DeliveryRecord]:
+        """Deliveries, newest first (operators)."""
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Expire delivery records and terminal calls older than the given times.
+        """Remove delivery records received and submitted or stale calls last updated before
+        the given times (quarantined and pending calls are never pruned).
 
-        Must not block the event loop or other replicas for long; returns rows removed.
+        Must not block the event loop or other replicas for long; returns records removed.
         """
 
     # -- calls -----------------------------------------------------------------------------
@@ -70,52 +108,100 @@ class Store(Protocol):
         owner: str,
         lease_seconds: float,
         delivery_id: str | None = None,
+        margin: float = 0.0,
     ) -> ClaimOutcome:
         """Atomically decide who runs a call.
 
         - absent → insert ``claimed`` owned by ``owner`` (attempt 1): ``CLAIMED``;
-        - ``claimed`` with an expired lease → take it over (attempt + 1): ``IN_DOUBT``;
-        - ``claimed`` with a live lease of another owner → ``BUSY``;
-          (a live lease of the same owner is also ``BUSY``: the caller is already on it);
+        - ``claimed`` with a lease expired more than ``margin`` ago → take it over
+          (attempt + 1): ``IN_DOUBT``;
+        - ``claimed`` by ``owner`` itself with a live lease (a retried claim) → returned as
+          taken, unchanged: ``CLAIMED`` (attempt 1) or ``IN_DOUBT``;
+        - ``claimed`` by another owner, lease live or expired by less than ``margin``: ``BUSY``;
         - ``succeeded``/``failed`` → ``SAVED``; ``submitted``/``stale``/``quarantined`` →
           ``DONE``.
         """
 
-    async def renew_lease(self, key: CallKey, *, owner: str, lease_seconds: float) -> bool:
-        """Extend our lease (heartbeat); False if the call is no longer claimed by ``owner``."""
+    async def renew_lease(
+        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
+    ) -> bool:
+        """Extend the lease of ``(owner, attempt)``'s claim; False if it is not theirs."""
 
-    async def save_result(self, key: CallKey, *, owner: str, result: SavedResult) -> CallRecord:
-        """Save a result: ``claimed`` → ``succeeded``/``failed``.
+    async def save_result(
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        attempt: int,
+        result: SavedResult,
+        duration: float | None = None,
+    ) -> CallRecord:
+        """Save a result: ``claimed`` by ``(owner, attempt)`` → ``succeeded``/``failed``.
 
-        First writer wins: if a result is already saved (by us or another replica), the
-        stored record is returned unchanged and the caller must submit *that* one. Saving
-        also succeeds when our lease expired but nobody saved a result since.
+        Fenced and first writer wins: if the claim is another attempt's, or a result is
+        already saved, the stored record is returned unchanged (compare its attempt and
+        result with yours). Saving also succeeds when our lease expired but nobody took the
+        call over since. ``duration`` (seconds to obtain it) goes into the history.
         """
 
     async def mark_submitted(self, key: CallKey) -> None:
         """The API accepted the saved result (terminal)."""
 
-    async def mark_stale(self, key: CallKey) -> None:
-        """The API no longer waits for this call (terminal); it is never run again."""
+    async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
+        """Submitting the saved result failed: count it, record ``detail`` in the history,
+        let the sweep retry it at ``retry_at``."""
 
-    async def quarantine(self, key: CallKey, *, owner: str, reason: str) -> None:
+    async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
+        """The API no longer waits for this call (terminal); it is never run again.
+
+        With ``unchanged_since``, only a record not updated after that time is marked: what
+        another replica saved after the caller's session read stands.
+        """
+
+    async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """Hold an in-doubt call for an operator instead of answering it (terminal).
 
-        Only ``owner``'s live or expired claim is quarantined (a saved result always wins);
+        Only ``(owner, attempt)``'s claim is quarantined (a saved result always wins);
         ``reason`` is kept as the record's ``quarantine_reason``.
         """
 
-    async def get_call(self, key: CallKey) -> CallRecord | None:
-        """The record of one call, or None."""
+    async def settle(
+        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
+    ) -> CallRecord | None:
+        """An operator's result for a quarantined call, or an in-doubt one (claimed, lease
+        expired more than ``margin`` ago): saved as for a handler (``settled`` in the
+        history). None when the call is in no such state (running, saved, done, unknown)."""
+
+    async def release(
+        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
+    ) -> CallRecord | None:
+        """An operator's re-run of a quarantined or in-doubt call: claimed by ``owner`` with
+        the next attempt (``released`` in the history). None when it is in no such state."""
+
+    async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
+        """The record of one call (with its history if asked), or None."""
+
+    async def find_calls(self, call_id: str) -> list[CallRecord]:
+        """Every call with this ``call_id``, in any session, with its history (operators)."""
 
     async def calls_for_session(self, session_id: str) -> list[CallRecord]:
-        """Every call recorded for a session (any state)."""
+        """Every call recorded for a session (any state), oldest first."""
 
-    async def unsubmitted_results(self, *, limit: int = 100) -> list[CallRecord]:
-        """Calls in ``succeeded``/``failed``: saved but not yet accepted (recovery)."""
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """Calls matching ``query``, newest first (operators; no history)."""
 
-    async def expired_claims(self, *, limit: int = 100) -> list[CallRecord]:
-        """Calls in ``claimed`` whose lease has expired (recovery; they are in doubt)."""
+    async def unsubmitted_results(
+        self,
+        *,
+        due_before: float,
+        limit: int = 100,
+        after: tuple[float, CallKey] | None = None,
+    ) -> list[CallRecord]:
+        """Calls in ``succeeded``/``failed`` due for (re)submission at or before
+        ``due_before``, by ``(next_attempt_at, key)``, starting after ``after``."""
+
+    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
+        """Calls in ``claimed`` whose lease expired more than ``margin`` ago (in doubt)."""
 
     async def stats(self) -> StoreStats:
         """Counts for operators."""

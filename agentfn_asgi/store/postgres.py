@@ -25,16 +25,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.store._sql import (
+from agentfn_asgi.store._sql import SQLStore, Statement
+from agentfn_asgi.store._sql_dialect import postgres_dialect, quote_identifier
+from agentfn_asgi.store._sql_schema import (
     SCHEMA_VERSION,
     TABLES,
     Row,
-    SQLStore,
-    Statement,
     check_schema_version,
     schema_changes,
 )
-from agentfn_asgi.store._sql_dialect import postgres_dialect, quote_identifier
 
 try:
     import asyncpg
@@ -110,10 +109,11 @@ class PostgresStore(SQLStore):
         min_size: int = 1,
         max_size: int = 16,
         command_timeout: float = 10.0,
+        namespace: str = "",
     ) -> None:
         if not schema:
             raise ConfigurationError("the PostgreSQL store needs a non-empty schema name")
-        super().__init__(clock=clock)
+        super().__init__(clock=clock, namespace=namespace)
         self._url = url
         self._schema = schema
         self._s = quote_identifier(schema)

@@ -35,16 +35,15 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
-from agentfn_asgi.store._sql import (
+from agentfn_asgi.store._sql import SQLStore, Statement
+from agentfn_asgi.store._sql_dialect import SQLITE
+from agentfn_asgi.store._sql_schema import (
     SCHEMA_VERSION,
     TABLES,
     Row,
-    SQLStore,
-    Statement,
     check_schema_version,
     schema_changes,
 )
-from agentfn_asgi.store._sql_dialect import SQLITE
 from agentfn_asgi.store._sqlite_writer import STOP, Jobs, start_writer, stop_writer, submit
 
 __all__ = ["SQLiteStore"]
@@ -146,8 +145,9 @@ class SQLiteStore(SQLStore):
         clock: Callable[[], float] = time.time,
         synchronous: str = "NORMAL",
         busy_timeout: float = 5.0,
+        namespace: str = "",
     ) -> None:
-        super().__init__(clock=clock)
+        super().__init__(clock=clock, namespace=namespace)
         self.path = os.fspath(path)
         if self.path in ("", ":memory:") or self.path.startswith("file::memory:"):
             raise ConfigurationError(

@@ -46,6 +46,7 @@ Metrics::
     agentfn.submission.attempts         histogram  {attempt}   -
     agentfn.delivery_to_result.duration histogram  s           -
     agentfn.calls.oldest_pending.age    gauge      s           -
+    agentfn.recovery.failures           counter    {failure}   agentfn.recovery.kind
 """
 
 from __future__ import annotations

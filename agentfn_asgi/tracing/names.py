@@ -66,6 +66,8 @@ METRIC_TOOL_DURATION: Final = "gen_ai.execute_tool.duration"
 METRIC_SUBMISSION_ATTEMPTS: Final = "agentfn.submission.attempts"
 METRIC_DELIVERY_TO_RESULT: Final = "agentfn.delivery_to_result.duration"
 METRIC_OLDEST_PENDING: Final = "agentfn.calls.oldest_pending.age"
+METRIC_RECOVERY_FAILURES: Final = "agentfn.recovery.failures"
+RECOVERY_KIND: Final = "agentfn.recovery.kind"
 
 # The GenAI conventions' advised buckets for operation durations (10 ms .. ~82 s).
 DURATION_BUCKETS: Final = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,

@@ -37,10 +37,12 @@ from .names import (
     METRIC_DELIVERIES,
     METRIC_DELIVERY_TO_RESULT,
     METRIC_OLDEST_PENDING,
+    METRIC_RECOVERY_FAILURES,
     METRIC_SUBMISSION_ATTEMPTS,
     METRIC_TOOL_CALLS,
     METRIC_TOOL_DURATION,
     OUTCOME_SUCCESS,
+    RECOVERY_KIND,
     SPAN_SESSION_READ,
     SPAN_SUBMISSION,
     TOOL_TYPE_FUNCTION,
@@ -129,6 +131,11 @@ class Telemetry:
             unit="{attempt}",
             description="HTTP attempts needed to submit one result.",
             explicit_bucket_boundaries_advisory=ATTEMPT_BUCKETS,
+        )
+        self._recovery_failures = meter.create_counter(
+            METRIC_RECOVERY_FAILURES,
+            unit="{failure}",
+            description="Records the recovery sweep failed on (retried later with backoff).",
         )
         self._delivery_to_result = meter.create_histogram(
             METRIC_DELIVERY_TO_RESULT,
@@ -253,6 +260,10 @@ class Telemetry:
         self._submission_attempts.record(attempts)
         if delivery_to_submit_seconds is not None:
             self._delivery_to_result.record(max(delivery_to_submit_seconds, 0.0))
+
+    def record_recovery_failure(self, kind: str) -> None:
+        """Count one record the sweep could not finish (``delivery`` or ``submission``)."""
+        self._recovery_failures.add(1, {RECOVERY_KIND: kind})
 
     def observe_pending(self, source: Callable[[], float | None]) -> None:
         """Report ``source()`` (age in seconds of the oldest pending call, or None) as the

@@ -25,7 +25,9 @@ from agentfn_asgi.tools import FunctionTools
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 API_KEY = "sk-test"
 HOST_URL = "http://host.test"
-FAST = DispatchSettings(lease_seconds=2.0, recovery_interval=0.2, recovery_grace=0.2)
+FAST = DispatchSettings(
+    lease_seconds=2.0, recovery_interval=0.2, recovery_grace=0.2, retry_base=0.05
+)
 
 
 class WebhooksFactory(Protocol):

@@ -42,7 +42,9 @@ RECONCILED = "refund_reconciled"
 UNRECONCILED = "refund_unreconciled"
 
 #: Short leases so an in-doubt call is taken over about a second after the crash.
-SETTINGS = DispatchSettings(lease_seconds=1.0, recovery_interval=0.2, recovery_grace=0.2)
+SETTINGS = DispatchSettings(
+    lease_seconds=1.0, recovery_interval=0.2, recovery_grace=0.2, retry_base=0.05
+)
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:

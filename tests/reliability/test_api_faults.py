@@ -41,7 +41,9 @@ from .stacks import API_KEY, fault_stack
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
 
 #: Quick sweeps so a call left for recovery is picked up within a few tenths of a second.
-QUICK = DispatchSettings(lease_seconds=2.0, recovery_interval=0.1, recovery_grace=0.1)
+QUICK = DispatchSettings(
+    lease_seconds=2.0, recovery_interval=0.1, recovery_grace=0.1, retry_base=0.05
+)
 
 
 class Tools:

@@ -55,7 +55,9 @@ async def test_a_slow_reconcile_keeps_its_lease(tmp_path: Path) -> None:
     reconciles for longer than a lease; the second must see it busy, not take it over: the
     refund happens once."""
     ledger = tmp_path / "ledger.jsonl"
-    settings = DispatchSettings(lease_seconds=0.3, recovery_interval=0.05, recovery_grace=0.05)
+    settings = DispatchSettings(
+        lease_seconds=0.3, recovery_interval=0.05, recovery_grace=0.05, retry_base=0.05
+    )
     store = open_store("memory://")
     fake = FakeAgentsAPI(api_key=API_KEY, webhook_secret=SECRET)
     async with fake:

@@ -112,11 +112,11 @@ async def test_shutdown_claims_nothing_new_and_lets_running_calls_finish() -> No
                 await anyio.sleep(0.01)
         sid_b = stack.fake.create_session([[FakeCall("work", {"name": "B"}, call_id="b")]])
         with anyio.fail_after(5):
-            while not (await stack.store.unresolved_deliveries(older_than=2e9)):
+            while not (await stack.store.unresolved_deliveries(due_before=2e9)):
                 await anyio.sleep(0.01)
         await stack.app.dispatcher.stop(drain_timeout=5)
         calls_b = await stack.store.calls_for_session(sid_b)
-        unresolved = await stack.store.unresolved_deliveries(older_than=2e9)
+        unresolved = await stack.store.unresolved_deliveries(due_before=2e9)
     assert started == ["A"]
     assert [s.call_id for s in stack.fake.submissions] == ["a"]
     assert calls_b == []

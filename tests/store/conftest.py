@@ -46,9 +46,10 @@ async def claim(store: Store, owner: str, key: CallKey = KEY) -> ClaimStatus:
 
 
 class StoreFactory(Protocol):
-    """``await store_factory()`` → a new opened store; ``opened=False`` skips ``open()``."""
+    """``await store_factory()`` → a new opened store; ``opened=False`` skips ``open()``;
+    ``namespace=`` works in another namespace of the same backend's data."""
 
-    def __call__(self, *, opened: bool = True) -> Awaitable[Store]: ...
+    def __call__(self, *, opened: bool = True, namespace: str = "") -> Awaitable[Store]: ...
 
 
 class FakeClock:
@@ -99,31 +100,36 @@ async def store_factory(
     backend: str = request.param
     created: list[Store] = []
     cleanup: Callable[[], Awaitable[None]] | None = None
-    make: Callable[[], Store]
-    memory_store: Store | None = None
+    make: Callable[[str], Store]
+    memory_store = MemoryStore(clock=clock)
+    memories: dict[str, Store] = {"": memory_store}
 
     if backend == "memory":
-        memory = memory_store = MemoryStore(clock=clock)
-        make = lambda: memory  # noqa: E731
+
+        def make(namespace: str) -> Store:
+            if namespace not in memories:
+                memories[namespace] = memory_store.sharing(namespace)
+            return memories[namespace]
+
     elif backend == "sqlite":
         path = tmp_path / "store.sqlite3"
-        make = lambda: SQLiteStore(path, clock=clock)  # noqa: E731
+        make = lambda namespace: SQLiteStore(path, clock=clock, namespace=namespace)  # noqa: E731
     elif backend == "redis":
         make, cleanup = _redis_backend(clock)
     else:
         make, cleanup = _postgres_backend(clock)
 
-    async def factory(*, opened: bool = True) -> Store:
-        store = make()
+    async def factory(*, opened: bool = True, namespace: str = "") -> Store:
+        store = make(namespace)
         try:
             # Even for opened=False, check the service is there (then close: reopen lazily).
             await store.open()
         except StoreUnavailableError as exc:
             await store.close()
             require_service(backend, f"cannot open the store: {exc}")
-        if not opened and store is not memory_store:
+        if not opened and backend != "memory":
             await store.close()
-            store = make()
+            store = make(namespace)
         if store not in created:
             created.append(store)
         return store
@@ -145,7 +151,7 @@ async def store(store_factory: StoreFactory) -> Store:
 
 def _redis_backend(
     clock: FakeClock,
-) -> tuple[Callable[[], Store], Callable[[], Awaitable[None]]]:
+) -> tuple[Callable[[str], Store], Callable[[], Awaitable[None]]]:
     try:
         from agentfn_asgi.store.redis import RedisStore
     except ImportError as exc:
@@ -164,12 +170,17 @@ def _redis_backend(
             # types-redis lags redis 5+, which added aclose() and deprecated close().
             await client.aclose()  # type: ignore[attr-defined]
 
-    return lambda: RedisStore(REDIS_URL, key_prefix=prefix, clock=clock), cleanup
+    return (
+        lambda namespace: RedisStore(
+            REDIS_URL, key_prefix=prefix, clock=clock, namespace=namespace
+        ),
+        cleanup,
+    )
 
 
 def _postgres_backend(
     clock: FakeClock,
-) -> tuple[Callable[[], Store], Callable[[], Awaitable[None]]]:
+) -> tuple[Callable[[str], Store], Callable[[], Awaitable[None]]]:
     try:
         from agentfn_asgi.store.postgres import PostgresStore
     except ImportError as exc:
@@ -185,4 +196,9 @@ def _postgres_backend(
         finally:
             await conn.close()
 
-    return lambda: PostgresStore(POSTGRES_URL, schema=schema, clock=clock), cleanup
+    return (
+        lambda namespace: PostgresStore(
+            POSTGRES_URL, schema=schema, clock=clock, namespace=namespace
+        ),
+        cleanup,
+    )

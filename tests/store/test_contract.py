@@ -74,19 +74,19 @@ async def test_unresolved_deliveries_and_mark_resolved(store: Store, clock: Fake
     clock.advance(10)
     await store.record_delivery("msg_3", "sess_3")
 
-    assert await store.unresolved_deliveries(older_than=t0 + 5) == [
-        DeliveryRecord("msg_1", "sess_1", t0, False)
+    assert await store.unresolved_deliveries(due_before=t0 + 5) == [
+        DeliveryRecord("msg_1", "sess_1", t0, False, next_attempt_at=t0)
     ]
-    found = await store.unresolved_deliveries(older_than=clock.now)
+    found = await store.unresolved_deliveries(due_before=clock.now)
     assert [d.delivery_id for d in found] == ["msg_1", "msg_2", "msg_3"]
     assert [d.received_at for d in found] == [t0, t0 + 10, t0 + 20]
-    limited = await store.unresolved_deliveries(older_than=clock.now, limit=2)
+    limited = await store.unresolved_deliveries(due_before=clock.now, limit=2)
     assert [d.delivery_id for d in limited] == ["msg_1", "msg_2"]
 
     await store.mark_delivery_resolved("msg_1")
     await store.mark_delivery_resolved("msg_1")
     await store.mark_delivery_resolved("never_seen")
-    found = await store.unresolved_deliveries(older_than=clock.now)
+    found = await store.unresolved_deliveries(due_before=clock.now)
     assert [d.delivery_id for d in found] == ["msg_2", "msg_3"]
     assert await store.record_delivery("msg_1", "sess_1") is False
 
@@ -114,14 +114,50 @@ async def test_claim_new_call_is_claimed_attempt_1(store: Store, clock: FakeCloc
 
 
 async def test_claim_with_live_lease_is_busy(store: Store, clock: FakeClock) -> None:
-    """A live lease keeps every other claimant out, including the owner itself."""
+    """A live lease keeps every other claimant out; the owner's own repeat (a claim retried
+    after its answer was lost) finds the call already its own, unchanged."""
     assert await claim(store, "a") is ClaimStatus.CLAIMED
     clock.advance(LEASE - 1)
     assert await claim(store, "b") is ClaimStatus.BUSY
-    assert await claim(store, "a") is ClaimStatus.BUSY
+    assert await claim(store, "a") is ClaimStatus.CLAIMED
     record = await store.get_call(KEY)
     assert record is not None
     assert (record.owner, record.attempt) == ("a", 1)
+    assert record.lease_expires_at == pytest.approx(clock.now - LEASE + 1 + LEASE)
+
+
+async def test_an_owners_repeated_takeover_is_its_own(store: Store, clock: FakeClock) -> None:
+    """After a takeover, the new owner's retried claim returns the same attempt (2), not a
+    third one and not BUSY."""
+    await claim(store, "a")
+    clock.advance(LEASE + 1)
+    assert await claim(store, "b") is ClaimStatus.IN_DOUBT
+    again = await store.claim_call(KEY, tool_name="lookup", owner="b", lease_seconds=LEASE)
+    assert (again.status, again.record.attempt, again.record.owner) == (
+        ClaimStatus.IN_DOUBT,
+        2,
+        "b",
+    )
+
+
+async def test_takeover_waits_out_the_margin(store: Store, clock: FakeClock) -> None:
+    """With a margin, an expired lease is taken over only once it has been expired longer
+    than the margin (the holder fences itself that long before expiry)."""
+    await claim(store, "a")
+    clock.advance(LEASE + 3)
+
+    async def by_b() -> ClaimStatus:
+        outcome = await store.claim_call(
+            KEY, tool_name="lookup", owner="b", lease_seconds=LEASE, margin=5.0
+        )
+        return outcome.status
+
+    assert await by_b() is ClaimStatus.BUSY
+    assert await store.expired_claims(margin=5.0) == []
+    assert [r.key for r in await store.expired_claims()] == [KEY]
+    clock.advance(3)
+    assert [r.key for r in await store.expired_claims(margin=5.0)] == [KEY]
+    assert await by_b() is ClaimStatus.IN_DOUBT
 
 
 async def test_claim_after_lease_expired_is_in_doubt(store: Store, clock: FakeClock) -> None:
@@ -155,7 +191,7 @@ async def test_claim_after_save_is_saved(store: Store, clock: FakeClock, success
     """A saved (not yet submitted) result is never re-run: claims answer SAVED with it."""
     await claim(store, "a")
     saved = result("answer", success=success)
-    await store.save_result(KEY, owner="a", result=saved)
+    await store.save_result(KEY, owner="a", attempt=1, result=saved)
     clock.advance(LEASE * 10)
     outcome = await store.claim_call(KEY, tool_name="lookup", owner="b", lease_seconds=LEASE)
     assert outcome.status is ClaimStatus.SAVED
@@ -183,7 +219,7 @@ async def test_times_round_trip_exactly(store: Store, clock: FakeClock) -> None:
     assert outcome.record.created_at == clock.now
     assert outcome.record.lease_expires_at == clock.now + 0.000123
     await store.record_delivery("m", "s")
-    [delivery] = await store.unresolved_deliveries(older_than=clock.now)
+    [delivery] = await store.unresolved_deliveries(due_before=clock.now)
     assert delivery.received_at == clock.now
 
 
@@ -193,14 +229,16 @@ async def test_times_round_trip_exactly(store: Store, clock: FakeClock) -> None:
 async def test_save_result_moves_claimed_to_succeeded_or_failed(store: Store) -> None:
     """save_result stores the exact result and returns the new record."""
     await claim(store, "a")
-    record = await store.save_result(KEY, owner="a", result=result("yes"))
+    record = await store.save_result(KEY, owner="a", attempt=1, result=result("yes"))
     assert record.state is CallState.SUCCEEDED
     assert record.result == result("yes")
     assert await store.get_call(KEY) == record
 
     other = CallKey("sess_1", "turn_1", "call_2")
     await claim(store, "a", other)
-    failed = await store.save_result(other, owner="a", result=result("no", success=False))
+    failed = await store.save_result(
+        other, owner="a", attempt=1, result=result("no", success=False)
+    )
     assert failed.state is CallState.FAILED
     assert failed.result is not None
     assert failed.result.error_type == "handler_error"
@@ -211,19 +249,39 @@ async def test_save_result_first_writer_wins(store: Store, clock: FakeClock) -> 
     await claim(store, "a")
     clock.advance(LEASE + 1)
     assert await claim(store, "b") is ClaimStatus.IN_DOUBT
-    winner = await store.save_result(KEY, owner="b", result=result("from b", key="kb"))
-    loser = await store.save_result(KEY, owner="a", result=result("from a", key="ka"))
+    winner = await store.save_result(KEY, owner="b", attempt=2, result=result("from b", key="kb"))
+    loser = await store.save_result(KEY, owner="a", attempt=1, result=result("from a", key="ka"))
     assert loser == winner
     assert loser.result == result("from b", key="kb")
-    again = await store.save_result(KEY, owner="b", result=result("twice", key="kb2"))
+    again = await store.save_result(KEY, owner="b", attempt=2, result=result("twice", key="kb2"))
     assert again.result == result("from b", key="kb")
+
+
+async def test_a_superseded_attempt_cannot_save(store: Store, clock: FakeClock) -> None:
+    """Fencing: after a takeover, the old holder's save (attempt 1) is refused even before
+    the new holder saved: the record comes back unchanged, still claimed by attempt 2; so
+    is a save under the right owner with another attempt number."""
+    await claim(store, "a")
+    clock.advance(LEASE + 1)
+    assert await claim(store, "b") is ClaimStatus.IN_DOUBT
+    late = await store.save_result(KEY, owner="a", attempt=1, result=result("late", key="ka"))
+    assert (late.state, late.owner, late.attempt, late.result) == (
+        CallState.CLAIMED,
+        "b",
+        2,
+        None,
+    )
+    wrong = await store.save_result(KEY, owner="b", attempt=1, result=result("x", key="kx"))
+    assert wrong.result is None
+    saved = await store.save_result(KEY, owner="b", attempt=2, result=result("b", key="kb"))
+    assert saved.result == result("b", key="kb")
 
 
 async def test_save_after_own_lease_expired_succeeds(store: Store, clock: FakeClock) -> None:
     """A slow owner whose lease lapsed may still save if nobody saved since."""
     await claim(store, "a")
     clock.advance(LEASE * 3)
-    record = await store.save_result(KEY, owner="a", result=result("late"))
+    record = await store.save_result(KEY, owner="a", attempt=1, result=result("late"))
     assert record.state is CallState.SUCCEEDED
     assert record.result == result("late")
 
@@ -231,7 +289,7 @@ async def test_save_after_own_lease_expired_succeeds(store: Store, clock: FakeCl
 async def test_save_result_for_unknown_call_raises(store: Store) -> None:
     """A result for a call that was never claimed is a StoreError, not a silent insert."""
     with pytest.raises(StoreError):
-        await store.save_result(KEY, owner="a", result=result())
+        await store.save_result(KEY, owner="a", attempt=1, result=result())
 
 
 async def test_mark_submitted_is_terminal(store: Store) -> None:
@@ -242,7 +300,7 @@ async def test_mark_submitted_is_terminal(store: Store) -> None:
     assert record is not None
     assert record.state is CallState.CLAIMED
 
-    await store.save_result(KEY, owner="a", result=result())
+    await store.save_result(KEY, owner="a", attempt=1, result=result())
     await store.mark_submitted(KEY)
     await store.mark_submitted(KEY)
     record = await store.get_call(KEY)
@@ -262,13 +320,13 @@ async def test_mark_stale_is_terminal(store: Store, clock: FakeClock) -> None:
 
     saved_key = CallKey("sess_1", "turn_1", "call_saved")
     await claim(store, "a", saved_key)
-    await store.save_result(saved_key, owner="a", result=result())
+    await store.save_result(saved_key, owner="a", attempt=1, result=result())
     await store.mark_stale(saved_key)
     assert await claim(store, "b", saved_key) is ClaimStatus.DONE
 
     done_key = CallKey("sess_1", "turn_1", "call_done")
     await claim(store, "a", done_key)
-    await store.save_result(done_key, owner="a", result=result())
+    await store.save_result(done_key, owner="a", attempt=1, result=result())
     await store.mark_submitted(done_key)
     await store.mark_stale(done_key)
     record = await store.get_call(done_key)
@@ -282,13 +340,14 @@ async def test_quarantine_is_terminal_and_owner_only(store: Store, clock: FakeCl
     await claim(store, "a")
     clock.advance(LEASE + 1)
     await claim(store, "b")
-    await store.quarantine(KEY, owner="a", reason="stale owner")
+    await store.quarantine(KEY, owner="a", attempt=1, reason="stale owner")
+    await store.quarantine(KEY, owner="b", attempt=1, reason="superseded attempt")
     record = await store.get_call(KEY)
     assert record is not None
     assert record.state is CallState.CLAIMED
     assert record.quarantine_reason is None
 
-    await store.quarantine(KEY, owner="b", reason="reconcile could not decide")
+    await store.quarantine(KEY, owner="b", attempt=2, reason="reconcile could not decide")
     record = await store.get_call(KEY)
     assert record is not None
     assert record.state is CallState.QUARANTINED
@@ -297,8 +356,8 @@ async def test_quarantine_is_terminal_and_owner_only(store: Store, clock: FakeCl
 
     saved_key = CallKey("sess_1", "turn_1", "call_saved")
     await claim(store, "a", saved_key)
-    await store.save_result(saved_key, owner="a", result=result())
-    await store.quarantine(saved_key, owner="a", reason="too late")
+    await store.save_result(saved_key, owner="a", attempt=1, result=result())
+    await store.quarantine(saved_key, owner="a", attempt=1, reason="too late")
     record = await store.get_call(saved_key)
     assert record is not None
     assert record.state is CallState.SUCCEEDED
@@ -309,7 +368,7 @@ async def test_quarantine_reason_is_read_back(store: Store, clock: FakeClock) ->
     """The reason given to quarantine() comes back on the record, wherever it is read."""
     reason = "reconcile could not decide: payment ☃ unknown"
     await claim(store, "a")
-    await store.quarantine(KEY, owner="a", reason=reason)
+    await store.quarantine(KEY, owner="a", attempt=1, reason=reason)
     record = await store.get_call(KEY)
     assert record is not None
     assert (record.state, record.quarantine_reason, record.result) == (
@@ -325,23 +384,27 @@ async def test_quarantine_reason_is_read_back(store: Store, clock: FakeClock) ->
 
 
 async def test_renew_lease(store: Store, clock: FakeClock) -> None:
-    """The owner extends its lease; anyone else, or a call no longer claimed, gets False."""
+    """The holder (owner and attempt) extends its lease; anyone else, another attempt, or a
+    call no longer claimed, gets False."""
     await claim(store, "a")
     clock.advance(LEASE - 1)
-    assert await store.renew_lease(KEY, owner="a", lease_seconds=LEASE) is True
+    assert await store.renew_lease(KEY, owner="a", attempt=1, lease_seconds=LEASE) is True
     record = await store.get_call(KEY)
     assert record is not None
     assert record.lease_expires_at == pytest.approx(clock.now + LEASE)
     clock.advance(LEASE - 1)  # past the original lease, inside the renewed one
     assert await claim(store, "b") is ClaimStatus.BUSY
-    assert await store.renew_lease(KEY, owner="b", lease_seconds=LEASE) is False
-    assert await store.renew_lease(CallKey("x", "y", "z"), owner="a", lease_seconds=1) is False
+    assert await store.renew_lease(KEY, owner="b", attempt=1, lease_seconds=LEASE) is False
+    assert await store.renew_lease(KEY, owner="a", attempt=2, lease_seconds=LEASE) is False
+    unknown = CallKey("x", "y", "z")
+    assert await store.renew_lease(unknown, owner="a", attempt=1, lease_seconds=1) is False
 
     clock.advance(LEASE + 1)
     assert await claim(store, "b") is ClaimStatus.IN_DOUBT
-    assert await store.renew_lease(KEY, owner="a", lease_seconds=LEASE) is False
-    await store.save_result(KEY, owner="b", result=result())
-    assert await store.renew_lease(KEY, owner="b", lease_seconds=LEASE) is False
+    assert await store.renew_lease(KEY, owner="a", attempt=1, lease_seconds=LEASE) is False
+    assert await store.renew_lease(KEY, owner="b", attempt=2, lease_seconds=LEASE) is True
+    await store.save_result(KEY, owner="b", attempt=2, result=result())
+    assert await store.renew_lease(KEY, owner="b", attempt=2, lease_seconds=LEASE) is False
 
 
 # -- queries -------------------------------------------------------------------------------
@@ -359,7 +422,7 @@ async def test_get_call_and_calls_for_session(store: Store, clock: FakeClock) ->
         await claim(store, "a", key)
         clock.advance(1)
     await claim(store, "a", CallKey("sess_2", "turn_1", "call_1"))
-    await store.save_result(keys[1], owner="a", result=result())
+    await store.save_result(keys[1], owner="a", attempt=1, result=result())
 
     records = await store.calls_for_session("sess_1")
     assert [r.key for r in records] == keys
@@ -376,18 +439,18 @@ async def test_unsubmitted_results(store: Store, clock: FakeClock) -> None:
     keys = [CallKey("s", "t", f"c{i}") for i in range(5)]
     for key in keys:
         await claim(store, "a", key)
-    await store.save_result(keys[0], owner="a", result=result())
+    await store.save_result(keys[0], owner="a", attempt=1, result=result())
     clock.advance(1)
-    await store.save_result(keys[1], owner="a", result=result(success=False))
+    await store.save_result(keys[1], owner="a", attempt=1, result=result(success=False))
     clock.advance(1)
-    await store.save_result(keys[2], owner="a", result=result())
+    await store.save_result(keys[2], owner="a", attempt=1, result=result())
     await store.mark_submitted(keys[2])
     await store.mark_stale(keys[3])
 
-    found = await store.unsubmitted_results()
+    found = await store.unsubmitted_results(due_before=2e9)
     assert {r.key for r in found} == {keys[0], keys[1]}
     assert all(r.result is not None for r in found)
-    assert len(await store.unsubmitted_results(limit=1)) == 1
+    assert len(await store.unsubmitted_results(due_before=clock.now, limit=1)) == 1
 
 
 async def test_expired_claims(store: Store, clock: FakeClock) -> None:
@@ -396,7 +459,7 @@ async def test_expired_claims(store: Store, clock: FakeClock) -> None:
     saved = CallKey("s", "t", "saved")
     await claim(store, "a", old)
     await claim(store, "a", saved)
-    await store.save_result(saved, owner="a", result=result())
+    await store.save_result(saved, owner="a", attempt=1, result=result())
     clock.advance(LEASE + 1)
     fresh = CallKey("s", "t", "fresh")
     await claim(store, "a", fresh)
@@ -419,10 +482,10 @@ async def test_prune_removes_old_deliveries_and_old_terminal_calls(
     keys = {name: CallKey("s", "t", name) for name in ("submitted", "stale", "claimed", "saved")}
     for key in keys.values():
         await claim(store, "a", key)
-    await store.save_result(keys["submitted"], owner="a", result=result())
+    await store.save_result(keys["submitted"], owner="a", attempt=1, result=result())
     await store.mark_submitted(keys["submitted"])
     await store.mark_stale(keys["stale"])
-    await store.save_result(keys["saved"], owner="a", result=result())
+    await store.save_result(keys["saved"], owner="a", attempt=1, result=result())
     cutoff = clock.now + 1
     clock.advance(100)
     await store.record_delivery("new", "s")
@@ -462,11 +525,11 @@ async def test_non_positive_limits_return_nothing(store: Store, clock: FakeClock
     await store.record_delivery("d1", "s")
     await claim(store, "a", CallKey("s", "t", "expired"))
     await claim(store, "a", CallKey("s", "t", "saved"))
-    await store.save_result(CallKey("s", "t", "saved"), owner="a", result=result())
+    await store.save_result(CallKey("s", "t", "saved"), owner="a", attempt=1, result=result())
     clock.advance(LEASE + 1)
     for limit in (0, -1):
-        assert await store.unresolved_deliveries(older_than=clock.now, limit=limit) == []
-        assert await store.unsubmitted_results(limit=limit) == []
+        assert await store.unresolved_deliveries(due_before=clock.now, limit=limit) == []
+        assert await store.unsubmitted_results(due_before=clock.now, limit=limit) == []
         assert await store.expired_claims(limit=limit) == []
     assert len(await store.expired_claims(limit=1)) == 1
 
@@ -487,9 +550,9 @@ async def test_stats(store: Store, clock: FakeClock) -> None:
     clock.advance(LEASE + 1)
     await claim(store, "a", CallKey("s", "t", "live"))
     await claim(store, "a", CallKey("s", "t", "saved"))
-    await store.save_result(CallKey("s", "t", "saved"), owner="a", result=result())
+    await store.save_result(CallKey("s", "t", "saved"), owner="a", attempt=1, result=result())
     await claim(store, "a", CallKey("s", "t", "done"))
-    await store.save_result(CallKey("s", "t", "done"), owner="a", result=result())
+    await store.save_result(CallKey("s", "t", "done"), owner="a", attempt=1, result=result())
     await store.mark_submitted(CallKey("s", "t", "done"))
 
     stats = await store.stats()
@@ -521,12 +584,12 @@ async def test_saved_result_round_trip_unicode_and_4mib(store: Store) -> None:
         full_output="full ☃ output",
     )
     await claim(store, "a")
-    record = await store.save_result(KEY, owner="a", result=saved)
+    record = await store.save_result(KEY, owner="a", attempt=1, result=saved)
     assert record.result == saved
     stored = await store.get_call(KEY)
     assert stored is not None
     assert stored.result == saved
-    assert (await store.unsubmitted_results())[0].result == saved
+    assert (await store.unsubmitted_results(due_before=2e9))[0].result == saved
 
 
 async def test_identifiers_of_any_shape_are_distinct_and_round_trip(
@@ -551,7 +614,7 @@ async def test_identifiers_of_any_shape_are_distinct_and_round_trip(
         assert record.key == key
     assert [r.key for r in await store.calls_for_session("a")] == [keys[1], keys[2]]
     assert await store.record_delivery("x" * 10_000, "ü🙂") is True
-    assert [d.session_id for d in await store.unresolved_deliveries(older_than=clock.now)] == [
+    assert [d.session_id for d in await store.unresolved_deliveries(due_before=clock.now)] == [
         "ü🙂"
     ]
 

@@ -18,7 +18,7 @@ import pytest
 
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey, CallState, ClaimStatus
-from agentfn_asgi.store._sql import SCHEMA_VERSION
+from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
 from .conftest import FakeClock as Clock
 from .conftest import require_service
@@ -245,18 +245,18 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
     )
     assert record.result is None
     assert await store.record_delivery("msg_1", "s") is False
-    assert [d.delivery_id for d in await store.unresolved_deliveries(older_than=100.0)] == ["msg_1"]
+    assert [d.delivery_id for d in await store.unresolved_deliveries(due_before=100.0)] == ["msg_1"]
     versions = await _query(f'SELECT version FROM "{schema}".schema_version')
     assert [row["version"] for row in versions] == [SCHEMA_VERSION]
     indexes = await _query("SELECT indexname FROM pg_indexes WHERE schemaname = $1", schema)
     assert {row["indexname"] for row in indexes} == {
         "deliveries_pkey",
-        "deliveries_unresolved",
+        "deliveries_due",
         "deliveries_received",
         "calls_pkey",
         "calls_claimed",
-        "calls_unsubmitted",
-        "calls_terminal",
+        "calls_due",
+        "calls_finished",
     }
     fresh = await store.claim_call(
         CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5

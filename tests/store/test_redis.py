@@ -93,13 +93,13 @@ async def test_prune_drops_index_entries_of_expired_keys(make_store: StoreMaker)
     key = CallKey("sess", "turn", "call")
     await store.record_delivery("msg_1", "sess")
     await store.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
-    await store.save_result(key, owner="a", result=_result())
+    await store.save_result(key, owner="a", attempt=1, result=_result())
     await store.mark_submitted(key)
     await asyncio.sleep(0.4)
     # Expired keys are already invisible to the readers...
     assert await store.get_call(key) is None
     assert await store.calls_for_session("sess") == []
-    assert await store.unresolved_deliveries(older_than=clock.now) == []
+    assert await store.unresolved_deliveries(due_before=clock.now) == []
     # ...and prune (with cut-offs older than everything) removes what the indexes still hold.
     assert await store.prune(deliveries_before=0.0, calls_before=0.0) == 0
     stats = await store.stats()
@@ -135,12 +135,12 @@ async def test_terminal_calls_expire_after_call_retention(make_store: StoreMaker
     done, pending = CallKey("s", "t", "done"), CallKey("s", "t", "pending")
     for key in (done, pending):
         await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
-        await store.save_result(key, owner="o", result=_result())
+        await store.save_result(key, owner="o", attempt=1, result=_result())
     await store.mark_submitted(done)
     await asyncio.sleep(0.4)
     assert await store.get_call(done) is None
     assert [r.key for r in await store.calls_for_session("s")] == [pending]
-    assert [r.key for r in await store.unsubmitted_results()] == [pending]
+    assert [r.key for r in await store.unsubmitted_results(due_before=2e9)] == [pending]
 
 
 async def test_unreachable_redis_raises_unavailable_quickly() -> None:

@@ -6,16 +6,16 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentfn_asgi.store._codec import record_from_mapping
-from agentfn_asgi.store._sql import (
+from agentfn_asgi.store._sql import CLAIM
+from agentfn_asgi.store._sql_dialect import SQLITE, postgres_dialect
+from agentfn_asgi.store._sql_schema import (
     CALL_COLUMNS,
-    CLAIM,
     INDEXES,
     SCHEMA_VERSION,
     TABLES,
     UPGRADES,
     schema_changes,
 )
-from agentfn_asgi.store._sql_dialect import SQLITE, postgres_dialect
 
 
 def test_postgres_numbers_parameters_in_order_of_first_use() -> None:
@@ -42,11 +42,15 @@ def test_sqlite_keeps_named_parameters_and_has_no_prefix() -> None:
 
 
 def test_the_claim_says_what_it_does_to_which_state() -> None:
-    """The upsert inserts attempt 1, and takes over only a claimed call whose lease expired."""
-    text = SQLITE.render(CLAIM).text
+    """The upsert inserts attempt 1, takes over only a claimed call whose lease expired
+    before the margin (attempt + 1), and returns our own live claim unchanged."""
+    text = " ".join(SQLITE.render(CLAIM).text.split())
     assert "'claimed', 1," in text
-    assert "attempt = c.attempt + 1" in text
-    assert "WHERE c.state = 'claimed' AND c.lease_expires_at < :now" in text
+    assert "THEN c.attempt ELSE c.attempt + 1 END" in text
+    assert (
+        "WHERE c.state = 'claimed' AND (c.lease_expires_at < :takeover_before"
+        " OR (c.owner = excluded.owner AND c.lease_expires_at >= :now))"
+    ) in text
 
 
 def test_a_fresh_database_gets_tables_and_indexes_only() -> None:
@@ -91,7 +95,8 @@ class _Recording(dict[str, Any]):
 
 def test_every_call_column_is_read_back() -> None:
     """A column added to the schema must also be read into the record (and vice versa)."""
-    row = _Recording(iter(name for name, _ in CALL_COLUMNS))
+    # The namespace is where a row lives, not a fact of the call: it is never read back.
+    row = _Recording(iter(name for name, _ in CALL_COLUMNS if name != "namespace"))
     row["state"] = "claimed"
     row.read.clear()
     record_from_mapping(row)

@@ -24,11 +24,11 @@ from agentfn_asgi.store._sql import (
     EXPIRED_CLAIMS,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
-    SCHEMA_VERSION,
     UNRESOLVED_DELIVERIES,
     UNSUBMITTED_RESULTS,
 )
 from agentfn_asgi.store._sql_dialect import SQLITE
+from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 
@@ -284,7 +284,7 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
             "reconcile could not decide",
             None,
         )
-        [failed] = await store.unsubmitted_results()
+        [failed] = await store.unsubmitted_results(due_before=2e9)
         assert failed.key == CallKey("s", "t", "failed")
         assert failed.result is not None
         assert (failed.result.error_type, failed.quarantine_reason) == ("handler_error", None)
@@ -301,15 +301,20 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
                 "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
             )
         }
-        assert [row[1] for row in raw.execute("PRAGMA table_info(calls)")][-1] == (
-            "quarantine_reason"
-        )
+        names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
+        assert names[-5:] == [
+            "quarantine_reason",
+            "next_attempt_at",
+            "failures",
+            "namespace",
+            "history",
+        ]
     assert indexes == {
-        "deliveries_unresolved",
+        "deliveries_due",
         "deliveries_received",
         "calls_claimed",
-        "calls_unsubmitted",
-        "calls_terminal",
+        "calls_due",
+        "calls_finished",
     }
 
 
@@ -318,13 +323,20 @@ async def test_recovery_and_prune_queries_use_the_partial_indexes(
 ) -> None:
     """SQLite uses a partial index only when a query repeats its condition term for term; the
     shared predicates make every recovery and prune query do so."""
-    params = {"older_than": 0.0, "now": 0.0, "before": 0.0, "limit": 10, "batch": 10}
+    params = {
+        "due_before": 0.0,
+        "takeover_before": 0.0,
+        "namespace": "",
+        "before": 0.0,
+        "limit": 10,
+        "batch": 10,
+    }
     expected = {
-        UNRESOLVED_DELIVERIES: "deliveries_unresolved",
-        UNSUBMITTED_RESULTS: "calls_unsubmitted",
+        UNRESOLVED_DELIVERIES: "deliveries_due",
+        UNSUBMITTED_RESULTS: "calls_due",
         EXPIRED_CLAIMS: "calls_claimed",
         PRUNE_DELIVERIES: "deliveries_received",
-        PRUNE_CALLS: "calls_terminal",
+        PRUNE_CALLS: "calls_finished",
     }
     with sqlite3.connect(db_path) as raw:
         for template, index in expected.items():

@@ -21,7 +21,9 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 API_KEY = "sk-test"
 APP_URL = "http://app.test/openai/webhooks"
 
-FAST = DispatchSettings(lease_seconds=2.0, recovery_interval=0.2, recovery_grace=0.2)
+FAST = DispatchSettings(
+    lease_seconds=2.0, recovery_interval=0.2, recovery_grace=0.2, retry_base=0.05
+)
 
 
 async def fast_sleep(seconds: float) -> None:

@@ -1,0 +1,312 @@
+"""Operator commands over the calls: ``calls``, ``calls show``, ``calls settle``, ``deliveries``.
+
+They read through :class:`~agentfn_asgi.operator.Operator`, as the operator page does, so a
+terminal and a browser show the same facts. Settling goes through a dispatcher built like
+the app's (same ``AGENTFN_*`` settings, same store namespace): the result is saved, then
+submitted once under its stable key; ``--rerun`` runs the handler with the next attempt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any, Literal, get_args
+
+from ..config import Config
+from ..errors import CLIError
+from ..operator import (
+    CallDetail,
+    CallFilter,
+    CallSummary,
+    DeliveryView,
+    DisplayState,
+    Operator,
+    json_or_text,
+    parse_duration,
+)
+from ..tools import FunctionTools
+from .common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    ago,
+    check_store_exists,
+    load_tools,
+    progress,
+    redacted,
+    store_url,
+    tools_spec,
+)
+
+__all__ = ["format_call", "format_calls", "register"]
+
+_STORE_HELP = "store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
+
+
+@contextlib.asynccontextmanager
+async def operator(
+    store: str | None,
+    *,
+    api: Literal["none", "optional", "required"] = "none",
+    tools: str | None = None,
+) -> AsyncIterator[Operator]:
+    """An :class:`Operator` over the configured store, and, unless ``api`` is ``none``, over
+    a started dispatcher (Agents API client, the registry of ``tools``) that is drained
+    after. ``optional``: without an API key, go on without it (what needs it is left out)."""
+    from ..dispatch import Dispatcher
+    from ..jobs import worker_jobs
+
+    config = Config.from_env()
+    url = store_url(store)
+    check_store_exists(url)
+    the_store = config.open_store(url)
+    location = str(getattr(the_store, "location", None) or redacted(url))
+    if api == "optional" and not config.api_key:
+        api = "none"
+    if api == "none":
+        try:
+            await the_store.open()
+            yield Operator(the_store, location=location)
+        finally:
+            await the_store.close()
+        return
+    registry = load_tools(tools) if tools else FunctionTools()
+    handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
+    async with config.client() as client:
+        dispatcher = Dispatcher(
+            registry, client, the_store, settings=config.dispatch, handoff=handoff
+        )
+        await dispatcher.start(recover=False)
+        try:
+            yield Operator(the_store, dispatcher=dispatcher, location=location)
+            if dispatcher.inflight:
+                progress(f"waiting for {dispatcher.inflight} call(s) to finish...")
+        finally:
+            await dispatcher.stop(drain_timeout=300.0)
+            await the_store.close()
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def _stamp(at: float) -> str:
+    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def format_calls(calls: list[CallSummary], *, now: float) -> str:
+    """One line per call: session, turn, call, tool, state, attempt, age, error type."""
+    if not calls:
+        return "no calls"
+    header = ("SESSION", "TURN", "CALL", "TOOL", "STATE", "ATTEMPT", "AGE", "ERROR")
+    rows = [
+        (
+            c.session_id,
+            c.turn_id,
+            c.call_id,
+            c.tool_name,
+            c.state,
+            str(c.attempt),
+            ago(c.created_at, now),
+            c.error_type or c.reason or "",
+        )
+        for c in calls
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    )
+
+
+def format_call(detail: CallDetail, *, now: float) -> str:
+    """One call: its summary, then its history as a timeline (and content if asked)."""
+    c = detail.summary
+    lines = [
+        f"call      {c.call_id}",
+        f"session   {c.session_id}",
+        f"turn      {c.turn_id}",
+        f"tool      {c.tool_name}",
+        f"state     {c.state} (attempt {c.attempt})",
+        f"first     {_stamp(c.created_at)} UTC ({ago(c.created_at, now)})",
+    ]
+    if c.error_type:
+        lines.append(f"error     {c.error_type}")
+    if c.reason:
+        lines.append(f"held      {c.reason}")
+    lines.append("")
+    for event in detail.history:
+        who = f" by {event.owner}" if event.owner else ""
+        what = f": {event.detail}" if event.detail else ""
+        lines.append(f"{_stamp(event.at)}  {event.kind:<13} attempt {event.attempt}{who}{what}")
+    if not detail.history:
+        lines.append("(no history recorded)")
+    if detail.settleable:
+        lines += [
+            "",
+            f"settle it: agentfn-asgi calls settle {c.call_id} --session {c.session_id}"
+            " (--output JSON_OR_TEXT | --error TEXT | --rerun --tools MODULE:ATTR)",
+        ]
+    if detail.arguments is not None:
+        lines += ["", f"arguments {detail.arguments}"]
+    if detail.output is not None:
+        lines += ["", f"output    {detail.output}"]
+    return "\n".join(lines)
+
+
+def _delivery_line(d: DeliveryView, now: float) -> str:
+    state = "resolved" if d.resolved else "unresolved"
+    tail = f", failed {d.attempts}x: {d.last_error}" if d.attempts else ""
+    return f"{d.delivery_id}  {d.session_id}  {state}  {ago(d.received_at, now)}{tail}"
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+async def _calls(args: argparse.Namespace) -> int:
+    now = time.time()
+    since = None
+    if args.since:
+        try:
+            since = now - parse_duration(args.since)
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+    query = CallFilter(
+        state=args.state,
+        session_id=args.session,
+        tool_name=args.tool,
+        since=since,
+        limit=args.limit,
+    )
+    async with operator(args.store) as view:
+        page = await view.calls(query)
+    if args.json:
+        print(json.dumps([asdict(c) for c in page.calls], indent=2, ensure_ascii=False))
+    else:
+        print(format_calls(list(page.calls), now=now))
+        if page.next_cursor:
+            progress(f"(more than {args.limit}: raise --limit or narrow the filters)")
+    return EXIT_OK
+
+
+async def _show(args: argparse.Namespace) -> int:
+    api: Literal["none", "optional"] = "optional" if args.content else "none"
+    async with operator(args.store, api=api) as view:
+        found = view.call(args.call_id, session_id=args.session, content=args.content)
+        detail = await _looked_up(found)
+    if args.json:
+        print(json.dumps(asdict(detail), indent=2, ensure_ascii=False))
+    else:
+        print(format_call(detail, now=time.time()))
+    return EXIT_OK
+
+
+async def _settle(args: argparse.Namespace) -> int:
+    if args.rerun and not args.tools:
+        raise CLIError("--rerun runs the handler: name its registry with --tools MODULE:ATTR")
+    output: Any = None
+    if args.output is not None:
+        output = json_or_text(args.output)[1]
+    async with operator(args.store, api="required", tools=args.tools) as view:
+        outcome = await _looked_up(
+            view.settle(
+                args.call_id,
+                session_id=args.session,
+                output=output,
+                error=args.error,
+                rerun=args.rerun,
+            )
+        )
+        print(f"{outcome.status}: {outcome.message}")
+    return EXIT_FAILURE if outcome.status == "refused" else EXIT_OK
+
+
+async def _deliveries(args: argparse.Namespace) -> int:
+    async with operator(args.store) as view:
+        found = await view.deliveries(unresolved=args.unresolved, limit=args.limit)
+    if args.json:
+        print(json.dumps([asdict(d) for d in found], indent=2))
+    elif not found:
+        print("no deliveries")
+    else:
+        now = time.time()
+        print("\n".join(_delivery_line(d, now) for d in found))
+    return EXIT_OK
+
+
+async def _looked_up(work: Any) -> Any:
+    """Await ``work``; an unknown or ambiguous call id is the user's to fix (exit 1)."""
+    try:
+        return await work
+    except (LookupError, ValueError) as exc:
+        raise CLIError(str(exc).strip("'\"")) from None
+
+
+def register(sub: Any) -> None:
+    """Add ``calls`` (with ``show`` and ``settle``) and ``deliveries``."""
+    calls = sub.add_parser(
+        "calls",
+        help="list calls; show one's history; settle a held or in-doubt one",
+        description=(
+            "Without a subcommand: the calls in the store, newest first, one line each "
+            "(session, turn, call, tool, state, attempt, age, error type)."
+        ),
+    )
+    calls.add_argument("--state", choices=get_args(DisplayState), help="only calls in this state")
+    calls.add_argument("--session", help="only this session's calls")
+    calls.add_argument("--tool", help="only this tool's calls")
+    calls.add_argument("--since", metavar="DURATION", help="first seen within, e.g. 15m, 2h, 3d")
+    calls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    calls.add_argument("--json", action="store_true", help="a JSON array of objects")
+    calls.add_argument("--store", help=_STORE_HELP)
+    calls.set_defaults(handler=lambda args: asyncio.run(_calls(args)))
+    which = calls.add_subparsers(dest="calls_command", metavar="SUBCOMMAND")
+
+    show = which.add_parser("show", help="one call's history as a timeline")
+    show.add_argument("call_id", metavar="CALL_ID")
+    show.add_argument("--session", help="the session, when several have this call id")
+    show.add_argument(
+        "--content",
+        action="store_true",
+        help="also the saved output and, while pending, the arguments (may be personal data)",
+    )
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.add_argument("--store", help=_STORE_HELP)
+    show.set_defaults(handler=lambda args: asyncio.run(_show(args)))
+
+    settle = which.add_parser(
+        "settle",
+        help="answer or re-run a held, quarantined or in-doubt call",
+        description=(
+            "Only for calls held for an operator (quarantined) or in doubt (lease expired, "
+            "no result): the result is saved, then submitted once under its stable key; "
+            "--rerun runs the handler again with the next attempt. Running, saved, "
+            "submitted and stale calls are refused. Uses OPENAI_API_KEY."
+        ),
+    )
+    settle.add_argument("call_id", metavar="CALL_ID")
+    settle.add_argument("--session", help="the session, when several have this call id")
+    how = settle.add_mutually_exclusive_group(required=True)
+    how.add_argument("--output", metavar="JSON_OR_TEXT", help="the result the model gets")
+    how.add_argument("--error", metavar="TEXT", help="a failure the model reads as written")
+    how.add_argument("--rerun", action="store_true", help="run the handler again")
+    settle.add_argument(
+        "--tools", type=tools_spec, metavar="MODULE:ATTR", help="the registry (needed by --rerun)"
+    )
+    settle.add_argument("--store", help=_STORE_HELP)
+    settle.set_defaults(handler=lambda args: asyncio.run(_settle(args)))
+
+    deliveries = sub.add_parser(
+        "deliveries",
+        help="recorded webhook deliveries, newest first",
+        description="Recorded deliveries; the sweep's failed attempts and last error on each.",
+    )
+    deliveries.add_argument("--unresolved", action="store_true", help="only unresolved ones")
+    deliveries.add_argument("--limit", type=int, default=50, help="at most this many")
+    deliveries.add_argument("--json", action="store_true", help="machine-readable output")
+    deliveries.add_argument("--store", help=_STORE_HELP)
+    deliveries.set_defaults(handler=lambda args: asyncio.run(_deliveries(args)))

@@ -1,0 +1,150 @@
+"""Operators settling calls: an answer for a held or in-doubt call, or a re-run.
+
+What ``agentfn-asgi calls settle`` and the operator page do, by the app's own rules: the
+result is saved (the first saved still wins) and submitted once under its stable key; a
+re-run claims the call with the next attempt and runs it like any other. Calls that are
+running, saved, submitted or stale are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal
+
+from ..client import AgentsClient
+from ..records import CallKey, CallRecord, CallState, SavedResult
+from ..results import encode_result, failure_result
+from ..store.base import Store
+from ..tools import FunctionTool, FunctionTools
+from .execution import Executor
+from .settings import DispatchSettings
+from .submission import Submitter
+
+__all__ = ["SettleStatus", "Settler"]
+
+#: What :meth:`Dispatcher.settle` did.
+SettleStatus = Literal["submitted", "saved", "running", "refused"]
+
+
+def _not_settleable(record: CallRecord | None, expired_before: float) -> str | None:
+    """Why an operator may not settle ``record`` (None: they may)."""
+    if record is None:
+        return "the call is gone"
+    if record.state is CallState.QUARANTINED or record.in_doubt(expired_before):
+        return None
+    if record.state is CallState.CLAIMED:
+        return "it is running (its lease is live): wait, or check again after the lease"
+    if record.state.has_result and not record.state.terminal:
+        return "a result is already saved: it is being submitted"
+    return f"it is {record.state.value}: nothing is owed any more"
+
+
+class Settler:
+    """Settles calls for operators with one dispatcher's parts (``track`` runs a re-run as
+    the call's in-flight task)."""
+
+    def __init__(
+        self,
+        store: Store,
+        client: AgentsClient,
+        submitter: Submitter,
+        executor: Executor,
+        *,
+        settings: DispatchSettings,
+        owner: str,
+        clock: Callable[[], float],
+        track: Callable[[CallKey, Coroutine[Any, Any, None]], None],
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._submitter = submitter
+        self._executor = executor
+        self._settings = settings
+        self._owner = owner
+        self._clock = clock
+        self._track = track
+
+    async def settle(
+        self,
+        key: CallKey,
+        *,
+        tools: FunctionTools,
+        output: Any = None,
+        error: str | None = None,
+        rerun: bool = False,
+    ) -> tuple[SettleStatus, str]:
+        """An operator settles a held (quarantined) or in-doubt call of ``tools``, by the
+        app's rules.
+
+        With ``output`` or ``error``, that result is saved (the first result saved still
+        wins) and submitted once under its stable key. With ``rerun``, the call is read from
+        the live session (it must still be pending), claimed with the next attempt and run.
+        A call that is running, saved, submitted or stale is refused, with the reason.
+        Returns ``(status, message)``: ``submitted``, ``saved`` (the sweep retries the
+        submission), ``running`` or ``refused``.
+        """
+        record = await self._store.get_call(key)
+        if record is None:
+            raise LookupError(f"no call {key} in the store")
+        refusal = _not_settleable(record, self._clock() - self._settings.fence_margin)
+        if refusal is not None:
+            return "refused", refusal
+        tool = tools.get(record.tool_name)
+        if rerun:
+            return await self._rerun(record, tool)
+        if (output is None) == (error is None):
+            raise ValueError("settle needs exactly one of output, error or rerun")
+        result = self._operator_result(record, tool, output=output, error=error)
+        saved = await self._store.settle(key, result=result, margin=self._settings.fence_margin)
+        if saved is None:  # it changed since we looked
+            latest = await self._store.get_call(key)
+            return "refused", _not_settleable(latest, self._clock()) or "it changed meanwhile"
+        submitted = await self._submitter.submit(saved)
+        if submitted == "submitted":
+            return "submitted", f"the result was saved and submitted (attempt {saved.attempt})"
+        return "saved", f"the result was saved; its submission {submitted}: the sweep retries it"
+
+    async def _rerun(
+        self, record: CallRecord, tool: FunctionTool | None
+    ) -> tuple[SettleStatus, str]:
+        key = record.key
+        session = await self._client.retrieve_session(key.session_id)
+        action = next(
+            (
+                a
+                for a in session.function_calls
+                if a.turn_id == key.turn_id and a.call_id == key.call_id
+            ),
+            None,
+        )
+        if action is None:
+            await self._store.mark_stale(key)
+            return "refused", "the API no longer waits for this call: it is now stale"
+        sent = time.monotonic()
+        released = await self._store.release(
+            key,
+            owner=self._owner,
+            lease_seconds=self._settings.lease_seconds,
+            margin=self._settings.fence_margin,
+        )
+        if released is None:
+            return "refused", "it changed meanwhile"
+        self._track(key, self._executor.rerun(released, action, tool, claimed_at=sent))
+        return "running", f"running it again as attempt {released.attempt}"
+
+    def _operator_result(
+        self, record: CallRecord, tool: FunctionTool | None, *, output: Any, error: str | None
+    ) -> SavedResult:
+        """An operator's answer for a call, encoded like a handler's (source ``operator``)."""
+        if error is not None:
+            return failure_result(record.key, error, "operator", source="operator")
+        return encode_result(
+            record.key,
+            output,
+            tool_name=record.tool_name,
+            truncate=tool is not None and tool.truncate_oversize,
+            source="operator",
+            limit=self._settings.result_limit,
+            margin=self._settings.result_margin,
+        )

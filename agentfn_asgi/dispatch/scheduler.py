@@ -116,6 +116,9 @@ class Dispatcher:
         self._queued: set[str] = set()
         self._resolving: set[str] = set()
         self._dirty: dict[str, str | None] = {}
+        # One sweep pass at a time: a pass started by hand (``recover()``) while the loop's
+        # runs would read the same due records twice and count each failure twice.
+        self._sweeping = asyncio.Lock()
         self._inflight: dict[CallKey, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._workers: list[asyncio.Task[Any]] = []  # resolvers and the sweep: they take work
@@ -266,9 +269,13 @@ class Dispatcher:
         *,
         settle: bool = False,
         received_at: float | None = None,
+        counted: bool = False,
     ) -> Exception | None:
         """:meth:`resolve`, logged; returns the failure (None when it succeeded, or when it
-        can never succeed and was settled: a malformed session id)."""
+        can never succeed and was settled: a malformed session id). ``counted``: the caller
+        counts failures per delivery and logs them itself (rate-limited), so a retryable
+        failure is only a DEBUG line here."""
+        retry_level = logging.DEBUG if counted else logging.WARNING
         try:
             await self.resolve(
                 session_id, delivery_id=delivery_id, settle=settle, received_at=received_at
@@ -284,11 +291,13 @@ class Dispatcher:
             if is_configuration_error(exc):
                 self.alarm.report(exc, doing=f"reading session {session_id}")
             else:
-                logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
+                logger.log(
+                    retry_level, "resolving session %s failed, will retry: %s", session_id, exc
+                )
             return exc
         except (APIError, StoreError) as exc:
             # Left unresolved on purpose: the recovery sweep retries it.
-            logger.warning("resolving session %s failed, will retry: %s", session_id, exc)
+            logger.log(retry_level, "resolving session %s failed, will retry: %s", session_id, exc)
             return exc
         except Exception as exc:
             logger.exception("unexpected error resolving session %s", session_id)
@@ -451,8 +460,13 @@ class Dispatcher:
         exponential backoff (``retry_base`` doubling up to ``retry_cap``), so records that
         keep failing go to the back and never hide the others. The pass pages through
         everything due with a cursor (at most ``sweep_budget`` records) and reads at most
-        :data:`RESOLVERS` sessions at a time.
+        :data:`RESOLVERS` sessions at a time. Passes do not overlap: a second caller waits
+        for the pass under way, then makes its own.
         """
+        async with self._sweeping:
+            await self._sweep_pass()
+
+    async def _sweep_pass(self) -> None:
         now = self._clock()
         due = now - self.settings.recovery_grace
         by_session: dict[str, list[DeliveryRecord]] = {}
@@ -517,6 +531,7 @@ class Dispatcher:
             None if first is None else first.delivery_id,
             settle=True,
             received_at=None if first is None else first.received_at,
+            counted=first is not None,
         )
         for delivery in deliveries[1:] if failure is None else ():
             await self.store.mark_delivery_resolved(delivery.delivery_id)

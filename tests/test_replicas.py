@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import signal
 import time
 from collections import Counter
@@ -26,31 +25,13 @@ from agentfn_asgi.demo import RunningExample, free_port, run_example
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
-from .store.conftest import require_service
+from .support.backends import SHARED, store_url_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SESSIONS = 50
 LEASE_SECONDS = 2.0
-
-
-def _store_url(backend: str, tag: str) -> str:
-    if backend == "redis":
-        return f"redis://127.0.0.1:6379/0?key_prefix=afn-replicas-{tag}:"
-    return f"postgresql://postgres@127.0.0.1:5432/test?schema=afn_replicas_{tag}"
-
-
-async def _require(backend: str, url: str) -> None:
-    store = open_store(url)
-    try:
-        with anyio.fail_after(5):
-            await store.ping()
-    except Exception as exc:
-        require_service(backend, f"{type(exc).__name__}: {exc}")
-    finally:
-        with contextlib.suppress(Exception):
-            await store.close()
 
 
 async def _wait_for_claim_by(
@@ -83,14 +64,6 @@ async def _taken_over(url: str, session_ids: list[str]) -> int:
     finally:
         await store.close()
     return sum(1 for r in records if r.attempt > 1)
-
-
-async def _destroy(url: str) -> None:
-    store = open_store(url)
-    try:
-        await store.destroy()  # type: ignore[attr-defined]  # Redis/PostgreSQL test helper
-    finally:
-        await store.close()
 
 
 def _sessions() -> list[list[list[FakeCall]]]:
@@ -134,14 +107,11 @@ async def _replicas(
         yield running
 
 
-@pytest.mark.parametrize("backend", ["redis", "postgres"])
+@pytest.mark.parametrize("backend", SHARED)
 async def test_three_replicas_one_store_one_result_per_call(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """≥200 calls across 50 sessions, every webhook to all three replicas, one SIGKILLed."""
-    tag = secrets.token_hex(4)
-    url = _store_url(backend, tag)
-    await _require(backend, url)
     ledger = tmp_path / "ledger.jsonl"
     ports = [free_port() for _ in range(3)]
     fake = FakeAgentsAPI(
@@ -151,39 +121,35 @@ async def test_three_replicas_one_store_one_result_per_call(
     )
     plans = _sessions()
     expected = {call.call_id for plan in plans for step in plan for call in step}
-    try:
-        async with fake, serve_fake(fake) as base_url:
-            env = {
-                "OPENAI_API_KEY": "sk-test",
-                "OPENAI_BASE_URL": base_url,
-                "OPENAI_WEBHOOK_SECRET": SECRET,
-                "AGENTFN_STORE_URL": url,
-                "EXAMPLE_LEDGER": str(ledger),
-                "AGENTFN_LEASE_SECONDS": str(LEASE_SECONDS),
-                "AGENTFN_RECOVERY_INTERVAL": "0.5",
-            }
-            async with _replicas(env, tmp_path, ports) as running:
-                began = time.monotonic()
-                session_ids = [fake.create_session(plan) for plan in plans]
-                victim = running[0]
-                # Kill it while it holds a live claim, so the takeover path is always taken.
-                with anyio.fail_after(30):
-                    await _wait_for_claim_by(url, fake, session_ids, victim.process.pid)
-                victim.process.send_signal(signal.SIGKILL)
-                await victim.process.wait()
-                killed_at = len(fake.submissions)
-                try:
-                    with anyio.fail_after(60):
-                        for session_id in session_ids:
-                            await fake.wait_idle(session_id, timeout=60)
-                except TimeoutError:
-                    logs = "\n".join(r.log()[-3000:] for r in running)
-                    pytest.fail(f"not finished: {len(fake.submissions)} results\n{logs}")
-                elapsed = time.monotonic() - began
-            taken_over = await _taken_over(url, session_ids)
-    finally:
-        if "base_url" in locals():
-            await _destroy(url)
+    async with store_url_for(backend, tmp_path) as url, fake, serve_fake(fake) as base_url:
+        env = {
+            "OPENAI_API_KEY": "sk-test",
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_WEBHOOK_SECRET": SECRET,
+            "AGENTFN_STORE_URL": url,
+            "EXAMPLE_LEDGER": str(ledger),
+            "AGENTFN_LEASE_SECONDS": str(LEASE_SECONDS),
+            "AGENTFN_RECOVERY_INTERVAL": "0.5",
+        }
+        async with _replicas(env, tmp_path, ports) as running:
+            began = time.monotonic()
+            session_ids = [fake.create_session(plan) for plan in plans]
+            victim = running[0]
+            # Kill it while it holds a live claim, so the takeover path is always taken.
+            with anyio.fail_after(30):
+                await _wait_for_claim_by(url, fake, session_ids, victim.process.pid)
+            victim.process.send_signal(signal.SIGKILL)
+            await victim.process.wait()
+            killed_at = len(fake.submissions)
+            try:
+                with anyio.fail_after(60):
+                    for session_id in session_ids:
+                        await fake.wait_idle(session_id, timeout=60)
+            except TimeoutError:
+                logs = "\n".join(r.log()[-3000:] for r in running)
+                pytest.fail(f"not finished: {len(fake.submissions)} results\n{logs}")
+            elapsed = time.monotonic() - began
+        taken_over = await _taken_over(url, session_ids)
     per_call = Counter(s.call_id for s in fake.submissions)
     assert set(per_call) == expected
     assert set(per_call.values()) == {1}, [c for c, n in per_call.items() if n > 1]

@@ -1,0 +1,143 @@
+"""Two OpenAI projects in one service (issue 17): two webhook sub-apps at two paths, each
+with its own webhook secret, API key and ``OpenAI-Project``, sharing one store (SQLite,
+Redis, PostgreSQL) in two namespaces without interference.
+
+The set-up is the one the README's "Two projects in one service" section shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from starlette.applications import Starlette
+
+from agentfn_asgi import AgentWebhookApp, DispatchSettings
+from agentfn_asgi.cli import main
+from agentfn_asgi.client import AgentsClient
+from agentfn_asgi.integrations.starlette import webhook_routes
+from agentfn_asgi.store import open_store
+from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
+from agentfn_asgi.testing.deliveries import action_required_event, signed_delivery
+from agentfn_asgi.tools import FunctionTools
+
+from .support.backends import DURABLE, store_url_for
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
+
+PROJECTS = {
+    "proj_a": ("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "sk-proj-a"),
+    "proj_b": ("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD", "sk-proj-b"),
+}
+SETTINGS = DispatchSettings(lease_seconds=5.0, recovery_interval=3600.0, recovery_grace=0.0)
+
+
+def registry(ran: list[str]) -> FunctionTools:
+    tools = FunctionTools()
+
+    @tools.function
+    def whoami(project: str) -> str:
+        """Say which project asked."""
+        ran.append(project)
+        return project
+
+    return tools
+
+
+def project_app(tools: FunctionTools, url: str, project: str, base_url: str) -> AgentWebhookApp:
+    """One project's sub-app: its own secret, key and project header, its own namespace."""
+    secret, api_key = PROJECTS[project]
+    return AgentWebhookApp(
+        tools,
+        webhook_secret=secret,
+        client=AgentsClient(api_key=api_key, base_url=base_url, project=project),
+        store=open_store(url, namespace=project),
+        settings=SETTINGS,
+    )
+
+
+@contextlib.asynccontextmanager
+async def both_lifespans(apps: list[AgentWebhookApp]) -> AsyncIterator[None]:
+    async with contextlib.AsyncExitStack() as stack:
+        for app in apps:
+            await stack.enter_async_context(app.lifespan())
+        yield
+
+
+@pytest.mark.parametrize("backend", DURABLE)
+async def test_two_projects_share_a_store_without_interference(
+    backend: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each project's fake sends signed webhooks to its own path: each session is answered
+    by its own sub-app with its own key and project header; a delivery signed for one
+    project is refused at the other's path; each namespace lists, counts and sweeps only
+    its own records (the CLI too, given ``AGENTFN_STORE_NAMESPACE``)."""
+    ran: list[str] = []
+    tools = registry(ran)
+    fakes = {
+        p: FakeAgentsAPI(webhook_secret=secret, api_key=key)
+        for p, (secret, key) in PROJECTS.items()
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        url = await stack.enter_async_context(store_url_for(backend, tmp_path))
+        bases = {p: await stack.enter_async_context(serve_fake(f)) for p, f in fakes.items()}
+        for fake in fakes.values():
+            await stack.enter_async_context(fake)
+        apps = {p: project_app(tools, url, p, bases[p]) for p in PROJECTS}
+        host = Starlette(
+            routes=[
+                *webhook_routes(apps["proj_a"], "/openai/a/webhooks"),
+                *webhook_routes(apps["proj_b"], "/openai/b/webhooks"),
+            ],
+            lifespan=lambda _host: both_lifespans(list(apps.values())),
+        )
+        root = await stack.enter_async_context(serve_app(host))
+        fakes["proj_a"].add_webhook_url(root + "/openai/a/webhooks")
+        fakes["proj_b"].add_webhook_url(root + "/openai/b/webhooks")
+
+        sessions = {
+            p: fakes[p].create_session([[FakeCall("whoami", {"project": p}, call_id="call_1")]])
+            for p in PROJECTS
+        }
+        for p, sid in sessions.items():
+            await fakes[p].wait_idle(sid, timeout=20)
+            (answer,) = fakes[p].submissions
+            assert answer.session_id == sid and answer.output == p
+            assert {r.headers.get("openai-project") for r in fakes[p].requests} == {p}
+        assert sorted(ran) == ["proj_a", "proj_b"]
+
+        # A delivery signed with project B's secret is not project A's.
+        body, headers = signed_delivery(
+            PROJECTS["proj_b"][0], action_required_event(sessions["proj_b"])
+        )
+        async with httpx.AsyncClient(base_url=root) as http:
+            refused = await http.post("/openai/a/webhooks", content=body, headers=headers)
+        assert refused.status_code == 401
+
+        # Each namespace sees its own.
+        for p, sid in sessions.items():
+            store = apps[p].store
+            assert [r.key.session_id for r in await store.find_calls("call_1")] == [sid]
+            assert (await store.stats()).deliveries >= 1
+        # B's stuck delivery is B's: A's sweep never reads it, B's does.
+        await apps["proj_b"].store.record_delivery("wh_b_stuck", "sess_b_missing")
+        await apps["proj_a"].dispatcher.sweep()
+        assert not [r for r in fakes["proj_a"].requests if "sess_b_missing" in r.path]
+        (stuck,) = await apps["proj_b"].store.list_deliveries(unresolved_only=True)
+        assert stuck.attempts == 0
+        await apps["proj_b"].dispatcher.sweep()
+        assert [r for r in fakes["proj_b"].requests if "sess_b_missing" in r.path]
+
+        # The CLI reads the namespace like the app does.
+        monkeypatch.setenv("AGENTFN_STORE_NAMESPACE", "proj_a")
+        assert await anyio.to_thread.run_sync(main, ["calls", "--json", "--store", url]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        assert [c["session_id"] for c in listed] == [sessions["proj_a"]]

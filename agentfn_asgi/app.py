@@ -379,6 +379,7 @@ class AgentWebhookApp:
             detail,
             _REJECT_HINTS.get(reason, "the request is not a valid delivery"),
             more,
+            extra={"agentfn": {"reason": reason, "client": client[0], "suppressed": suppressed}},
         )
 
     async def _accept(self, delivery_id: str, body: bytes, send: Send, span: DeliverySpan) -> None:

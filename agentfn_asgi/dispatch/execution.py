@@ -568,15 +568,28 @@ def _log_finished(
     result = record.result
     if result is None or submitted == "skipped":
         return
+    fields = {
+        "tool": record.tool_name,
+        "session_id": record.key.session_id,
+        "turn_id": record.key.turn_id,
+        "call_id": record.key.call_id,
+        "outcome": "success" if result.success else (result.error_type or "failure"),
+        "source": source or result.source,
+        "attempt": record.attempt,
+        "submission": submitted,
+        "duration_s": round(seconds, 3),
+    }
+    # The same facts as structured fields (``record.agentfn``) for JSON log formatters.
     logger.info(
         "call finished: tool=%s session=%s call=%s outcome=%s source=%s attempt=%d "
         "submission=%s duration=%.3fs",
-        record.tool_name,
-        record.key.session_id,
-        record.key.call_id,
-        "success" if result.success else (result.error_type or "failure"),
-        source or result.source,
-        record.attempt,
+        fields["tool"],
+        fields["session_id"],
+        fields["call_id"],
+        fields["outcome"],
+        fields["source"],
+        fields["attempt"],
         submitted,
         seconds,
+        extra={"agentfn": fields},
     )

@@ -143,10 +143,14 @@ def test_tools_prints_the_definitions(capsys: pytest.CaptureFixture[str]) -> Non
         ("agentfn_asgi.demo.tools:CUSTOMERS", "not a FunctionTools"),
     ],
 )
-def test_tools_failures_exit_1(spec: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """A spec that does not lead to a registry is an operational failure with a clear cause."""
-    assert main(["tools", spec]) == 1
-    assert message in capsys.readouterr().err
+def test_tools_failures_exit_2(spec: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A spec that does not lead to a registry is a usage mistake (exit 2) with a clear
+    cause on one line, no traceback."""
+    assert main(["tools", spec]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
 
 
 def test_load_tools_and_call_specs() -> None:
@@ -201,12 +205,12 @@ async def test_send_reads_the_secret_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without ``--secret`` the secret comes from ``OPENAI_WEBHOOK_SECRET``; without
-    either, a clear error and exit 1."""
+    either, a clear configuration error and exit 2."""
     async with receiver() as (url, _):
         monkeypatch.setenv("OPENAI_WEBHOOK_SECRET", SECRET)
         assert await run_cli("send", url, "--type", "agent.session.idle") == 0
         monkeypatch.delenv("OPENAI_WEBHOOK_SECRET")
-        assert await run_cli("send", url) == 1
+        assert await run_cli("send", url) == 2
         assert "no webhook secret" in capsys.readouterr().err
 
 
@@ -268,13 +272,19 @@ async def test_status_reports_the_store(tmp_path: Path, capsys: pytest.CaptureFi
 async def test_status_of_a_missing_store_fails_without_creating_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A mistyped SQLite path is an error (exit 1), not a fresh empty store; the default
-    comes from ``AGENTFN_STORE_URL``."""
+    """A mistyped SQLite path is a configuration error (exit 2) naming the resolved file,
+    not a fresh empty store; the default comes from ``AGENTFN_STORE_URL``, and a relative
+    path is resolved from the working directory as the app resolves it."""
     missing = tmp_path / "nope.sqlite3"
     monkeypatch.setenv("AGENTFN_STORE_URL", f"sqlite:///{missing}")
-    assert await run_cli("status") == 1
-    assert "no store at" in capsys.readouterr().err
+    assert await run_cli("status") == 2
+    assert f"no store at {missing} (nothing was created)" in capsys.readouterr().err
     assert not missing.exists()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AGENTFN_STORE_URL", "sqlite:///nonexistent_dir/x.db")
+    assert await run_cli("status") == 2
+    assert f"no store at {tmp_path}/nonexistent_dir/x.db" in capsys.readouterr().err
+    assert not (tmp_path / "nonexistent_dir").exists()
 
 
 # -- recover ---------------------------------------------------------------------------------

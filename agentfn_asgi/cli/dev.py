@@ -222,7 +222,11 @@ def register(sub: Any) -> None:
     tools = sub.add_parser(
         "tools",
         help="print tool definitions as JSON for agent.tools",
-        description="Import MODULE:ATTR (a FunctionTools registry) and print its definitions().",
+        description=(
+            "Import MODULE:ATTR and print its definitions(). ATTR names a FunctionTools "
+            "registry, an AgentWebhookApp (its registry is used) or a function without "
+            "arguments that returns either; nothing else is called."
+        ),
     )
     tools.add_argument(
         "spec", type=tools_spec, metavar="MODULE:ATTR", help="e.g. agentfn_asgi.demo.tools:tools"

@@ -30,8 +30,11 @@ class DisconnectedError(Exception):
     """The client went away before the body was received."""
 
 
-async def send_json(send: Send, status: int, payload: dict[str, Any], **headers: str) -> None:
-    """Answer ``status`` with compact JSON; ``retry_after="5"`` becomes ``retry-after: 5``."""
+async def send_json(
+    send: Send, status: int, payload: dict[str, Any], *, head: bool = False, **headers: str
+) -> None:
+    """Answer ``status`` with compact JSON; ``retry_after="5"`` becomes ``retry-after: 5``.
+    ``head``: the answer to a HEAD request (the same headers, no body)."""
     body = json.dumps(payload, separators=(",", ":")).encode()
     raw_headers = [
         (b"content-type", b"application/json"),
@@ -39,7 +42,7 @@ async def send_json(send: Send, status: int, payload: dict[str, Any], **headers:
     ]
     raw_headers += [(k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": b"" if head else body})
 
 
 async def read_body(

@@ -13,7 +13,7 @@ other event types, non-function actions                  200 (ignored)
 missing or malformed ``webhook-*`` header                 400
 body is not a JSON webhook envelope / no session id       400
 bad signature, timestamp outside the tolerance            401
-method other than POST (GET ``/healthz`` aside)           405
+method other than POST (GET/HEAD for ``/healthz``)        405 (with ``Allow``)
 body not received within ``body_timeout``                 408
 body larger than ``max_body_size``                        413
 store unavailable, shutting down, unexpected failure      503 (the sender retries)
@@ -54,7 +54,7 @@ from .errors import (
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, worker_jobs
 from .operator import Operator
 from .signing import WebhookVerifier, parse_secrets
-from .store import Store
+from .store import Store, store_location
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
 from .wire import parse_webhook_event
@@ -170,6 +170,9 @@ class AgentWebhookApp:
             if store is not None and not isinstance(store, str)
             else env.open_store(store, clock=clock)
         )
+        opened_from = store if isinstance(store, str) else env.store_url if store is None else None
+        #: Where the store keeps its data (resolved, password hidden), logged at start-up.
+        self.store_location = store_location(self.store, opened_from)
         self.max_body_size = max_body_size
         self.body_timeout = body_timeout
         self.drain_timeout = drain_timeout
@@ -197,7 +200,9 @@ class AgentWebhookApp:
         async with self._start_lock:
             if not self.dispatcher.started and not self._draining:
                 await self.dispatcher.start(recover=True)
-                logger.info("agentfn-asgi started: %d tools, store %s", len(self.tools), self.store)
+                logger.info(
+                    "agentfn-asgi started: %d tools, store %s", len(self.tools), self.store_location
+                )
 
     async def _lazy_startup(self) -> None:
         """Start on a request because no lifespan started the app: say once what is lost."""
@@ -225,8 +230,7 @@ class AgentWebhookApp:
     def operator(self) -> Operator:
         """What an operator sees and does for this app (the CLI's ``calls`` and the operator
         page, :mod:`agentfn_asgi.admin`, read through it)."""
-        location = getattr(self.store, "location", None) or repr(self.store)
-        return Operator(self.store, dispatcher=self.dispatcher, location=str(location))
+        return Operator(self.store, dispatcher=self.dispatcher, location=self.store_location)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
@@ -262,7 +266,10 @@ class AgentWebhookApp:
                 return
             await self._webhook(scope, receive, send)
         elif path == "/healthz":
-            await self._health(send)
+            if method not in ("GET", "HEAD"):
+                await send_json(send, 405, {"error": "method not allowed"}, allow="GET, HEAD")
+                return
+            await self._health(send, head=method == "HEAD")
         elif path == COMPLETE_PATH:
             if method != "POST":
                 await send_json(send, 405, {"error": "method not allowed"}, allow="POST")
@@ -286,19 +293,20 @@ class AgentWebhookApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _health(self, send: Send) -> None:
+    async def _health(self, send: Send, *, head: bool = False) -> None:
         try:
             await asyncio.wait_for(self.store.ping(), timeout=2.0)
         except (StoreError, TimeoutError) as exc:
             # The detail (paths, hosts) is for the operator's log, not for anonymous callers.
             logger.warning("health check: store unavailable: %s", exc)
-            await send_json(send, 503, {"status": "unavailable", "store": "unavailable"})
+            await send_json(send, 503, {"status": "unavailable", "store": "unavailable"}, head=head)
             return
         status = "draining" if self._draining else "ok"
         await send_json(
             send,
             503 if self._draining else 200,
             {"status": status, "store": "ok", "inflight": self.dispatcher.inflight},
+            head=head,
         )
 
     async def _complete(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -10,6 +10,7 @@ translated at the boundary with ``raise ... from exc``. Every warning derives fr
     AgentFnError
     ├── ConfigurationError              bad setup: missing secret, bad store URL, missing extra
     ├── CLIError                        a command of ``agentfn-asgi`` failed (exit code 1)
+    │   └── CLIUsageError               the command was used wrongly (exit code 2)
     ├── DemoError                       the demo, or an example it started, misbehaved
     ├── ToolDefinitionError             refused at registration: name, signature, duplicates,
     │                                   definitions over the API's 3 MiB limit
@@ -58,6 +59,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "CLIError",
+    "CLIUsageError",
     "CompletionTokenError",
     "CompletionTokenExpiredError",
     "ConfigurationError",
@@ -92,7 +94,13 @@ class ConfigurationError(AgentFnError):
 
 
 class CLIError(AgentFnError):
-    """An operational failure of the command line, reported on stderr with exit code 1."""
+    """An operational failure of the command line, reported on stderr with exit code 1 (a
+    :class:`ConfigurationError` or :class:`CLIUsageError` exits with 2)."""
+
+
+class CLIUsageError(CLIError):
+    """A command of ``agentfn-asgi`` was used wrongly (an argument names something that is not
+    what it should be); reported on stderr with exit code 2, as argparse's own usage errors."""
 
 
 class DemoError(AgentFnError):

@@ -2,8 +2,10 @@
 
 Each row is a short title as a user would put it, a trigger that makes the mistake, the
 message it produces and its kind: ``error`` (the trigger raises ``category``), ``warning``
-(it warns ``category``) or ``log`` (a record at WARNING or above on ``logger``). The message
-is exact except where ``…`` stands for text that varies (module paths, ports, temp dirs).
+(it warns ``category``), ``log`` (a record at WARNING or above on ``logger``) or ``cli``
+(the trigger runs ``agentfn-asgi`` and returns its exit code and stderr: one line, no
+traceback, exit code ``exit_code``). The message is exact except where ``…`` stands for
+text that varies (module paths, ports, temp dirs).
 
 ``tests/test_common_mistakes.py`` runs every row. README.md's "Common mistakes" section is
 generated from this table and checked against it: ``python -m tests.mistakes`` prints it,
@@ -25,10 +27,14 @@ Rows appear in the README grouped by area, in the order they are defined here.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import logging
+import os
 import re
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,14 +45,18 @@ import anyio
 from pydantic import BaseModel, Field
 
 from agentfn_asgi import (
+    AgentsClient,
+    AgentWebhookApp,
+    ConfigurationError,
     FunctionTool,
     FunctionTools,
     NotRun,
     ToolDefinitionError,
     ToolDefinitionWarning,
 )
+from agentfn_asgi.store import open_store
 
-Kind = Literal["error", "warning", "log"]
+Kind = Literal["error", "warning", "log", "cli"]
 T = TypeVar("T", bound=Callable[..., Any])
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -65,6 +75,7 @@ class Mistake:
     category: type[BaseException] | None
     trigger: Callable[[], Any]
     logger: str = "agentfn_asgi"
+    exit_code: int | None = None
 
 
 MISTAKES: list[Mistake] = []
@@ -78,11 +89,13 @@ def mistake(
     kind: Kind = "error",
     category: type[BaseException] | None = ToolDefinitionError,
     logger: str = "agentfn_asgi",
+    exit_code: int | None = None,
 ) -> Callable[[T], T]:
     """Add the decorated trigger to :data:`MISTAKES` as one row."""
 
     def add(trigger: T) -> T:
-        MISTAKES.append(Mistake(area, title, message, kind, category, trigger, logger))
+        row = Mistake(area, title, message, kind, category, trigger, logger, exit_code)
+        MISTAKES.append(row)
         return trigger
 
     return add
@@ -99,6 +112,12 @@ def observe(row: Mistake) -> list[str]:
         except row.category as exc:
             return [str(exc)]
         raise AssertionError(f"{row.title!r}: no {row.category.__name__} was raised")
+    if row.kind == "cli":
+        code, err = _run(row.trigger)
+        assert "Traceback" not in err, (row.title, err)
+        assert err.count("\n") == 1, (row.title, err)  # one line
+        assert code == row.exit_code, (row.title, code, err)
+        return [err.strip()]
     if row.kind == "warning":
         assert row.category is not None
         with warnings.catch_warnings(record=True) as caught:
@@ -130,11 +149,37 @@ def matches(expected: str, actual: str) -> bool:
     return re.fullmatch(pattern, actual, re.DOTALL) is not None
 
 
-def _run(trigger: Callable[[], Any]) -> None:
+def _run(trigger: Callable[[], Any]) -> Any:
     if inspect.iscoroutinefunction(trigger):
-        anyio.run(trigger)
-    else:
-        trigger()
+        return anyio.run(trigger)
+    return trigger()
+
+
+def cli(*argv: str, **env: str | None) -> tuple[int, str]:
+    """Run ``agentfn-asgi *argv`` with ``env`` set (None: unset) in this process; return its
+    exit code and stderr."""
+    from agentfn_asgi.cli import main
+
+    saved = {name: os.environ.get(name) for name in env}
+    err = io.StringIO()
+    try:
+        for name, value in env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = main(list(argv))
+            except SystemExit as exc:  # argparse's usage errors
+                code = int(exc.code or 0)
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+    return code, err.getvalue()
 
 
 def markdown() -> str:
@@ -144,7 +189,12 @@ def markdown() -> str:
     for area in areas:
         lines += [f"### {area}", ""]
         for row in (row for row in MISTAKES if row.area == area):
-            what = row.kind if row.category is None else f"{row.kind}, `{row.category.__name__}`"
+            if row.kind == "cli":
+                what = f"exit code {row.exit_code}"
+            elif row.category is None:
+                what = row.kind
+            else:
+                what = f"{row.kind}, `{row.category.__name__}`"
             lines += [f"**{row.title}** ({what}):", "", "```text", row.message, "```", ""]
     lines.append(END)
     return "\n".join(lines)
@@ -479,6 +529,161 @@ def _strict_definition() -> None:
         "strict": True,
     }
     FunctionTool.from_sdk(_get_weather, definition=definition)
+
+
+# -- Starting the app --------------------------------------------------------------------------
+
+STARTING = "Starting the app"
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@mistake(
+    STARTING,
+    "My store URL points into a directory that does not exist",
+    "SQLite store …/nonexistent_dir/x.db: the directory …/nonexistent_dir does not exist;"
+    " create it (the store never creates directories, so a mistyped path cannot start an"
+    " empty store) or fix AGENTFN_STORE_URL",
+    category=ConfigurationError,
+)
+async def _store_in_missing_directory() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        client = AgentsClient(api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+        webhooks = AgentWebhookApp(
+            FunctionTools(),
+            webhook_secret=SECRET,
+            client=client,
+            store=f"sqlite:///{folder}/nonexistent_dir/x.db",
+        )
+        try:
+            await webhooks.startup()  # the lifespan's start: the store is opened here
+        finally:
+            await webhooks.shutdown()
+            await client.aclose()
+
+
+@mistake(
+    STARTING,
+    "I wrote sqlite:/x (one slash)",
+    "store URL 'sqlite:/x' is malformed: expected sqlite:///relative.db (from the working"
+    " directory) or sqlite:////abs/path.db",
+    category=ConfigurationError,
+)
+def _sqlite_one_slash() -> None:
+    open_store("sqlite:/x")
+
+
+@mistake(
+    STARTING,
+    "I wrote memory: for the in-memory store",
+    "store URL 'memory:' is malformed: expected memory://",
+    category=ConfigurationError,
+)
+def _memory_without_slashes() -> None:
+    open_store("memory:")
+
+
+@mistake(
+    STARTING,
+    "I gave a file path as the store URL",
+    "store URL 'data/agentfn.sqlite3' has no scheme: for this SQLite file use"
+    " sqlite:///data/agentfn.sqlite3 (relative to the working directory)",
+    category=ConfigurationError,
+)
+def _bare_path() -> None:
+    open_store("data/agentfn.sqlite3")
+
+
+# -- The command line --------------------------------------------------------------------------
+
+COMMAND_LINE = "The command line"
+_NOT_A_REGISTRY = (
+    "not a FunctionTools registry: name the registry your tools are registered on"
+    " (MODULE:tools), an AgentWebhookApp, or a function without arguments that returns one"
+)
+
+
+@mistake(
+    COMMAND_LINE,
+    "agentfn-asgi tools pointed at the host application (main:app)",
+    f"agentfn-asgi tools: tests.support.cli_targets:app is a Starlette app, {_NOT_A_REGISTRY}",
+    kind="cli",
+    category=None,
+    exit_code=2,
+)
+def _tools_at_the_host_app() -> tuple[int, str]:
+    return cli("tools", "tests.support.cli_targets:app")
+
+
+@mistake(
+    COMMAND_LINE,
+    "agentfn-asgi tools pointed at a setting",
+    f"agentfn-asgi tools: tests.support.cli_targets:retries is an int, {_NOT_A_REGISTRY}",
+    kind="cli",
+    category=None,
+    exit_code=2,
+)
+def _tools_at_an_int() -> tuple[int, str]:
+    return cli("tools", "tests.support.cli_targets:retries")
+
+
+@mistake(
+    COMMAND_LINE,
+    "agentfn-asgi tools pointed at one tool function",
+    "agentfn-asgi tools: tests.support.cli_targets:lookup is a function taking arguments"
+    f" (city), {_NOT_A_REGISTRY}",
+    kind="cli",
+    category=None,
+    exit_code=2,
+)
+def _tools_at_a_function() -> tuple[int, str]:
+    return cli("tools", "tests.support.cli_targets:lookup")
+
+
+@mistake(
+    COMMAND_LINE,
+    "My tools module fails when it is imported",
+    "agentfn-asgi tools: importing 'tests.support.cli_broken' failed: KeyError:"
+    " 'SHOP_API_URL_FOR_A_TEST' (…/tests/support/cli_broken.py:…)",
+    kind="cli",
+    category=None,
+    exit_code=2,
+)
+def _tools_module_fails() -> tuple[int, str]:
+    return cli("tools", "tests.support.cli_broken:tools", SHOP_API_URL_FOR_A_TEST=None)
+
+
+@mistake(
+    COMMAND_LINE,
+    "agentfn-asgi recover without an API key",
+    "agentfn-asgi recover: configuration error: no API key: set the OPENAI_API_KEY environment"
+    " variable (recover reads the sessions through the Agents API; OPENAI_BASE_URL points it"
+    " at another server, e.g. agentfn-asgi fake-api)",
+    kind="cli",
+    category=None,
+    exit_code=2,
+)
+def _recover_without_key() -> tuple[int, str]:
+    return cli(
+        "recover",
+        "--tools",
+        "tests.support.cli_targets:tools",
+        OPENAI_API_KEY=None,
+        AGENTFN_STORE_URL="memory://",
+    )
+
+
+@mistake(
+    COMMAND_LINE,
+    "agentfn-asgi status run from another folder (or with a mistyped path)",
+    "agentfn-asgi status: configuration error: no store at …/nonexistent_dir/x.db (nothing was"
+    " created): pass --store or set AGENTFN_STORE_URL to the app's store; sqlite:///x.db is"
+    " relative to the working directory (…), sqlite:////x.db is absolute",
+    kind="cli",
+    category=None,
+    exit_code=2,
+)
+def _status_of_a_missing_store() -> tuple[int, str]:
+    return cli("status", AGENTFN_STORE_URL="sqlite:///nonexistent_dir/x.db")
 
 
 def main(argv: list[str]) -> int:

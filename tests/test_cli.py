@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
+import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,12 +26,13 @@ from agentfn_asgi.cli.dev import parse_call_spec
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import tools as example_tools
-from agentfn_asgi.errors import CLIError
+from agentfn_asgi.errors import CLIError, CLIUsageError
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, serve_fake_api
+from agentfn_asgi.tools import FunctionTools
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -143,10 +146,98 @@ def test_tools_prints_the_definitions(capsys: pytest.CaptureFixture[str]) -> Non
         ("agentfn_asgi.demo.tools:CUSTOMERS", "not a FunctionTools"),
     ],
 )
-def test_tools_failures_exit_1(spec: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """A spec that does not lead to a registry is an operational failure with a clear cause."""
-    assert main(["tools", spec]) == 1
-    assert message in capsys.readouterr().err
+def test_tools_failures_exit_2(spec: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A spec that does not lead to a registry is a usage mistake (exit 2) with a clear
+    cause on one line, no traceback."""
+    assert main(["tools", spec]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+class _Registry:
+    """A class: never called to make a registry, even without arguments."""
+
+
+def _targets_module(webhooks: AgentWebhookApp) -> types.ModuleType:
+    module = types.ModuleType("cli_targets_for_test")
+    calls: list[str] = []
+    module.calls = calls  # type: ignore[attr-defined]
+    module.tools = example_tools  # type: ignore[attr-defined]
+    module.webhooks = webhooks  # type: ignore[attr-defined]
+    module.host = Starlette()  # type: ignore[attr-defined]
+    module.Registry = _Registry  # type: ignore[attr-defined]
+    module.answer = 42  # type: ignore[attr-defined]
+    module.nothing = None  # type: ignore[attr-defined]
+
+    def build() -> FunctionTools:
+        calls.append("build")
+        return example_tools
+
+    def build_app() -> AgentWebhookApp:
+        return webhooks
+
+    def build_nothing() -> int:
+        calls.append("build_nothing")
+        return 7
+
+    def build_broken() -> FunctionTools:
+        raise RuntimeError("no database configured")
+
+    def lookup(city: str, country: str = "FR") -> str:
+        calls.append("lookup")
+        return city
+
+    for function in (build, build_app, build_nothing, build_broken, lookup):
+        setattr(module, function.__name__, function)
+    return module
+
+
+_NOT_A_REGISTRY = "not a FunctionTools registry: name the registry"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("attr", "found"),
+    [
+        ("tools", None),
+        ("webhooks", None),  # an AgentWebhookApp stands for its registry
+        ("build", None),  # a factory without arguments
+        ("build_app", None),
+        ("host", f"is a Starlette app, {_NOT_A_REGISTRY}"),
+        ("Registry", f"is the class _Registry, {_NOT_A_REGISTRY}"),
+        ("answer", f"is an int, {_NOT_A_REGISTRY}"),
+        ("nothing", f"is None, {_NOT_A_REGISTRY}"),
+        ("lookup", f"is a function taking arguments (city, country), {_NOT_A_REGISTRY}"),
+        ("build_nothing", f"() returned an int, {_NOT_A_REGISTRY}"),
+        ("build_broken", "() failed: RuntimeError: no database configured (…test_cli.py:…)"),
+        ("missing", "has no attribute 'missing' (registries there: tools, webhooks)"),
+    ],
+)
+async def test_load_tools_names_what_it_found(
+    attr: str, found: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (issue 18): a MODULE:ATTR that is not a registry is one line naming what
+    it is and what was expected, with the right article; only a function that takes no
+    arguments is called (never a class, an ASGI app or a function with parameters). The
+    old code called any callable and raised its TypeError."""
+    async with AgentsClient(api_key="sk-test", base_url="http://127.0.0.1:9/v1") as client:
+        webhooks = AgentWebhookApp(
+            example_tools, webhook_secret=SECRET, client=client, store="memory://"
+        )
+        module = _targets_module(webhooks)
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        spec = f"{module.__name__}:{attr}"
+        if found is None:
+            assert load_tools(spec) is example_tools
+            return
+        with pytest.raises(CLIUsageError) as info:
+            load_tools(spec)
+    pattern = ".*".join(re.escape(part) for part in found.split("…"))
+    where = rf"(cli_targets_for_test:{attr} ?|'cli_targets_for_test' )"
+    assert re.match(where + pattern, str(info.value)), str(info.value)
+    assert module.calls in ([], ["build_nothing"])
 
 
 def test_load_tools_and_call_specs() -> None:
@@ -201,12 +292,12 @@ async def test_send_reads_the_secret_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Without ``--secret`` the secret comes from ``OPENAI_WEBHOOK_SECRET``; without
-    either, a clear error and exit 1."""
+    either, a clear configuration error and exit 2."""
     async with receiver() as (url, _):
         monkeypatch.setenv("OPENAI_WEBHOOK_SECRET", SECRET)
         assert await run_cli("send", url, "--type", "agent.session.idle") == 0
         monkeypatch.delenv("OPENAI_WEBHOOK_SECRET")
-        assert await run_cli("send", url) == 1
+        assert await run_cli("send", url) == 2
         assert "no webhook secret" in capsys.readouterr().err
 
 
@@ -251,6 +342,7 @@ async def test_status_reports_the_store(tmp_path: Path, capsys: pytest.CaptureFi
     url = await _populated_store(tmp_path / "store.sqlite3")
     assert await run_cli("status", "--store", url) == 0
     out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"store           sqlite:///{tmp_path}/store.sqlite3"
     assert "deliveries" in out
     assert "2 (1 unresolved)" in out
     assert "claimed 1" in out
@@ -268,13 +360,19 @@ async def test_status_reports_the_store(tmp_path: Path, capsys: pytest.CaptureFi
 async def test_status_of_a_missing_store_fails_without_creating_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A mistyped SQLite path is an error (exit 1), not a fresh empty store; the default
-    comes from ``AGENTFN_STORE_URL``."""
+    """A mistyped SQLite path is a configuration error (exit 2) naming the resolved file,
+    not a fresh empty store; the default comes from ``AGENTFN_STORE_URL``, and a relative
+    path is resolved from the working directory as the app resolves it."""
     missing = tmp_path / "nope.sqlite3"
     monkeypatch.setenv("AGENTFN_STORE_URL", f"sqlite:///{missing}")
-    assert await run_cli("status") == 1
-    assert "no store at" in capsys.readouterr().err
+    assert await run_cli("status") == 2
+    assert f"no store at {missing} (nothing was created)" in capsys.readouterr().err
     assert not missing.exists()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AGENTFN_STORE_URL", "sqlite:///nonexistent_dir/x.db")
+    assert await run_cli("status") == 2
+    assert f"no store at {tmp_path}/nonexistent_dir/x.db" in capsys.readouterr().err
+    assert not (tmp_path / "nonexistent_dir").exists()
 
 
 # -- recover ---------------------------------------------------------------------------------
@@ -310,9 +408,10 @@ async def test_recover_answers_a_session_with_no_webhook(
         )
         assert code == 0, capsys.readouterr().err
         assert [s.call_id for s in fake.submissions] == ["call_c"]
-    out = capsys.readouterr().out
-    assert "call_c  get_customer  submitted" in out
-    assert "recovery done" in out
+    captured = capsys.readouterr()
+    assert "call_c  get_customer  submitted" in captured.out
+    assert "recovery done" in captured.out
+    assert f"store sqlite:///{tmp_path}/store.sqlite3\n" in captured.err
 
 
 # -- fake-api --------------------------------------------------------------------------------

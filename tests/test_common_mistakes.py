@@ -49,7 +49,8 @@ def test_rows_are_complete_and_distinct() -> None:
     assert len(set(titles)) == len(titles)
     for row in MISTAKES:
         assert row.area and row.title and row.message
-        assert (row.category is None) == (row.kind == "log"), row.title
+        assert (row.category is None) == (row.kind in ("log", "cli")), row.title
+        assert (row.exit_code is not None) == (row.kind == "cli"), row.title
 
 
 def test_matches_treats_the_ellipsis_as_any_text() -> None:

@@ -12,7 +12,9 @@ Subcommands::
     status      what the store holds: deliveries, calls by state, in-doubt, oldest pending
     recover     re-read a session (or sweep everything) and finish what is owed
 
-Exit codes: 0 success, 1 operational failure (the message says what failed), 2 usage error.
+Exit codes: 0 success, 1 operational failure (the message says what failed), 2 a usage or
+configuration mistake (bad arguments, a ``MODULE:ATTR`` that is not a registry, a missing
+key, a malformed or missing store). No user mistake prints a traceback: one line on stderr.
 The environment is read through :mod:`agentfn_asgi.config`, as the app reads it, so every
 command agrees with the app on the store, the keys and the ``AGENTFN_*`` settings.
 """
@@ -24,9 +26,9 @@ import sys
 from collections.abc import Sequence
 
 from .._version import __version__
-from ..errors import AgentFnError, ConfigurationError
+from ..errors import AgentFnError, CLIUsageError, ConfigurationError
 from . import calls, dev, ops
-from .common import EXIT_FAILURE
+from .common import EXIT_FAILURE, EXIT_USAGE
 
 __all__ = ["build_parser", "main"]
 
@@ -36,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentfn-asgi",
         description="Run function tools for OpenAI's Agents API from signed webhooks.",
-        epilog="Exit codes: 0 success, 1 operational failure, 2 usage error.",
+        epilog=("Exit codes: 0 success, 1 operational failure, 2 usage or configuration mistake."),
     )
     parser.add_argument("--version", action="version", version=f"agentfn-asgi {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -57,7 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except ConfigurationError as exc:
         print(f"agentfn-asgi {args.command}: configuration error: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return EXIT_USAGE
+    except CLIUsageError as exc:
+        print(f"agentfn-asgi {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except AgentFnError as exc:
         print(f"agentfn-asgi {args.command}: {exc}", file=sys.stderr)
         return EXIT_FAILURE

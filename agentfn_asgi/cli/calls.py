@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any, Literal, get_args
 
 from ..config import Config
-from ..errors import CLIError
+from ..errors import CLIError, CLIUsageError
 from ..operator import (
     CallDetail,
     CallFilter,
@@ -30,15 +30,16 @@ from ..operator import (
     json_or_text,
     parse_duration,
 )
+from ..store import store_location
 from ..tools import FunctionTools
 from .common import (
     EXIT_FAILURE,
     EXIT_OK,
     ago,
+    api_client,
     check_store_exists,
     load_tools,
     progress,
-    redacted,
     store_url,
     tools_spec,
 )
@@ -63,9 +64,9 @@ async def operator(
 
     config = Config.from_env()
     url = store_url(store)
-    check_store_exists(url)
     the_store = config.open_store(url)
-    location = str(getattr(the_store, "location", None) or redacted(url))
+    check_store_exists(the_store)
+    location = store_location(the_store, url)
     if api == "optional" and not config.api_key:
         api = "none"
     if api == "none":
@@ -77,7 +78,7 @@ async def operator(
         return
     registry = load_tools(tools) if tools else FunctionTools()
     handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
-    async with config.client() as client:
+    async with api_client(config, "settling submits the result through the Agents API") as client:
         dispatcher = Dispatcher(
             registry, client, the_store, settings=config.dispatch, handoff=handoff
         )
@@ -174,7 +175,7 @@ async def _calls(args: argparse.Namespace) -> int:
         try:
             since = now - parse_duration(args.since)
         except ValueError as exc:
-            raise CLIError(str(exc)) from None
+            raise CLIUsageError(f"--since: {exc}") from None
     query = CallFilter(
         state=args.state,
         session_id=args.session,
@@ -207,7 +208,7 @@ async def _show(args: argparse.Namespace) -> int:
 
 async def _settle(args: argparse.Namespace) -> int:
     if args.rerun and not args.tools:
-        raise CLIError("--rerun runs the handler: name its registry with --tools MODULE:ATTR")
+        raise CLIUsageError("--rerun runs the handler: name its registry with --tools MODULE:ATTR")
     output: Any = None
     if args.output is not None:
         output = json_or_text(args.output)[1]

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..client import AgentsClient
 from ..config import Config
-from ..errors import CLIError
+from ..errors import CLIUsageError, ConfigurationError
+from ..store import SQLiteStore, Store
 from ..tools import FunctionTools
 
 __all__ = [
@@ -18,10 +23,11 @@ __all__ = [
     "EXIT_OK",
     "EXIT_USAGE",
     "ago",
+    "api_client",
     "check_store_exists",
+    "describe",
     "load_tools",
     "progress",
-    "redacted",
     "secret_from",
     "store_url",
     "tools_spec",
@@ -35,29 +41,137 @@ EXIT_USAGE = 2
 def load_tools(spec: str) -> FunctionTools:
     """Import ``MODULE:ATTR`` and return the :class:`FunctionTools` it names.
 
-    ``ATTR`` may also be a zero-argument callable returning the registry (a factory). The
-    working directory is importable, as with ``uvicorn module:app``.
+    ``ATTR`` may also name an :class:`~agentfn_asgi.AgentWebhookApp` (its registry is used,
+    so ``main:webhooks`` works as well as ``main:tools``) or a function that takes no
+    arguments and returns either (a factory); nothing else is called. The working directory
+    is importable, as with ``uvicorn module:app``. Anything else is a
+    :class:`CLIUsageError` naming what was found and what was expected.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise CLIError(f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {spec!r}")
+        raise CLIUsageError(
+            f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {spec!r}"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise CLIError(f"cannot import {module_name!r}: {exc}") from exc
+        raise CLIUsageError(f"cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the user's module failed: one line, where it failed
+        raise CLIUsageError(f"importing {module_name!r} failed: {_one_line(exc)}") from None
     target: Any = module
     for part in attr.split("."):
         try:
             target = getattr(target, part)
-        except AttributeError as exc:
-            raise CLIError(f"{module_name!r} has no attribute {attr!r}") from exc
-    if not isinstance(target, FunctionTools) and callable(target):
-        target = target()
-    if not isinstance(target, FunctionTools):
-        raise CLIError(f"{spec} is a {type(target).__name__}, not a FunctionTools registry")
-    return target
+        except AttributeError:
+            found = _registries_in(module)
+            hint = f" (registries there: {', '.join(found)})" if found else ""
+            raise CLIUsageError(f"{module_name!r} has no attribute {attr!r}{hint}") from None
+    registry = _registry_of(target)
+    if registry is not None:
+        return registry
+    if _is_factory(target):
+        try:
+            made = target()
+        except Exception as exc:
+            raise CLIUsageError(f"{spec}() failed: {_one_line(exc)}") from None
+        registry = _registry_of(made)
+        if registry is not None:
+            return registry
+        raise CLIUsageError(f"{spec}() returned {describe(made)}, {_EXPECTED}")
+    raise CLIUsageError(f"{spec} is {describe(target)}, {_EXPECTED}")
+
+
+_EXPECTED = (
+    "not a FunctionTools registry: name the registry your tools are registered on "
+    "(MODULE:tools), an AgentWebhookApp, or a function without arguments that returns one"
+)
+
+
+def _registry_of(value: object) -> FunctionTools | None:
+    from ..app import AgentWebhookApp
+
+    if isinstance(value, FunctionTools):
+        return value
+    if isinstance(value, AgentWebhookApp):
+        return value.tools
+    return None
+
+
+def _registries_in(module: object) -> list[str]:
+    return [name for name, value in vars(module).items() if _registry_of(value) is not None]
+
+
+def _is_factory(value: object) -> bool:
+    """A plain function or method callable without arguments (never a class, nor an object
+    with ``__call__`` such as an ASGI app, which would run something else)."""
+    if not (inspect.isfunction(value) or inspect.ismethod(value)):
+        return False
+    try:
+        inspect.signature(value).bind()
+    except TypeError:
+        return False
+    return True
+
+
+def describe(value: object) -> str:
+    """``value`` in a message, with the right article: "an int", "an AgentWebhookApp",
+    "a Starlette", "the class Foo", "a function taking arguments (city)"."""
+    if value is None:
+        return "None"
+    if inspect.ismodule(value):
+        return f"the module {value.__name__}"
+    if inspect.isclass(value):
+        return f"the class {value.__qualname__}"
+    if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
+        try:
+            names = list(inspect.signature(value).parameters)
+        except (TypeError, ValueError):
+            names = []
+        return f"a function taking arguments ({', '.join(names)})" if names else "a function"
+    name = type(value).__name__
+    if _is_asgi_app(value):
+        name += " app"
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _is_asgi_app(value: object) -> bool:
+    """An object called as ``app(scope, receive, send)`` (Starlette, FastAPI, Django...)."""
+    if not callable(value):
+        return False
+    try:
+        names = list(inspect.signature(value).parameters)
+    except (TypeError, ValueError):
+        return False
+    return names[:1] == ["scope"] and len(names) == 3
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message (file:line)``: where a user's code failed, without a traceback."""
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    # The innermost frame of the user's code (not importlib's, the standard library's or a
+    # dependency's); a SyntaxError names its file and line itself.
+    library = tuple(sysconfig.get_paths()[key] for key in ("stdlib", "purelib", "platlib"))
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(("<", *library))
+    ]
+    if frames and not isinstance(exc, SyntaxError):
+        text += f" ({frames[-1].filename}:{frames[-1].lineno})"
+    return text.rstrip(": ")
+
+
+def api_client(config: Config, why: str, **options: Any) -> AgentsClient:
+    """``config``'s Agents API client; without a key, a ConfigurationError that names the
+    environment variable (the CLI has no ``api_key=`` to pass)."""
+    if not config.api_key:
+        raise ConfigurationError(
+            f"no API key: set the OPENAI_API_KEY environment variable ({why}; "
+            "OPENAI_BASE_URL points it at another server, e.g. agentfn-asgi fake-api)"
+        )
+    return config.client(**options)
 
 
 def tools_spec(value: str) -> str:
@@ -71,10 +185,10 @@ def tools_spec(value: str) -> str:
 
 
 def secret_from(value: str | None) -> str:
-    """``--secret``, else the webhook secrets of the environment; CLIError without any."""
+    """``--secret``, else the webhook secrets of the environment; ConfigurationError without."""
     secret = value or ",".join(Config.from_env().webhook_secrets)
     if not secret.strip():
-        raise CLIError("no webhook secret: pass --secret or set OPENAI_WEBHOOK_SECRET")
+        raise ConfigurationError("no webhook secret: pass --secret or set OPENAI_WEBHOOK_SECRET")
     return secret
 
 
@@ -83,29 +197,21 @@ def progress(message: str, *, stream: TextIO | None = None) -> None:
     print(message, file=stream or sys.stderr, flush=True)
 
 
-def check_store_exists(url: str) -> None:
-    """Refuse a SQLite path that does not exist (CLIError)."""
-    # Opening a SQLite URL creates the file: for a read-only report, a typo in the path
-    # should be an error, not a fresh empty store.
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///") :].partition("?")[0]
-        if path and path != ":memory:" and not Path(path).exists():
-            raise CLIError(f"no store at {path} (set --store or AGENTFN_STORE_URL)")
+def check_store_exists(store: Store) -> None:
+    """Refuse a SQLite file that does not exist (ConfigurationError, exit 2)."""
+    # Opening a SQLite URL creates the file: for an operator's command, a typo in the path
+    # (or a relative path run from another folder) should be an error, not an empty store.
+    if isinstance(store, SQLiteStore) and not Path(store.path).exists():
+        raise ConfigurationError(
+            f"no store at {store.path} (nothing was created): pass --store or set "
+            "AGENTFN_STORE_URL to the app's store; sqlite:///x.db is relative to the working "
+            f"directory ({os.getcwd()}), sqlite:////x.db is absolute"
+        )
 
 
 def store_url(value: str | None) -> str:
     """``--store``, else the environment's (as the app resolves it)."""
     return value or Config.from_env().store_url
-
-
-def redacted(url: str) -> str:
-    """``url`` with its password hidden."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        userinfo, _, host = rest.rpartition("@")
-        user = userinfo.partition(":")[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
 
 
 def ago(then: float, now: float) -> str:

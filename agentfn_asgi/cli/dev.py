@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..config import Config
-from ..errors import AgentFnError, CLIError
+from ..errors import AgentFnError, CLIError, CLIUsageError
 from .common import EXIT_FAILURE, EXIT_OK, load_tools, progress, secret_from, tools_spec
 
 __all__ = ["parse_call_spec", "register"]
@@ -19,15 +19,15 @@ def parse_call_spec(spec: str) -> tuple[str, dict[str, Any]]:
     name, sep, raw = spec.partition(":")
     name = name.strip()
     if not name:
-        raise CLIError(f"a call needs a tool name: {spec!r}")
+        raise CLIUsageError(f"a call needs a tool name: {spec!r}")
     if not sep or not raw.strip():
         return name, {}
     try:
         arguments = json.loads(raw)
     except ValueError as exc:
-        raise CLIError(f"arguments of {name!r} are not JSON: {exc}") from exc
+        raise CLIUsageError(f"arguments of {name!r} are not JSON: {exc}") from exc
     if not isinstance(arguments, dict):
-        raise CLIError(f"arguments of {name!r} must be a JSON object")
+        raise CLIUsageError(f"arguments of {name!r} must be a JSON object")
     return name, arguments
 
 
@@ -53,7 +53,7 @@ async def _send(args: argparse.Namespace) -> int:
     try:
         body, headers = signed_delivery(secret, event, msg_id=args.webhook_id)
     except AgentFnError as exc:
-        raise CLIError(f"cannot sign with this secret: {exc}") from exc
+        raise CLIUsageError(f"cannot sign with this secret: {exc}") from exc
     progress(f"POST {args.url} ({args.type}, session {args.session_id})")
     try:
         async with httpx.AsyncClient(timeout=args.timeout) as http:
@@ -82,18 +82,24 @@ def _cmd_fake_api(args: argparse.Namespace) -> int:
     from ..testing.fake_webhooks import webhook_backoff
 
     calls = [parse_call_spec(spec) for spec in args.call]
-    return asyncio.run(
-        serve_fake_api(
-            host=args.host,
-            port=args.port,
-            webhook_urls=args.webhook_url,
-            webhook_secret=args.secret or ",".join(Config.from_env().webhook_secrets) or None,
-            api_key=args.api_key,
-            webhook_retry_delays=webhook_backoff(args.webhook_retry_for),
-            calls=calls,
-            stop_on_sigterm=True,
+    try:
+        return asyncio.run(
+            serve_fake_api(
+                host=args.host,
+                port=args.port,
+                webhook_urls=args.webhook_url,
+                webhook_secret=args.secret or ",".join(Config.from_env().webhook_secrets) or None,
+                api_key=args.api_key,
+                webhook_retry_delays=webhook_backoff(args.webhook_retry_for),
+                calls=calls,
+                stop_on_sigterm=True,
+            )
         )
-    )
+    except OSError as exc:  # the port is taken, the host is not ours: say it in one line
+        raise CLIError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+            "(pick another --port, or 0 for any free one)"
+        ) from None
 
 
 def _non_negative(value: str) -> float:
@@ -216,7 +222,11 @@ def register(sub: Any) -> None:
     tools = sub.add_parser(
         "tools",
         help="print tool definitions as JSON for agent.tools",
-        description="Import MODULE:ATTR (a FunctionTools registry) and print its definitions().",
+        description=(
+            "Import MODULE:ATTR and print its definitions(). ATTR names a FunctionTools "
+            "registry, an AgentWebhookApp (its registry is used) or a function without "
+            "arguments that returns either; nothing else is called."
+        ),
     )
     tools.add_argument(
         "spec", type=tools_spec, metavar="MODULE:ATTR", help="e.g. agentfn_asgi.demo.tools:tools"

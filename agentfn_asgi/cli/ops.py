@@ -12,9 +12,11 @@ from typing import Any
 
 from ..config import Config
 from ..operator import Overview
+from ..store import store_location
 from .common import (
     EXIT_OK,
     ago,
+    api_client,
     check_store_exists,
     load_tools,
     progress,
@@ -83,13 +85,15 @@ async def _recover(args: argparse.Namespace) -> int:
     registry = load_tools(args.tools)
     config = Config.from_env()
     url = args.store or config.store_url
-    check_store_exists(url)
     store = config.open_store(url)
+    check_store_exists(store)
     # No webhook app is needed to recover (nothing is received), hence no webhook secret:
     # the dispatcher alone reads sessions, runs what is owed and submits saved results,
     # with the same AGENTFN_* settings and worker lane as the app.
     handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
-    async with config.client() as client:
+    client = api_client(config, "recover reads the sessions through the Agents API")
+    progress(f"store {store_location(store, url)}")
+    async with client:
         dispatcher = Dispatcher(registry, client, store, settings=config.dispatch, handoff=handoff)
         try:
             await dispatcher.start(recover=False)

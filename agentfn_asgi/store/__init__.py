@@ -32,6 +32,8 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "open_store",
+    "redact_url",
+    "store_location",
 ]
 
 #: Used when neither an argument nor ``AGENTFN_STORE_URL`` names a store: a file in the
@@ -68,10 +70,7 @@ def open_store(
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep or not scheme:
-        raise ConfigurationError(
-            f"store URL {_redact(url)!r} has no scheme: use memory://, sqlite:///path, "
-            "redis://host or postgresql://host/db"
-        )
+        raise ConfigurationError(_malformed(url))
     if scheme == "memory":
         return _construct(MemoryStore, url, clock=clock, **options)
     if scheme == "sqlite":
@@ -80,7 +79,7 @@ def open_store(
     backend = _LAZY_BACKENDS.get(scheme)
     if backend is None:
         raise ConfigurationError(
-            f"unknown store scheme {scheme!r} in {_redact(url)!r}: use memory://, "
+            f"unknown store scheme {scheme!r} in {redact_url(url)!r}: use memory://, "
             "sqlite:///path, redis://, rediss://, postgresql:// or postgres://"
         )
     module_name, class_name, extra, driver = backend
@@ -103,6 +102,34 @@ def open_store(
 _URL_OPTIONS: Final = {"redis": ("key_prefix",), "postgres": ("schema",)}
 
 
+#: The form each scheme's URL takes, for messages about a malformed one.
+_EXPECTED: Final = {
+    "memory": "memory://",
+    "sqlite": "sqlite:///relative.db (from the working directory) or sqlite:////abs/path.db",
+    "redis": "redis://host:6379/0",
+    "rediss": "rediss://host:6380/0",
+    "postgresql": "postgresql://user@host/db",
+    "postgres": "postgres://user@host/db",
+}
+
+
+def _malformed(url: str) -> str:
+    """The message for a URL without ``://``: ``sqlite:/x``, ``memory:``, a bare path."""
+    shown = redact_url(url)
+    scheme = url.partition(":")[0].strip().lower()
+    if ":" in url and scheme in _EXPECTED:
+        return f"store URL {shown!r} is malformed: expected {_EXPECTED[scheme]}"
+    if url.lower().endswith((".db", ".sqlite", ".sqlite3")):
+        return (
+            f"store URL {shown!r} has no scheme: for this SQLite file use sqlite:///{url}"
+            f" ({'absolute' if url.startswith('/') else 'relative to the working directory'})"
+        )
+    return (
+        f"store URL {shown!r} has no scheme: use memory://, sqlite:///relative.db, "
+        "sqlite:////abs/path.db, redis://host or postgresql://host/db"
+    )
+
+
 def _pop_store_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
     """``redis://h/0?key_prefix=app1:`` → (``redis://h/0``, {"key_prefix": "app1:"})."""
     base, sep, query = url.partition("?")
@@ -123,8 +150,7 @@ def _parse_sqlite(url: str, rest: str) -> tuple[str, dict[str, Any]]:
     location, _, query = rest.partition("?")
     if not location.startswith("/") or location == "/":
         raise ConfigurationError(
-            f"SQLite store URL {_redact(url)!r} needs a path: sqlite:///relative/file.sqlite3 or "
-            "sqlite:////absolute/file.sqlite3"
+            f"SQLite store URL {redact_url(url)!r} needs a path: {_EXPECTED['sqlite']}"
         )
     path = unquote(location[1:])
     if path == ":memory:":
@@ -137,13 +163,15 @@ def _parse_sqlite(url: str, rest: str) -> tuple[str, dict[str, Any]]:
         convert = _SQLITE_QUERY_OPTIONS.get(name)
         if convert is None:
             raise ConfigurationError(
-                f"unknown SQLite store option {name!r} in {_redact(url)!r}: "
+                f"unknown SQLite store option {name!r} in {redact_url(url)!r}: "
                 f"known options are {sorted(_SQLITE_QUERY_OPTIONS)}"
             )
         try:
             options[name] = convert(value)
         except ValueError as exc:
-            raise ConfigurationError(f"bad value {value!r} for {name} in {_redact(url)!r}") from exc
+            raise ConfigurationError(
+                f"bad value {value!r} for {name} in {redact_url(url)!r}"
+            ) from exc
     return path, options
 
 
@@ -151,15 +179,40 @@ def _construct(factory: Callable[..., Any], url: str, *args: Any, **kwargs: Any)
     try:
         store: Store = factory(*args, **kwargs)
     except TypeError as exc:  # an option this backend does not take
-        raise ConfigurationError(f"bad options for store {_redact(url)!r}: {exc}") from exc
+        raise ConfigurationError(f"bad options for store {redact_url(url)!r}: {exc}") from exc
     return store
 
 
-def _redact(url: str) -> str:
-    """Hide a password in ``scheme://user:password@host`` before it reaches a message."""
+def store_location(store: Store, url: str | None = None) -> str:
+    """Where ``store`` keeps its data, as shown once at start-up, by ``status``/``recover``
+    and on the operator page: its ``location`` (resolved, password hidden), else the
+    redacted ``url`` it was opened from, else its ``repr``."""
+    location = getattr(store, "location", None)
+    if isinstance(location, str) and location:
+        return location
+    return redact_url(url) if url else repr(store)
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown (logs, messages, ``status``, the operator page): a password
+    in ``scheme://user:password@host`` or in a ``password=`` query parameter becomes ``***``.
+
+    A URL without a password is returned unchanged (no ``***`` where nothing was hidden).
+    Every place that shows a store URL goes through this function.
+    """
     scheme, sep, rest = url.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in credentials:
+    if not sep:
         return url
-    user = credentials.partition(":")[0]
-    return f"{scheme}://{user}:***@{host}"
+    netloc, slash, tail = rest.partition("/")
+    credentials, at, host = netloc.rpartition("@")
+    if at and ":" in credentials:
+        netloc = f"{credentials.partition(':')[0]}:***@{host}"
+    path, question, query = tail.partition("?")
+    if question:
+        hidden = [
+            f"{name}=***" if name.lower() == "password" and value else pair
+            for pair in query.split("&")
+            for name, _, value in [pair.partition("=")]
+        ]
+        query = "&".join(hidden)
+    return f"{scheme}://{netloc}{slash}{path}{question}{query}"

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.store import redact_url
 from agentfn_asgi.store._sql import SQLStore, Statement
 from agentfn_asgi.store._sql_dialect import postgres_dialect, quote_identifier
 from agentfn_asgi.store._sql_schema import (
@@ -124,6 +125,12 @@ class PostgresStore(SQLStore):
         self._pool: asyncpg.Pool[asyncpg.Record] | None = None
         self._lock = asyncio.Lock()
         self._closed = False
+
+    @property
+    def location(self) -> str:
+        """The server, database and schema, password hidden, for logs and operators."""
+        where = f"{redact_url(self._url)} (schema {self._schema}"
+        return where + (f", namespace {self.namespace})" if self.namespace else ")")
 
     # -- plumbing --------------------------------------------------------------------------
     async def _ensure_pool(self) -> asyncpg.Pool[asyncpg.Record]:

@@ -55,7 +55,15 @@ _SYNCHRONOUS_MODES: Final = frozenset({"NORMAL", "FULL", "EXTRA"})
 
 def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:
     """Open the file, set the pragmas, create or upgrade the schema (on the writer thread)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    parent = Path(path).parent
+    if not parent.exists():
+        # Never created: a typo in AGENTFN_STORE_URL at a redeploy would otherwise start an
+        # empty store and forget every delivery and running call without a word.
+        raise ConfigurationError(
+            f"SQLite store {path}: the directory {parent} does not exist; create it (the store "
+            "never creates directories, so a mistyped path cannot start an empty store) or fix "
+            "AGENTFN_STORE_URL"
+        )
     conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
@@ -132,7 +140,9 @@ def _first_row_job(
 class SQLiteStore(SQLStore):
     """SQLite-backed :class:`~agentfn_asgi.store.base.Store`. See the module docstring.
 
-    ``path`` is a file path (missing directories are created). ``busy_timeout`` (seconds)
+    ``path`` is a file path, resolved against the working directory when the store is
+    created (:attr:`location`); its directory must exist (opening refuses a missing one with
+    :class:`ConfigurationError`), the file is created on first open. ``busy_timeout`` (seconds)
     is how long a writer waits for another process's write lock before the operation fails
     with :class:`StoreUnavailableError`. ``synchronous`` is ``"NORMAL"`` (default),
     ``"FULL"`` or ``"EXTRA"``.
@@ -148,12 +158,15 @@ class SQLiteStore(SQLStore):
         namespace: str = "",
     ) -> None:
         super().__init__(clock=clock, namespace=namespace)
-        self.path = os.fspath(path)
-        if self.path in ("", ":memory:") or self.path.startswith("file::memory:"):
+        given = os.fspath(path)
+        if given in ("", ":memory:") or given.startswith("file::memory:"):
             raise ConfigurationError(
                 "an in-memory SQLite database is private to one connection and would lose "
                 "every call on restart: use memory:// for tests or give a file path"
             )
+        # Resolved once, here: the app and the CLI (both through open_store) agree on the
+        # file, and a later chdir cannot move it.
+        self.path = os.path.abspath(given)
         mode = synchronous.upper()
         if mode not in _SYNCHRONOUS_MODES:
             raise ConfigurationError(
@@ -171,6 +184,12 @@ class SQLiteStore(SQLStore):
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
+
+    @property
+    def location(self) -> str:
+        """The resolved file as a URL (``sqlite:////abs/path.sqlite3``), for logs and operators."""
+        where = f"sqlite:///{self.path}"
+        return where + (f" (namespace {self.namespace})" if self.namespace else "")
 
     def _start(self) -> Jobs:
         with self._start_lock:

@@ -10,7 +10,14 @@ import pytest
 
 import agentfn_asgi.store as store_package
 from agentfn_asgi.errors import ConfigurationError
-from agentfn_asgi.store import MemoryStore, SQLiteStore, Store, open_store
+from agentfn_asgi.store import (
+    MemoryStore,
+    SQLiteStore,
+    Store,
+    open_store,
+    redact_url,
+    store_location,
+)
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -40,10 +47,11 @@ def test_memory_scheme() -> None:
     ],
 )
 def test_sqlite_paths(url: str, expected: str) -> None:
-    """Three slashes: a path relative to the working directory; four: an absolute path."""
+    """Three slashes: a path relative to the working directory (resolved when the store is
+    made); four: an absolute path."""
     store = open_store(url)
     assert isinstance(store, SQLiteStore)
-    assert store.path == expected
+    assert store.path == os.path.abspath(expected)
 
 
 def test_sqlite_options_from_query_and_keywords() -> None:
@@ -77,6 +85,82 @@ def test_bad_urls_are_configuration_errors(url: str) -> None:
         open_store(url)
 
 
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "sqlite:/x",
+            "store URL 'sqlite:/x' is malformed: expected sqlite:///relative.db (from the"
+            " working directory) or sqlite:////abs/path.db",
+        ),
+        ("memory:", "store URL 'memory:' is malformed: expected memory://"),
+        ("MEMORY:/", "store URL 'MEMORY:/' is malformed: expected memory://"),
+        (
+            "postgresql:host/db",
+            "store URL 'postgresql:host/db' is malformed: expected postgresql://user@host/db",
+        ),
+        (
+            "agentfn.sqlite3",
+            "store URL 'agentfn.sqlite3' has no scheme: for this SQLite file use"
+            " sqlite:///agentfn.sqlite3 (relative to the working directory)",
+        ),
+        (
+            "/var/lib/x.db",
+            "store URL '/var/lib/x.db' has no scheme: for this SQLite file use"
+            " sqlite:////var/lib/x.db (absolute)",
+        ),
+        (
+            "sqlite://x.db",
+            "SQLite store URL 'sqlite://x.db' needs a path: sqlite:///relative.db (from the"
+            " working directory) or sqlite:////abs/path.db",
+        ),
+    ],
+)
+def test_malformed_urls_name_the_expected_form(url: str, expected: str) -> None:
+    """A URL missing its ``//`` (or its scheme) is answered with the form it should take.
+    Regression (issue 18): ``sqlite:/x`` and ``memory:`` were said to have "no scheme"."""
+    with pytest.raises(ConfigurationError) as info:
+        open_store(url)
+    assert str(info.value) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://app:hunter2@db:5432/main", "postgresql://app:***@db:5432/main"),
+        ("redis://:hunter2@cache:6379/0", "redis://:***@cache:6379/0"),
+        ("postgresql://app@db/main", "postgresql://app@db/main"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+        (
+            "postgresql://db/main?user=app&password=hunter2",
+            "postgresql://db/main?user=app&password=***",
+        ),
+        ("sqlite:///data/a@b.db", "sqlite:///data/a@b.db"),
+        ("memory://", "memory://"),
+        ("not a url", "not a url"),
+    ],
+)
+def test_redact_url_hides_only_passwords(url: str, shown: str) -> None:
+    """One helper shows every store URL: a password becomes ``***``; a URL without one is
+    shown as it is. Regression (issue 18): the CLI showed ``user:***@`` without a password."""
+    assert redact_url(url) == shown
+
+
+def test_every_store_has_a_location(tmp_path: Path) -> None:
+    """memory, SQLite and PostgreSQL stores say where their data is (resolved, password
+    hidden); store_location falls back to the redacted URL for a store without one."""
+    assert open_store("memory://").location == "memory://"  # type: ignore[attr-defined]
+    sqlite = open_store(f"sqlite:///{tmp_path}/x.db")
+    assert store_location(sqlite) == f"sqlite:///{tmp_path}/x.db"
+    postgres = open_store("postgresql://app:hunter2@127.0.0.1:5432/test?schema=app1")
+    assert store_location(postgres) == "postgresql://app:***@127.0.0.1:5432/test (schema app1)"
+
+    class Bare(MemoryStore):
+        location = None  # type: ignore[assignment]
+
+    assert store_location(Bare(), "redis://:pw@h/0") == "redis://:***@h/0"
+
+
 def test_unknown_option_is_configuration_error() -> None:
     """An option the backend does not take is a ConfigurationError, not a TypeError."""
     with pytest.raises(ConfigurationError, match="bad options"):
@@ -99,7 +183,7 @@ def test_no_argument_means_the_default_file_not_the_environment(
     monkeypatch.setenv("AGENTFN_STORE_URL", "memory://")
     store = open_store()
     assert isinstance(store, SQLiteStore)
-    assert store.path == "agentfn.sqlite3"
+    assert store.path == os.path.abspath("agentfn.sqlite3")
 
 
 @pytest.mark.parametrize("value", [None, "", "  "])

@@ -37,7 +37,8 @@ KEY = CallKey("sess_1", "turn_1", "call_1")
 
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "nested" / "dir" / "agentfn.sqlite3"
+    (tmp_path / "data").mkdir()
+    return tmp_path / "data" / "agentfn.sqlite3"
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
 
 
 async def test_opens_in_wal_mode_with_schema_version(store: SQLiteStore, db_path: Path) -> None:
-    """open() creates missing directories, switches the file to WAL and stamps the schema."""
+    """open() creates the file, switches it to WAL and stamps the schema."""
     assert await asyncio.to_thread(db_path.exists)
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -182,6 +183,31 @@ async def test_lock_held_past_busy_timeout_is_unavailable(db_path: Path) -> None
         await store.close()
 
 
+async def test_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
+    """Regression (issue 18): a path into a directory that does not exist (a typo in
+    AGENTFN_STORE_URL) is a ConfigurationError naming the directory; nothing is created.
+    The old code created the directory and an empty store."""
+    missing = tmp_path / "nonexistent_dir"
+    store = SQLiteStore(missing / "x.db")
+    with pytest.raises(ConfigurationError, match=r"the directory .*nonexistent_dir does not exist"):
+        await store.open()
+    await store.close()
+    assert not missing.exists()
+
+
+def test_location_is_the_resolved_absolute_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative path is resolved against the working directory when the store is made
+    (a later chdir does not move it); ``location`` shows it as a sqlite://// URL."""
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore("agentfn.sqlite3", namespace="proj_1")
+    monkeypatch.chdir("/")
+    assert store.path == str(tmp_path / "agentfn.sqlite3")
+    assert store.location == f"sqlite:///{tmp_path}/agentfn.sqlite3 (namespace proj_1)"
+    assert SQLiteStore(tmp_path / "x.db").location == f"sqlite:///{tmp_path}/x.db"
+
+
 async def test_directory_path_is_unavailable(tmp_path: Path) -> None:
     """A path that is a directory cannot be opened: StoreUnavailableError, no sqlite3 leak."""
     store = SQLiteStore(tmp_path)
@@ -201,6 +227,7 @@ async def test_unwritable_parent_recovers_once_fixed(tmp_path: Path) -> None:
         with pytest.raises(StoreUnavailableError):
             await store.record_delivery("msg_1", "s")
         blocker.unlink()
+        blocker.mkdir()
         assert await store.record_delivery("msg_1", "s") is True
     finally:
         await store.close()
@@ -220,7 +247,6 @@ async def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
 
 async def test_newer_schema_is_refused(db_path: Path) -> None:
     """A file written by a newer version is refused instead of being misread."""
-    db_path.parent.mkdir(parents=True)
     with sqlite3.connect(db_path) as raw:
         raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     store = SQLiteStore(db_path)
@@ -257,7 +283,6 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
     """A file of the previous release keeps working: its rows stay, a quarantine's reason moves
     from error_type (where version 1 kept it) to quarantine_reason, a failure keeps its
     error_type, and the indexes are the current ones."""
-    db_path.parent.mkdir(parents=True)
     columns = (
         "session_id, turn_id, call_id, tool_name, state, attempt, owner, lease_expires_at,"
         " created_at, updated_at, success, event_json, idempotency_key, error_type, source"

@@ -200,8 +200,12 @@ class AgentWebhookApp:
         async with self._start_lock:
             if not self.dispatcher.started and not self._draining:
                 await self.dispatcher.start(recover=True)
+                count = len(self.tools)
                 logger.info(
-                    "agentfn-asgi started: %d tools, store %s", len(self.tools), self.store_location
+                    "agentfn-asgi started: %d tool%s, store %s",
+                    count,
+                    "" if count == 1 else "s",
+                    self.store_location,
                 )
 
     async def _lazy_startup(self) -> None:

@@ -136,9 +136,10 @@ async def test_calls_json_and_filters(store_url: str, capsys: pytest.CaptureFixt
 
 @pytest.mark.anyio
 async def test_calls_usage_mistakes(store_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """A bad ``--since`` is exit 1 with the expected form; an unknown state is exit 2."""
+    """A bad ``--since`` and an unknown state are usage mistakes (exit 2), the first with
+    the expected form."""
     await seed(store_url)
-    assert await run_cli("calls", "--store", store_url, "--since", "yesterday") == 1
+    assert await run_cli("calls", "--store", store_url, "--since", "yesterday") == 2
     err = capsys.readouterr().err
     assert "15m" in err or "duration" in err
     assert "Traceback" not in err
@@ -311,7 +312,7 @@ async def test_settle_rerun_runs_the_handler_with_the_next_attempt(
         await past.claim_call(key, tool_name="get_customer", owner="r1", lease_seconds=30)
         await past.close()
 
-        assert await run_cli("calls", "settle", "call_g", "--rerun", "--store", store_url) == 1
+        assert await run_cli("calls", "settle", "call_g", "--rerun", "--store", store_url) == 2
         assert "--tools" in capsys.readouterr().err
 
         code = await run_cli(

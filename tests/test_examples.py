@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 
-from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.demo import free_port, run_example
 from agentfn_asgi.testing import (
     FakeAgentsAPI,
@@ -210,8 +209,6 @@ async def test_examples_mount_the_operator_page_when_a_token_is_set(
 ) -> None:
     """With AGENTFN_ADMIN_TOKEN set, each example serves the operator page at /openai/admin:
     a browser is sent to the login form, a bearer client gets the overview."""
-    if not hasattr(AgentWebhookApp, "operator"):
-        pytest.skip("waits for AgentWebhookApp.operator(), the real OperatorView")
     token = "example-admin-token-0123"
     env = _base_env(tmp_path, "http://127.0.0.1:9/v1", OLD_SECRET)
     env.update(AGENTFN_ADMIN_TOKEN=token, EXAMPLE_DJANGO_DB=str(tmp_path / "django.sqlite3"))

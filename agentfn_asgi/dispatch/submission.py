@@ -99,7 +99,10 @@ class Submitter:
                 return outcome
             self._alarm.cleared()
             crash_point("after_submit", record.tool_name)
-            await self._store.mark_submitted(key)
+            requests = span.attempts
+            await self._store.mark_submitted(
+                key, detail=f"{answer}, {requests} request{'' if requests == 1 else 's'}"
+            )
         received = self._received.get(delivery_id) if delivery_id is not None else None
         self._telemetry.record_submission(
             attempts=span.attempts,

@@ -149,7 +149,7 @@ MARK_SUBMITTED: Final = fill(
     """
     UPDATE {p}calls SET state = 'submitted', updated_at = :now,
         history = coalesce(history, '') || """
-    + event_sql("submitted", "attempt")
+    + event_sql("submitted", "attempt", detail=DETAIL_SQL)
     + """
     WHERE {key} AND {saved}"""
 )
@@ -513,9 +513,9 @@ class SQLStore(abc.ABC):
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
         return _call_record(found[1])
 
-    async def mark_submitted(self, key: CallKey) -> None:
+    async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
         """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
-        params = {**_key(key), "now": self._clock()}
+        params = {**_key(key), "now": self._clock(), "detail": detail}
         await self._count("mark submitted", Statement(MARK_SUBMITTED, params))
 
     async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:

@@ -144,8 +144,9 @@ class Store(Protocol):
         call over since. ``duration`` (seconds to obtain it) goes into the history.
         """
 
-    async def mark_submitted(self, key: CallKey) -> None:
-        """The API accepted the saved result (terminal)."""
+    async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
+        """The API accepted the saved result (terminal); ``detail`` (how it was accepted: the
+        status and the number of requests) goes into the history."""
 
     async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
         """Submitting the saved result failed: count it, record ``detail`` in the history,

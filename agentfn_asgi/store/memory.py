@@ -319,22 +319,20 @@ class MemoryStore:
         allowed: frozenset[CallState],
         kind: str,
         unchanged_since: float | None = None,
+        detail: str = "",
     ) -> None:
         record = self._get(key)
         if record is None or record.state not in allowed:
             return
         if unchanged_since is not None and record.updated_at > unchanged_since:
             return
-        self._put(
-            dataclasses.replace(
-                record, state=to, updated_at=self._clock(), history=self._event(record, kind)
-            )
-        )
+        history = self._event(record, kind, detail=detail)
+        self._put(dataclasses.replace(record, state=to, updated_at=self._clock(), history=history))
 
-    async def mark_submitted(self, key: CallKey) -> None:
+    async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
         """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
         self._check_open()
-        self._transition(key, CallState.SUBMITTED, allowed=_SAVED, kind="submitted")
+        self._transition(key, CallState.SUBMITTED, allowed=_SAVED, kind="submitted", detail=detail)
 
     async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
         """Record a failed submission; the sweep retries it at ``retry_at``."""

@@ -10,6 +10,11 @@ starts on the same port and store, the fake redelivers as the real service does,
 - the ledger shows no refund twice (a plain tool may run twice: at-least-once);
 - nothing stays pending: the session is idle, every call record is terminal, every recorded
   delivery is resolved.
+
+Then the lease that lapses while its holder still works (issue 14): two replicas of the
+Starlette example on one shared store (a SQLite file, PostgreSQL, Redis), a refund slower
+than the lease, and the store unreachable for longer than the lease while it runs
+(``outage.py``): the refund happens once and the call gets one result.
 """
 
 from __future__ import annotations

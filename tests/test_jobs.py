@@ -22,6 +22,7 @@ from agentfn_asgi.errors import (
     CompletionTokenError,
     CompletionTokenExpiredError,
     ConfigurationError,
+    StoreError,
     ToolDefinitionError,
 )
 from agentfn_asgi.jobs import (
@@ -36,6 +37,7 @@ from agentfn_asgi.results import (
     ENQUEUE_FAILED_MESSAGE,
     JOB_DEADLINE_MESSAGE,
 )
+from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, derive_idempotency_key
 from agentfn_asgi.worker import (
@@ -594,3 +596,52 @@ async def test_a_claim_lost_before_the_deadline_is_queued_again() -> None:
     assert job.attempt == 2
     assert answer.status == "accepted"
     assert [s.output for s in stack.fake.submissions] == ["done"]
+
+
+class _FirstExtensionFails(MemoryStore):
+    """A memory store whose first extension of a lease to ``deadline`` fails as an outage
+    would (StoreError, nothing written); every other operation is the real one."""
+
+    def __init__(self, deadline: float) -> None:
+        super().__init__()
+        self._deadline = deadline
+        self.failed = 0
+
+    async def renew_lease(
+        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
+    ) -> bool:
+        if lease_seconds == self._deadline and not self.failed:
+            self.failed += 1
+            raise StoreError("connection lost (injected)")
+        return await super().renew_lease(
+            key, owner=owner, attempt=attempt, lease_seconds=lease_seconds
+        )
+
+
+@pytest.mark.anyio
+async def test_a_hand_off_whose_lease_extension_fails_queues_the_job_once() -> None:
+    """The claim's extension to the job deadline fails (store outage): nothing is queued by
+    that attempt; once its short lease lapses another attempt queues the job, once.
+
+    Fails on the code before issue 14's fencing, which queued the job first and extended
+    the lease after: the failed extension left the job queued under a short lease, the call
+    was taken over in doubt before the deadline and its job queued a second time.
+    """
+    deadline = 600.0
+    jobs, enqueue = queue_of_jobs()
+    store = _FirstExtensionFails(deadline)
+    settings = DispatchSettings(lease_seconds=0.3, recovery_interval=0.05, recovery_grace=0.05)
+    tools = worker_tools(enqueue=enqueue, job_deadline=deadline)
+    async with running_stack(tools, store=store, settings=settings, **app_options()) as stack:
+        sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
+        job = await next_job(jobs)
+        completion = await run_job(worker_tools(), job)
+        answer = await complete_job(job, completion, http_client=stack.webhook_http)
+        await stack.fake.wait_idle(sid, timeout=5)
+        record = await record_of(stack.store, sid, job.call_id)
+    assert store.failed == 1
+    assert job.attempt == 2  # the attempt whose extension failed queued nothing
+    assert jobs.empty()  # and nothing after it
+    assert answer.status == "accepted"
+    assert record.state is CallState.SUBMITTED and record.attempt == 2
+    assert len(stack.fake.submissions) == 1

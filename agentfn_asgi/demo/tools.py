@@ -1,9 +1,10 @@
 """The demo's three tools, which the examples serve too (one definition for both).
 
 - ``get_customer(customer_id)``: the lookup from OpenAI's function-tools guide;
-- ``create_refund(order_id, amount_cents)``: a side effect, written to an append-only JSON
-  lines ledger (``EXAMPLE_LEDGER``, default ``ledger.jsonl``), with a reconcile hook that
-  reads the ledger to tell whether an in-doubt call already ran;
+- ``create_refund(order_id, amount_cents, delay_ms=0)``: a side effect, written to an
+  append-only JSON lines ledger (``EXAMPLE_LEDGER``, default ``ledger.jsonl``) after an
+  optional wait, with a reconcile hook that reads the ledger to tell whether an in-doubt
+  call already ran (``delay_ms`` makes it slower than a lease: the crash matrix uses it);
 - ``slow_echo(text, delay_ms)``: waits without blocking other calls, then echoes.
 
 They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 from agentfn_asgi import FunctionTools, NotRun, Ran, ToolContext, ToolError
 
@@ -125,18 +127,26 @@ def build_tools() -> FunctionTools:
         return Ran(_refund_result(ctx, entry["order_id"], entry["amount_cents"]))
 
     @registry.function(side_effects=True, reconcile=reconcile_refund, timeout=30)
-    def create_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[str, Any]:
+    async def create_refund(
+        ctx: ToolContext, order_id: str, amount_cents: int, delay_ms: int = 0
+    ) -> dict[str, Any]:
         """Refund part of an order.
 
         Args:
             order_id: The order to refund.
             amount_cents: How much to refund, in cents (positive).
+            delay_ms: How long to wait before refunding, in milliseconds (tests: a refund
+                slower than the lease).
         """
         if amount_cents <= 0:
             raise ToolError(f"amount_cents must be positive, got {amount_cents}")
-        _ledger(ctx).append(
-            {"call_id": ctx.call_id, "order_id": order_id, "amount_cents": amount_cents}
-        )
+        # Async, so a holder that lost its lease can stop the refund during the wait
+        # (a thread cannot be stopped).
+        await anyio.sleep(max(delay_ms, 0) / 1000)
+        entry = {"call_id": ctx.call_id, "order_id": order_id, "amount_cents": amount_cents}
+        # The fsync would block the event loop. Once started, the append finishes even if
+        # the call is cancelled meanwhile: the line is whole, and reconcile finds it.
+        await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
         return _refund_result(ctx, order_id, amount_cents)
 
     @registry.function

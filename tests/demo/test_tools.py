@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
 from agentfn_asgi.demo.tools import ExampleResources, Ledger, build_tools, tools
@@ -98,3 +99,25 @@ def test_build_tools_gives_independent_registries() -> None:
     """Each call builds a fresh registry (Django adds a tool to its own copy)."""
     assert build_tools() is not tools
     assert [t.name for t in build_tools()] == [t.name for t in tools]
+
+
+@pytest.mark.anyio
+async def test_refund_waits_delay_ms_before_its_side_effect(tmp_path: Path) -> None:
+    """``delay_ms`` (default 0) is waited *before* the ledger line: a refund cancelled
+    during the wait (its holder lost the lease) leaves no line, so reconcile says ``NotRun``.
+    """
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    refund = tools.get("create_refund")
+    assert refund is not None
+    definition = next(d for d in tools.definitions() if d["name"] == "create_refund")
+    assert "delay_ms" not in definition["parameters"].get("required", [])
+    args = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 1500, "delay_ms": 60000})
+    ctx = _context("call_1", ledger)
+    with anyio.move_on_after(0.05) as scope:
+        await refund.invoke(args, ctx)
+    assert scope.cancelled_caught
+    assert ledger.entries() == []
+    assert await refund.run_reconcile(args, ctx) == NotRun()
+    quick = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 1500, "delay_ms": 1})
+    assert (await refund.invoke(quick, ctx))["order_id"] == "ord_1"
+    assert [e["call_id"] for e in ledger.entries()] == ["call_1"]

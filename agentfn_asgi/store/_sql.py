@@ -1,12 +1,12 @@
-# ruff: noqa: S608 - statements are built from constants of this module only, never input.
 """The SQL state machine of the SQLite and PostgreSQL stores, written once; read top to bottom.
 
 The fragments they share and the schema are in :mod:`agentfn_asgi.store._sql_schema`.
 
-3. **Statements**, in the order of a call's life. What a claim does to which state, the
-   first-writer-wins save and the allowed transitions are decided here, inside one statement
-   each, never by reading and then writing from Python.
-4. :class:`SQLStore`: every :class:`~agentfn_asgi.store.base.Store` method over those
+3. **Statements**, in the order of a call's life, in :mod:`agentfn_asgi.store._sql_statements`.
+   What a claim does to which state, the first-writer-wins save and the allowed transitions
+   are decided there, inside one statement each, never by reading and then writing from
+   Python.
+4. :class:`SQLStore`, here: every :class:`~agentfn_asgi.store.base.Store` method over those
    statements. A backend subclasses it and supplies only the plumbing: connecting, and three
    primitives that run statements with its driver.
 
@@ -32,9 +32,8 @@ hot path: claims, saves, the sweep) leaves it out; ``{detail_columns}`` adds it.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
 
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import (
@@ -49,238 +48,41 @@ from agentfn_asgi.records import (
     StoreStats,
 )
 from agentfn_asgi.store._codec import claim_status_for, record_from_mapping, saved_detail
-from agentfn_asgi.store._sql_schema import (
-    DELIVERY_LIST,
-    DETAIL_COLUMNS,
-    DETAIL_SQL,
-    HOT_COLUMNS,
-    OWNER_SQL,
-    Row,
-    event_sql,
-    fill,
+from agentfn_asgi.store._sql_schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
+from agentfn_asgi.store._sql_statements import (
+    CALLS_FOR_SESSION,
+    CLAIM,
+    DELIVERY_FAILED,
+    EXPIRED_CLAIMS,
+    FIND_CALLS,
+    GET_CALL,
+    GET_CALL_DETAIL,
+    LIST_DELIVERIES,
+    LIST_UNRESOLVED,
+    MARK_STALE,
+    MARK_STALE_UNCHANGED,
+    MARK_SUBMITTED,
+    PRUNE_BATCH,
+    PRUNE_CALLS,
+    PRUNE_DELIVERIES,
+    QUARANTINE,
+    RECORD_DELIVERY,
+    RELEASE,
+    RENEW_LEASE,
+    RESOLVE_DELIVERY,
+    SAVE_RESULT,
+    SETTLE,
+    STATS,
+    SUBMISSION_FAILED,
+    UNRESOLVED_DELIVERIES,
+    UNRESOLVED_DELIVERIES_AFTER,
+    UNSUBMITTED_RESULTS,
+    UNSUBMITTED_RESULTS_AFTER,
+    list_calls_statement,
 )
 
-__all__ = ["PRUNE_BATCH", "SQLStore", "Statement", "list_calls_statement"]
+__all__ = ["SQLStore", "Statement"]
 
-
-# -- 3. statements, in the order of a call's life ------------------------------------------
-
-# A repeat of our own write (same nonce: its answer was lost) "updates" the row to itself,
-# so it counts one row like an insert; anyone else's repeat changes nothing.
-RECORD_DELIVERY: Final = fill("""
-    INSERT INTO {p}deliveries AS d (delivery_id, session_id, received_at, resolved,
-                                    namespace, next_attempt_at, nonce)
-    VALUES (:delivery_id, :session_id, :now, false, :namespace, :now, :nonce)
-    ON CONFLICT (delivery_id) DO UPDATE SET nonce = d.nonce WHERE d.nonce = excluded.nonce""")
-RESOLVE_DELIVERY: Final = fill("""
-    UPDATE {p}deliveries SET resolved = true WHERE delivery_id = :delivery_id AND NOT resolved""")
-DELIVERY_FAILED: Final = fill("""
-    UPDATE {p}deliveries SET attempts = attempts + 1, last_error = :error,
-        next_attempt_at = :retry_at
-    WHERE delivery_id = :delivery_id AND NOT resolved""")
-_UNRESOLVED: Final = """
-    SELECT {delivery_list} FROM {{p}}deliveries
-    WHERE namespace = :namespace AND NOT resolved AND next_attempt_at <= :due_before {after}
-    ORDER BY next_attempt_at, delivery_id LIMIT :limit"""
-UNRESOLVED_DELIVERIES: Final = fill(_UNRESOLVED.format(delivery_list=DELIVERY_LIST, after=""))
-UNRESOLVED_DELIVERIES_AFTER: Final = fill(
-    _UNRESOLVED.format(
-        delivery_list=DELIVERY_LIST,
-        after="AND (next_attempt_at, delivery_id) > (:after_at, :after_id)",
-    )
-)
-_LISTED: Final = """
-    SELECT {delivery_list} FROM {{p}}deliveries WHERE namespace = :namespace {unresolved}
-    ORDER BY received_at DESC, delivery_id DESC LIMIT :limit"""
-LIST_DELIVERIES: Final = fill(_LISTED.format(delivery_list=DELIVERY_LIST, unresolved=""))
-LIST_UNRESOLVED: Final = fill(
-    _LISTED.format(delivery_list=DELIVERY_LIST, unresolved="AND NOT resolved")
-)
-
-# The claim. Absent: insert it claimed, attempt 1. Claimed with a lease expired before
-# :takeover_before (now minus the margin): take it over, attempt + 1. Claimed by the same
-# owner with a live lease (our own claim, retried after its answer was lost): return it
-# unchanged. Anything else: leave it, and RETURNING yields no row. A fresh insert is told
-# from a takeover by the attempt it returns: 1, against the old attempt + 1 >= 2.
-CLAIM: Final = fill(
-    """
-    INSERT INTO {p}calls AS c (session_id, turn_id, call_id, tool_name, state, attempt, owner,
-                               lease_expires_at, created_at, updated_at, delivery_id,
-                               next_attempt_at, namespace, history)
-    VALUES (:session_id, :turn_id, :call_id, :tool_name, 'claimed', 1, :owner,
-            :lease_expires_at, :now, :now, :delivery_id, :now, :namespace, """
-    + event_sql("claimed", "1", owner=OWNER_SQL)
-    + """)
-    ON CONFLICT (session_id, turn_id, call_id) DO UPDATE SET
-        attempt = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
-                       THEN c.attempt ELSE c.attempt + 1 END,
-        history = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
-                       THEN c.history ELSE coalesce(c.history, '') || """
-    + event_sql("taken_over", "c.attempt + 1", owner=OWNER_SQL)
-    + """ END,
-        owner = excluded.owner,
-        lease_expires_at = excluded.lease_expires_at,
-        updated_at = excluded.updated_at,
-        delivery_id = coalesce(c.delivery_id, excluded.delivery_id)
-    WHERE c.state = 'claimed' AND (c.lease_expires_at < :takeover_before
-                                   OR (c.owner = excluded.owner AND c.lease_expires_at >= :now))
-    RETURNING {columns}"""
-)
-GET_CALL: Final = fill("SELECT {columns} FROM {p}calls WHERE {key}")
-GET_CALL_DETAIL: Final = fill("SELECT {detail_columns} FROM {p}calls WHERE {key}")
-# Fenced: only the holder of the claim's current attempt renews, saves or quarantines.
-RENEW_LEASE: Final = fill("""
-    UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt""")
-# First writer wins: only the claim's holder saves, and only while it is claimed (even when
-# its lease expired, as long as nobody took it over); otherwise the stored record stands.
-SAVE_RESULT: Final = fill(
-    """
-    UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
-        success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
-        error_type = :error_type, source = :source, full_output = :full_output,
-        history = coalesce(history, '') || """
-    + event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
-    + """
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt
-    RETURNING {columns}"""
-)
-MARK_SUBMITTED: Final = fill(
-    """
-    UPDATE {p}calls SET state = 'submitted', updated_at = :now,
-        history = coalesce(history, '') || """
-    + event_sql("submitted", "attempt", detail=DETAIL_SQL)
-    + """
-    WHERE {key} AND {saved}"""
-)
-SUBMISSION_FAILED: Final = fill(
-    """
-    UPDATE {p}calls SET failures = failures + 1, next_attempt_at = :retry_at,
-        history = coalesce(history, '') || """
-    + event_sql("submit_failed", "attempt", detail=DETAIL_SQL)
-    + """
-    WHERE {key} AND {saved}"""
-)
-_STALE: Final = (
-    """
-    UPDATE {{p}}calls SET state = 'stale', updated_at = :now,
-        history = coalesce(history, '') || """
-    + event_sql("stale", "attempt")
-    + """
-    WHERE {{key}} AND {{pending}} {unchanged}"""
-)
-MARK_STALE: Final = fill(_STALE.format(unchanged=""))
-MARK_STALE_UNCHANGED: Final = fill(_STALE.format(unchanged="AND updated_at <= :since"))
-# Only the claim's holder quarantines, and a saved result always wins over it.
-QUARANTINE: Final = fill(
-    """
-    UPDATE {p}calls SET state = 'quarantined', updated_at = :now, quarantine_reason = :detail,
-        history = coalesce(history, '') || """
-    + event_sql("quarantined", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
-    + """
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt"""
-)
-# What an operator may settle or re-run: held for them, or in doubt (claimed, lease expired
-# before :takeover_before).
-_SETTLEABLE: Final = (
-    "(state = 'quarantined' OR ({claimed} AND lease_expires_at < :takeover_before))"
-)
-SETTLE: Final = fill(
-    """
-    UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
-        success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
-        error_type = :error_type, source = :source, full_output = :full_output,
-        quarantine_reason = NULL,
-        history = coalesce(history, '') || """
-    + event_sql("settled", "attempt", detail=DETAIL_SQL)
-    + """
-    WHERE {key} AND """
-    + _SETTLEABLE
-    + """
-    RETURNING {columns}"""
-)
-RELEASE: Final = fill(
-    """
-    UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
-        lease_expires_at = :lease_expires_at, updated_at = :now, quarantine_reason = NULL,
-        history = coalesce(history, '') || """
-    + event_sql("released", "attempt + 1", owner=OWNER_SQL)
-    + """
-    WHERE {key} AND """
-    + _SETTLEABLE
-    + """
-    RETURNING {columns}"""
-)
-
-CALLS_FOR_SESSION: Final = fill("""
-    SELECT {columns} FROM {p}calls WHERE session_id = :session_id
-    ORDER BY created_at, turn_id, call_id""")
-FIND_CALLS: Final = fill("""
-    SELECT {detail_columns} FROM {p}calls WHERE namespace = :namespace AND call_id = :call_id
-    ORDER BY created_at, session_id, turn_id""")
-_UNSUBMITTED: Final = """
-    SELECT {{columns}} FROM {{p}}calls
-    WHERE namespace = :namespace AND {{saved}} AND next_attempt_at <= :due_before {after}
-    ORDER BY next_attempt_at, session_id, turn_id, call_id LIMIT :limit"""
-UNSUBMITTED_RESULTS: Final = fill(_UNSUBMITTED.format(after=""))
-UNSUBMITTED_RESULTS_AFTER: Final = fill(
-    _UNSUBMITTED.format(
-        after="AND (next_attempt_at, session_id, turn_id, call_id)"
-        " > (:after_at, :after_session, :after_turn, :after_call)"
-    )
-)
-EXPIRED_CLAIMS: Final = fill("""
-    SELECT {columns} FROM {p}calls
-    WHERE namespace = :namespace AND {claimed} AND lease_expires_at < :takeover_before
-    ORDER BY lease_expires_at LIMIT :limit""")
-#: list_calls' filters, each a condition over named parameters, joined in this order.
-LIST_FILTERS: Final = {
-    "in_doubt": "{claimed} AND lease_expires_at < :now",
-    "state": "state = :state",
-    "session_id": "session_id = :session_id",
-    "tool_name": "tool_name = :tool_name",
-    "since": "created_at >= :since",
-    "before": "(created_at, session_id, turn_id, call_id)"
-    " < (:before_at, :before_session, :before_turn, :before_call)",
-}
-_LIST_CALLS: Final = """
-    SELECT {{columns}} FROM {{p}}calls WHERE namespace = :namespace {filters}
-    ORDER BY created_at DESC, session_id DESC, turn_id DESC, call_id DESC LIMIT :limit"""
-
-
-def list_calls_statement(filters: Sequence[str]) -> str:
-    """The ``list_calls`` statement with ``filters`` (names of :data:`LIST_FILTERS`)."""
-    where = "".join(f" AND {LIST_FILTERS[name]}" for name in filters)
-    return fill(_LIST_CALLS.format(filters=where))
-
-
-# One statement, so one snapshot, in both databases.
-STATS: Final = fill("""
-    SELECT (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace),
-           (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace AND NOT resolved),
-           (SELECT count(*) FROM {p}deliveries
-            WHERE namespace = :namespace AND NOT resolved AND attempts > 0),
-           count(*) FILTER (WHERE {claimed} AND lease_expires_at < :now),
-           min(created_at) FILTER (WHERE {pending}),
-           count(*) FILTER (WHERE state = 'submitted' AND success),
-           count(*) FILTER (WHERE state = 'submitted' AND NOT success),
-           {count_by_state}
-    FROM {p}calls WHERE namespace = :namespace""")
-
-# Small batches by physical row address keep each delete short, so the write lock (SQLite)
-# or the rows (PostgreSQL) are never held for long. Pending and quarantined calls are never
-# pruned.
-PRUNE_DELIVERIES: Final = fill("""
-    DELETE FROM {p}deliveries WHERE {rowid} IN (
-        SELECT {rowid} FROM {p}deliveries
-        WHERE received_at < :before AND namespace = :namespace
-        LIMIT :batch {skip_locked})""")
-PRUNE_CALLS: Final = fill("""
-    DELETE FROM {p}calls WHERE {rowid} IN (
-        SELECT {rowid} FROM {p}calls
-        WHERE {finished} AND updated_at < :before AND namespace = :namespace
-        LIMIT :batch {skip_locked})""")
-PRUNE_BATCH: Final = 500
 
 # -- 4. the store, over three primitives ---------------------------------------------------
 

@@ -6,7 +6,8 @@
 2. **Schema**: the tables, their partial indexes, the schema version and the upgrades that
    bring an older database to it (:func:`schema_changes`).
 
-The statements themselves, and the store over them, are in :mod:`agentfn_asgi.store._sql`.
+The statements are in :mod:`agentfn_asgi.store._sql_statements`; the store over them in
+:mod:`agentfn_asgi.store._sql`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentfn_asgi.store._codec import record_from_mapping
-from agentfn_asgi.store._sql import CLAIM
 from agentfn_asgi.store._sql_dialect import SQLITE, postgres_dialect
 from agentfn_asgi.store._sql_schema import (
     CALL_COLUMNS,
@@ -16,6 +15,7 @@ from agentfn_asgi.store._sql_schema import (
     UPGRADES,
     schema_changes,
 )
+from agentfn_asgi.store._sql_statements import CLAIM
 
 
 def test_postgres_numbers_parameters_in_order_of_first_use() -> None:

@@ -20,15 +20,15 @@ import pytest
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey, CallState, ClaimStatus
 from agentfn_asgi.store import SQLiteStore
-from agentfn_asgi.store._sql import (
+from agentfn_asgi.store._sql_dialect import SQLITE
+from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
+from agentfn_asgi.store._sql_statements import (
     EXPIRED_CLAIMS,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
     UNRESOLVED_DELIVERIES,
     UNSUBMITTED_RESULTS,
 )
-from agentfn_asgi.store._sql_dialect import SQLITE
-from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 

@@ -33,7 +33,7 @@ from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, s
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-COMMANDS = ["demo", "fake-api", "send", "tools", "status", "recover"]
+COMMANDS = ["demo", "fake-api", "send", "listen", "tools", "status", "recover"]
 
 
 async def run_cli(*argv: str) -> int:

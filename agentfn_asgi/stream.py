@@ -64,7 +64,6 @@ __all__ = [
     "SessionWatcher",
     "follow_session",
     "iter_sse_data",
-    "pending_summary",
     "stream_delivery_id",
 ]
 
@@ -467,15 +466,3 @@ class SessionWatcher:
                 self._on_end(finished.result())
 
         task.add_done_callback(done)
-
-
-def pending_summary(session: AgentSession) -> str:
-    """``2 calls: get_customer, slow_echo`` (what a forwarded delivery is about)."""
-    names = [action.name for action in session.function_calls]
-    others = len(session.required_actions) - len(names)
-    parts = []
-    if names:
-        parts.append(f"{len(names)} call{'s' if len(names) != 1 else ''}: {', '.join(names)}")
-    if others:
-        parts.append(f"{others} other action{'s' if others != 1 else ''}")
-    return "; ".join(parts) or "nothing pending"

@@ -29,11 +29,11 @@ from ..client import AgentsClient
 from ..config import Config
 from ..errors import APIStatusError, CLIError
 from ..signing import parse_secrets, signed_headers
-from ..stream import Backoff, FollowEnd, SessionWatcher, pending_summary, stream_delivery_id
+from ..stream import Backoff, FollowEnd, SessionWatcher, stream_delivery_id
 from ..wire import AgentSession
 from .common import EXIT_OK, progress, secret_from
 
-__all__ = ["Forwarder", "listen", "register"]
+__all__ = ["Forwarder", "listen", "pending_summary", "register"]
 
 ACTION_REQUIRED = "agent.session.action_required"
 #: Answers worth another try, as a webhook sender would retry them.
@@ -109,6 +109,18 @@ class Forwarder:
             if not again:
                 return
             await asyncio.sleep(self.backoff.delay(attempt))
+
+
+def pending_summary(session: AgentSession) -> str:
+    """``2 calls: get_customer, slow_echo`` (what a forwarded delivery is about)."""
+    names = [action.name for action in session.function_calls]
+    others = len(session.required_actions) - len(names)
+    parts = []
+    if names:
+        parts.append(f"{len(names)} call{'s' if len(names) != 1 else ''}: {', '.join(names)}")
+    if others:
+        parts.append(f"{others} other action{'s' if others != 1 else ''}")
+    return "; ".join(parts) or "nothing pending"
 
 
 def _describe(response: httpx.Response) -> str:

@@ -49,6 +49,7 @@ from agentfn_asgi.errors import (
 from agentfn_asgi.results import ImagePart, TextPart, image_from_bytes, image_part, text_part
 from agentfn_asgi.signing import VerifiedDelivery, WebhookVerifier, sign, signed_headers
 from agentfn_asgi.store import Store, open_store
+from agentfn_asgi.stream import FollowSummary
 from agentfn_asgi.tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, Unknown
 from agentfn_asgi.tracing import Telemetry, trace_id_for_call
 
@@ -73,6 +74,7 @@ __all__ = [
     "ConflictError",
     "DemoError",
     "DispatchSettings",
+    "FollowSummary",
     "FunctionTool",
     "FunctionTools",
     "ImagePart",

@@ -53,11 +53,13 @@ from .errors import (
 )
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, worker_jobs
 from .operator import Operator
+from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
 from .store import Store, store_location
+from .stream import Backoff, FollowSummary, follow_session, stream_delivery_id
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
-from .wire import parse_webhook_event
+from .wire import AgentSession, parse_webhook_event
 
 __all__ = ["AgentWebhookApp"]
 
@@ -254,6 +256,58 @@ class AgentWebhookApp:
         """Re-read one session (or run a full recovery sweep) and finish what is owed."""
         await self.startup()
         await self.dispatcher.recover(session_id)
+
+    async def follow(self, session_id: str, *, backoff: Backoff | None = None) -> FollowSummary:
+        """Drive one session from its event stream until it is idle, failed or cancelled.
+
+        Stream mode, for scripts and notebooks that create the session themselves: no
+        webhook reaches this process. Whenever the session requires action, a delivery is
+        recorded in the store and the session goes to the dispatcher, exactly as a webhook
+        would send it: calls are claimed, run, saved and submitted with the same guarantees.
+        What is owed comes from re-reading ``required_actions``, never from a streamed item;
+        a dropped stream is reconnected with ``backoff`` and the session read again.
+
+        Starts the app if needed (stop it with :meth:`shutdown`, or run this inside
+        ``async with webhooks.lifespan():``). Returns a :class:`FollowSummary` once the
+        session's calls have settled here. Raises :class:`~agentfn_asgi.errors.APIStatusError`
+        for 400/401/403 (a wrong key or project) and
+        :class:`~agentfn_asgi.errors.StoreError` if a delivery cannot be recorded.
+        """
+        if self._draining:
+            raise ConfigurationError("follow() after shutdown(): this app no longer runs calls")
+        await self.startup()
+        owed: set[CallKey] = set()
+        recorded = 0
+
+        async def on_action(session: AgentSession) -> None:
+            nonlocal recorded
+            calls = session.function_calls
+            if not calls:
+                return  # other actions (approvals, environments) are not ours, as for webhooks
+            owed.update(CallKey(session.id, call.turn_id, call.call_id) for call in calls)
+            delivery_id = stream_delivery_id(session)
+            if await self.store.record_delivery(
+                delivery_id, session.id, nonce=secrets.token_hex(8)
+            ):
+                recorded += 1
+                self.dispatcher.schedule(session.id, delivery_id)
+
+        end = await follow_session(
+            self.client, session_id, on_action, backoff=backoff, notice=logger.info
+        )
+        await self.dispatcher.wait_for(owed)
+        records = [await self.store.get_call(key) for key in owed]
+        return FollowSummary(
+            session_id=session_id,
+            status=end.status,
+            calls_owed=len(owed),
+            calls_run=sum(1 for r in records if r is not None and r.state.has_result),
+            results_submitted=sum(
+                1 for r in records if r is not None and r.state == CallState.SUBMITTED
+            ),
+            deliveries=recorded,
+            reconnects=end.reconnects,
+        )
 
     # -- ASGI ----------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

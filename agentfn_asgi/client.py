@@ -58,12 +58,13 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
+from agentfn_asgi.stream import EventStream
 from agentfn_asgi.wire import (
     SESSION_ID_RE,
     AgentSession,
     SessionEvent,
+    SessionList,
     parse_session,
-    parse_session_event,
 )
 
 __all__ = [
@@ -133,7 +134,7 @@ class _AttemptFailedError(Exception):
 
 
 class AgentsClient:
-    """Async client for ``/agents/sessions`` retrieve, submit and stream.
+    """Async client for ``/agents/sessions``: retrieve, list, submit and stream.
 
     ``api_key`` is required (a missing one raises
     :class:`~agentfn_asgi.errors.ConfigurationError` here, not at the first request);
@@ -267,16 +268,36 @@ class AgentsClient:
             },
         )
 
-    async def stream_events(
+    async def list_sessions(
+        self, *, limit: int = 20, order: str = "desc", after: str | None = None
+    ) -> SessionList:
+        """``GET /agents/sessions``: one page of the project's sessions (ids and statuses),
+        newest first by default; ``after`` is the last id of the previous page."""
+        if not 1 <= limit <= 100 or order not in ("asc", "desc"):
+            raise ValueError("limit must be 1..100 and order 'asc' or 'desc'")
+        params = {"limit": str(limit), "order": order}
+        if after is not None:
+            params["after"] = after
+        response = await self._request("GET", "/agents/sessions", params=params)
+        try:
+            return SessionList.model_validate_json(response.content)
+        except ValueError as exc:
+            raise APIError(
+                f"malformed session list: {exc}",
+                status=response.status_code,
+                request_id=response.headers.get("x-request-id"),
+            ) from exc
+
+    async def open_event_stream(
         self, session_id: str, *, include_obfuscation: bool = True
-    ) -> AsyncIterator[SessionEvent]:
-        """``GET /agents/sessions/{id}/events``: yield each streamed event, typed.
+    ) -> EventStream:
+        """``GET /agents/sessions/{id}/events``: returns once the server has accepted the
+        subscription (its headers arrived), before any event; iterate the
+        :class:`~agentfn_asgi.stream.EventStream` and close it.
 
         Establishing the stream follows the retry policy; once events flow it is never
-        re-requested (the stream has no resume cursor). A streamed ``error`` is yielded as
-        :class:`~agentfn_asgi.wire.ErrorEvent`. Comments, ``event:``/``id:``/``retry:`` lines
-        and the ``obfuscation`` padding are tolerated; ``data: [DONE]`` or the end of the
-        body ends iteration. Use ``contextlib.aclosing`` to release the connection early.
+        re-requested (the stream has no resume cursor: re-read the session after a
+        reconnect, as :func:`~agentfn_asgi.stream.follow_session` does).
         """
         params = None if include_obfuscation else {"include_obfuscation": "false"}
         response = await self._request(
@@ -286,23 +307,27 @@ class AgentsClient:
             params=params,
             stream=True,
         )
-        request_id = response.headers.get("x-request-id")
-        try:
-            async for data in iter_sse_data(response.aiter_lines()):
-                if data == "[DONE]":
-                    return
-                try:
-                    yield parse_session_event(data)
-                except ValueError as exc:
-                    raise APIError(
-                        f"malformed event in stream: {exc}", request_id=request_id
-                    ) from exc
-        except self._timeout_errors as exc:
-            raise APITimeoutError(f"stream read timed out: {exc}") from exc
-        except self._transport_errors as exc:
-            raise APIConnectionError(f"stream interrupted: {exc}") from exc
-        finally:
-            await response.aclose()
+        return EventStream(
+            response,
+            timeout_errors=self._timeout_errors,
+            transport_errors=self._transport_errors,
+        )
+
+    async def stream_events(
+        self, session_id: str, *, include_obfuscation: bool = True
+    ) -> AsyncIterator[SessionEvent]:
+        """``GET /agents/sessions/{id}/events``: yield each streamed event, typed.
+
+        :meth:`open_event_stream` as a plain iterator (the request is sent on the first
+        step). A streamed ``error`` is yielded as :class:`~agentfn_asgi.wire.ErrorEvent`.
+        Comments, ``event:``/``id:``/``retry:`` lines and the ``obfuscation`` padding are
+        tolerated; ``data: [DONE]`` or the end of the body ends iteration. Use
+        ``contextlib.aclosing`` to release the connection early.
+        """
+        stream = await self.open_event_stream(session_id, include_obfuscation=include_obfuscation)
+        async with stream:
+            async for event in stream:
+                yield event
 
     # -- request loop -------------------------------------------------------------------------
 
@@ -519,32 +544,3 @@ def status_error(status: int, body: bytes, headers: Mapping[str, str]) -> APISta
         type=text_field("type"),
         request_id=headers.get("x-request-id"),
     )
-
-
-async def iter_sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Decode Server-Sent Events from text lines; yield each event's ``data`` text.
-
-    WHATWG rules: ``:`` starts a comment; ``field: value`` loses one leading space; several
-    ``data`` lines join with ``\\n``; a blank line dispatches; an event without data is
-    dropped; ``event``, ``id`` and ``retry`` are ignored (the JSON ``type`` decides).
-    """
-    data: list[str] = []
-    first = True
-    async for raw in lines:
-        line = raw.rstrip("\r\n")
-        if first:
-            line = line.removeprefix("\ufeff")
-            first = False
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            data.append(value.removeprefix(" "))
-    if data:
-        # The body ended without the final blank line; the event is still complete.
-        yield "\n".join(data)

@@ -46,6 +46,8 @@ __all__ = [
     "SessionFailedEvent",
     "SessionIdleEvent",
     "SessionInProgressEvent",
+    "SessionList",
+    "SessionListItem",
     "SessionRequiresActionEvent",
     "SessionStatusEvent",
     "SessionWebhookData",
@@ -214,6 +216,23 @@ class AgentSession(_Wire):
     def function_calls(self) -> list[FunctionCallAction]:
         """The pending ``function_call`` actions, in the order the API listed them."""
         return [a for a in self.required_actions if isinstance(a, FunctionCallAction)]
+
+
+class SessionListItem(_Wire):
+    """One session of ``GET /agents/sessions``, as far as a listener reads it: its id and
+    status (a follower re-reads the session itself before acting)."""
+
+    id: str
+    status: str
+    created_at: int | None = None
+    last_active_at: int | None = None
+
+
+class SessionList(_Wire):
+    """A page of ``GET /agents/sessions`` (``data`` in the order asked for, ``has_more``)."""
+
+    data: list[SessionListItem] = Field(default_factory=list)
+    has_more: bool = False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from agentfn_asgi.client import (
     DEFAULT_BASE_URL,
     AgentsClient,
     RetryEvent,
-    iter_sse_data,
     parse_retry_after,
     status_error,
 )
@@ -38,6 +37,7 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
+from agentfn_asgi.stream import iter_sse_data
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 from agentfn_asgi.wire import (
     ErrorEvent,

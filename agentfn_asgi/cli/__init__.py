@@ -1,13 +1,15 @@
 """``agentfn-asgi``: the command line (also ``python -m agentfn_asgi``).
 
-Modules: :mod:`.common` (shared helpers), :mod:`.dev` (developer commands), :mod:`.ops`
-(operator commands); each adds its commands to the parser with ``register``.
+Modules: :mod:`.common` (shared helpers), :mod:`.dev` (developer commands), :mod:`.listen`
+(stream mode), :mod:`.ops` (operator commands); each adds its commands to the parser with
+``register``.
 
 Subcommands::
 
     demo        play a scripted session against the demo's app, print a timeline
     fake-api    serve FakeAgentsAPI on a loopback port for local development
     send        sign and POST a webhook to a URL (like a provider's "send test event")
+    listen      follow sessions' event streams, forward signed deliveries to a local app
     tools       print a registry's tool definitions as JSON (for ``agent.tools``)
     status      what the store holds: deliveries, calls by state, in-doubt, oldest pending
     recover     re-read a session (or sweep everything) and finish what is owed
@@ -27,7 +29,7 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentFnError, CLIUsageError, ConfigurationError
-from . import calls, dev, ops
+from . import calls, dev, listen, ops
 from .common import EXIT_FAILURE, EXIT_USAGE
 
 __all__ = ["build_parser", "main"]
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentfn-asgi {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     dev.register(sub)
+    listen.register(sub)
     ops.register(sub)
     calls.register(sub)
     return parser

@@ -19,7 +19,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -567,6 +567,13 @@ class Dispatcher:
             await asyncio.sleep(self.settings.recovery_interval)
 
     # -- introspection -------------------------------------------------------------------
+    async def wait_for(self, keys: Iterable[CallKey]) -> None:
+        """Wait until none of ``keys`` has a task in flight in this process (a call being
+        run or its result being submitted); keys not in flight return at once."""
+        wanted = set(keys)
+        while tasks := [task for key, task in self._inflight.items() if key in wanted]:
+            await asyncio.wait(tasks)
+
     @property
     def inflight(self) -> int:
         """Calls currently being run or submitted by this process."""

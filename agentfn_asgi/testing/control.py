@@ -282,7 +282,10 @@ async def serve_fake_api(
         print(f"  OPENAI_BASE_URL={base_url}", file=stream)
         print(f"  OPENAI_API_KEY={api_key}", file=stream)
         print(f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}", file=stream)
-        targets = ", ".join(webhook_urls) or "nowhere (pass --webhook-url)"
+        targets = ", ".join(webhook_urls) or (
+            "nowhere (pass --webhook-url, or forward from the event streams with "
+            "agentfn-asgi listen --forward-to URL)"
+        )
         print(f"  webhooks go to {targets}", file=stream)
         print(
             f"  a failed webhook is retried {len(delays)} time(s) over {sum(delays):g} s",

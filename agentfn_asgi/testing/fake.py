@@ -8,9 +8,11 @@ It is a plain ASGI app. :func:`~agentfn_asgi.testing.connect` wires it to an
         await fake.wait_idle(session)
 
 It also runs over loopback with :func:`~agentfn_asgi.testing.serve_fake`. It serves
-``GET /v1/agents/sessions/{id}``, ``POST …/{id}/events``, ``GET …/{id}/events`` (SSE) and
+``GET /v1/agents/sessions`` (list, newest first), ``GET /v1/agents/sessions/{id}``,
+``POST …/{id}/events``, ``GET …/{id}/events`` (SSE, until the session is idle) and
 ``DELETE …/{id}``, checks bearer auth and ``OpenAI-Beta: agents=v1``, sends signed webhooks,
-records what it accepted, and can inject the faults a real deployment meets.
+records what it accepted, and can inject the faults a real deployment meets (a stream cut
+mid-turn and repeated stream events among them).
 
 Scripted sessions: :meth:`FakeAgentsAPI.create_session` takes the *steps* of one turn; each
 step is a batch of parallel function calls that are pending together. When every call of a
@@ -48,8 +50,8 @@ from agentfn_asgi.testing.fake_webhooks import (
 
 __all__ = ["FakeAgentsAPI", "Route"]
 
-Route = Literal["retrieve", "submit", "stream", "delete"]
-_ROUTES = frozenset({"retrieve", "submit", "stream", "delete"})
+Route = Literal["list", "retrieve", "submit", "stream", "delete"]
+_ROUTES = frozenset({"list", "retrieve", "submit", "stream", "delete"})
 
 
 class FakeAgentsAPI:
@@ -101,6 +103,8 @@ class FakeAgentsAPI:
         )
         self.step_delay = step_delay
         self.sse_keepalive = sse_keepalive
+        self.stream_duplicates = False
+        """Send every streamed event twice, with the same ``event_id``."""
         self.clock = clock
         self.sessions: dict[str, FakeSession] = {}
         self.submissions: list[Submission] = []
@@ -264,6 +268,33 @@ class FakeAgentsAPI:
         self._check_route(route)
         for _ in range(n):
             self.faults.drops[route].append(after_processing)
+
+    def cut_streams(
+        self, session_id: str | None = None, *, before: str | None = None, n: int = 1
+    ) -> int:
+        """Drop SSE connections mid-turn, as a network or a server restart would.
+
+        Without ``before``, every open stream of ``session_id`` (of every session when None)
+        is cut now, after the events already queued for it; returns how many. With
+        ``before`` (an event type such as ``"agent.session.requires_action"``), the next
+        ``n`` streams (of ``session_id``, or any) about to send an event of that type are cut
+        instead of sending it: that event never reaches them, so only a re-read of the
+        session after reconnecting shows what happened; returns 0.
+
+        The client sees the connection close mid-body (over ``httpx.ASGITransport``,
+        :class:`FakeConnectionDropped`, an ``httpx.RemoteProtocolError``).
+        """
+        if before is not None:
+            for _ in range(n):
+                self.faults.stream_cuts.append((session_id, before))
+            return 0
+        targets = [self._get(session_id)] if session_id else list(self.sessions.values())
+        return sum(session.cut_streams() for session in targets)
+
+    def duplicate_stream_events(self, on: bool = True) -> None:
+        """Stream every event twice with the same ``event_id`` (the real stream repeats
+        events on occasion; clients drop repeats by ``event_id``)."""
+        self.stream_duplicates = on
 
     def race_once(self, call_id: str) -> None:
         """The next submission for ``call_id`` answers the registration-race 400 once."""

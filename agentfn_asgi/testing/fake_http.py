@@ -1,5 +1,5 @@
 """The HTTP side of :class:`~agentfn_asgi.testing.FakeAgentsAPI`: routing, faults, auth,
-the three session endpoints and the SSE stream.
+the session endpoints (list, retrieve, submit, delete) and the SSE stream.
 
 Order of checks per request, as a real deployment layers them: latency, a dropped
 connection, an injected failure (a load balancer answers before auth), bearer auth (401),
@@ -24,7 +24,7 @@ from urllib.parse import parse_qs
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from agentfn_asgi.testing.fake_state import FakeSession, RawJSON
+from agentfn_asgi.testing.fake_state import STREAM_CUT, FakeSession, RawJSON, StreamItem
 from agentfn_asgi.testing.fake_validation import (
     MAX_REQUEST_BYTES,
     Rejection,
@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events)?/?")
+_LIST_PATH = re.compile(r"(?:/v1)?/agents/sessions/?")
 _ALNUM = string.ascii_letters + string.digits
 
 
@@ -59,7 +60,8 @@ class FakeConnectionDropped(httpx.RemoteProtocolError):
 class RecordedRequest:
     """One request the fake answered: ``status`` is None when the connection was dropped.
 
-    ``route`` is ``retrieve``, ``submit``, ``stream``, ``delete`` or ``unknown``; ``headers``
+    ``route`` is ``list``, ``retrieve``, ``submit``, ``stream``, ``delete`` or ``unknown``;
+    ``headers``
     are lower-cased.
     """
 
@@ -87,7 +89,9 @@ class InjectedFailure:
 
 @dataclass(slots=True)
 class FaultPlan:
-    """Faults waiting to happen, per route (``retrieve``, ``submit``, ``stream``, ``delete``)."""
+    """Faults waiting to happen, per route (``list``, ``retrieve``, ``submit``, ``stream``,
+    ``delete``); ``stream_cuts`` are (session id or None, event type) pairs: the next stream
+    (of that session) about to send an event of that type is cut instead."""
 
     failures: dict[str, collections.deque[InjectedFailure]] = field(
         default_factory=lambda: collections.defaultdict(collections.deque)
@@ -96,6 +100,9 @@ class FaultPlan:
         default_factory=lambda: collections.defaultdict(collections.deque)
     )
     latency: dict[str, float] = field(default_factory=dict)
+    stream_cuts: collections.deque[tuple[str | None, str]] = field(
+        default_factory=collections.deque
+    )
 
 
 class HTTPHost(Protocol):
@@ -108,6 +115,7 @@ class HTTPHost(Protocol):
     idempotency: dict[str, tuple[str, bytes]]
     requests: list[RecordedRequest]
     sse_keepalive: float
+    stream_duplicates: bool
     clock: Callable[[], float]
 
     def delete_session(self, session_id: str) -> None:
@@ -122,6 +130,8 @@ class _Reply:
 
 
 def _route(method: str, path: str) -> tuple[str, str | None]:
+    if _LIST_PATH.fullmatch(path):
+        return ("list" if method == "GET" else "unknown"), None
     match = _PATH.fullmatch(path)
     if match is None:
         return "unknown", None
@@ -162,7 +172,7 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
                 return
         else:
             reply = _check_request(fake, route, session_id, headers) or _serve(
-                fake, route, session_id, headers, body
+                fake, route, session_id, headers, body, scope
             )
         if drop_after:
             await _drop(send)
@@ -185,7 +195,7 @@ def _check_request(
                 "Injected failure.", type="server_error" if failure.status >= 500 else "error"
             )
         return _Reply(failure.status, body, dict(failure.headers))
-    if route == "unknown" or session_id is None:
+    if route == "unknown" or (session_id is None and route != "list"):
         return _Reply(404, error_body("Invalid URL.", code=None))
     if headers.get("authorization") != f"Bearer {fake.api_key}":
         return _Reply(
@@ -202,14 +212,21 @@ def _check_request(
                 code="invalid_beta",
             ),
         )
-    if session_id not in fake.sessions:
+    if session_id is not None and session_id not in fake.sessions:
         return _Reply(404, error_body(f"No session found with id '{session_id}'.", code=None))
     return None
 
 
 def _serve(
-    fake: HTTPHost, route: str, session_id: str | None, headers: dict[str, str], body: bytes
+    fake: HTTPHost,
+    route: str,
+    session_id: str | None,
+    headers: dict[str, str],
+    body: bytes,
+    scope: Scope,
 ) -> _Reply:
+    if route == "list":
+        return _list(fake, parse_qs(scope.get("query_string", b"").decode("latin-1")))
     assert session_id is not None
     if route == "retrieve":
         return _Reply(200, _with_raw_json(fake.sessions[session_id].snapshot()))
@@ -221,6 +238,58 @@ def _serve(
     except Rejection as rejection:
         return _Reply(rejection.status, rejection.body())
     return _Reply(202)
+
+
+def _list(fake: HTTPHost, query: dict[str, list[str]]) -> _Reply:
+    """``GET /agents/sessions``: ``limit`` (1-100, default 20), ``order`` (``desc``, newest
+    first, by default), ``after`` (the last id of the previous page), ``agent_id`` and
+    ``metadata[key]=value`` filters (agents-api.md §2)."""
+
+    def last(name: str, default: str | None = None) -> str | None:
+        return query.get(name, [default])[-1]
+
+    try:
+        limit = int(last("limit", "20") or "")
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        return _Reply(400, error_body("limit must be between 1 and 100.", param="limit"))
+    order = last("order", "desc")
+    if order not in ("asc", "desc"):
+        return _Reply(400, error_body("order must be 'asc' or 'desc'.", param="order"))
+    # Sessions are kept in creation order; ``created_at`` has a resolution of seconds.
+    sessions = list(fake.sessions.values())
+    if order == "desc":
+        sessions.reverse()
+    agent_id = last("agent_id")
+    if agent_id is not None and agent_id != "agent_fake":
+        sessions = []
+    wanted = {
+        key[len("metadata[") : -1]: values[-1]
+        for key, values in query.items()
+        if key.startswith("metadata[") and key.endswith("]")
+    }
+    sessions = [s for s in sessions if all(s.metadata.get(k) == v for k, v in wanted.items())]
+    after = last("after")
+    if after is not None:
+        ids = [s.id for s in sessions]
+        if after not in ids:
+            return _Reply(400, error_body(f"No session found with id '{after}'.", param="after"))
+        sessions = sessions[ids.index(after) + 1 :]
+    page = sessions[:limit]
+    data = [session.snapshot() for session in page]
+    return _Reply(
+        200,
+        _with_raw_json(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": page[0].id if page else None,
+                "last_id": page[-1].id if page else None,
+                "has_more": len(sessions) > limit,
+            }
+        ),
+    )
 
 
 def _with_raw_json(document: dict[str, Any]) -> dict[str, Any] | bytes:
@@ -322,7 +391,7 @@ async def _stream(
     session = fake.sessions[session_id]
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     obfuscate = query.get("include_obfuscation", ["true"])[-1].lower() != "false"
-    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    queue: asyncio.Queue[StreamItem] = asyncio.Queue()
     session.listeners.add(queue)
 
     async def watch_disconnect() -> None:
@@ -357,10 +426,17 @@ async def _stream(
                 continue
             if event is None:
                 break
+            if event is STREAM_CUT or _cut_before(fake.faults, session_id, event):
+                # A connection lost mid-turn: the events from here on never reach this
+                # listener (the stream has no resume; it must re-read the session).
+                raise FakeConnectionDropped("fake cut the event stream")
+            assert isinstance(event, dict)
             if obfuscate:
                 event = {**event, "obfuscation": _padding()}
             data = json.dumps(event, separators=(",", ":"), default=_raw_text)
-            await chunk(f"event: {event['type']}\ndata: {data}\n\n".encode())
+            frame = f"event: {event['type']}\ndata: {data}\n\n".encode()
+            # A repeat carries the same event_id, as the real stream's rare duplicates do.
+            await chunk(frame * 2 if fake.stream_duplicates else frame)
             live = event["type"] not in ("agent.session.idle", "agent.session.failed")
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
     finally:
@@ -368,6 +444,17 @@ async def _stream(
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+def _cut_before(faults: FaultPlan, session_id: str, event: object) -> bool:
+    """Whether a planned cut (``FakeAgentsAPI.cut_streams(before=...)``) hits ``event``."""
+    if not isinstance(event, dict):
+        return False
+    for index, (target, event_type) in enumerate(faults.stream_cuts):
+        if target in (None, session_id) and event["type"] == event_type:
+            del faults.stream_cuts[index]
+            return True
+    return False
 
 
 def _padding() -> str:

@@ -12,12 +12,20 @@ import asyncio
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from agentfn_asgi.testing.fake_validation import TOOL_RESULT, Rejection, normalised_result
 from agentfn_asgi.testing.fake_webhooks import WebhookSender
 
-__all__ = ["FakeCall", "FakeSession", "FakeTurn", "SessionHost", "Submission"]
+__all__ = [
+    "STREAM_CUT",
+    "FakeCall",
+    "FakeSession",
+    "FakeTurn",
+    "SessionHost",
+    "StreamItem",
+    "Submission",
+]
 
 _STATUS_EVENTS = {
     "in_progress": "agent.session.in_progress",
@@ -25,6 +33,20 @@ _STATUS_EVENTS = {
     "idle": "agent.session.idle",
     "failed": "agent.session.failed",
 }
+
+
+class _StreamCut:
+    """The type of :data:`STREAM_CUT`."""
+
+    def __repr__(self) -> str:
+        return "STREAM_CUT"
+
+
+#: Put on a listener's queue: its SSE connection is dropped (no ``[DONE]``, no clean end).
+STREAM_CUT: Final = _StreamCut()
+
+StreamItem = dict[str, Any] | _StreamCut | None
+"""What an SSE listener's queue carries: an event, :data:`STREAM_CUT`, or None (end cleanly)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +157,7 @@ class FakeSession:
         self.tool_names: dict[str, None] = {}
         self.queued_turns: list[list[list[FakeCall]]] = []
         self.history: list[dict[str, Any]] = []
-        self.listeners: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self.listeners: set[asyncio.Queue[StreamItem]] = set()
 
     # -- views --------------------------------------------------------------------------------
 
@@ -320,6 +342,12 @@ class FakeSession:
         """End every open SSE stream of this session."""
         for queue in self.listeners:
             queue.put_nowait(None)
+
+    def cut_streams(self) -> int:
+        """Drop every open SSE connection of this session now; return how many."""
+        for queue in self.listeners:
+            queue.put_nowait(STREAM_CUT)
+        return len(self.listeners)
 
     # -- internals ----------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from typing import Any, Self
 import anyio
 import httpx
 
+from agentfn_asgi._sse import EventStream
 from agentfn_asgi._version import __version__
 from agentfn_asgi.errors import (
     APIConnectionError,
@@ -58,7 +59,6 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
-from agentfn_asgi.stream import EventStream
 from agentfn_asgi.wire import (
     SESSION_ID_RE,
     AgentSession,
@@ -293,7 +293,7 @@ class AgentsClient:
     ) -> EventStream:
         """``GET /agents/sessions/{id}/events``: returns once the server has accepted the
         subscription (its headers arrived), before any event; iterate the
-        :class:`~agentfn_asgi.stream.EventStream` and close it.
+        :class:`~agentfn_asgi._sse.EventStream` and close it.
 
         Establishing the stream follows the retry policy; once events flow it is never
         re-requested (the stream has no resume cursor: re-read the session after a

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentfn_asgi._sse import iter_sse_data
 from agentfn_asgi.client import (
     DEFAULT_BASE_URL,
     AgentsClient,
@@ -37,7 +38,6 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
-from agentfn_asgi.stream import iter_sse_data
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 from agentfn_asgi.wire import (
     ErrorEvent,

@@ -9,23 +9,22 @@ refund appears twice in the ledger.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
 
-from agentfn_asgi.demo import RunningExample, free_port, run_example
+from agentfn_asgi.demo import free_port
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 from .support.backends import SHARED, store_url_for
+from .support.replicas import replicas
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
 
@@ -88,25 +87,6 @@ def _sessions() -> list[list[list[FakeCall]]]:
     return plans
 
 
-@contextlib.asynccontextmanager
-async def _replicas(
-    env: dict[str, str], tmp_path: Path, ports: list[int]
-) -> AsyncIterator[list[RunningExample]]:
-    async with contextlib.AsyncExitStack() as stack:
-        running = [
-            await stack.enter_async_context(
-                run_example(
-                    "examples.starlette_app:app",
-                    env=env,
-                    log_path=tmp_path / f"replica{n}.log",
-                    port=port,
-                )
-            )
-            for n, port in enumerate(ports)
-        ]
-        yield running
-
-
 @pytest.mark.parametrize("backend", SHARED)
 async def test_three_replicas_one_store_one_result_per_call(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -131,7 +111,7 @@ async def test_three_replicas_one_store_one_result_per_call(
             "AGENTFN_LEASE_SECONDS": str(LEASE_SECONDS),
             "AGENTFN_RECOVERY_INTERVAL": "0.5",
         }
-        async with _replicas(env, tmp_path, ports) as running:
+        async with replicas(env, tmp_path, ports) as running:
             began = time.monotonic()
             session_ids = [fake.create_session(plan) for plan in plans]
             victim = running[0]

@@ -20,8 +20,8 @@ than the lease, and the store unreachable for longer than the lease while it run
 from __future__ import annotations
 
 import contextlib
-import secrets
 import signal
+import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +29,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentfn_asgi.demo import free_port, run_example
+from agentfn_asgi.demo import free_port
 from agentfn_asgi.records import CallRecord, CallState, StoreStats
 from agentfn_asgi.results import IN_DOUBT_MESSAGE
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
-from ..store.conftest import require_service
+from ..support.backends import store_url_for
+from ..support.replicas import replicas
 from .crash_app import PLAIN, RECONCILED, UNRECONCILED, read_ledger
 from .outage import StallingProxy, postgres_locked, sqlite_locked
 from .process import AppProcess
@@ -228,7 +229,6 @@ async def test_recovery_sweep_alone_finishes_the_work(
 LAPSE_LEASE = 1.0
 DELAY_MS = 4000
 OUTAGE = 2.5 * LAPSE_LEASE
-POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 REFUND_CALL = "call_refund"
 
 
@@ -245,49 +245,18 @@ class SharedStore:
 @contextlib.asynccontextmanager
 async def shared_store(backend: str, tmp_path: Path) -> AsyncIterator[SharedStore]:
     """A fresh store on ``backend`` (skipped, or failed under CI, when its server is down)."""
-    tag = secrets.token_hex(4)
-    if backend == "sqlite":
-        path = tmp_path / "shared.sqlite3"
-        url = f"sqlite:///{path}"
-        yield SharedStore(url, url, lambda: sqlite_locked(path))
-        return
-    if backend == "postgres":
-        schema = f"afn_lapse_{tag}"
-        url = f"{POSTGRES_DSN}?schema={schema}"
-        await _require(backend, url)
-        try:
-            yield SharedStore(url, url, lambda: postgres_locked(POSTGRES_DSN, schema))
-        finally:
-            await _destroy(url)
-        return
-    direct = f"redis://127.0.0.1:6379/0?key_prefix=afn-lapse-{tag}:"
-    await _require(backend, direct)
-    try:
-        async with StallingProxy("127.0.0.1", 6379) as proxy:
-            via_proxy = f"redis://127.0.0.1:{proxy.port}/0?key_prefix=afn-lapse-{tag}:"
-            yield SharedStore(via_proxy, direct, proxy.stalled)
-    finally:
-        await _destroy(direct)
-
-
-async def _require(backend: str, url: str) -> None:
-    store = open_store(url)
-    try:
-        with anyio.fail_after(5):
-            await store.ping()
-    except Exception as exc:
-        require_service(backend, f"{type(exc).__name__}: {exc}")
-    finally:
-        with contextlib.suppress(Exception):
-            await store.close()
-
-
-async def _destroy(url: str) -> None:
-    store = open_store(url)
-    try:
-        await store.destroy()  # type: ignore[attr-defined]  # Redis/PostgreSQL test helper
-    finally:
-        await store.close()
+    async with store_url_for(backend, tmp_path) as url:
+        if backend == "sqlite":
+            path = Path(url.removeprefix("sqlite:///"))
+            yield SharedStore(url, url, lambda: sqlite_locked(path))
+        elif backend == "postgres":
+            dsn, _, query = url.partition("?")
+            schema = urllib.parse.parse_qs(query)["schema"][0]
+            yield SharedStore(url, url, lambda: postgres_locked(dsn, schema))
+        else:
+            async with StallingProxy("127.0.0.1", 6379) as proxy:
+                via_proxy = url.replace("127.0.0.1:6379", f"127.0.0.1:{proxy.port}")
+                yield SharedStore(via_proxy, url, proxy.stalled)
 
 
 async def _wait_until_claimed(url: str, session_id: str) -> None:
@@ -352,17 +321,7 @@ async def test_store_unreachable_longer_than_the_lease_during_the_handler(
                 "AGENTFN_RECOVERY_INTERVAL": "0.2",
                 "EXAMPLE_LEDGER": str(ledger),
             }
-            replicas = [
-                await stack.enter_async_context(
-                    run_example(
-                        "examples.starlette_app:app",
-                        env=env,
-                        log_path=tmp_path / f"replica{n}.log",
-                        port=port,
-                    )
-                )
-                for n, port in enumerate(ports)
-            ]
+            running = await stack.enter_async_context(replicas(env, tmp_path, ports))
             arguments = {"order_id": "ord_1", "amount_cents": 1500, "delay_ms": DELAY_MS}
             session_id = fake.create_session(
                 [[FakeCall("create_refund", arguments, call_id=REFUND_CALL)]]
@@ -375,7 +334,7 @@ async def test_store_unreachable_longer_than_the_lease_during_the_handler(
             # Stop both replicas (drained) before reading the ledger: a refund the fenced
             # holder had not stopped would have written its line by then.
             await stack.aclose()
-        logs = "\n".join(replica.log() for replica in replicas)
+        logs = "\n".join(replica.log() for replica in running)
     # The lease did lapse: the first attempt was fenced and a second one took the call over.
     assert "its outcome is dropped, not saved" in logs, logs
     assert record.attempt >= 2, logs

@@ -1,0 +1,31 @@
+"""Several replicas of one example app as real uvicorn processes on one store, for the
+tests that prove what replicas sharing a store guarantee."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+
+from agentfn_asgi.demo import RunningExample, run_example
+
+__all__ = ["replicas"]
+
+
+@contextlib.asynccontextmanager
+async def replicas(
+    env: Mapping[str, str],
+    tmp_path: Path,
+    ports: Sequence[int],
+    *,
+    target: str = "examples.starlette_app:app",
+) -> AsyncIterator[list[RunningExample]]:
+    """One process of ``target`` per port, each logging to ``tmp_path/replicaN.log``;
+    all stopped on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                run_example(target, env=dict(env), log_path=tmp_path / f"replica{n}.log", port=port)
+            )
+            for n, port in enumerate(ports)
+        ]

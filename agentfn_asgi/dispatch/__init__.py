@@ -7,7 +7,10 @@ Steps 6-11 of DESIGN.md "One delivery, end to end", cut by responsibility:
 - :mod:`.execution`: one call's life: concurrency slot, claim, run (handler, reconcile hook
   or worker hand-off), save, submit; the in-doubt policy;
 - :mod:`.submission`: sending a saved result, and settling a refusal (stale);
-- :mod:`.leases`: renewing a claim's lease while work on it runs;
+- :mod:`.leases`: renewing a claim's lease while work on it runs, and fencing the holder
+  that could not renew it;
+- :mod:`.settling`: an operator's answer or re-run for a held or in-doubt call;
+- :mod:`.alarms`: configuration problems (401/403) reported once per cause;
 - :mod:`.settings`: :class:`DispatchSettings`.
 
 The route of one delivery, from :meth:`AgentWebhookApp.__call__
@@ -30,8 +33,12 @@ once or twice)::
         → dispatch.submission.Submitter.submit    client.submit_raw_events,
                                                   store.mark_submitted (or stale)
 
+Stream mode (:meth:`AgentWebhookApp.follow <agentfn_asgi.app.AgentWebhookApp.follow>`)
+enters at ``store.record_delivery`` the same way; the recovery sweep enters at ``resolve``
+(deliveries) and at ``Executor.resubmit`` (saved, unsubmitted results).
+
 Each part logs under its own name: ``agentfn_asgi.dispatch.scheduler``, ``.execution``,
-``.submission`` and ``.leases``.
+``.submission``, ``.leases`` and ``.alarms``.
 """
 
 from __future__ import annotations

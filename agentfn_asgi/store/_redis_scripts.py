@@ -505,24 +505,25 @@ local at = tonumber(hi)
 local out, seen, offset, last = {}, 0, 0, nil
 while seen < budget and #out < limit do
   local got = redis.call('ZREVRANGEBYSCORE', KEYS[1], hi, ARGV[3], 'WITHSCORES',
-                         'LIMIT', offset, budget - seen)
+                         'LIMIT', offset, budget)
   if #got == 0 then return {out} end
   for i = 1, #got, 2 do
     local m, score = got[i], got[i + 1]
-    if #out < limit then
+    -- Entries tied with the cursor and not before it were seen by the previous stretch:
+    -- they are skipped without counting, so every stretch moves on.
+    if #out < limit and seen < budget
+       and (cursor == '' or tonumber(score) < at or bytes_less(m, cursor)) then
       seen = seen + 1
       last = {score, m}
-      if cursor == '' or tonumber(score) < at or bytes_less(m, cursor) then
-        local key = call_key(m)
-        local keep = true
-        if ARGV[7] ~= '' then
-          keep = tonumber(redis.call('HGET', key, 'lease_expires_at')) < tonumber(ARGV[7])
-        end
-        for j = 8, #ARGV, 2 do
-          if keep and redis.call('HGET', key, ARGV[j]) ~= ARGV[j + 1] then keep = false end
-        end
-        if keep then table.insert(out, {redis.call('HGETALL', key), {}}) end
+      local key = call_key(m)
+      local keep = true
+      if ARGV[7] ~= '' then
+        keep = tonumber(redis.call('HGET', key, 'lease_expires_at')) < tonumber(ARGV[7])
       end
+      for j = 8, #ARGV, 2 do
+        if keep and redis.call('HGET', key, ARGV[j]) ~= ARGV[j + 1] then keep = false end
+      end
+      if keep then table.insert(out, {redis.call('HGETALL', key), {}}) end
     end
   end
   offset = offset + #got / 2

@@ -1,215 +1,558 @@
-"""Lua scripts of the Redis store, one per state change (see :mod:`agentfn_asgi.store.redis`).
+"""Lua scripts of the Redis store, one per step (see :mod:`agentfn_asgi.store.redis`).
 
-Each runs atomically inside Redis, so a record and the indexes over it change in one step.
-The key layout they rely on is drawn in the redis module's docstring; every time value is
-passed in from the caller's clock (``ARGV``), never read from Redis' ``TIME``.
+Each script runs atomically inside Redis: a record, its history and every index over it
+change in one step, and nothing else runs in between. The key layout is drawn in the redis
+module's docstring. Every script is :data:`_PRELUDE` (shared helpers) plus its own body;
+``ARGV[1]`` is always the key prefix, and every time value is passed in from the caller's
+clock, never read from Redis' ``TIME``.
+
+Two rules the helpers keep:
+
+- Indexes are never updated by hand: after a script changes a record it calls
+  ``reindex_call``/``reindex_delivery``, which make the record's namespace's sorted sets
+  agree with the record as it now is (the namespace stored *in* the record, so a step
+  taken through another namespace's store still keeps the right indexes).
+- Members are compared in byte order (``bytes_less``), the sorted sets' own order; Lua's
+  ``<`` on strings follows the server's locale and would disagree.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "CLAIM",
-    "INDEXED_CALLS",
+    "DELIVERY_FAILED",
+    "DUE_DELIVERIES",
+    "EXPIRED_CLAIMS",
+    "GET_CALL",
+    "LAYOUT",
+    "LIST_CALLS",
+    "LIST_DELIVERIES",
+    "MARK_STALE",
+    "MARK_SUBMITTED",
     "PRUNE_CALLS",
     "PRUNE_DELIVERIES",
+    "QUARANTINE",
     "RECORD_DELIVERY",
+    "RELEASE",
     "RENEW",
+    "RESOLVE_DELIVERY",
     "SAVE",
-    "SESSION_CALLS",
-    "TERMINATE",
-    "UNRESOLVED",
+    "SETTLE",
+    "SET_CALLS",
+    "STATS",
+    "SUBMISSION_FAILED",
+    "UNSUBMITTED",
 ]
 
-# KEYS: delivery key, all-deliveries zset, unresolved zset
-# ARGV: member, value, ttl ms, received_at
-RECORD_DELIVERY = """
-if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
-  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
-  return 1
-end
-return 0
-"""
+#: Bump when the key layout changes; :data:`LAYOUT` refuses data of another layout.
+LAYOUT_VERSION = 2
 
-# KEYS: unresolved zset, all-deliveries zset. ARGV: delivery key prefix, older_than, limit.
-# Entries whose key expired (dedup window over) are dropped from both indexes on the way.
-UNRESOLVED = """
-local limit = tonumber(ARGV[3])
-local out = {}
-for round = 1, 20 do
-  local want = limit - #out
-  if want <= 0 then break end
-  local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', #out, want)
-  if #members == 0 then break end
-  local missing = 0
-  for _, m in ipairs(members) do
-    local v = redis.call('GET', ARGV[1] .. m)
-    if v then
-      table.insert(out, v)
-    else
-      redis.call('ZREM', KEYS[1], m)
-      redis.call('ZREM', KEYS[2], m)
-      missing = missing + 1
+_PRELUDE = """
+local P = ARGV[1]
+local function h(text) return redis.sha1hex(text) end
+local function call_key(member) return P .. 'c:' .. h(member) end
+local function history_key(member) return P .. 'h:' .. h(member) end
+local function ns_prefix(ns) return P .. 'n:' .. h(ns) .. ':' end
+
+local STATES = {'claimed', 'succeeded', 'failed', 'submitted', 'stale', 'quarantined'}
+local SAVED = {succeeded = true, failed = true}
+local PENDING = {claimed = true, succeeded = true, failed = true}
+
+-- The namespace's call indexes agree with the call's hash as it is now.
+local function reindex_call(key, member)
+  local r = redis.call('HMGET', key, 'namespace', 'state', 'created_at', 'lease_expires_at',
+                       'next_attempt_at', 'updated_at', 'success')
+  local N, state, created = ns_prefix(r[1]), r[2], r[3]
+  for _, s in ipairs(STATES) do redis.call('ZREM', N .. 'state:' .. s, member) end
+  for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed'}) do
+    redis.call('ZREM', N .. name, member)
+  end
+  redis.call('ZADD', N .. 'calls', created, member)
+  redis.call('ZADD', N .. 'state:' .. state, created, member)
+  if state == 'claimed' then
+    redis.call('ZADD', N .. 'lease', r[4], member)
+  elseif SAVED[state] then
+    redis.call('ZADD', N .. 'due', r[5], member)
+  elseif state == 'submitted' or state == 'stale' then
+    redis.call('ZADD', N .. 'finished', r[6], member)
+    if state == 'submitted' and r[7] == '0' then
+      redis.call('ZADD', N .. 'submitted_failed', created, member)
     end
   end
-  if missing == 0 then break end
+end
+
+-- The namespace's delivery indexes agree with the delivery's hash as it is now.
+local function reindex_delivery(key, id)
+  local d = redis.call('HMGET', key, 'namespace', 'received_at', 'resolved', 'attempts',
+                       'next_attempt_at')
+  local N = ns_prefix(d[1])
+  redis.call('ZADD', N .. 'deliveries', d[2], id)
+  if d[3] == '1' then
+    redis.call('ZREM', N .. 'unresolved', id)
+    redis.call('ZREM', N .. 'deliveries_due', id)
+    redis.call('ZREM', N .. 'failing', id)
+  else
+    redis.call('ZADD', N .. 'unresolved', d[2], id)
+    redis.call('ZADD', N .. 'deliveries_due', d[5], id)
+    if d[4] ~= '0' then redis.call('ZADD', N .. 'failing', d[2], id) end
+  end
+end
+
+-- Append one CallEvent (the shape of CallEvent.to_json) to the call's history list.
+local function add_event(member, now, kind, attempt, owner, detail)
+  local text = '{"at":' .. now .. ',"kind":"' .. kind .. '","attempt":' .. attempt
+  if owner and owner ~= '' then text = text .. ',"owner":' .. cjson.encode(owner) end
+  if detail and detail ~= '' then text = text .. ',"detail":' .. cjson.encode(detail) end
+  redis.call('RPUSH', history_key(member), text .. '}')
+end
+
+-- Is a before b in byte order (the order of sorted-set members with equal scores)?
+local function bytes_less(a, b)
+  if a == b then return false end
+  for i = 1, math.min(#a, #b) do
+    local x, y = a:byte(i), b:byte(i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- Up to `limit` members of sorted set `index` with a score at most `max` (a ZRANGEBYSCORE
+-- bound), in (score, member) order, strictly after (after_score, after_member) unless
+-- after_score is ''. Only members tied at after_score are compared, so few ever are.
+local function page_after(index, max, limit, after_score, after_member)
+  local out, offset, at, min = {}, 0, tonumber(after_score), '-inf'
+  if at then min = after_score end
+  while #out < limit do
+    local got = redis.call('ZRANGEBYSCORE', index, min, max, 'WITHSCORES', 'LIMIT', offset, limit)
+    for i = 1, #got, 2 do
+      if #out < limit and (not at or tonumber(got[i + 1]) > at
+                           or bytes_less(after_member, got[i])) then
+        table.insert(out, got[i])
+      end
+    end
+    if #got < 2 * limit then break end
+    offset = offset + limit
+  end
+  return out
+end
+
+-- A call's record, with its history when asked: {hash fields, history events}.
+local function read_call(member, with_history)
+  local flat = redis.call('HGETALL', call_key(member))
+  if #flat == 0 then return nil end
+  if with_history == '1' then return {flat, redis.call('LRANGE', history_key(member), 0, -1)} end
+  return {flat, {}}
+end
+
+local function read_calls(members)
+  local out = {}
+  for _, m in ipairs(members) do
+    local record = read_call(m, '0')
+    if record then table.insert(out, record) end
+  end
+  return out
+end
+
+-- Does (owner, attempt) hold the call's claim? (cur: state, owner, attempt)
+local function holds(cur, owner, attempt)
+  return cur[1] == 'claimed' and cur[2] == owner and cur[3] == attempt
+end
+"""
+
+
+def _script(body: str) -> str:
+    return _PRELUDE + body
+
+
+# -- layout --------------------------------------------------------------------------------
+
+# Guarantees: data of another key layout under this prefix is refused, never misread.
+# ARGV: P, this layout version. Returns the version found ('' when the prefix was empty, and
+# it is now marked with ours; 'old' for the first layout, which had no marker).
+LAYOUT = _script("""
+local found = redis.call('GET', P .. 'layout')
+if found then return found end
+if redis.call('EXISTS', P .. 'i:deliveries', P .. 'i:pending', P .. 'i:claimed') > 0 then
+  return 'old'
+end
+redis.call('SET', P .. 'layout', ARGV[2])
+return ''
+""")
+
+# -- deliveries ----------------------------------------------------------------------------
+
+# Guarantees: a delivery id is recorded once across every namespace (the first writer
+# wins); a repeat with the same non-empty nonce (our own retried write) answers 1 again.
+# KEYS: the delivery's hash. ARGV: P, now, delivery_id, session_id, namespace, nonce.
+RECORD_DELIVERY = _script("""
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if ARGV[6] ~= '' and redis.call('HGET', KEYS[1], 'nonce') == ARGV[6] then return 1 end
+  return 0
+end
+redis.call('HSET', KEYS[1], 'delivery_id', ARGV[3], 'session_id', ARGV[4],
+           'received_at', ARGV[2], 'namespace', ARGV[5], 'resolved', '0', 'attempts', '0',
+           'next_attempt_at', ARGV[2])
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'nonce', ARGV[6]) end
+reindex_delivery(KEYS[1], ARGV[3])
+return 1
+""")
+
+# Guarantees: an unresolved delivery becomes resolved and leaves the sweep's indexes.
+# KEYS: the delivery's hash. ARGV: P, delivery_id.
+RESOLVE_DELIVERY = _script("""
+if redis.call('HGET', KEYS[1], 'resolved') == '0' then
+  redis.call('HSET', KEYS[1], 'resolved', '1')
+  reindex_delivery(KEYS[1], ARGV[2])
+end
+return 0
+""")
+
+# Guarantees: an unresolved delivery's failed resolve is counted, its error kept, and it
+# is due again at retry_at; a resolved or unknown one is left alone.
+# KEYS: the delivery's hash. ARGV: P, delivery_id, error, retry_at.
+DELIVERY_FAILED = _script("""
+if redis.call('HGET', KEYS[1], 'resolved') == '0' then
+  redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+  redis.call('HSET', KEYS[1], 'last_error', ARGV[3], 'next_attempt_at', ARGV[4])
+  reindex_delivery(KEYS[1], ARGV[2])
+end
+return 0
+""")
+
+# Read: unresolved deliveries due at or before due_before, by (next_attempt_at, id), after
+# the cursor. KEYS: the namespace's deliveries_due. ARGV: P, due_before, limit, after_at
+# ('' = from the start), after_id. Returns the deliveries' hashes.
+DUE_DELIVERIES = _script("""
+local out = {}
+for _, id in ipairs(page_after(KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5])) do
+  table.insert(out, redis.call('HGETALL', P .. 'd:' .. h(id)))
 end
 return out
-"""
+""")
 
-# KEYS: call hash, session set, claimed zset, pending zset
-# ARGV: member, now, lease_expires_at, owner, delivery_id ('' = none), then the new call's
-# fields as field/value pairs.
-CLAIM = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 6))
-  redis.call('SADD', KEYS[2], ARGV[1])
-  redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-  redis.call('ZADD', KEYS[4], ARGV[2], ARGV[1])
-  return {'claimed', redis.call('HGETALL', KEYS[1])}
+# Read: the newest `limit` deliveries of an index scored by received_at (ties by id,
+# descending). KEYS: the namespace's deliveries or unresolved. ARGV: P, limit.
+LIST_DELIVERIES = _script("""
+local out = {}
+for _, id in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
+  table.insert(out, redis.call('HGETALL', P .. 'd:' .. h(id)))
 end
-if state == 'claimed' then
-  local lease = tonumber(redis.call('HGET', KEYS[1], 'lease_expires_at'))
-  if lease < tonumber(ARGV[2]) then
-    redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-    redis.call('HSET', KEYS[1], 'owner', ARGV[4], 'lease_expires_at', ARGV[3],
-               'updated_at', ARGV[2])
-    if ARGV[5] ~= '' and not redis.call('HGET', KEYS[1], 'delivery_id') then
-      redis.call('HSET', KEYS[1], 'delivery_id', ARGV[5])
-    end
-    redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
-    return {'in_doubt', redis.call('HGETALL', KEYS[1])}
+return out
+""")
+
+# Guarantees: one batch of the namespace's deliveries received before `before` is deleted
+# with its index entries. ARGV: P, namespace, before, batch. Returns the count.
+PRUNE_DELIVERIES = _script("""
+local N = ns_prefix(ARGV[2])
+local ids = redis.call('ZRANGEBYSCORE', N .. 'deliveries', '-inf', '(' .. ARGV[3],
+                       'LIMIT', 0, tonumber(ARGV[4]))
+for _, id in ipairs(ids) do
+  for _, name in ipairs({'deliveries', 'unresolved', 'deliveries_due', 'failing'}) do
+    redis.call('ZREM', N .. name, id)
   end
-  return {'busy', redis.call('HGETALL', KEYS[1])}
+  redis.call('DEL', P .. 'd:' .. h(id))
 end
-if state == 'succeeded' or state == 'failed' then
-  return {'saved', redis.call('HGETALL', KEYS[1])}
+return #ids
+""")
+
+# -- calls: the steps of a call's life -----------------------------------------------------
+
+# Guarantees: exactly one claimant gets an absent call (attempt 1) or an expired claim
+# (lease expired before takeover_before: attempt + 1, in doubt); the holder's own retried
+# claim (same owner, lease live) gets it back unchanged; everyone else is told its state.
+# KEYS: the call's hash. ARGV: P, now, member, namespace, owner, lease_expires_at,
+# takeover_before, tool_name, session_id, turn_id, call_id, delivery_id ('' = none).
+# Returns {status, hash fields}.
+CLAIM = _script("""
+local key, now, member, owner = KEYS[1], ARGV[2], ARGV[3], ARGV[5]
+local cur = redis.call('HMGET', key, 'state', 'owner', 'lease_expires_at', 'attempt')
+if not cur[1] then
+  redis.call('HSET', key, 'session_id', ARGV[9], 'turn_id', ARGV[10], 'call_id', ARGV[11],
+             'tool_name', ARGV[8], 'state', 'claimed', 'attempt', '1', 'owner', owner,
+             'lease_expires_at', ARGV[6], 'created_at', now, 'updated_at', now,
+             'next_attempt_at', now, 'failures', '0', 'namespace', ARGV[4])
+  if ARGV[12] ~= '' then redis.call('HSET', key, 'delivery_id', ARGV[12]) end
+  redis.call('SADD', P .. 's:' .. h(ARGV[9]), member)
+  redis.call('SADD', P .. 'k:' .. h(ARGV[11]), member)
+  add_event(member, now, 'claimed', 1, owner)
+  reindex_call(key, member)
+  return {'claimed', redis.call('HGETALL', key)}
 end
-return {'done', redis.call('HGETALL', KEYS[1])}
+if cur[1] == 'claimed' then
+  local lease = tonumber(cur[3])
+  if cur[2] == owner and lease >= tonumber(now) then
+    local status = 'in_doubt'
+    if cur[4] == '1' then status = 'claimed' end
+    return {status, redis.call('HGETALL', key)}
+  end
+  if lease < tonumber(ARGV[7]) then
+    local attempt = redis.call('HINCRBY', key, 'attempt', 1)
+    redis.call('HSET', key, 'owner', owner, 'lease_expires_at', ARGV[6], 'updated_at', now)
+    if ARGV[12] ~= '' then redis.call('HSETNX', key, 'delivery_id', ARGV[12]) end
+    add_event(member, now, 'taken_over', attempt, owner)
+    reindex_call(key, member)
+    return {'in_doubt', redis.call('HGETALL', key)}
+  end
+  return {'busy', redis.call('HGETALL', key)}
+end
+if SAVED[cur[1]] then return {'saved', redis.call('HGETALL', key)} end
+return {'done', redis.call('HGETALL', key)}
+""")
+
+# Guarantees: only the holder of the claim's current attempt extends its lease.
+# KEYS: the call's hash. ARGV: P, now, member, owner, attempt, lease_expires_at.
+RENEW = _script("""
+local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
+if not holds(cur, ARGV[4], ARGV[5]) then return 0 end
+redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[6], 'updated_at', ARGV[2])
+reindex_call(KEYS[1], ARGV[3])
+return 1
+""")
+
+# The result fields of a saved result (save and settle): the old ones go first, so an
+# absent error_type/full_output never survives from before.
+_STORE_RESULT = """
+local function store_result(key, now, state, first)
+  redis.call('HDEL', key, 'error_type', 'full_output', 'quarantine_reason')
+  redis.call('HSET', key, 'state', state, 'updated_at', now, 'next_attempt_at', now,
+             unpack(ARGV, first))
+end
 """
 
-# KEYS: call hash, claimed zset. ARGV: member, owner, now, lease_expires_at.
-RENEW = """
-local cur = redis.call('HMGET', KEYS[1], 'state', 'owner')
-if cur[1] == 'claimed' and cur[2] == ARGV[2] then
-  redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[4], 'updated_at', ARGV[3])
-  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[1])
-  return 1
-end
-return 0
-"""
-
-# KEYS: call hash, claimed zset, target state zset
-# ARGV: member, now, owner, target state, then the result's field/value pairs.
-# First writer wins: only a 'claimed' call takes a result; otherwise the record is returned.
-SAVE = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return false end
-if state == 'claimed' then
-  redis.call('HSET', KEYS[1], 'state', ARGV[4], 'owner', ARGV[3], 'updated_at', ARGV[2],
-             unpack(ARGV, 5))
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+# Guarantees: fenced, first writer wins: only the holder of the claim's current attempt
+# saves, and only while the call is claimed (also after its lease ran out, as long as nobody
+# took it over); otherwise the stored record is returned unchanged. False: unknown call.
+# KEYS: the call's hash. ARGV: P, now, member, owner, attempt, state, detail, then the
+# result's field/value pairs.
+SAVE = _script(
+    _STORE_RESULT
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
+if not cur[1] then return false end
+if holds(cur, ARGV[4], ARGV[5]) then
+  store_result(KEYS[1], ARGV[2], ARGV[6], 8)
+  redis.call('HSET', KEYS[1], 'owner', ARGV[4])
+  add_event(ARGV[3], ARGV[2], 'saved', ARGV[5], ARGV[4], ARGV[7])
+  reindex_call(KEYS[1], ARGV[3])
 end
 return redis.call('HGETALL', KEYS[1])
 """
+)
 
-# Moves a call into a terminal state (submitted, stale, quarantined).
-# KEYS: call hash, claimed, succeeded, failed, pending zsets, target zset
-# ARGV: member, now, retention ms, target state, required owner ('' = any),
-#       allowed current states (space separated), then extra field/value pairs.
-TERMINATE = """
-local cur = redis.call('HMGET', KEYS[1], 'state', 'owner')
-local state = cur[1]
-if not state then return 0 end
-if not string.find(' ' .. ARGV[6] .. ' ', ' ' .. state .. ' ', 1, true) then return 0 end
-if ARGV[5] ~= '' and cur[2] ~= ARGV[5] then return 0 end
-redis.call('HSET', KEYS[1], 'state', ARGV[4], 'updated_at', ARGV[2], unpack(ARGV, 7))
-for i = 2, 5 do redis.call('ZREM', KEYS[i], ARGV[1]) end
-redis.call('ZADD', KEYS[6], ARGV[2], ARGV[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+# Guarantees: a saved result (succeeded/failed) becomes submitted; nothing else changes.
+# KEYS: the call's hash. ARGV: P, now, member.
+MARK_SUBMITTED = _script("""
+local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt')
+if not SAVED[cur[1]] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'submitted', 'updated_at', ARGV[2])
+add_event(ARGV[3], ARGV[2], 'submitted', cur[2])
+reindex_call(KEYS[1], ARGV[3])
 return 1
+""")
+
+# Guarantees: a saved result's failed submission is counted, kept in the history, and the
+# result is due again at retry_at. KEYS: the call's hash. ARGV: P, now, member, detail,
+# retry_at.
+SUBMISSION_FAILED = _script("""
+local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt')
+if not SAVED[cur[1]] then return 0 end
+redis.call('HINCRBY', KEYS[1], 'failures', 1)
+redis.call('HSET', KEYS[1], 'next_attempt_at', ARGV[5])
+add_event(ARGV[3], ARGV[2], 'submit_failed', cur[2], nil, ARGV[4])
+reindex_call(KEYS[1], ARGV[3])
+return 1
+""")
+
+# Guarantees: a non-terminal call becomes stale, unless (with unchanged_since) it was
+# updated after that time. KEYS: the call's hash. ARGV: P, now, member, unchanged_since
+# ('' = unconditional).
+MARK_STALE = _script("""
+local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'updated_at')
+if not PENDING[cur[1]] then return 0 end
+if ARGV[4] ~= '' and tonumber(cur[3]) > tonumber(ARGV[4]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'stale', 'updated_at', ARGV[2])
+add_event(ARGV[3], ARGV[2], 'stale', cur[2])
+reindex_call(KEYS[1], ARGV[3])
+return 1
+""")
+
+# Guarantees: only the holder of the claim's current attempt quarantines it (a saved result
+# always wins); the reason is kept on the record and in the history.
+# KEYS: the call's hash. ARGV: P, now, member, owner, attempt, reason.
+QUARANTINE = _script("""
+local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
+if not holds(cur, ARGV[4], ARGV[5]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'quarantined', 'updated_at', ARGV[2],
+           'quarantine_reason', ARGV[6])
+add_event(ARGV[3], ARGV[2], 'quarantined', ARGV[5], ARGV[4], ARGV[6])
+reindex_call(KEYS[1], ARGV[3])
+return 1
+""")
+
+# What an operator may settle or release: quarantined, or claimed with a lease expired
+# before takeover_before (in doubt).
+_SETTLEABLE = """
+local function settleable(cur, takeover_before)
+  if cur[1] == 'quarantined' then return true end
+  return cur[1] == 'claimed' and tonumber(cur[2]) < tonumber(takeover_before)
+end
 """
 
-# KEYS: session set. ARGV: call key prefix. Drops members whose call expired.
-SESSION_CALLS = """
+# Guarantees: an operator's result is saved only for a quarantined or in-doubt call, as
+# `settled` in the history. False otherwise. KEYS: the call's hash. ARGV: P, now, member,
+# takeover_before, state, detail, then the result's field/value pairs.
+SETTLE = _script(
+    _STORE_RESULT
+    + _SETTLEABLE
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'lease_expires_at', 'attempt')
+if not settleable(cur, ARGV[4]) then return false end
+store_result(KEYS[1], ARGV[2], ARGV[5], 7)
+add_event(ARGV[3], ARGV[2], 'settled', cur[3], nil, ARGV[6])
+reindex_call(KEYS[1], ARGV[3])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Guarantees: an operator's re-run claims only a quarantined or in-doubt call, for `owner`
+# with the next attempt (so the earlier attempt stays fenced out); `released` in the
+# history. False otherwise. KEYS: the call's hash. ARGV: P, now, member, takeover_before,
+# owner, lease_expires_at.
+RELEASE = _script(
+    _SETTLEABLE
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'lease_expires_at')
+if not settleable(cur, ARGV[4]) then return false end
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HDEL', KEYS[1], 'quarantine_reason')
+redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[5],
+           'lease_expires_at', ARGV[6], 'updated_at', ARGV[2])
+add_event(ARGV[3], ARGV[2], 'released', attempt, ARGV[5])
+reindex_call(KEYS[1], ARGV[3])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Guarantees: one batch of the namespace's submitted/stale calls last updated before
+# `before` is deleted with its history, its index entries and its session and call-id set
+# entries (quarantined and pending calls are in no such index: never pruned).
+# KEYS: the namespace's finished index. ARGV: P, before, batch. Returns the count.
+PRUNE_CALLS = _script("""
+local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0,
+                           tonumber(ARGV[3]))
+for _, m in ipairs(members) do
+  local key = call_key(m)
+  local ids = redis.call('HMGET', key, 'session_id', 'call_id', 'namespace')
+  local N = ns_prefix(ids[3])
+  redis.call('ZREM', N .. 'calls', m)
+  redis.call('ZREM', N .. 'finished', m)
+  redis.call('ZREM', N .. 'state:submitted', m)
+  redis.call('ZREM', N .. 'state:stale', m)
+  redis.call('ZREM', N .. 'submitted_failed', m)
+  redis.call('SREM', P .. 's:' .. h(ids[1]), m)
+  redis.call('SREM', P .. 'k:' .. h(ids[2]), m)
+  redis.call('DEL', key, history_key(m))
+end
+return #members
+""")
+
+# -- calls: reads --------------------------------------------------------------------------
+
+# Read: one call, with its history when asked: {hash fields, events} or false.
+# KEYS: the call's hash. ARGV: P, member, with_history ('1'/'0').
+GET_CALL = _script("""
+return read_call(ARGV[2], ARGV[3]) or false
+""")
+
+# Read: the calls whose members a set holds (a session's, or a call id's), in the given
+# namespace unless it is not asked for, each with its history when asked.
+# KEYS: the set. ARGV: P, with_history, only_namespace ('1'/'0'), namespace.
+SET_CALLS = _script("""
 local out = {}
 for _, m in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local h = redis.call('HGETALL', ARGV[1] .. m)
-  if #h == 0 then redis.call('SREM', KEYS[1], m) else table.insert(out, h) end
-end
-return out
-"""
-
-# KEYS: one or more index zsets. ARGV: call key prefix, max score, limit.
-# The oldest `limit` entries (by score, across the zsets) with their records.
-INDEXED_CALLS = """
-local limit = tonumber(ARGV[3])
-local entries = {}
-for i, key in ipairs(KEYS) do
-  local got = redis.call('ZRANGEBYSCORE', key, '-inf', ARGV[2], 'WITHSCORES', 'LIMIT', 0, limit)
-  for j = 1, #got, 2 do
-    table.insert(entries, {tonumber(got[j + 1]), got[j], key})
+  local record = read_call(m, ARGV[2])
+  if record and (ARGV[3] == '0'
+                 or redis.call('HGET', call_key(m), 'namespace') == ARGV[4]) then
+    table.insert(out, record)
   end
 end
-table.sort(entries, function(a, b) return a[1] < b[1] end)
-local out = {}
-for _, e in ipairs(entries) do
-  if #out >= limit then break end
-  local h = redis.call('HGETALL', ARGV[1] .. e[2])
-  if #h == 0 then redis.call('ZREM', e[3], e[2]) else table.insert(out, h) end
-end
 return out
-"""
+""")
 
-# One prune batch: walk the oldest `batch` entries of the zset `index` and let `drop(member,
-# old)` remove each (old: its score is below `before`); drop returns the keys it deleted, or
-# nil to stop at the first entry that must stay. Returns {keys deleted, 1 if finished}.
-# Each prune script below is this function plus its own `drop`.
-_PRUNE_BATCH = """
-local function prune_batch(index, before, batch, drop)
-  local entries = redis.call('ZRANGE', index, 0, batch - 1, 'WITHSCORES')
-  local removed = 0
-  for i = 1, #entries, 2 do
-    local deleted = drop(entries[i], tonumber(entries[i + 1]) < before)
-    if deleted == nil then return {removed, 1} end
-    removed = removed + deleted
+# Read: saved results due at or before due_before, by (next_attempt_at, member), after the
+# cursor. KEYS: the namespace's due index. ARGV: P, due_before, limit, after_at ('' = from
+# the start), after_member.
+UNSUBMITTED = _script("""
+return read_calls(page_after(KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]))
+""")
+
+# Read: claims whose lease expired before takeover_before, earliest expiry first.
+# KEYS: the namespace's lease index. ARGV: P, takeover_before, limit.
+EXPIRED_CLAIMS = _script("""
+return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
+                             'LIMIT', 0, tonumber(ARGV[3])))
+""")
+
+# Read: one bounded stretch of list_calls. Walks an index scored by created_at downwards
+# from the position (hi, cursor) (exclusive; cursor '' = from hi inclusive) to lo, looking
+# at no more than `budget` entries, and keeps the calls matching the filters, up to `limit`.
+# KEYS: the index. ARGV: P, hi, lo, cursor, budget, limit, lease_before ('' = no in-doubt
+# filter), then field/value pairs that must match exactly (session_id, tool_name).
+# Returns {calls, last score, last member}; no last position once the index is exhausted.
+LIST_CALLS = _script("""
+local hi, cursor, budget, limit = ARGV[2], ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local at = tonumber(hi)
+local out, seen, offset, last = {}, 0, 0, nil
+while seen < budget and #out < limit do
+  local got = redis.call('ZREVRANGEBYSCORE', KEYS[1], hi, ARGV[3], 'WITHSCORES',
+                         'LIMIT', offset, budget)
+  if #got == 0 then return {out} end
+  for i = 1, #got, 2 do
+    local m, score = got[i], got[i + 1]
+    -- Entries tied with the cursor and not before it were seen by the previous stretch:
+    -- they are skipped without counting, so every stretch moves on.
+    if #out < limit and seen < budget
+       and (cursor == '' or tonumber(score) < at or bytes_less(m, cursor)) then
+      seen = seen + 1
+      last = {score, m}
+      local key = call_key(m)
+      local keep = true
+      if ARGV[7] ~= '' then
+        keep = tonumber(redis.call('HGET', key, 'lease_expires_at')) < tonumber(ARGV[7])
+      end
+      for j = 8, #ARGV, 2 do
+        if keep and redis.call('HGET', key, ARGV[j]) ~= ARGV[j + 1] then keep = false end
+      end
+      if keep then table.insert(out, {redis.call('HGETALL', key), {}}) end
+    end
   end
-  if #entries < 2 * batch then return {removed, 1} end
-  return {removed, 0}
+  offset = offset + #got / 2
 end
-"""
+return {out, last[1], last[2]}
+""")
 
-# KEYS: all-deliveries zset, unresolved zset. ARGV: delivery key prefix, before, batch.
-# A delivery goes when it is old or Redis already expired its key.
-PRUNE_DELIVERIES = (
-    _PRUNE_BATCH
-    + """
-return prune_batch(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), function(m, old)
-  local key = ARGV[1] .. m
-  if not old and redis.call('EXISTS', key) == 1 then return nil end
-  redis.call('ZREM', KEYS[1], m)
-  redis.call('ZREM', KEYS[2], m)
-  return redis.call('DEL', key)
-end)
-"""
-)
-
-# KEYS: one terminal state's zset. ARGV: call key prefix, session key prefix, before, batch,
-# state. A call goes when it is old or already expired. A key that exists in another state
-# was re-created after it expired: only its stale index entry goes.
-PRUNE_CALLS = (
-    _PRUNE_BATCH
-    + """
-return prune_batch(KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4]), function(m, old)
-  local key = ARGV[1] .. m
-  local state = redis.call('HGET', key, 'state')
-  if not old and state == ARGV[5] then return nil end
-  redis.call('ZREM', KEYS[1], m)
-  if state and state ~= ARGV[5] then return 0 end
-  redis.call('SREM', ARGV[2] .. string.match(m, '^([^:]+):'), m)
-  return redis.call('DEL', key)
-end)
-"""
-)
+# Read, in one step: the counts of stats(). ARGV: P, namespace, now. Returns deliveries,
+# unresolved, failing, in doubt, submitted failures, the six state counts, then the oldest
+# pending call's created_at ('' when none).
+STATS = _script("""
+local N = ns_prefix(ARGV[2])
+local out = {
+  redis.call('ZCARD', N .. 'deliveries'),
+  redis.call('ZCARD', N .. 'unresolved'),
+  redis.call('ZCARD', N .. 'failing'),
+  redis.call('ZCOUNT', N .. 'lease', '-inf', '(' .. ARGV[3]),
+  redis.call('ZCARD', N .. 'submitted_failed'),
+}
+local oldest, oldest_text = nil, ''
+for _, s in ipairs(STATES) do
+  table.insert(out, redis.call('ZCARD', N .. 'state:' .. s))
+  if PENDING[s] then
+    local first = redis.call('ZRANGE', N .. 'state:' .. s, 0, 0, 'WITHSCORES')
+    if #first > 0 and (not oldest or tonumber(first[2]) < oldest) then
+      oldest, oldest_text = tonumber(first[2]), first[2]
+    end
+  end
+end
+table.insert(out, oldest_text)
+return out
+""")

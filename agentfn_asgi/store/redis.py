@@ -1,42 +1,62 @@
 """Redis store (``redis://`` / ``rediss://``): several replicas sharing one Redis.
 
-Every state change is one Lua script (or one ``SET NX PX``), so it is atomic inside Redis and
-the indexes below change in the same step as the record they index.
+Every step is one Lua script (:mod:`agentfn_asgi.store._redis_scripts`), so it is atomic
+inside Redis: a record, its history and the indexes over it change together, and a retried
+or concurrent step from another replica never falls into a gap.
 
-Keys, all under ``key_prefix`` (identifiers are hashed, so any id of any length is safe)::
+Keys, all under ``key_prefix`` ``{p}``; ``h()`` is SHA-1 in hex (Lua computes the same with
+``redis.sha1hex``), so identifiers of any length and content are safe::
 
-    {p}d:{h(delivery_id)}       string, JSON of the delivery; SET NX PX dedup_window
-    {p}i:deliveries             zset of every recorded delivery, score received_at
-    {p}i:unresolved             zset of deliveries not resolved yet, score received_at
-    {p}c:{h(session)}:{h(key)}  hash, one per call (the "member" is "{h(session)}:{h(key)}")
-    {p}s:{h(session)}           set of the members of a session's calls
-    {p}i:claimed                zset of claimed calls, score lease_expires_at
-    {p}i:{state}                zset per other state, score updated_at
-    {p}i:pending                zset of non-terminal calls, score created_at
+    {p}layout                    the key layout's version (older data is refused)
+    {p}d:{h(delivery_id)}        hash: one delivery (global: an id is recorded once)
+    {p}c:{h(member)}             hash: one call (global, like the SQL primary key)
+    {p}h:{h(member)}             list: the call's history, one CallEvent JSON per entry
+    {p}s:{h(session_id)}         set: the members of a session's calls
+    {p}k:{h(call_id)}            set: the members of the calls with that call id
+    {p}n:{h(namespace)}:{index}  sorted sets of one namespace (below)
 
-Time: scores and record fields come from the injected ``clock`` (passed into every script as
-an argument, never Redis' own ``TIME``), so leases are compared in the caller's time and the
-contract tests can use a fake clock. Key *expiry* is Redis' real time: the dedup window (a
-delivery key's TTL) and ``call_retention`` (a terminal call's TTL) pass in wall-clock time.
-:meth:`RedisStore.prune` also deletes by the clock-based scores, and removes index entries whose
-keys already expired; until it runs, :meth:`RedisStore.stats` may count expired terminal calls.
+A call's *member* is its key ``(session_id, turn_id, call_id)`` joined by ``\\0\\0`` (a NUL
+inside an id is written ``\\0\\1``): sorted sets order equal scores by member bytes, which
+is then the order of the key tuples, so the sweeps' and the listing's cursors are exact.
 
-Redis Cluster: scripts touch keys they compute from the prefix, so all keys must live in one
-slot; give the prefix a hash tag (``key_prefix="{agentfn}:"``).
+The indexes of a namespace, each a sorted set kept in step with the records by the scripts::
+
+    deliveries          every delivery, by received_at     (list_deliveries, prune, stats)
+    unresolved          unresolved deliveries, by received_at        (list, stats)
+    deliveries_due      unresolved deliveries, by next_attempt_at    (the sweep's backoff)
+    failing             unresolved deliveries with a failed resolve  (stats)
+    calls               every call, by created_at                    (list_calls)
+    state:{state}       the calls in that state, by created_at       (list_calls, stats)
+    lease               claimed calls, by lease_expires_at           (expired_claims)
+    due                 saved, unsubmitted results, by next_attempt_at (the sweep)
+    finished            submitted and stale calls, by updated_at     (prune)
+    submitted_failed    submitted failures, by created_at            (stats)
+
+A record belongs to the namespace of the store that created it: a step taken through
+another namespace's store (``get_call`` and ``calls_for_session`` see every namespace, like
+the other backends) still updates the record's own namespace's indexes.
+
+Time: scores and record fields come from the injected ``clock``, passed into every script,
+never Redis' own ``TIME``. Nothing expires by TTL: :meth:`RedisStore.prune` is the
+retention (quarantined and pending calls are never pruned).
+
+Redis Cluster: scripts compute most keys they touch from the prefix, so all keys must live
+in one slot; give the prefix a hash tag (``key_prefix="{agentfn}:"``).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
     CallKey,
+    CallQuery,
     CallRecord,
     CallState,
     ClaimOutcome,
@@ -45,19 +65,8 @@ from agentfn_asgi.records import (
     SavedResult,
     StoreStats,
 )
-from agentfn_asgi.store._codec import record_from_mapping
-from agentfn_asgi.store._redis_scripts import (
-    CLAIM,
-    INDEXED_CALLS,
-    PRUNE_CALLS,
-    PRUNE_DELIVERIES,
-    RECORD_DELIVERY,
-    RENEW,
-    SAVE,
-    SESSION_CALLS,
-    TERMINATE,
-    UNRESOLVED,
-)
+from agentfn_asgi.store import _redis_scripts as scripts
+from agentfn_asgi.store._codec import record_from_mapping, saved_detail
 
 try:
     import redis.asyncio as aioredis
@@ -72,12 +81,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 __all__ = ["RedisStore"]
 
 _PRUNE_BATCH = 500
-_STATE_INDEXES = tuple(state.value for state in CallState)
-_TERMINAL = (CallState.SUBMITTED, CallState.STALE, CallState.QUARANTINED)
+#: How many index entries one list_calls script looks at, so a filter that matches little
+#: never holds Redis for long; the listing continues where the last script stopped.
+_LIST_BUDGET = 500
+_SCRIPTS = {name.lower(): getattr(scripts, name) for name in scripts.__all__}
 
 
-def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
+def _h(text: str) -> str:
+    # SHA-1 because Lua has it (redis.sha1hex): scripts derive the same keys from members.
+    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
 def _num(value: float) -> str:
@@ -85,15 +97,41 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-def _pairs(flat: Sequence[Any]) -> dict[str, str]:
-    return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+def _member(key: CallKey) -> str:
+    """The call's member: order-preserving (byte order = key tuple order) and injective."""
+    parts = (key.session_id, key.turn_id, key.call_id)
+    return "\0\0".join(part.replace("\0", "\0\1") for part in parts)
 
 
-def _record(flat: Sequence[Any]) -> CallRecord:
+def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
+    return {str(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _record(reply: Sequence[Any]) -> CallRecord:
+    """A call from a script's ``{hash fields, history events}`` reply."""
+    flat, events = reply
+    return record_from_mapping({**_pairs(flat), "history": "\n".join(events)})
+
+
+def _plain(flat: Sequence[Any]) -> CallRecord:
     return record_from_mapping(_pairs(flat))
 
 
-def _result_fields(result: SavedResult) -> list[str]:
+def _delivery(flat: Sequence[Any]) -> DeliveryRecord:
+    data = _pairs(flat)
+    return DeliveryRecord(
+        delivery_id=data["delivery_id"],
+        session_id=data["session_id"],
+        received_at=float(data["received_at"]),
+        resolved=data.get("resolved") == "1",
+        attempts=int(data.get("attempts") or 0),
+        next_attempt_at=float(data.get("next_attempt_at") or 0.0),
+        last_error=data.get("last_error"),
+    )
+
+
+def _result_args(result: SavedResult) -> list[str]:
+    state = CallState.SUCCEEDED if result.success else CallState.FAILED
     fields = [
         "success", "1" if result.success else "0",
         "event_json", result.event_json,
@@ -104,11 +142,27 @@ def _result_fields(result: SavedResult) -> list[str]:
         fields += ["error_type", result.error_type]
     if result.full_output is not None:
         fields += ["full_output", result.full_output]
-    return fields
+    return [state.value, *fields]
 
 
 def _escape_glob(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+def _redact(url: str) -> str:
+    """``url`` with a password hidden, in the userinfo or a ``password=`` query parameter."""
+    base, sep, query = url.partition("?")
+    scheme, colon, rest = base.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if colon and at and ":" in credentials:
+        base = f"{scheme}://{credentials.partition(':')[0]}:***@{host}"
+    if sep:
+        pairs = [
+            (name, "***" if name == "password" else value)
+            for name, value in parse_qsl(query, keep_blank_values=True)
+        ]
+        return f"{base}?{urlencode(pairs, safe='*')}"
+    return base
 
 
 @contextmanager
@@ -130,9 +184,9 @@ def _translated(action: str) -> Iterator[None]:
 class RedisStore:
     """A :class:`~agentfn_asgi.store.base.Store` on Redis (5+ with Lua; 7 recommended).
 
-    ``dedup_window`` is the lifetime of a delivery's dedup key, ``call_retention`` the time a
-    terminal call is kept. Every operation waits at most about ``socket_timeout`` before it
-    raises :class:`StoreUnavailableError`; dropped connections are re-opened on the next call.
+    ``namespace`` is the app's part of a shared Redis (see the module docstring for what
+    it separates). Every operation waits at most about ``socket_timeout`` before it raises
+    :class:`StoreUnavailableError`; dropped connections are re-opened on the next call.
     """
 
     def __init__(
@@ -140,40 +194,42 @@ class RedisStore:
         url: str,
         *,
         key_prefix: str = "agentfn:",
+        namespace: str = "",
         clock: Callable[[], float] = time.time,
-        dedup_window: float = 72 * 3600,
-        call_retention: float = 7 * 86400,
         socket_timeout: float = 5.0,
         max_connections: int = 64,
     ) -> None:
-        if dedup_window <= 0 or call_retention <= 0:
-            raise ConfigurationError("dedup_window and call_retention must be positive")
         self._url = url
         self._prefix = key_prefix
+        self.namespace = namespace
         self._clock = clock
-        self._dedup_ms = max(1, int(dedup_window * 1000))
-        self._retention_ms = max(1, int(call_retention * 1000))
         self._socket_timeout = socket_timeout
         self._max_connections = max_connections
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
         self._closed = False
+        self._layout_checked = False
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.location!r})"
+
+    @property
+    def location(self) -> str:
+        """Where the data lives, for logs and operators (password hidden)."""
+        where = f"{_redact(self._url)} (key prefix {self._prefix}"
+        return where + (f", namespace {self.namespace})" if self.namespace else ")")
 
     # -- keys ------------------------------------------------------------------------------
-    def _key(self, name: str) -> str:
-        return f"{self._prefix}{name}"
+    def _call_key(self, key: CallKey) -> str:
+        return f"{self._prefix}c:{_h(_member(key))}"
 
-    def _member(self, key: CallKey) -> str:
-        triple = json.dumps([key.session_id, key.turn_id, key.call_id])
-        return f"{_digest(key.session_id)}:{_digest(triple)}"
+    def _delivery_key(self, delivery_id: str) -> str:
+        return f"{self._prefix}d:{_h(delivery_id)}"
 
-    def _session_key(self, session_id: str) -> str:
-        return self._key(f"s:{_digest(session_id)}")
+    def _index(self, name: str) -> str:
+        return f"{self._prefix}n:{_h(self.namespace)}:{name}"
 
-    def _index(self, state: str) -> str:
-        return self._key(f"i:{state}")
-
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- plumbing --------------------------------------------------------------------------
     def _redis(self) -> Any:
         if self._closed:
             raise StoreUnavailableError("the Redis store is closed")
@@ -198,32 +254,59 @@ class RedisStore:
                 raise ConfigurationError(f"bad Redis store URL: {exc}") from exc
             client: Any = aioredis.Redis(connection_pool=pool)
             self._scripts = {
-                name: client.register_script(source)
-                for name, source in (
-                    ("record_delivery", RECORD_DELIVERY),
-                    ("unresolved", UNRESOLVED),
-                    ("claim", CLAIM),
-                    ("renew", RENEW),
-                    ("save", SAVE),
-                    ("terminate", TERMINATE),
-                    ("session_calls", SESSION_CALLS),
-                    ("indexed_calls", INDEXED_CALLS),
-                    ("prune_deliveries", PRUNE_DELIVERIES),
-                    ("prune_calls", PRUNE_CALLS),
-                )
+                name: client.register_script(source) for name, source in _SCRIPTS.items()
             }
             self._client = client
         return self._client
 
-    async def _run(self, action: str, script: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+    async def _run(self, script: str, keys: Sequence[str], *args: object) -> Any:
+        """Run one script (its name says what failed); ``ARGV[1]`` is always the prefix."""
         client = self._redis()
-        with _translated(action):
-            return await self._scripts[script](keys=list(keys), args=list(args), client=client)
+        if not self._layout_checked:
+            await self._check_layout(client)
+        argv = [self._prefix, *(str(arg) for arg in args)]
+        with _translated(script):
+            return await self._scripts[script](keys=list(keys), args=argv, client=client)
 
+    async def _check_layout(self, client: Any) -> None:
+        with _translated("open"):
+            found = await self._scripts["layout"](
+                keys=[], args=[self._prefix, str(scripts.LAYOUT_VERSION)], client=client
+            )
+        if found not in ("", str(scripts.LAYOUT_VERSION)):
+            raise StoreError(
+                f"Redis key prefix {self._prefix!r} holds data of another key layout "
+                f"({found!r}; this agentfn-asgi writes layout {scripts.LAYOUT_VERSION}): "
+                "let the old version finish its work, or use a new key_prefix"
+            )
+        self._layout_checked = True
+
+    async def _calls(self, script: str, keys: Sequence[str], *args: object) -> list[CallRecord]:
+        return [_record(reply) for reply in await self._run(script, keys, *args)]
+
+    async def _step(
+        self, script: str, key: CallKey, *args: object, now: float | None = None
+    ) -> Any:
+        """A step on one call: its hash, then ``now`` and its member, then ``args``."""
+        now = self._clock() if now is None else now
+        return await self._run(script, [self._call_key(key)], _num(now), _member(key), *args)
+
+    async def _drain(self, script: str, keys: Sequence[str], *args: object) -> int:
+        """Run a batch script until a batch comes back short; the records it removed."""
+        removed = 0
+        while True:
+            count = int(await self._run(script, keys, *args, _PRUNE_BATCH))
+            removed += count
+            if count < _PRUNE_BATCH:
+                return removed
+
+    # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
-        """Create the connection pool and check Redis answers. Idempotent; no schema needed."""
+        """Create the connection pool, check Redis answers and the key layout. Idempotent."""
         self._closed = False
         await self.ping()
+        if not self._layout_checked:
+            await self._check_layout(self._redis())
 
     async def close(self) -> None:
         """Close the connection pool. Idempotent."""
@@ -242,7 +325,7 @@ class RedisStore:
             await client.ping()
 
     async def destroy(self) -> None:
-        """Delete every key under this store's prefix (tests and teardown), with ``SCAN``."""
+        """Delete every key under this store's prefix, every namespace's (tests, teardown)."""
         client = self._redis()
         with _translated("destroy"):
             batch: list[str] = []
@@ -253,87 +336,73 @@ class RedisStore:
                     batch.clear()
             if batch:
                 await client.unlink(*batch)
+        self._layout_checked = False
 
     # -- deliveries ------------------------------------------------------------------------
-    async def record_delivery(self, delivery_id: str, session_id: str) -> bool:
-        """``SET NX PX`` of the delivery key plus its index entries, in one script."""
-        now = self._clock()
-        member = _digest(delivery_id)
-        value = json.dumps(
-            {"delivery_id": delivery_id, "session_id": session_id, "received_at": now}
-        )
+    async def record_delivery(
+        self, delivery_id: str, session_id: str, *, nonce: str | None = None
+    ) -> bool:
+        """Record a delivery; True if new, or our own retried write (same ``nonce``)."""
         created = await self._run(
             "record_delivery",
-            "record_delivery",
-            [self._key(f"d:{member}"), self._index("deliveries"), self._index("unresolved")],
-            [member, value, str(self._dedup_ms), _num(now)],
+            [self._delivery_key(delivery_id)],
+            _num(self._clock()),
+            delivery_id,
+            session_id,
+            self.namespace,
+            nonce or "",
         )
         return bool(created)
 
     async def mark_delivery_resolved(self, delivery_id: str) -> None:
-        """Drop the delivery from the unresolved index (one ``ZREM``)."""
-        client = self._redis()
-        with _translated("mark_delivery_resolved"):
-            await client.zrem(self._index("unresolved"), _digest(delivery_id))
+        """Mark a delivery resolved; unknown ids are ignored."""
+        key = self._delivery_key(delivery_id)
+        await self._run("resolve_delivery", [key], delivery_id)
+
+    async def delivery_failed(self, delivery_id: str, *, error: str, retry_at: float) -> None:
+        """Count a failed resolve, keep its error, retry at ``retry_at``."""
+        key = self._delivery_key(delivery_id)
+        await self._run("delivery_failed", [key], delivery_id, error, _num(retry_at))
 
     async def unresolved_deliveries(
-        self, *, older_than: float, limit: int = 100
+        self,
+        *,
+        due_before: float,
+        limit: int = 100,
+        after: tuple[float, str] | None = None,
     ) -> list[DeliveryRecord]:
-        """Unresolved deliveries received at or before ``older_than``, oldest first."""
+        """Unresolved deliveries due at or before ``due_before``, soonest first."""
         if limit <= 0:
             return []
-        values = await self._run(
-            "unresolved_deliveries",
-            "unresolved",
-            [self._index("unresolved"), self._index("deliveries")],
-            [self._key("d:"), _num(older_than), str(limit)],
+        at, after_id = ("", "") if after is None else (_num(after[0]), after[1])
+        rows = await self._run(
+            "due_deliveries",
+            [self._index("deliveries_due")],
+            _num(due_before),
+            limit,
+            at,
+            after_id,
         )
-        records = []
-        for raw in values:
-            data = json.loads(raw)
-            records.append(
-                DeliveryRecord(
-                    delivery_id=data["delivery_id"],
-                    session_id=data["session_id"],
-                    received_at=float(data["received_at"]),
-                )
-            )
-        return records
+        return [_delivery(flat) for flat in rows]
+
+    async def list_deliveries(
+        self, *, unresolved_only: bool = False, limit: int = 50
+    ) -> list[DeliveryRecord]:
+        """Deliveries, newest first."""
+        if limit <= 0:
+            return []
+        index = self._index("unresolved" if unresolved_only else "deliveries")
+        rows = await self._run("list_deliveries", [index], limit)
+        return [_delivery(flat) for flat in rows]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Delete old deliveries and terminal calls in batches of 500 (one script each).
-
-        Also drops index entries whose keys Redis already expired. Returns keys deleted.
-        """
-        removed = 0
-        finished = False
-        while not finished:
-            count, done = await self._run(
-                "prune",
-                "prune_deliveries",
-                [self._index("deliveries"), self._index("unresolved")],
-                [self._key("d:"), _num(deliveries_before), str(_PRUNE_BATCH)],
-            )
-            removed += int(count)
-            finished = bool(done)
-        for state in _TERMINAL:
-            finished = False
-            while not finished:
-                count, done = await self._run(
-                    "prune",
-                    "prune_calls",
-                    [self._index(state)],
-                    [
-                        self._key("c:"),
-                        self._key("s:"),
-                        _num(calls_before),
-                        str(_PRUNE_BATCH),
-                        state.value,
-                    ],
-                )
-                removed += int(count)
-                finished = bool(done)
-        return removed
+        """Delete old deliveries and old submitted or stale calls of this namespace, in
+        batches of 500 (one short script each, so other clients get Redis in between)."""
+        deliveries = await self._drain(
+            "prune_deliveries", [], self.namespace, _num(deliveries_before)
+        )
+        calls = await self._drain("prune_calls", [self._index("finished")], _num(calls_before))
+        return deliveries + calls
 
     # -- calls -----------------------------------------------------------------------------
     async def claim_call(
@@ -344,180 +413,192 @@ class RedisStore:
         owner: str,
         lease_seconds: float,
         delivery_id: str | None = None,
+        margin: float = 0.0,
     ) -> ClaimOutcome:
-        """Insert, take over an expired lease, or classify, in one Lua script."""
+        """Decide who runs ``key`` in one script; see :meth:`Store.claim_call`."""
         now = self._clock()
-        lease = _num(now + lease_seconds)
-        member = self._member(key)
-        fields = [
-            "session_id", key.session_id, "turn_id", key.turn_id, "call_id", key.call_id,
-            "tool_name", tool_name, "state", CallState.CLAIMED.value, "attempt", "1",
-            "owner", owner, "lease_expires_at", lease, "created_at", _num(now),
-            "updated_at", _num(now),
-        ]  # fmt: skip
-        if delivery_id is not None:
-            fields += ["delivery_id", delivery_id]
-        status, flat = await self._run(
-            "claim_call",
+        status, flat = await self._step(
             "claim",
-            [
-                self._key(f"c:{member}"),
-                self._session_key(key.session_id),
-                self._index("claimed"),
-                self._index("pending"),
-            ],
-            [member, _num(now), lease, owner, delivery_id or "", *fields],
+            key,
+            self.namespace,
+            owner,
+            _num(now + lease_seconds),
+            _num(now - margin),
+            tool_name,
+            key.session_id,
+            key.turn_id,
+            key.call_id,
+            delivery_id or "",
+            now=now,
         )
-        return ClaimOutcome(ClaimStatus(status), _record(flat))
+        return ClaimOutcome(ClaimStatus(status), _plain(flat))
 
-    async def renew_lease(self, key: CallKey, *, owner: str, lease_seconds: float) -> bool:
-        """Extend the lease if ``owner`` still holds the claim."""
+    async def renew_lease(
+        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
+    ) -> bool:
+        """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
         now = self._clock()
-        member = self._member(key)
-        renewed = await self._run(
-            "renew_lease",
-            "renew",
-            [self._key(f"c:{member}"), self._index("claimed")],
-            [member, owner, _num(now), _num(now + lease_seconds)],
-        )
+        renewed = await self._step("renew", key, owner, attempt, _num(now + lease_seconds), now=now)
         return bool(renewed)
 
-    async def save_result(self, key: CallKey, *, owner: str, result: SavedResult) -> CallRecord:
-        """``claimed`` → ``succeeded``/``failed``; first writer wins (see the protocol)."""
-        now = self._clock()
-        member = self._member(key)
-        state = CallState.SUCCEEDED if result.success else CallState.FAILED
-        flat = await self._run(
-            "save_result",
-            "save",
-            [self._key(f"c:{member}"), self._index("claimed"), self._index(state)],
-            [member, _num(now), owner, state.value, *_result_fields(result)],
-        )
-        if not flat:
-            raise StoreError(f"cannot save a result for unknown call {key}")
-        return _record(flat)
-
-    async def _terminate(
+    async def save_result(
         self,
         key: CallKey,
-        target: CallState,
         *,
-        allowed: Sequence[CallState],
-        owner: str = "",
-        extra: Sequence[str] = (),
-    ) -> None:
-        member = self._member(key)
-        await self._run(
-            f"mark {target.value}",
-            "terminate",
-            [
-                self._key(f"c:{member}"),
-                self._index("claimed"),
-                self._index("succeeded"),
-                self._index("failed"),
-                self._index("pending"),
-                self._index(target),
-            ],
-            [
-                member,
-                _num(self._clock()),
-                str(self._retention_ms),
-                target.value,
-                owner,
-                " ".join(state.value for state in allowed),
-                *extra,
-            ],
-        )
+        owner: str,
+        attempt: int,
+        result: SavedResult,
+        duration: float | None = None,
+    ) -> CallRecord:
+        """Fenced, first writer wins; see :meth:`Store.save_result`."""
+        state, *fields = _result_args(result)
+        detail = saved_detail(result, duration)
+        flat = await self._step("save", key, owner, attempt, state, detail, *fields)
+        if not flat:
+            raise StoreError(f"cannot save a result for call {key}: it was never claimed")
+        return _plain(flat)
 
     async def mark_submitted(self, key: CallKey) -> None:
-        """``succeeded``/``failed`` → ``submitted``; the call then expires after retention."""
-        await self._terminate(
-            key, CallState.SUBMITTED, allowed=(CallState.SUCCEEDED, CallState.FAILED)
-        )
+        """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
+        await self._step("mark_submitted", key)
 
-    async def mark_stale(self, key: CallKey) -> None:
-        """Any non-terminal state → ``stale``."""
-        await self._terminate(
-            key,
-            CallState.STALE,
-            allowed=(CallState.CLAIMED, CallState.SUCCEEDED, CallState.FAILED),
-        )
+    async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
+        """Record a failed submission; the sweep retries it at ``retry_at``."""
+        await self._step("submission_failed", key, detail, _num(retry_at))
 
-    async def quarantine(self, key: CallKey, *, owner: str, reason: str) -> None:
-        """``claimed`` by ``owner`` → ``quarantined`` (the reason is kept on the record)."""
-        await self._terminate(
-            key,
-            CallState.QUARANTINED,
-            allowed=(CallState.CLAIMED,),
-            owner=owner,
-            extra=("quarantine_reason", reason),
-        )
+    async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
+        """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
+        since = "" if unchanged_since is None else _num(unchanged_since)
+        await self._step("mark_stale", key, since)
 
-    async def get_call(self, key: CallKey) -> CallRecord | None:
-        """``HGETALL`` of the call's hash."""
-        client = self._redis()
-        with _translated("get_call"):
-            fields = await client.hgetall(self._key(f"c:{self._member(key)}"))
-        return record_from_mapping(fields) if fields else None
+    async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
+        """``claimed`` by ``(owner, attempt)`` → ``quarantined``, with ``reason`` kept."""
+        await self._step("quarantine", key, owner, attempt, reason)
+
+    async def settle(
+        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
+    ) -> CallRecord | None:
+        """An operator's result for a quarantined or in-doubt call; see the protocol."""
+        state, *fields = _result_args(result)
+        takeover_before = _num(self._clock() - margin)
+        detail = saved_detail(result, None)
+        flat = await self._step("settle", key, takeover_before, state, detail, *fields)
+        return _plain(flat) if flat else None
+
+    async def release(
+        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
+    ) -> CallRecord | None:
+        """An operator's re-run: claimed by ``owner`` with the next attempt."""
+        now = self._clock()
+        flat = await self._step(
+            "release", key, _num(now - margin), owner, _num(now + lease_seconds), now=now
+        )
+        return _plain(flat) if flat else None
+
+    async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
+        """The record of ``key`` (with its history if asked), or None."""
+        reply = await self._run(
+            "get_call", [self._call_key(key)], _member(key), "1" if history else "0"
+        )
+        return _record(reply) if reply else None
+
+    async def find_calls(self, call_id: str) -> list[CallRecord]:
+        """Every call with ``call_id`` in this namespace, with its history."""
+        found = await self._calls(
+            "set_calls", [f"{self._prefix}k:{_h(call_id)}"], "1", "1", self.namespace
+        )
+        found.sort(key=lambda c: (c.created_at, c.key.session_id, c.key.turn_id))
+        return found
 
     async def calls_for_session(self, session_id: str) -> list[CallRecord]:
-        """Every call of the session, oldest first."""
-        rows = await self._run(
-            "calls_for_session",
-            "session_calls",
-            [self._session_key(session_id)],
-            [self._key("c:")],
-        )
-        records = [_record(flat) for flat in rows]
-        records.sort(key=lambda r: (r.created_at, r.key.turn_id, r.key.call_id))
-        return records
+        """Every call of a session, oldest first."""
+        found = await self._calls("set_calls", [f"{self._prefix}s:{_h(session_id)}"], "0", "0", "")
+        found.sort(key=lambda c: (c.created_at, c.key.turn_id, c.key.call_id))
+        return found
 
-    async def _indexed(
-        self, action: str, states: Sequence[str], max_score: str, limit: int
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """Calls matching ``query``, newest first, in bounded stretches of the index."""
+        if query.limit <= 0:
+            return []
+        if query.state == "in_doubt":
+            index, lease_before = self._index("state:claimed"), _num(self._clock())
+        else:
+            index, lease_before = self._index(f"state:{query.state}"), ""
+            if query.state is None:
+                index = self._index("calls")
+            elif query.state not in {state.value for state in CallState}:
+                return []
+        hi, cursor = "+inf", ""
+        if query.before is not None:
+            at, session_id, turn_id, call_id = query.before
+            hi, cursor = _num(at), _member(CallKey(session_id, turn_id, call_id))
+        lo = "-inf" if query.since is None else _num(query.since)
+        matching: list[str] = []
+        for name in ("session_id", "tool_name"):
+            value = getattr(query, name)
+            if value is not None:
+                matching += [name, value]
+        found: list[CallRecord] = []
+        while len(found) < query.limit:
+            rows, *last = await self._run(
+                "list_calls",
+                [index],
+                hi,
+                lo,
+                cursor,
+                _LIST_BUDGET,
+                query.limit - len(found),
+                lease_before,
+                *matching,
+            )
+            found += [_record(reply) for reply in rows]
+            if not last:
+                break
+            hi, cursor = last
+        return found
+
+    async def unsubmitted_results(
+        self,
+        *,
+        due_before: float,
+        limit: int = 100,
+        after: tuple[float, CallKey] | None = None,
     ) -> list[CallRecord]:
+        """Saved, not yet submitted results due at or before ``due_before``, soonest first."""
         if limit <= 0:
             return []
-        rows = await self._run(
-            action,
-            "indexed_calls",
-            [self._index(state) for state in states],
-            [self._key("c:"), max_score, str(limit)],
+        at, member = ("", "") if after is None else (_num(after[0]), _member(after[1]))
+        return await self._calls(
+            "unsubmitted",
+            [self._index("due")],
+            _num(due_before),
+            limit,
+            at,
+            member,
         )
-        return [_record(flat) for flat in rows]
 
-    async def unsubmitted_results(self, *, limit: int = 100) -> list[CallRecord]:
-        """Saved, not yet accepted results, oldest first."""
-        records = await self._indexed("unsubmitted_results", ("succeeded", "failed"), "+inf", limit)
-        return [r for r in records if r.state in (CallState.SUCCEEDED, CallState.FAILED)]
-
-    async def expired_claims(self, *, limit: int = 100) -> list[CallRecord]:
-        """Claims whose lease expired by the store's clock (``lease_expires_at < now``)."""
-        now = self._clock()
-        records = await self._indexed("expired_claims", ("claimed",), "(" + _num(now), limit)
-        return [r for r in records if r.state is CallState.CLAIMED and r.lease_expires_at < now]
+    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
+        """Claims whose lease expired more than ``margin`` ago, earliest expiry first."""
+        if limit <= 0:
+            return []
+        takeover_before = _num(self._clock() - margin)
+        return await self._calls("expired_claims", [self._index("lease")], takeover_before, limit)
 
     async def stats(self) -> StoreStats:
-        """Counts from the index zsets (no ``SCAN``; expired terminal calls count until pruned)."""
-        now = self._clock()
-        client = self._redis()
-        with _translated("stats"):
-            async with client.pipeline(transaction=True) as pipe:
-                pipe.zcard(self._index("deliveries"))
-                pipe.zcard(self._index("unresolved"))
-                for state in _STATE_INDEXES:
-                    pipe.zcard(self._index(state))
-                pipe.zcount(self._index("claimed"), "-inf", "(" + _num(now))
-                pipe.zrange(self._index("pending"), 0, 0, withscores=True)
-                replies = await pipe.execute()
-        deliveries, unresolved, *rest = replies
-        counts = rest[: len(_STATE_INDEXES)]
-        in_doubt, oldest = rest[len(_STATE_INDEXES) :]
+        """Counts for operators, read in one script; every state is listed, zeros too."""
+        reply = await self._run("stats", [], self.namespace, _num(self._clock()))
+        deliveries, unresolved, failing, in_doubt, submitted_failed, *rest = reply
+        counts = {
+            state.value: int(count) for state, count in zip(CallState, rest[:-1], strict=True)
+        }
+        oldest = rest[-1]
         return StoreStats(
             deliveries=int(deliveries),
             unresolved_deliveries=int(unresolved),
-            calls_by_state={
-                state: int(count) for state, count in zip(_STATE_INDEXES, counts, strict=True)
-            },
+            calls_by_state=counts,
             in_doubt=int(in_doubt),
-            oldest_pending_at=float(oldest[0][1]) if oldest else None,
+            oldest_pending_at=float(oldest) if oldest else None,
+            successes=counts[CallState.SUBMITTED.value] - int(submitted_failed),
+            failures=int(submitted_failed),
+            failing_deliveries=int(failing),
         )

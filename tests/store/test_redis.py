@@ -6,6 +6,7 @@ Needs Redis on 127.0.0.1:6379; skipped when it is unreachable, failed instead un
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 import uuid
@@ -14,8 +15,16 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus, SavedResult
+from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.records import (
+    CallEvent,
+    CallKey,
+    CallQuery,
+    CallState,
+    ClaimStatus,
+    SavedResult,
+    parse_history,
+)
 
 from .conftest import FakeClock as Clock
 from .conftest import require_service
@@ -23,7 +32,8 @@ from .conftest import require_service
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 redis_asyncio = pytest.importorskip("redis.asyncio")
-from agentfn_asgi.store.redis import RedisStore  # noqa: E402 - after the driver check
+from agentfn_asgi.store import redis as redis_store  # noqa: E402 - after the driver check
+from agentfn_asgi.store.redis import RedisStore  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 StoreMaker = Callable[..., Any]
@@ -77,37 +87,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def test_dedup_window_is_the_key_expiry(make_store: StoreMaker) -> None:
-    """A delivery id is refused inside the dedup window and accepted again once it expired."""
-    store = await make_store(clock=Clock(), dedup_window=0.3)
-    assert await store.record_delivery("msg_1", "sess_1") is True
-    assert await store.record_delivery("msg_1", "sess_1") is False
-    await asyncio.sleep(0.5)
-    assert await store.record_delivery("msg_1", "sess_1") is True
-
-
-async def test_prune_drops_index_entries_of_expired_keys(make_store: StoreMaker) -> None:
-    """After Redis expired the keys, prune removes their index entries and stats agree."""
-    clock = Clock()
-    store = await make_store(clock=clock, dedup_window=0.2, call_retention=0.2)
-    key = CallKey("sess", "turn", "call")
-    await store.record_delivery("msg_1", "sess")
-    await store.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
-    await store.save_result(key, owner="a", attempt=1, result=_result())
-    await store.mark_submitted(key)
-    await asyncio.sleep(0.4)
-    # Expired keys are already invisible to the readers...
-    assert await store.get_call(key) is None
-    assert await store.calls_for_session("sess") == []
-    assert await store.unresolved_deliveries(due_before=clock.now) == []
-    # ...and prune (with cut-offs older than everything) removes what the indexes still hold.
-    assert await store.prune(deliveries_before=0.0, calls_before=0.0) == 0
-    stats = await store.stats()
-    assert stats.deliveries == 0
-    assert stats.calls_by_state[CallState.SUBMITTED] == 0
-    assert await _keys(f"{store._prefix}*") == []
-
-
 async def test_keys_stay_under_the_prefix_and_destroy_removes_only_them(
     make_store: StoreMaker,
 ) -> None:
@@ -129,18 +108,191 @@ async def test_keys_stay_under_the_prefix_and_destroy_removes_only_them(
     assert await mine.get_call(key) is not None
 
 
-async def test_terminal_calls_expire_after_call_retention(make_store: StoreMaker) -> None:
-    """A submitted call's hash expires after call_retention; non-terminal calls never do."""
-    store = await make_store(clock=Clock(), call_retention=0.2)
-    done, pending = CallKey("s", "t", "done"), CallKey("s", "t", "pending")
-    for key in (done, pending):
-        await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
-        await store.save_result(key, owner="o", attempt=1, result=_result())
-    await store.mark_submitted(done)
-    await asyncio.sleep(0.4)
-    assert await store.get_call(done) is None
-    assert [r.key for r in await store.calls_for_session("s")] == [pending]
-    assert [r.key for r in await store.unsubmitted_results(due_before=2e9)] == [pending]
+async def test_a_namespace_keeps_its_indexes_under_its_own_prefix(make_store: StoreMaker) -> None:
+    """Each namespace's indexes live under ``{p}n:{h(namespace)}:``; records are global."""
+    clock = Clock()
+    one = await make_store(clock=clock, namespace="proj_1")
+    two = await make_store(clock=clock, namespace="proj_2")
+    await one.record_delivery("msg_1", "s1")
+    await one.claim_call(CallKey("s1", "t", "c"), tool_name="t", owner="a", lease_seconds=30)
+    await two.claim_call(CallKey("s2", "t", "c"), tool_name="t", owner="b", lease_seconds=30)
+    prefix = one._prefix
+    indexes = [k[len(prefix) :] for k in await _keys(f"{prefix}n:*")]
+    one_part, two_part = one._index("")[len(prefix) :], two._index("")[len(prefix) :]
+    assert one_part != two_part
+    assert {k.removeprefix(one_part) for k in indexes if k.startswith(one_part)} == {
+        "deliveries",
+        "unresolved",
+        "deliveries_due",
+        "calls",
+        "state:claimed",
+        "lease",
+    }
+    assert {k.removeprefix(two_part) for k in indexes if k.startswith(two_part)} == {
+        "calls",
+        "state:claimed",
+        "lease",
+    }
+
+
+async def test_a_step_through_another_namespace_indexes_the_record_where_it_lives(
+    make_store: StoreMaker,
+) -> None:
+    """Records are global (get_call sees them from any namespace, like SQL's primary key):
+    a step taken through another namespace's store updates the owning namespace's indexes."""
+    clock = Clock()
+    one = await make_store(clock=clock, namespace="proj_1")
+    two = await make_store(clock=clock, namespace="proj_2")
+    key = CallKey("s", "t", "c")
+    await one.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
+    await two.save_result(key, owner="a", attempt=1, result=_result())
+    await two.record_delivery("d", "s")
+    await one.mark_delivery_resolved("d")
+    assert [r.key for r in await one.unsubmitted_results(due_before=clock.now)] == [key]
+    assert await two.unsubmitted_results(due_before=clock.now) == []
+    assert (await one.stats()).calls_by_state[CallState.SUCCEEDED] == 1
+    assert (await two.stats()).calls_by_state[CallState.SUCCEEDED] == 0
+    assert (await two.stats()).unresolved_deliveries == 0
+
+
+async def test_nothing_expires_by_ttl(make_store: StoreMaker) -> None:
+    """Retention is prune(), never a TTL: no key of any step carries an expiry."""
+    clock = Clock()
+    store = await make_store(clock=clock)
+    key = CallKey("s", "t", "c")
+    await store.record_delivery("d", "s", nonce="n")
+    await store.delivery_failed("d", error="boom", retry_at=clock.now + 5)
+    await store.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
+    await store.save_result(key, owner="a", attempt=1, result=_result())
+    await store.submission_failed(key, detail="503", retry_at=clock.now + 5)
+    await store.mark_submitted(key)
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        keys = await _keys(f"{store._prefix}*")
+        assert len(keys) > 10
+        assert [await client.ttl(k) for k in keys] == [-1] * len(keys)
+    finally:
+        await client.aclose()
+
+
+async def test_prune_leaves_no_trace(make_store: StoreMaker) -> None:
+    """Pruning every finished call and every delivery removes its hash, its history, its
+    session and call-id set entries and every index entry: only the layout marker stays."""
+    clock = Clock()
+    store = await make_store(clock=clock)
+    keys = [CallKey("s", "t", f"c{i}") for i in range(3)]
+    for n, key in enumerate(keys):
+        await store.record_delivery(f"d{n}", "s")
+        await store.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
+        await store.save_result(key, owner="a", attempt=1, result=_result())
+    await store.mark_submitted(keys[0])
+    await store.mark_stale(keys[1])
+    await store.mark_stale(keys[2])
+    clock.advance(10)
+    assert await store.prune(deliveries_before=clock.now, calls_before=clock.now) == 6
+    assert await _keys(f"{store._prefix}*") == [f"{store._prefix}layout"]
+
+
+async def test_history_is_a_list_of_call_events(make_store: StoreMaker) -> None:
+    """A call's history is a Redis list of CallEvent JSON objects, one per step."""
+    store = await make_store(clock=Clock())
+    key = CallKey("s", "t", "c")
+    await store.claim_call(key, tool_name="t", owner="o ☃", lease_seconds=30)
+    await store.quarantine(key, owner="o ☃", attempt=1, reason='said "maybe" / ☃')
+    [history_key] = await _keys(f"{store._prefix}h:*")
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        raw = await client.lrange(history_key, 0, -1)
+    finally:
+        await client.aclose()
+    events = [CallEvent.from_mapping(json.loads(item)) for item in raw]
+    assert parse_history("\n".join(raw)) == tuple(events)
+    assert [(e.kind, e.attempt, e.owner, e.detail) for e in events] == [
+        ("claimed", 1, "o ☃", ""),
+        ("quarantined", 1, "o ☃", 'said "maybe" / ☃'),
+    ]
+
+
+async def test_cursors_order_ties_by_bytes_not_locale(make_store: StoreMaker) -> None:
+    """Ties (one timestamp) are ordered like Python orders the ids (code points = UTF-8
+    bytes), in every cursor: never by the Redis server's locale ("B" < "a" < "é")."""
+    clock = Clock()
+    store = await make_store(clock=clock)
+    ids = ["a", "B", "é", "a\x00", "Z", "ab"]
+    for delivery_id in ids:
+        await store.record_delivery(delivery_id, "s")
+    paged: list[str] = []
+    after: tuple[float, str] | None = None
+    while found := await store.unresolved_deliveries(due_before=clock.now, limit=1, after=after):
+        paged.append(found[0].delivery_id)
+        after = (found[0].next_attempt_at, found[0].delivery_id)
+    assert paged == sorted(ids)
+    keys = [CallKey("s", turn, "c") for turn in ids] + [CallKey("s\x00", "", "")]
+    for key in keys:
+        await store.claim_call(key, tool_name="t", owner="o", lease_seconds=30)
+    listed: list[CallKey] = []
+    before: tuple[float, str, str, str] | None = None
+    while page := await store.list_calls(CallQuery(limit=2, before=before)):
+        listed += [r.key for r in page]
+        last = page[-1]
+        before = (last.created_at, last.key.session_id, last.key.turn_id, last.key.call_id)
+    assert listed == sorted(keys, key=lambda k: (k.session_id, k.turn_id, k.call_id))[::-1]
+
+
+async def test_list_calls_walks_past_its_budget(
+    make_store: StoreMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filter that matches little still finds every match: the listing continues where a
+    script stopped after looking at its budget of index entries."""
+    monkeypatch.setattr(redis_store, "_LIST_BUDGET", 2)
+    clock = Clock()
+    store = await make_store(clock=clock)
+    for n in range(9):
+        tool = "refund" if n in (0, 4, 5) else "lookup"
+        await store.claim_call(
+            CallKey("s", "t", f"c{n}"), tool_name=tool, owner="o", lease_seconds=30
+        )
+        clock.advance(n % 2)
+    found = await store.list_calls(CallQuery(tool_name="refund"))
+    assert [r.key.call_id for r in found] == ["c5", "c4", "c0"]
+    assert [
+        r.key.call_id for r in await store.list_calls(CallQuery(tool_name="refund", limit=2))
+    ] == [
+        "c5",
+        "c4",
+    ]
+
+
+async def test_data_of_the_first_layout_is_refused(make_store: StoreMaker) -> None:
+    """A prefix holding the first (TTL-based) layout's keys is refused with a StoreError
+    naming the way out, instead of being misread."""
+    prefix = f"agentfn-test:{uuid.uuid4().hex}:"
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        await client.zadd(f"{prefix}i:pending", {"x": 1.0})
+        store = RedisStore(REDIS_URL, key_prefix=prefix)
+        try:
+            with pytest.raises(StoreError, match="another key layout"):
+                await store.open()
+            with pytest.raises(StoreError, match="another key layout"):
+                await store.record_delivery("d", "s")
+        finally:
+            await store.close()
+    finally:
+        await client.delete(f"{prefix}i:pending")
+        await client.aclose()
+
+
+def test_location_hides_the_password() -> None:
+    """location names the server, prefix and namespace, never the password."""
+    store = RedisStore(
+        "redis://user:s3cret@cache:6379/0?password=other", key_prefix="app:", namespace="p1"
+    )
+    assert store.location == (
+        "redis://user:***@cache:6379/0?password=*** (key prefix app:, namespace p1)"
+    )
+    assert "s3cret" not in repr(store)
+    assert RedisStore("redis://:pw@h/1").location == "redis://:***@h/1 (key prefix agentfn:)"
 
 
 async def test_unreachable_redis_raises_unavailable_quickly() -> None:
@@ -178,23 +330,3 @@ async def test_recovers_after_its_connections_are_killed(make_store: StoreMaker)
         await admin.aclose()
     assert await store.record_delivery("after-kill", "s") is True
     await store.ping()
-
-
-async def test_prune_keeps_a_call_recreated_after_its_terminal_record_expired(
-    make_store: StoreMaker,
-) -> None:
-    """An old index entry of an expired terminal call never deletes a new call with that key."""
-    clock = Clock()
-    store = await make_store(clock=clock, call_retention=0.2)
-    key = CallKey("s", "t", "c")
-    await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
-    await store.mark_stale(key)
-    await asyncio.sleep(0.4)
-    again = await store.claim_call(key, tool_name="t", owner="o", lease_seconds=10)
-    assert again.status is ClaimStatus.CLAIMED
-    assert await store.prune(deliveries_before=0.0, calls_before=clock.now + 3600) == 0
-    record = await store.get_call(key)
-    assert record is not None
-    assert record.state is CallState.CLAIMED
-    assert [r.key for r in await store.calls_for_session("s")] == [key]
-    assert (await store.stats()).calls_by_state[CallState.STALE] == 0

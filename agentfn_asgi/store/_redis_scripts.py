@@ -340,12 +340,12 @@ return redis.call('HGETALL', KEYS[1])
 )
 
 # Guarantees: a saved result (succeeded/failed) becomes submitted; nothing else changes.
-# KEYS: the call's hash. ARGV: P, now, member.
+# KEYS: the call's hash. ARGV: P, now, member, detail.
 MARK_SUBMITTED = _script("""
 local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if not SAVED[cur[1]] then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'submitted', 'updated_at', ARGV[2])
-add_event(ARGV[3], ARGV[2], 'submitted', cur[2])
+add_event(ARGV[3], ARGV[2], 'submitted', cur[2], nil, ARGV[4])
 reindex_call(KEYS[1], ARGV[3])
 return 1
 """)

@@ -50,6 +50,11 @@ class Store(Protocol):
 
     namespace: str
 
+    @property
+    def location(self) -> str:
+        """Where the data lives, as operators see it (logs, ``status``, the page): an absolute
+        path or a URL with the password hidden, and the namespace if any."""
+
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
         """Connect and create the schema if needed. Idempotent."""

@@ -51,7 +51,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
@@ -66,6 +65,7 @@ from agentfn_asgi.records import (
     StoreStats,
 )
 from agentfn_asgi.store import _redis_scripts as scripts
+from agentfn_asgi.store import redact_url
 from agentfn_asgi.store._codec import record_from_mapping, saved_detail
 
 try:
@@ -149,22 +149,6 @@ def _escape_glob(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
 
-def _redact(url: str) -> str:
-    """``url`` with a password hidden, in the userinfo or a ``password=`` query parameter."""
-    base, sep, query = url.partition("?")
-    scheme, colon, rest = base.partition("://")
-    credentials, at, host = rest.rpartition("@")
-    if colon and at and ":" in credentials:
-        base = f"{scheme}://{credentials.partition(':')[0]}:***@{host}"
-    if sep:
-        pairs = [
-            (name, "***" if name == "password" else value)
-            for name, value in parse_qsl(query, keep_blank_values=True)
-        ]
-        return f"{base}?{urlencode(pairs, safe='*')}"
-    return base
-
-
 @contextmanager
 def _translated(action: str) -> Iterator[None]:
     """Turn driver errors into ours: unreachable → StoreUnavailableError, else StoreError."""
@@ -216,7 +200,7 @@ class RedisStore:
     @property
     def location(self) -> str:
         """Where the data lives, for logs and operators (password hidden)."""
-        where = f"{_redact(self._url)} (key prefix {self._prefix}"
+        where = f"{redact_url(self._url)} (key prefix {self._prefix}"
         return where + (f", namespace {self.namespace})" if self.namespace else ")")
 
     # -- keys ------------------------------------------------------------------------------
@@ -458,9 +442,9 @@ class RedisStore:
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
         return _plain(flat)
 
-    async def mark_submitted(self, key: CallKey) -> None:
+    async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
         """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
-        await self._step("mark_submitted", key)
+        await self._step("mark_submitted", key, detail)
 
     async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
         """Record a failed submission; the sweep retries it at ``retry_at``."""

@@ -278,15 +278,7 @@ async def _wait_until_claimed(url: str, session_id: str) -> None:
     [
         "sqlite",
         pytest.param("postgres", marks=pytest.mark.backends),
-        pytest.param(
-            "redis",
-            marks=[
-                pytest.mark.backends,
-                pytest.mark.xfail(
-                    strict=False, reason="Redis store on the new contract lands separately"
-                ),
-            ],
-        ),
+        pytest.param("redis", marks=pytest.mark.backends),
     ],
 )
 async def test_store_unreachable_longer_than_the_lease_during_the_handler(

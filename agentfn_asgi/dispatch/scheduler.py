@@ -19,9 +19,9 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..client import AgentsClient
 from ..errors import APIError, APIStatusError, NotFoundError, StoreError
@@ -39,6 +39,9 @@ from .submission import Submitter
 
 __all__ = ["Dispatcher"]
 
+Item = TypeVar("Item")
+Cursor = TypeVar("Cursor")
+
 logger = logging.getLogger("agentfn_asgi.dispatch.scheduler")
 
 #: Resolvers only read a session and start call tasks, so they never wait on a handler:
@@ -48,6 +51,30 @@ RESOLVERS = 8
 
 #: The failed attempts of a record that get their own WARNING line (then every tenth).
 _LOGGED_ATTEMPTS = frozenset({1, 3, 5})
+
+
+#: Records one store query of the sweep returns.
+SWEEP_PAGE = 100
+
+
+async def _pages(
+    fetch: Callable[[int, Cursor | None], Awaitable[list[Item]]],
+    cursor_of: Callable[[Item], Cursor],
+    *,
+    budget: int,
+) -> AsyncIterator[Item]:
+    """Every record ``fetch(limit, after)`` pages through, oldest due first, up to ``budget``
+    records: each page starts after the cursor of the previous page's last record."""
+    after: Cursor | None = None
+    while budget > 0:
+        limit = min(SWEEP_PAGE, budget)
+        page = await fetch(limit, after)
+        for item in page:
+            yield item
+        if len(page) < limit:
+            return
+        budget -= len(page)
+        after = cursor_of(page[-1])
 
 
 def _describe(failure: Exception) -> str:
@@ -470,18 +497,15 @@ class Dispatcher:
         now = self._clock()
         due = now - self.settings.recovery_grace
         by_session: dict[str, list[DeliveryRecord]] = {}
-        after: tuple[float, str] | None = None
-        budget = self.settings.sweep_budget
-        while budget > 0:
-            page = await self.store.unresolved_deliveries(
-                due_before=due, limit=min(100, budget), after=after
-            )
-            for delivery in page:
-                by_session.setdefault(delivery.session_id, []).append(delivery)
-            if len(page) < min(100, budget):
-                break
-            budget -= len(page)
-            after = (page[-1].next_attempt_at, page[-1].delivery_id)
+        deliveries = _pages(
+            lambda limit, after: self.store.unresolved_deliveries(
+                due_before=due, limit=limit, after=after
+            ),
+            lambda last: (last.next_attempt_at, last.delivery_id),
+            budget=self.settings.sweep_budget,
+        )
+        async for delivery in deliveries:
+            by_session.setdefault(delivery.session_id, []).append(delivery)
         claimed_only = [
             record.key.session_id
             for record in await self.store.expired_claims(margin=self.settings.fence_margin)
@@ -505,19 +529,16 @@ class Dispatcher:
 
     async def _resubmit_due(self, due: float) -> None:
         """Resubmit saved results due for it (at most ``sweep_budget``, by their retry time)."""
-        after: tuple[float, CallKey] | None = None
-        budget = self.settings.sweep_budget
-        while budget > 0:
-            page = await self.store.unsubmitted_results(
-                due_before=due, limit=min(100, budget), after=after
-            )
-            for record in page:
-                if record.key not in self._inflight:
-                    self._track(record.key, self._executor.resubmit(record))
-            if len(page) < min(100, budget):
-                return
-            budget -= len(page)
-            after = (page[-1].next_attempt_at, page[-1].key)
+        results = _pages(
+            lambda limit, after: self.store.unsubmitted_results(
+                due_before=due, limit=limit, after=after
+            ),
+            lambda last: (last.next_attempt_at, last.key),
+            budget=self.settings.sweep_budget,
+        )
+        async for record in results:
+            if record.key not in self._inflight:
+                self._track(record.key, self._executor.resubmit(record))
 
     async def _recover_session(self, session_id: str, deliveries: list[DeliveryRecord]) -> None:
         """Resolve one session for the sweep; record a failure on each of its deliveries."""

@@ -348,8 +348,11 @@ def _machine() -> dict[str, Any]:
     }
 
 
-async def run(*, quick: bool, only: list[str] | None = None) -> dict[str, Any]:
-    """Run the selected scenarios; returns the results document."""
+async def run(
+    *, quick: bool, only: list[str] | None = None, partial: Path | None = None
+) -> dict[str, Any]:
+    """Run the selected scenarios; returns the results document (also written to
+    ``partial`` after each scenario, so a failure late in a long run loses nothing)."""
     started = time.perf_counter()
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     scenarios = _scenarios(quick)
@@ -383,6 +386,9 @@ async def run(*, quick: bool, only: list[str] | None = None) -> dict[str, Any]:
                     results["scenarios"][name] = await _run_rounds(
                         driver, procs, description, fn, rounds, targets
                     )
+                if partial is not None:
+                    text = json.dumps(results, indent=1, default=str)
+                    await asyncio.to_thread(partial.write_text, text)
         finally:
             for proc in procs.values():
                 proc.stop()
@@ -402,9 +408,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR, help="results directory")
     args = parser.parse_args(argv)
-    results = asyncio.run(run(quick=args.quick, only=args.scenario))
-    report = markdown(results, checks(results))
     args.output.mkdir(parents=True, exist_ok=True)
+    partial = args.output / "partial.json"
+    results = asyncio.run(run(quick=args.quick, only=args.scenario, partial=partial))
+    report = markdown(results, checks(results))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (args.output / f"bench-{stamp}.json").write_text(json.dumps(results, indent=1, default=str))
     (args.output / f"bench-{stamp}.md").write_text(report + "\n")

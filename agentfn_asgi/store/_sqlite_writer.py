@@ -138,7 +138,8 @@ class WriterConnection:
         self.lock = threading.Lock()
         self._connect = connect
         self._conn: sqlite3.Connection | None = None
-        self._busy_ms = 0
+        self._busy_ms = 0  # the store's busy_timeout: how long the thread waits for a lock
+        self._busy_now = 0  # the connection's busy_timeout now (0 for inline batches)
         #: Commits since the last checkpoint (read and reset by the thread, under the lock).
         self.commits = 0
 
@@ -150,6 +151,7 @@ class WriterConnection:
             conn = self._connect()
             try:
                 self._busy_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+                self._busy_now = self._busy_ms
                 # Checkpoints fsync: only the thread runs them (see the module docstring).
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
             except BaseException:
@@ -165,6 +167,12 @@ class WriterConnection:
                 self._conn.close()
             self._conn = None
 
+    def _set_busy_timeout(self, conn: sqlite3.Connection, ms: int) -> None:
+        # Switched only when the other side used the connection last: a statement saved.
+        if self._busy_now != ms:
+            conn.execute(f"PRAGMA busy_timeout = {ms}")
+            self._busy_now = ms
+
     def checkpoint(self) -> None:
         """Copy the WAL into the database file if readers allow (PASSIVE: never waits)."""
         if self._conn is None or self.commits == 0:
@@ -177,7 +185,9 @@ class WriterConnection:
         """Run one job in autocommit mode; driver errors become the package's errors."""
         try:
             try:
-                result = True, work(self.get())
+                conn = self.get()
+                self._set_busy_timeout(conn, self._busy_ms)
+                result = True, work(conn)
                 self.commits += 1
                 return result
             except (sqlite3.OperationalError, OSError) as exc:
@@ -206,11 +216,8 @@ class WriterConnection:
             if conn is None or conn.in_transaction:
                 return None
             try:
-                conn.execute("PRAGMA busy_timeout = 0")
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                finally:
-                    conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+                self._set_busy_timeout(conn, 0)
+                conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error:
                 return None  # locked by another connection: the thread waits for it
             return self._group_in_transaction(conn, group)
@@ -230,6 +237,7 @@ class WriterConnection:
         """
         try:
             conn = self.get()
+            self._set_busy_timeout(conn, self._busy_ms)
             conn.execute("BEGIN IMMEDIATE")
         except Exception:
             return None
@@ -241,6 +249,15 @@ class WriterConnection:
         """The jobs of a begun transaction, a savepoint each, then COMMIT (see run_group)."""
         outcomes: list[tuple[bool, Any]] = []
         try:
+            if len(group) == 1:  # nothing to keep apart: the transaction is the savepoint
+                try:
+                    outcomes.append((True, group[0](conn)))
+                except StoreError as exc:
+                    conn.execute("ROLLBACK")
+                    return [(False, exc)]
+                conn.execute("COMMIT")
+                self.commits += 1
+                return outcomes
             for work in group:
                 conn.execute("SAVEPOINT job")
                 try:

@@ -36,7 +36,7 @@ class _Request:
     __slots__ = ("content", "headers", "method", "url")
 
     def __init__(
-        self, method: str, url: str, content: bytes | None, headers: Mapping[str, str]
+        self, method: str, url: str, content: bytes | bytearray | None, headers: Mapping[str, str]
     ) -> None:
         self.method = method
         self.url = url
@@ -90,6 +90,9 @@ class _Response:
 class AiohttpClient:
     """A pooled aiohttp session with the ``httpx.AsyncClient`` surface the client uses."""
 
+    #: A ``bytearray`` body is sent as it is (no ``bytes`` copy of a large result).
+    sends_bytearray = True
+
     def __init__(self, *, timeout: httpx.Timeout | float, max_connections: int) -> None:
         self._timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
         self._max_connections = max_connections
@@ -123,7 +126,7 @@ class AiohttpClient:
         method: str,
         url: str,
         *,
-        content: bytes | None = None,
+        content: bytes | bytearray | None = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
     ) -> _Request:

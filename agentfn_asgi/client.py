@@ -253,13 +253,17 @@ class AgentsClient:
         )
 
     async def submit_raw_events(
-        self, session_id: str, body: bytes, *, idempotency_key: str
+        self, session_id: str, body: bytes | bytearray, *, idempotency_key: str
     ) -> None:
         """Send ``body`` (already ``{"events": [...]}`` JSON) byte for byte.
 
         The dispatcher stores the exact event JSON with its key, so every resubmission, from
-        any replica, is the identical request.
+        any replica, is the identical request. A ``bytearray`` (a large body built in place,
+        :func:`~agentfn_asgi.results.events_body`) is sent as it is by the package's aiohttp
+        client and as ``bytes`` of it by an httpx client.
         """
+        if isinstance(body, bytearray) and not getattr(self._http, "sends_bytearray", False):
+            body = bytes(body)
         await self._request(
             "POST",
             _session_path(session_id) + "/events",
@@ -315,7 +319,7 @@ class AgentsClient:
         method: str,
         path: str,
         *,
-        content: bytes | None = None,
+        content: bytes | bytearray | None = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         stream: bool = False,
@@ -323,7 +327,8 @@ class AgentsClient:
         request = self._http.build_request(
             method,
             self._base_url + path,
-            content=content,
+            # A bytearray only reaches a client that sends one (submit_raw_events).
+            content=cast("bytes | None", content),
             headers={**self._headers, **(headers or {})},
             params=params,
         )

@@ -132,6 +132,12 @@ GET_CALL_DETAIL: Final = fill("SELECT {detail_columns} FROM {p}calls WHERE {key}
 RENEW_LEASE: Final = fill("""
     UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
     WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt""")
+# A row comes back only when this save wrote it, so its caller holds the result already: the
+# text columns come back empty rather than as a second copy of a (possibly 4 MiB) result.
+_SAVED_RETURNING: Final = ", ".join(
+    "CAST(NULL AS {text})" if name in ("event_json", "full_output") else name
+    for name in HOT_COLUMNS
+)
 # First writer wins: only the claim's holder saves, and only while it is claimed (even when
 # its lease expired, as long as nobody took it over); otherwise the stored record stands.
 SAVE_RESULT: Final = fill(
@@ -143,7 +149,8 @@ SAVE_RESULT: Final = fill(
     + event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
     + """
     WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt
-    RETURNING {columns}"""
+    RETURNING """
+    + _SAVED_RETURNING
 )
 MARK_SUBMITTED: Final = fill(
     """
@@ -511,7 +518,12 @@ class SQLStore(abc.ABC):
         found = await self._first_row("save_result", save, Statement(GET_CALL, _key(key)))
         if found is None:
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
-        return _call_record(found[1])
+        saved_now, row = found[0] == 0, found[1]
+        if not saved_now:
+            return _call_record(row)  # refused: the stored record, with the result it holds
+        values = dict(zip(HOT_COLUMNS, row, strict=True))
+        values.update(event_json=result.event_json, full_output=result.full_output)
+        return record_from_mapping(values)
 
     async def mark_submitted(self, key: CallKey) -> None:
         """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""

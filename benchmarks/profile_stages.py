@@ -1,6 +1,7 @@
 """Where one call's CPU goes, stage by stage: ``python -m benchmarks.profile_stages``.
 
-Runs the saturation load (``--calls`` single-call deliveries, 64 in flight) against one
+Runs the saturation load (``--calls`` single-call deliveries, 64 in flight; ``--serial``: one
+call at a time) against one
 target process (default ``ours``; ``--target inline-httpx2`` profiles the hand-written
 baseline the same way) and, in alternate rounds of the same load:
 
@@ -33,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.bench_api import BenchAPI
-from benchmarks.driver import Driver, TargetProcess
+from benchmarks.driver import Driver, RoundResult, TargetProcess
 
 __all__ = ["STAGES", "classify", "main"]
 
@@ -78,8 +79,15 @@ def classify(line: str) -> tuple[str, int] | None:
     if "agentfn-sqlite" in frames[0]:
         return STORE_THREAD, int(count)
     # The frames below the callback the loop runs (the outer ones are uvicorn's start-up).
+    # In the loop but in no callback: the loop's own work (select, scheduling). A stack
+    # without the loop's frames was cut short by the non-blocking read: what it shows.
     runs = [i for i, frame in enumerate(frames) if frame.startswith("Handle._run (")]
-    frames = frames[runs[-1] + 1 :] if runs else frames[1:]
+    if runs:
+        frames = frames[runs[-1] + 1 :]
+    elif any(frame.startswith("BaseEventLoop._run_once (") for frame in frames):
+        frames = []
+    else:
+        frames = frames[1:]
     for frame in reversed(frames):
         for stage, needles in STAGES:
             if any(needle in frame for needle in needles):
@@ -102,7 +110,13 @@ def _spy(pid: int, out: Path, rate: int) -> subprocess.Popen[bytes]:
 
 
 async def profile(
-    target_args: list[str], *, calls: int, rounds: int, rate: int, keep: Path | None = None
+    target_args: list[str],
+    *,
+    calls: int,
+    rounds: int,
+    rate: int,
+    keep: Path | None = None,
+    serial: bool = False,
 ) -> str:
     """Run the rounds; returns the markdown table."""
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
@@ -111,6 +125,12 @@ async def profile(
     driver = Driver(api, secret)
     cpu: list[float] = []
     shares: list[Counter[str]] = []
+
+    async def load(driver: Driver, proc: TargetProcess) -> RoundResult:
+        if serial:
+            return await driver.serial(proc, calls)
+        return await driver.burst(proc, sessions=calls, concurrency=64)
+
     with tempfile.TemporaryDirectory(prefix="agentfn-profile-") as tmp:
         proc = TargetProcess("profiled", target_args, api_url=api_url, secret=secret, store_dir=tmp)
         proc.launch()
@@ -119,12 +139,12 @@ async def profile(
             await driver.serial(proc, 50)
             assert proc.proc is not None
             for i in range(rounds):
-                plain = await driver.burst(proc, sessions=calls, concurrency=64)
+                plain = await load(driver, proc)
                 cpu.append(plain.metrics["cpu_us_per_call"])
                 out = Path(tmp, f"spy-{i}.txt")
                 spy = _spy(proc.proc.pid, out, rate)
                 await asyncio.sleep(0.5)  # py-spy attaches
-                sampled = await driver.burst(proc, sessions=calls, concurrency=64)
+                sampled = await load(driver, proc)
                 spy.send_signal(signal.SIGINT)
                 await asyncio.to_thread(spy.wait, 30)
                 counts: Counter[str] = Counter()
@@ -169,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--keep", type=Path, help="copy py-spy's raw stacks into this folder")
+    parser.add_argument("--serial", action="store_true", help="one call at a time instead")
     args = parser.parse_args(argv)
     if os.name != "posix":
         raise SystemExit("py-spy attaches to a process: Linux or macOS only")
@@ -179,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
             rounds=args.rounds,
             rate=args.rate,
             keep=args.keep,
+            serial=args.serial,
         )
     )
     print(f"### {args.target}\n\n{table}")

@@ -131,3 +131,22 @@ async def test_a_slow_answer_is_a_timeout_of_httpx_class() -> None:
             writer.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_a_large_body_arrives_whole_with_its_length(
+    served: tuple[FakeAgentsAPI, str],
+) -> None:
+    """A body over a MiB goes out slice by slice (no joined copy) under a Content-Length,
+    and arrives byte for byte."""
+    from agentfn_asgi.results import event_json, events_body
+
+    fake, base_url = served
+    sid, event = _session(fake)
+    text = event_json({**event, "output": "r" * (3 * 1024 * 1024)})
+    body = events_body(text)
+    async with AgentsClient(api_key="sk-test", base_url=base_url) as client:
+        await client.submit_raw_events(sid, body, idempotency_key="big")
+    submit = next(r for r in fake.requests if r.route == "submit")
+    assert submit.headers["content-length"] == str(len(body))
+    assert "transfer-encoding" not in submit.headers
+    assert fake.idempotency["big"] == (sid, bytes(body))

@@ -42,6 +42,9 @@ TARGETS: dict[str, list[str]] = {
     "ours-tracing-sdk": ["--kind", "ours", "--tracing", "sdk"],
     "ours-httpx-bounded16": ["--kind", "ours", "--max-in-flight", "16"],
     "ours-httpx2": ["--kind", "ours", "--client", "httpx2"],
+    "ours-on-httpx": ["--kind", "ours", "--inject", "httpx"],
+    "ours-on-httpx2": ["--kind", "ours", "--client", "httpx2", "--inject", "httpx"],
+    "ours-on-httpx-aiohttp": ["--kind", "ours", "--inject", "httpx-aiohttp"],
     "ours-httpx2-bounded16": ["--kind", "ours", "--client", "httpx2", "--max-in-flight", "16"],
     "ours-memory-store": ["--kind", "ours", "--store", "memory"],
 }
@@ -82,9 +85,9 @@ def _scenarios(quick: bool) -> dict[str, tuple[str, RoundFn, int, tuple[str, ...
 
     clients = (
         "ours",
-        "ours-httpx-bounded16",
-        "ours-httpx2",
-        "ours-httpx2-bounded16",
+        "ours-on-httpx",
+        "ours-on-httpx2",
+        "ours-on-httpx-aiohttp",
         "ours-memory-store",
         BASELINE,
     )
@@ -135,9 +138,9 @@ def _scenarios(quick: bool) -> dict[str, tuple[str, RoundFn, int, tuple[str, ...
         ),
         "http-client": (
             f"The saturation load ({variant_n} deliveries, 64 in flight) against agentfn-asgi "
-            "on httpx and httpx2, each with the package's pool (64 connections) as is and "
-            "with at most 16 requests let into the pool (an injected client); and, to price "
-            "durability, on the in-memory store.",
+            "on the client it builds (aiohttp) and on an injected httpx.AsyncClient, "
+            "httpx2.AsyncClient and httpx-aiohttp HttpxAiohttpClient (64 connections each); "
+            "and, to price durability, on the in-memory store.",
             variant,
             2 if quick else 3,
             clients,

@@ -7,7 +7,8 @@ Kinds:
   (``httpx2.alias_httpx()`` before anything imports httpx: the package then runs on
   httpx2's classes), ``--max-connections N`` (inject an ``httpx.AsyncClient`` with that pool
   size), ``--inject httpx|httpx-aiohttp`` (inject that client, 64 connections, instead of the
-  one the package builds: with ``--client httpx2`` ``httpx`` means httpx2's), ``--tracing api|sdk`` (a ``Telemetry`` on the global no-op providers, or on an SDK
+  one the package builds: with ``--client httpx2`` ``httpx`` means httpx2's),
+  ``--tracing api|sdk`` (a ``Telemetry`` on the global no-op providers, or on an SDK
   ``TracerProvider`` + ``BatchSpanProcessor`` + a null exporter and an SDK ``MeterProvider``).
 - ``inline``: the hand-written baseline of :mod:`benchmarks.baseline_app`, ``--client httpx``
   or ``httpx2``.

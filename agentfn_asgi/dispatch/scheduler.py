@@ -41,11 +41,11 @@ __all__ = ["Dispatcher"]
 
 logger = logging.getLogger("agentfn_asgi.dispatch.scheduler")
 
-#: Resolvers only read a session and start call tasks, so they never wait on a handler; but
-#: each waits for its read and its claims, so under a flood of new sessions they limit how
-#: fast calls start: 32 measured 1.85-1.88 s against 8's 1.94-2.02 s on 1,000 concurrent 1 s
-#: handlers (benchmarks slow1000), with the same CPU per call.
-RESOLVERS = 32
+#: Resolvers only read a session and start call tasks, so they never wait on a handler: a
+#: handful is enough. 32 measured 1.85-1.88 s against 8's 1.94-2.02 s on 1,000 concurrent 1 s
+#: handlers with the package's aiohttp client, but cost an injected httpx2 client 1.3x the CPU
+#: per call at saturation (its pool's bookkeeping grows with the requests waiting in it).
+RESOLVERS = 8
 
 
 #: The failed attempts of a record that get their own WARNING line (then every tenth).

@@ -146,7 +146,8 @@ class AgentsClient:
     (webhooks are project-scoped, so a key with several projects must name the one).
     :meth:`agentfn_asgi.config.Config.client` builds one from the environment.
     ``http_client`` is used as is and left open by :meth:`aclose`; without one the client
-    owns a pooled ``httpx.AsyncClient`` using ``timeout``. ``sleep``, ``random`` and
+    owns a pooled client using ``timeout`` (on aiohttp when installed, see the module
+    docstring). ``sleep``, ``random`` and
     ``monotonic`` exist so tests can run the retry policy instantly and deterministically.
     Every failure raises an :class:`~agentfn_asgi.errors.APIError` subclass.
     """

@@ -1,13 +1,15 @@
 """``AgentsClient``: the few Agents API calls the middleware makes, with careful retries.
 
-One long-lived :class:`httpx.AsyncClient` (injected, or owned and closed by ``aclose``)
-carries every request. An ``httpx2.AsyncClient`` (the fork the official ``openai`` SDK uses,
-API-compatible for what this client needs) may be injected too; when ``httpx2`` is installed
-(extra ``fast``) the owned client uses it, because it measured ≈14 % more throughput on this
-project's benchmark than httpx 0.29/httpcore 1.0.9 (whose connection-pool bookkeeping grows
-with concurrency). ``sniffio`` is a dependency because httpx retries a failed import of it on
-every request when it is missing. The retry policy follows the official client (agents-api.md §10.2)
-with a tighter cap and a total deadline:
+One long-lived HTTP client carries every request: an injected :class:`httpx.AsyncClient`
+(or ``httpx2.AsyncClient``, API-compatible for what this client needs), used as is and left
+open, or one the client owns and closes in ``aclose``. The owned one is the cheapest
+installed, by CPU per request measured with ``benchmarks/http_clients.py`` (64 in flight,
+relative to httpx2): with ``aiohttp`` (extra ``fast``) a small adapter onto an aiohttp
+session (:mod:`agentfn_asgi._aiohttp`, 0.17×; httpx on the ``httpx-aiohttp`` transport
+measured 0.52×), else httpx2 (1×), else httpx 0.29/httpcore 1.0.9 (3.3×: its pool
+bookkeeping grows with concurrency). ``sniffio`` is a dependency because httpx retries a
+failed import of it on every request when it is missing. The retry policy follows the
+official client (agents-api.md §10.2) with a tighter cap and a total deadline:
 
 - retried: connection errors, timeouts, and statuses 408, 409, 429 and 5xx;
 - ``x-should-retry: true|false`` overrides the status rule;
@@ -27,17 +29,19 @@ call: <id>") is retried after 0.1, 0.3 and 0.6 s with the same key, then raised 
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import importlib
 import json
 import math
 import random as _random
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import anyio
 import httpx
@@ -143,7 +147,8 @@ class AgentsClient:
     (webhooks are project-scoped, so a key with several projects must name the one).
     :meth:`agentfn_asgi.config.Config.client` builds one from the environment.
     ``http_client`` is used as is and left open by :meth:`aclose`; without one the client
-    owns a pooled ``httpx.AsyncClient`` using ``timeout``. ``sleep``, ``random`` and
+    owns a pooled client using ``timeout`` (on aiohttp when installed, see the module
+    docstring). ``sleep``, ``random`` and
     ``monotonic`` exist so tests can run the retry policy instantly and deterministically.
     Every failure raises an :class:`~agentfn_asgi.errors.APIError` subclass.
     """
@@ -250,13 +255,17 @@ class AgentsClient:
         )
 
     async def submit_raw_events(
-        self, session_id: str, body: bytes, *, idempotency_key: str
+        self, session_id: str, body: bytes | bytearray, *, idempotency_key: str
     ) -> None:
         """Send ``body`` (already ``{"events": [...]}`` JSON) byte for byte.
 
         The dispatcher stores the exact event JSON with its key, so every resubmission, from
-        any replica, is the identical request.
+        any replica, is the identical request. A ``bytearray`` (a large body built in place,
+        :func:`~agentfn_asgi.results.events_body`) is sent as it is by the package's aiohttp
+        client and as ``bytes`` of it by an httpx client.
         """
+        if isinstance(body, bytearray) and not getattr(self._http, "sends_bytearray", False):
+            body = bytes(body)
         await self._request(
             "POST",
             _session_path(session_id) + "/events",
@@ -336,7 +345,7 @@ class AgentsClient:
         method: str,
         path: str,
         *,
-        content: bytes | None = None,
+        content: bytes | bytearray | None = None,
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         stream: bool = False,
@@ -344,7 +353,8 @@ class AgentsClient:
         request = self._http.build_request(
             method,
             self._base_url + path,
-            content=content,
+            # A bytearray only reaches a client that sends one (submit_raw_events).
+            content=cast("bytes | None", content),
             headers={**self._headers, **(headers or {})},
             params=params,
         )
@@ -383,8 +393,7 @@ class AgentsClient:
     ) -> httpx.Response:
         """Send once; return a 2xx response or raise ``_AttemptFailedError``."""
         try:
-            with anyio.fail_after(remaining):
-                response = await self._http.send(request, stream=stream)
+            response = await self._send_within(request, remaining, stream=stream)
         except TimeoutError as exc:
             # The total deadline cut the request short: nothing is left to retry with.
             raise APITimeoutError(f"total deadline of {self.total_deadline}s exceeded") from exc
@@ -408,6 +417,19 @@ class AgentsClient:
             raise _AttemptFailedError(error, "pending_call_race", retryable=True)
         retryable, retry_after = self._retry_rule(response, error.code)
         raise _AttemptFailedError(error, "status", retryable=retryable, retry_after=retry_after)
+
+    async def _send_within(
+        self, request: httpx.Request, seconds: float, *, stream: bool
+    ) -> httpx.Response:
+        """Send, cut short with TimeoutError after ``seconds``: asyncio's own timeout on
+        asyncio (a third of the cost of an anyio cancel scope), anyio's elsewhere (trio)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            with anyio.fail_after(seconds):
+                return await self._http.send(request, stream=stream)
+        async with asyncio.timeout(seconds):
+            return await self._http.send(request, stream=stream)
 
     def _retry_rule(
         self, response: httpx.Response, code: str | None = None
@@ -441,7 +463,16 @@ _PERMANENT_CONFLICTS = frozenset({"conflict_error", "idempotency_conflict"})
 
 
 def _owned_http_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
-    """A pooled client: httpx2's when installed (measured faster), else httpx's."""
+    """A pooled client, the cheapest installed (see the module docstring): aiohttp's pool
+    behind the few ``httpx.AsyncClient`` methods used here, else httpx2's, else httpx's."""
+    try:
+        from agentfn_asgi._aiohttp import AiohttpClient
+    except ImportError:  # pragma: no cover - depends on the environment
+        pass
+    else:
+        # Duck-typed: it has exactly the methods and response attributes used here.
+        owned = AiohttpClient(timeout=timeout, max_connections=DEFAULT_LIMITS.max_connections or 64)
+        return cast("httpx.AsyncClient", owned)
     if _httpx2 is None:
         return httpx.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
     if isinstance(timeout, httpx.Timeout):
@@ -467,6 +498,11 @@ def _error_classes(
     if _httpx2 is not None and isinstance(http, _httpx2.AsyncClient):
         timeouts.append(_httpx2.TimeoutException)
         transports.append(_httpx2.TransportError)
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None:
+        # The aiohttp transport maps the usual failures to httpx's classes; any it leaves
+        # alone (a malformed response...) is still a failure of the connection to us.
+        transports.append(aiohttp.ClientError)
     return tuple(timeouts), tuple(transports)
 
 

@@ -103,9 +103,10 @@ class CallEvent:
     ``kind``: ``claimed`` (first seen, attempt 1), ``taken_over`` (claimed again after a
     lease ran out: in doubt), ``saved`` (a result; ``detail`` holds its source, error type
     and how long obtaining it took), ``submitted`` (``detail``: the API's answer and the
-    number of requests it took), ``submit_failed`` (``detail``: the API's answer), ``stale``, ``quarantined`` (``detail``: the reason), ``settled`` (an operator
-    saved a result), ``released`` (an operator asked for a re-run). ``owner`` is the
-    replica that did it, when one did.
+    number of requests it took), ``submit_failed`` (``detail``: the API's answer),
+    ``stale``, ``quarantined`` (``detail``: the reason), ``settled`` (an operator saved a
+    result), ``released`` (an operator asked for a re-run). ``owner`` is the replica that
+    did it, when one did.
     """
 
     at: float

@@ -152,6 +152,8 @@ logger = logging.getLogger("agentfn_asgi.results")
 # The request body is `{"events":[<event>]}`; the limit applies to all of it.
 _BODY_PREFIX = '{"events":['
 _BODY_SUFFIX = "]}"
+_BODY_HEAD = _BODY_PREFIX.encode()
+_BODY_TAIL = _BODY_SUFFIX.encode()
 _MIME_RE = re.compile(r"image/[A-Za-z0-9.+-]+")
 
 
@@ -324,9 +326,30 @@ def event_json(event: Mapping[str, Any]) -> str:
     return json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def events_body(event_json_text: str) -> bytes:
-    """The submission request body carrying one saved event: ``{"events":[<event>]}``."""
-    return b'{"events":[' + event_json_text.encode() + b"]}"
+def events_body(event_json_text: str) -> bytes | bytearray:
+    """The submission request body carrying one saved event: ``{"events":[<event>]}``.
+
+    A long event comes as a ``bytearray`` of exactly its size, filled slice by slice: one
+    copy of the text in UTF-8 beside the saved string, where ``encode()`` and a
+    concatenation would hold two. The package's aiohttp client sends it as it is; an httpx
+    client gets ``bytes`` of it (see :meth:`AgentsClient.submit_raw_events`).
+    """
+    if len(event_json_text) < _HASH_SLICE:
+        return _BODY_HEAD + event_json_text.encode() + _BODY_TAIL
+    slices = range(0, len(event_json_text), _HASH_SLICE)
+    if event_json_text.isascii():
+        size = len(event_json_text)
+    else:  # measured slice by slice too, so no full encoded copy exists even for a moment
+        size = sum(len(event_json_text[i : i + _HASH_SLICE].encode()) for i in slices)
+    body = bytearray(len(_BODY_HEAD) + size + len(_BODY_TAIL))
+    body[: len(_BODY_HEAD)] = _BODY_HEAD
+    at = len(_BODY_HEAD)
+    for start in slices:
+        piece = event_json_text[start : start + _HASH_SLICE].encode()
+        body[at : at + len(piece)] = piece
+        at += len(piece)
+    body[at:] = _BODY_TAIL
+    return body
 
 
 def submission_key(key: CallKey, event_json_text: str) -> str:
@@ -481,7 +504,7 @@ def encode_result(
         return failure_result(
             key, model_error_message(exc, tool_name=tool_name), "encoding_error", source
         )
-    text = event_json(success_event(key.turn_id, key.call_id, output))
+    text = _success_event_json(key, output)
     try:
         check_size(text, limit=limit, margin=margin)
     except ResultTooLargeError as exc:
@@ -498,6 +521,30 @@ def encode_result(
             False, failure.event_json, failure.idempotency_key, "too_large", source, full
         )
     return SavedResult(True, text, submission_key(key, text), None, source)
+
+
+#: Text outputs at least this long that need no JSON escaping are spliced into the event.
+_SPLICE_MIN = 64 * 1024
+
+
+def _success_event_json(key: CallKey, output: str | list[dict[str, str]]) -> str:
+    """:func:`event_json` of the success event carrying ``output``.
+
+    A long text needing no escaping (no quote, backslash or control character: printable
+    and without ``"`` or ``\\``) is spliced between the event's head and tail in one
+    allocation; ``json.dumps`` would hold an escaped copy of it and the joined result at
+    once, on top of the handler's own string (three copies of a 4 MiB result at the peak).
+    """
+    if isinstance(output, str) and len(output) >= _SPLICE_MIN and _needs_no_escaping(output):
+        head = event_json(success_event(key.turn_id, key.call_id, ""))
+        return "".join((head[:-2], output, '"}'))  # head ends with the empty string's ""}
+    return event_json(success_event(key.turn_id, key.call_id, output))
+
+
+def _needs_no_escaping(text: str) -> bool:
+    # isprintable() is False for every control character (and for a few Unicode ones that
+    # JSON would keep as they are: those take the json.dumps path, which is also right).
+    return '"' not in text and "\\" not in text and text.isprintable()
 
 
 def failure_result(key: CallKey, message: str, error_type: str, source: str = "ran") -> SavedResult:

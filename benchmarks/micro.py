@@ -132,7 +132,7 @@ async def store_rows(store: Store, label: str, *, number: int) -> list[Row]:
         await store.claim_call(keys[i], tool_name="get_customer", owner="me", lease_seconds=30)
 
     async def save(i: int) -> None:
-        await store.save_result(keys[i], owner="me", result=result)
+        await store.save_result(keys[i], owner="me", attempt=1, result=result)
 
     async def submitted(i: int) -> None:
         await store.mark_submitted(keys[i])

@@ -27,6 +27,15 @@ _EVENT = (
 )
 
 
+# Named columns: the table gains columns over schema versions (the others keep defaults).
+_INSERT_CALL = (
+    "INSERT INTO calls (session_id, turn_id, call_id, tool_name, state, attempt, owner,"
+    " lease_expires_at, created_at, updated_at, delivery_id, success, event_json,"
+    " idempotency_key, error_type, source, full_output, next_attempt_at)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+
+
 async def prefill(path: Path, rows: int, *, batch: int = 50_000) -> None:
     """Create the schema through the store, then insert ``rows`` calls and deliveries."""
     store = SQLiteStore(str(path))
@@ -49,11 +58,11 @@ async def prefill(path: Path, rows: int, *, batch: int = 50_000) -> None:
                 calls.append(
                     (sid, "turn_" + secrets.token_hex(6), call, "get_customer", "submitted", 1,
                      "bench", now - 1, now - 60, now - 1, did, 1, _EVENT,
-                     "afn-submit-" + secrets.token_hex(24), None, "ran", None)
+                     "afn-submit-" + secrets.token_hex(24), None, "ran", None, now - 1)
                 )  # fmt: skip
                 deliveries.append((did, sid, now - 60))
             conn.execute("BEGIN")
-            conn.executemany("INSERT INTO calls VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", calls)
+            conn.executemany(_INSERT_CALL, calls)
             conn.executemany(
                 "INSERT INTO deliveries (delivery_id, session_id, received_at, resolved) "
                 "VALUES (?, ?, ?, 1)",
@@ -83,6 +92,7 @@ async def measure_round(path: Path, calls: int) -> float:
             await store.save_result(
                 key,
                 owner="bench",
+                attempt=1,
                 result=SavedResult(True, _EVENT, "afn-submit-" + secrets.token_hex(24)),
             )
             await store.mark_submitted(key)

@@ -6,7 +6,9 @@ Kinds:
   SQLite store (WAL, the package default) in ``--store-dir``. Options: ``--client httpx2``
   (``httpx2.alias_httpx()`` before anything imports httpx: the package then runs on
   httpx2's classes), ``--max-connections N`` (inject an ``httpx.AsyncClient`` with that pool
-  size), ``--tracing api|sdk`` (a ``Telemetry`` on the global no-op providers, or on an SDK
+  size), ``--inject httpx|httpx-aiohttp`` (inject that client, 64 connections, instead of the
+  one the package builds: with ``--client httpx2`` ``httpx`` means httpx2's),
+  ``--tracing api|sdk`` (a ``Telemetry`` on the global no-op providers, or on an SDK
   ``TracerProvider`` + ``BatchSpanProcessor`` + a null exporter and an SDK ``MeterProvider``).
 - ``inline``: the hand-written baseline of :mod:`benchmarks.baseline_app`, ``--client httpx``
   or ``httpx2``.
@@ -106,7 +108,16 @@ def build_app(args: argparse.Namespace) -> Any:
     for handler in HANDLERS.values():
         tools.function(handler)
     http_client = None
-    if args.max_connections or args.max_in_flight:
+    if args.inject != "none":
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        timeout = httpx.Timeout(30.0, connect=5.0)
+        if args.inject == "httpx-aiohttp":
+            from httpx_aiohttp import HttpxAiohttpClient
+
+            http_client = HttpxAiohttpClient(timeout=timeout, limits=limits)
+        else:
+            http_client = httpx.AsyncClient(timeout=timeout, limits=limits)
+    elif args.max_connections or args.max_in_flight:
         connections = args.max_connections or 64
         http_client = _bounded_client(
             httpx,
@@ -145,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--client", choices=["httpx", "httpx2"], default="httpx")
     parser.add_argument("--max-connections", type=int, default=0)
     parser.add_argument("--max-in-flight", type=int, default=0)
+    parser.add_argument("--inject", choices=["none", "httpx", "httpx-aiohttp"], default="none")
     parser.add_argument("--max-concurrency", type=int, default=1024)
     parser.add_argument("--tracing", choices=["none", "api", "sdk"], default="none")
     parser.add_argument("--port", type=int, required=True)

@@ -170,6 +170,16 @@ async def test_submit_raw_events_sends_identical_bytes(
     assert fake.idempotency["k"] == (sid, body)
 
 
+async def test_a_bytearray_body_reaches_an_httpx_client_as_bytes(
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient]
+) -> None:
+    """A large body built in place (a bytearray) is sent as its bytes by an httpx client."""
+    sid, event = one_call_session(fake)
+    body = json.dumps({"events": [event]}).encode()
+    await make_client().submit_raw_events(sid, bytearray(body), idempotency_key="k")
+    assert fake.idempotency["k"] == (sid, body)
+
+
 async def test_owned_client_is_closed_and_injected_one_is_not() -> None:
     """aclose closes the client it created and leaves an injected one open."""
     owned = AgentsClient(api_key="k")

@@ -358,3 +358,40 @@ def test_validation_error_message_from_raw_error_dicts() -> None:
         "String should have at least 2 characters; t: Wrong timezone offset"
     )
     assert validation_error_message([]) == "arguments are not valid"
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "r" * 70_000,
+        "é€😀" * 30_000,
+        'quote"' * 20_000,
+        "back\\slash" * 10_000,
+        "line\n" * 20_000,
+        "tab\t" * 20_000,
+        "\u2028sep" * 20_000,
+        "z" * 65_536,
+    ],
+)
+def test_a_long_text_result_is_the_same_json_whether_spliced_or_dumped(output: str) -> None:
+    """Long texts that need no escaping are spliced into the event, the others dumped: the
+    saved bytes are json.dumps' in every case (and so is the idempotency key)."""
+    from agentfn_asgi.records import CallKey
+    from agentfn_asgi.results import encode_result
+
+    key = CallKey("sess_1", "turn_1", "call_1")
+    saved = encode_result(key, output, tool_name="t")
+    assert saved.event_json == event_json(success_event("turn_1", "call_1", output))
+    assert json.loads(saved.event_json)["output"] == output
+
+
+@pytest.mark.parametrize("output", ["r" * 600_000, "é" * 300_000 + "ascii", "short"])
+def test_the_request_body_is_the_saved_event_byte_for_byte(output: str) -> None:
+    """``events_body`` wraps the saved event exactly (a large one built slice by slice into a
+    bytearray of exactly its size)."""
+    from agentfn_asgi.results import encoded_size, events_body
+
+    text = event_json(success_event("turn_1", "call_1", output))
+    body = events_body(text)
+    assert bytes(body) == b'{"events":[' + text.encode() + b"]}"
+    assert len(body) == encoded_size(text)

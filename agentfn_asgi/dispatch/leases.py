@@ -132,24 +132,40 @@ class LeaseKeeper:
         if it was lost meanwhile (the block was cancelled at that moment).
         """
         self.check(lease)
+        # Most blocks end long before the first renewal is due: a timer starts the
+        # heartbeat task only then (a task per call measured ~7x the cost of a timer).
+        heartbeat: asyncio.Task[Any] | None = None
+
+        def start() -> None:
+            nonlocal heartbeat
+            heartbeat = self._spawn(self._heartbeat(lease, due=True))
+
+        timer = asyncio.get_running_loop().call_later(self._first_wait(lease), start)
         with anyio.CancelScope() as scope:
             lease.scope = scope
-            heartbeat = self._spawn(self._heartbeat(lease))
             try:
                 yield
             finally:
                 lease.scope = None
-                heartbeat.cancel()
-                # A renewal in flight must land before anything the caller does next (the job
-                # hand-off sets a longer lease), not after it.
-                await asyncio.gather(heartbeat, return_exceptions=True)
+                timer.cancel()
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                    # A renewal in flight must land before anything the caller does next
+                    # (the job hand-off sets a longer lease), not after it.
+                    await asyncio.gather(heartbeat, return_exceptions=True)
         self.check(lease)
 
-    async def _heartbeat(self, lease: Lease) -> None:
+    def _first_wait(self, lease: Lease) -> float:
         interval = max(self._lease_seconds / 3, 0.05)
+        return max(min(interval, lease.fence_at - self._monotonic()), 0)
+
+    async def _heartbeat(self, lease: Lease, *, due: bool = False) -> None:
+        """Renew every third of the lease (``due``: the first renewal is due now)."""
         while True:
-            left = lease.fence_at - self._monotonic()
-            await asyncio.sleep(max(min(interval, left), 0))
+            if due:
+                due = False
+            else:
+                await asyncio.sleep(self._first_wait(lease))
             if self._monotonic() >= lease.fence_at:
                 logger.error(
                     "could not renew the lease of %s in time: stopping its work (fenced)",

@@ -44,8 +44,10 @@ Cursor = TypeVar("Cursor")
 
 logger = logging.getLogger("agentfn_asgi.dispatch.scheduler")
 
-#: Resolvers only read a session and start call tasks, so they never wait on a handler:
-#: a handful is enough.
+#: Resolvers only read a session and start call tasks, so they never wait on a handler: a
+#: handful is enough. 32 measured 1.85-1.88 s against 8's 1.94-2.02 s on 1,000 concurrent 1 s
+#: handlers with the package's aiohttp client, but cost an injected httpx2 client 1.3x the CPU
+#: per call at saturation (its pool's bookkeeping grows with the requests waiting in it).
 RESOLVERS = 8
 
 

@@ -313,7 +313,12 @@ class SQLStore(abc.ABC):
         found = await self._first_row("save_result", save, Statement(GET_CALL, _key(key)))
         if found is None:
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
-        return _call_record(found[1])
+        saved_now, row = found[0] == 0, found[1]
+        if not saved_now:
+            return _call_record(row)  # refused: the stored record, with the result it holds
+        values = dict(zip(HOT_COLUMNS, row, strict=True))
+        values.update(event_json=result.event_json, full_output=result.full_output)
+        return record_from_mapping(values)
 
     async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
         """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""

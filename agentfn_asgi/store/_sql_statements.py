@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from agentfn_asgi.store._sql_schema import DELIVERY_LIST, DETAIL_SQL, OWNER_SQL, event_sql, fill
+from agentfn_asgi.store._sql_schema import (
+    DELIVERY_LIST,
+    DETAIL_SQL,
+    HOT_COLUMNS,
+    OWNER_SQL,
+    event_sql,
+    fill,
+)
 
 __all__ = [
     "CALLS_FOR_SESSION",
@@ -118,6 +125,12 @@ GET_CALL_DETAIL: Final = fill("SELECT {detail_columns} FROM {p}calls WHERE {key}
 RENEW_LEASE: Final = fill("""
     UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
     WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt""")
+# A row comes back only when this save wrote it, so its caller holds the result already: the
+# text columns come back empty rather than as a second copy of a (possibly 4 MiB) result.
+_SAVED_RETURNING: Final = ", ".join(
+    "CAST(NULL AS {text})" if name in ("event_json", "full_output") else name
+    for name in HOT_COLUMNS
+)
 # First writer wins: only the claim's holder saves, and only while it is claimed (even when
 # its lease expired, as long as nobody took it over); otherwise the stored record stands.
 SAVE_RESULT: Final = fill(
@@ -129,7 +142,8 @@ SAVE_RESULT: Final = fill(
     + event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
     + """
     WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt
-    RETURNING {columns}"""
+    RETURNING """
+    + _SAVED_RETURNING
 )
 MARK_SUBMITTED: Final = fill(
     """

@@ -6,9 +6,10 @@ Concurrency. Every claim and every save is one conditional statement (an upsert 
 or in several, can share a file: SQLite serialises writers on the file lock and
 ``busy_timeout`` makes a writer wait for it instead of failing at once.
 
-Event loop. All database work runs on one dedicated writer thread per store that owns the
-connection, with group commit (see :mod:`agentfn_asgi.store._sqlite_writer`); the loop
-never waits on disk or locks.
+Event loop. The store's connection belongs to one writer thread, with group commit; the
+operations of one loop turn run inline, in one transaction, when that thread is idle and
+the write lock is free (see :mod:`agentfn_asgi.store._sqlite_writer`); the loop never waits
+on locks or fsync.
 
 Durability. The journal is WAL with ``synchronous=NORMAL`` by default: a committed write
 survives the process being killed (SIGKILL, OOM) because it is already in the WAL file;
@@ -44,7 +45,7 @@ from agentfn_asgi.store._sql_schema import (
     check_schema_version,
     schema_changes,
 )
-from agentfn_asgi.store._sqlite_writer import STOP, Jobs, start_writer, stop_writer, submit
+from agentfn_asgi.store._sqlite_writer import STOP, Writer
 
 __all__ = ["SQLiteStore"]
 
@@ -64,7 +65,10 @@ def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Con
             "never creates directories, so a mistyped path cannot start an empty store) or fix "
             "AGENTFN_STORE_URL"
         )
-    conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+    # Shared with the loop thread for inline batches, always under the writer's lock.
+    conn = sqlite3.connect(
+        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+    )
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         _enable_wal(conn, busy_timeout)
@@ -180,7 +184,7 @@ class SQLiteStore(SQLStore):
         self.busy_timeout = float(busy_timeout)
         self._closed = False
         self._start_lock = threading.Lock()
-        self._jobs: Jobs | None = None
+        self._writer: Writer | None = None
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
@@ -191,24 +195,24 @@ class SQLiteStore(SQLStore):
         where = f"sqlite:///{self.path}"
         return where + (f" (namespace {self.namespace})" if self.namespace else "")
 
-    def _start(self) -> Jobs:
+    def _start(self) -> Writer:
         with self._start_lock:
             if self._closed:
                 raise StoreUnavailableError(f"SQLite store {self.path} is closed")
-            if self._jobs is None:
+            if self._writer is None:
                 connect = functools.partial(
                     _connect,
                     self.path,
                     busy_timeout=self.busy_timeout,
                     synchronous=self.synchronous,
                 )
-                self._jobs = start_writer(self.path, connect)
+                self._writer = Writer(self.path, connect)
                 # Stops the thread when a store is forgotten without close().
-                weakref.finalize(self, self._jobs.put, STOP)
-            return self._jobs
+                weakref.finalize(self, self._writer.jobs.put, STOP)
+            return self._writer
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        return await submit(self._jobs or self._start(), work)
+        return await (self._writer or self._start()).submit(work)
 
     # -- the primitives of SQLStore --------------------------------------------------------
     async def _count(self, action: str, statement: Statement) -> int:
@@ -233,9 +237,9 @@ class SQLiteStore(SQLStore):
         """Finish queued work, close the connection and stop the thread. Idempotent."""
         with self._start_lock:
             self._closed = True
-            jobs, self._jobs = self._jobs, None
-        if jobs is not None:
-            await stop_writer(jobs)
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.stop()
 
     async def ping(self) -> None:
         """Run a trivial query; raise :class:`StoreUnavailableError` when that fails."""

@@ -170,6 +170,11 @@ async def test_lock_held_past_busy_timeout_is_unavailable(db_path: Path) -> None
     """A writer that cannot get the lock in time gets StoreUnavailableError, not sqlite3's."""
     store = SQLiteStore(db_path, busy_timeout=0.1)
     await store.open()
+
+    def write_where(conn: sqlite3.Connection) -> int:
+        conn.execute("UPDATE deliveries SET attempts = attempts + 1 WHERE delivery_id = 'd0'")
+        return threading.get_ident()
+
     raw = sqlite3.connect(db_path, isolation_level=None)
     try:
         raw.execute("BEGIN IMMEDIATE")
@@ -430,3 +435,41 @@ async def test_synchronous_full_works(tmp_path: Path) -> None:
         assert await store.record_delivery("msg_1", "s") is True
     finally:
         await store.close()
+
+
+async def test_an_idle_writer_lets_the_loop_run_a_turns_operations_in_one_commit(
+    store: SQLiteStore, db_path: Path
+) -> None:
+    """With the writer thread idle, one loop turn's operations run on the loop thread (no
+    thread hop) in one transaction; with the write lock held elsewhere they go to the thread
+    and land once it is free (the loop never waits)."""
+    loop_thread = threading.get_ident()
+    where = await store._call(lambda conn: threading.get_ident())
+    assert where == loop_thread
+
+    def commits(conn: sqlite3.Connection) -> int:
+        return conn.total_changes
+
+    before = await store._call(commits)
+    outcomes = await asyncio.gather(
+        *(store.record_delivery(f"d{i}", "s") for i in range(10)),
+        store._call(lambda conn: (threading.get_ident(), conn.in_transaction)),
+    )
+    assert all(outcomes[:10])
+    assert outcomes[10] == (loop_thread, True)  # inside the turn's shared transaction
+    assert await store._call(commits) == before + 10
+
+    def write_where(conn: sqlite3.Connection) -> int:
+        conn.execute("UPDATE deliveries SET attempts = attempts + 1 WHERE delivery_id = 'd0'")
+        return threading.get_ident()
+
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        raw.execute("BEGIN IMMEDIATE")
+        pending = asyncio.create_task(store._call(write_where))
+        await asyncio.sleep(0.05)
+        assert not pending.done()  # waiting for the lock on the thread, not on the loop
+        raw.execute("COMMIT")
+        assert await pending != loop_thread
+    finally:
+        raw.close()

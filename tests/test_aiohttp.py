@@ -1,0 +1,152 @@
+"""The client the package builds on aiohttp (``agentfn_asgi._aiohttp``), over real loopback
+against the fake Agents API: the same requests, answers and errors as on httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agentfn_asgi._aiohttp import AiohttpClient
+from agentfn_asgi.client import AgentsClient
+from agentfn_asgi.errors import APIConnectionError, NotFoundError, RateLimitError
+from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
+from agentfn_asgi.wire import SessionIdleEvent
+
+pytestmark = pytest.mark.anyio
+
+
+async def _no_sleep(_: float) -> None:
+    return None
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[FakeAgentsAPI, str]]:
+    fake = FakeAgentsAPI()
+    async with serve_fake(fake) as base_url:
+        yield fake, base_url
+
+
+def _session(fake: FakeAgentsAPI) -> tuple[str, dict[str, Any]]:
+    sid = fake.create_session([[FakeCall("lookup", {"id": 1})]])
+    action = fake.required_actions(sid)[0]
+    event = {
+        "type": "agent.session.input.tool_result",
+        "turn_id": action["turn_id"],
+        "call_id": action["call_id"],
+        "success": True,
+        "output": "found",
+    }
+    return sid, event
+
+
+async def test_the_owned_client_is_the_aiohttp_one() -> None:
+    """With aiohttp installed (extra ``fast``), the client the package builds uses it."""
+    async with AgentsClient(api_key="k") as client:
+        assert isinstance(client._http, AiohttpClient)
+    assert client._http.is_closed
+
+
+async def test_read_submit_and_stream_over_loopback(served: tuple[FakeAgentsAPI, str]) -> None:
+    """A session read, a submission (headers and body byte for byte) and a stream."""
+    fake, base_url = served
+    sid, event = _session(fake)
+    async with AgentsClient(api_key="sk-test", base_url=base_url) as client:
+        session = await client.retrieve_session(sid)
+        assert [c.name for c in session.function_calls] == ["lookup"]
+        headers = fake.requests[-1].headers
+        assert headers["authorization"] == "Bearer sk-test"
+        assert headers["openai-beta"] == "agents=v1"
+        assert headers["user-agent"].startswith("agentfn-asgi/")
+        listener = asyncio.create_task(_collect(client, sid))
+        while not fake.sessions[sid].listeners:
+            await asyncio.sleep(0.001)
+        await client.submit_events(sid, [event], idempotency_key="k1")
+        events = await asyncio.wait_for(listener, 10)
+    submit = next(r for r in fake.requests if r.route == "submit")
+    assert submit.headers["idempotency-key"] == "k1"
+    assert submit.headers["content-type"] == "application/json"
+    assert isinstance(events[-1], SessionIdleEvent)
+
+
+async def _collect(client: AgentsClient, sid: str) -> list[Any]:
+    return [e async for e in client.stream_events(sid, include_obfuscation=False)]
+
+
+async def test_error_answers_are_mapped_and_retried(served: tuple[FakeAgentsAPI, str]) -> None:
+    """A 429 with Retry-After is retried then raised as ours; a 404 is NotFoundError."""
+    fake, base_url = served
+    sid, _ = _session(fake)
+    fake.fail_next("retrieve", 2, 429, retry_after=0)
+    async with AgentsClient(
+        api_key="sk-test", base_url=base_url, max_retries=1, sleep=_no_sleep
+    ) as client:
+        with pytest.raises(RateLimitError):
+            await client.retrieve_session(sid)
+        with pytest.raises(NotFoundError):
+            await client.retrieve_session("sess_missing")
+
+
+async def test_a_refused_connection_is_retried_then_a_connection_error() -> None:
+    """aiohttp's connector error becomes httpx's class, then our APIConnectionError."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again below: nothing listens there
+    retries: list[str] = []
+    async with AgentsClient(
+        api_key="k",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        max_retries=1,
+        sleep=_no_sleep,
+        on_retry=lambda event: retries.append(event.reason),
+    ) as client:
+        with pytest.raises(APIConnectionError):
+            await client.retrieve_session("sess_1")
+    assert retries == ["connection"]
+
+
+async def test_a_slow_answer_is_a_timeout_of_httpx_class() -> None:
+    """The read timeout maps to ``httpx.TimeoutException`` (the retry policy's timeout)."""
+
+    writers: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)  # reads nothing, answers nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    http = AiohttpClient(timeout=httpx.Timeout(0.1), max_connections=4)
+    try:
+        request = http.build_request("GET", f"http://127.0.0.1:{port}/x", params={"a": "b c"})
+        assert request.url.endswith("/x?a=b+c")
+        with pytest.raises(httpx.TimeoutException):
+            await http.send(request)
+    finally:
+        await http.aclose()
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_large_body_arrives_whole_with_its_length(
+    served: tuple[FakeAgentsAPI, str],
+) -> None:
+    """A body over a MiB goes out slice by slice (no joined copy) under a Content-Length,
+    and arrives byte for byte."""
+    from agentfn_asgi.results import event_json, events_body
+
+    fake, base_url = served
+    sid, event = _session(fake)
+    text = event_json({**event, "output": "r" * (3 * 1024 * 1024)})
+    body = events_body(text)
+    async with AgentsClient(api_key="sk-test", base_url=base_url) as client:
+        await client.submit_raw_events(sid, body, idempotency_key="big")
+    submit = next(r for r in fake.requests if r.route == "submit")
+    assert submit.headers["content-length"] == str(len(body))
+    assert "transfer-encoding" not in submit.headers
+    assert fake.idempotency["big"] == (sid, bytes(body))

@@ -34,6 +34,7 @@ from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 
 from .admin.browser import Browser
 from .admin.conftest import TOKEN
+from .admin.memory_view import HOSTILE_TOOL
 from .admin.test_browser import browser, in_browser, log_in, wait_title, wait_until
 from .support.backends import DURABLE, store_url_for
 
@@ -104,8 +105,10 @@ async def test_a_call_in_doubt_is_found_explained_and_settled(
 ) -> None:
     """Two sessions, each stuck on a refund its dead replica held: the CLI lists both as in
     doubt and explains one; one is settled with ``calls settle --error``, the other on the
-    page with an output; both results are submitted once, each session goes on to its
-    next step (answered by the app) and ends idle; the app logs each finished call."""
+    page (filtered to the calls in doubt) with an output; both results are submitted once,
+    each session goes on to its next step (answered by the app) and ends idle; the app
+    logs each finished call. A third session calls a tool named with markup: the page
+    shows the name as text."""
     monkeypatch.setenv("EXAMPLE_LEDGER", str(tmp_path / "ledger.jsonl"))
     fake = FakeAgentsAPI(webhook_secret=SECRET)
     async with store_url_for(backend, tmp_path) as url, fake, serve_fake(fake) as base_url:
@@ -136,13 +139,20 @@ async def test_a_call_in_doubt_is_found_explained_and_settled(
                 )  # fmt: skip
                 assert code == 0, capsys.readouterr()
                 assert capsys.readouterr().out.startswith("submitted:")
+                # A session calls a tool whose name is markup: the app answers it (no such
+                # handler) and the page must show the name as text.
+                hostile = fake.create_session(
+                    [[FakeCall(HOSTILE_TOOL, {"q": "<script>alert(2)</script>"}, call_id="x_1")]]
+                )
+                await fake.wait_idle(hostile, timeout=20)
                 # Settled on the page.
                 await in_browser(browser, lambda d: settle_on_page(d, root, page_key))
                 await fake.wait_idle(by_cli, timeout=20)
                 await fake.wait_idle(by_page, timeout=20)
 
     answers = {(s.session_id, s.call_id): s for s in fake.submissions}
-    assert len(answers) == len(fake.submissions) == 4
+    assert len(answers) == len(fake.submissions) == 5
+    assert not answers[(hostile, "x_1")].success
     refused = answers[(by_cli, cli_key.call_id)]
     assert not refused.success and refused.error == "refund done by hand"
     manual = answers[(by_page, page_key.call_id)]
@@ -156,13 +166,27 @@ async def test_a_call_in_doubt_is_found_explained_and_settled(
 
 
 def settle_on_page(driver: WebDriver, root: str, key: CallKey) -> None:
-    """Log in, open the calls needing attention, open the call, settle it with an output
-    through the confirmation step, and see it submitted."""
+    """Log in; see the markup tool name as text; filter the calls to those in doubt, open
+    the call, settle it with an output through the confirmation step, see it submitted."""
+    from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     site = root + ADMIN_PATH
-    log_in(driver, site, "/attention")
-    wait_title(driver, "Needs attention")
+    log_in(driver, site, "/calls")
+    wait_title(driver, "Calls")
+    tools = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "table.calls td code")]
+    assert HOSTILE_TOOL in tools
+    assert driver.find_elements(By.TAG_NAME, "img") == []
+    assert driver.execute_script("return document.querySelectorAll('[onerror]').length") == 0
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # noqa: B018 - reading it is the check
+
+    Select(driver.find_element(By.NAME, "state")).select_by_value("in_doubt")
+    driver.find_element(By.CSS_SELECTOR, "form.filters button").click()
+    wait_until(driver, "the filtered list", lambda d: "state=in_doubt" in d.current_url)
+    listed = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "table.calls tbody tr")]
+    assert len(listed) == 1 and key.call_id in listed[0]
     driver.find_element(By.LINK_TEXT, key.call_id).click()
     wait_title(driver, f"Call {key.call_id}")
     form = driver.find_element(By.CSS_SELECTOR, "form.settle")

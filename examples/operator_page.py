@@ -6,9 +6,7 @@ Without the variable the page is not mounted at all (the URL is the host's 404).
 
 from __future__ import annotations
 
-import os
-
-from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi import AgentWebhookApp, Config
 from agentfn_asgi.admin import AdminApp
 
 __all__ = ["admin_from_env"]
@@ -16,7 +14,7 @@ __all__ = ["admin_from_env"]
 
 def admin_from_env(webhooks: AgentWebhookApp) -> AdminApp | None:
     """The operator page over ``webhooks``' store and dispatcher, or None when it is off."""
-    tokens = os.environ.get("AGENTFN_ADMIN_TOKEN", "").replace(",", " ").split()
+    tokens = Config.from_env().admin_tokens
     if not tokens:
         return None
     view = webhooks.operator()

@@ -4,10 +4,11 @@ An ASGI app the host mounts where it likes, reading through the same
 :class:`~agentfn_asgi.operator.OperatorView` as the CLI. It is **off unless configured**:
 without ``tokens`` or an ``authorizer`` it refuses to start::
 
+    from agentfn_asgi import Config
     from agentfn_asgi.admin import AdminApp
     from agentfn_asgi.integrations.starlette import mount_admin
 
-    admin = AdminApp(view, tokens=[os.environ["AGENTFN_ADMIN_TOKEN"]])
+    admin = AdminApp(webhooks.operator(), tokens=Config.from_env().admin_tokens)
     mount_admin(app, admin)                    # GET /openai/admin (also FastAPI)
 
 Pages: overview (health, counts by state), calls (filters ``state``, ``session``,

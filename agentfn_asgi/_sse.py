@@ -13,7 +13,7 @@ from typing import Self
 import httpx
 
 from .errors import APIConnectionError, APIError, APITimeoutError
-from .wire import SessionEvent, parse_session_event
+from .session_events import SessionEvent, parse_session_event
 
 __all__ = ["EventStream", "iter_sse_data"]
 
@@ -52,7 +52,7 @@ class EventStream:
     <agentfn_asgi.client.AgentsClient.open_event_stream>`): the server has accepted the
     subscription; iterate for typed events, and close it (``async with`` or :meth:`aclose`).
 
-    A streamed ``error`` is yielded as :class:`~agentfn_asgi.wire.ErrorEvent`; ``data:
+    A streamed ``error`` is yielded as :class:`~agentfn_asgi.session_events.ErrorEvent`; ``data:
     [DONE]`` or the end of the body ends iteration; a malformed event raises
     :class:`~agentfn_asgi.errors.APIError`; a cut connection raises
     :class:`~agentfn_asgi.errors.APIConnectionError` (a read timeout

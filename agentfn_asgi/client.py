@@ -63,13 +63,8 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
-from agentfn_asgi.wire import (
-    SESSION_ID_RE,
-    AgentSession,
-    SessionEvent,
-    SessionList,
-    parse_session,
-)
+from agentfn_asgi.session_events import SessionEvent
+from agentfn_asgi.wire import SESSION_ID_RE, AgentSession, SessionList, parse_session
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -328,7 +323,7 @@ class AgentsClient:
         """``GET /agents/sessions/{id}/events``: yield each streamed event, typed.
 
         :meth:`open_event_stream` as a plain iterator (the request is sent on the first
-        step). A streamed ``error`` is yielded as :class:`~agentfn_asgi.wire.ErrorEvent`.
+        step). A streamed ``error`` is yielded as :class:`~agentfn_asgi.session_events.ErrorEvent`.
         Comments, ``event:``/``id:``/``retry:`` lines and the ``obfuscation`` padding are
         tolerated; ``data: [DONE]`` or the end of the body ends iteration. Use
         ``contextlib.aclosing`` to release the connection early.

@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .errors import APIError, APIStatusError, NotFoundError
-from .wire import (
-    AgentSession,
+from .session_events import (
     ErrorEvent,
     SessionFailedEvent,
     SessionIdleEvent,
@@ -47,6 +46,7 @@ from .wire import (
     TurnCancelledEvent,
     TurnCreatedEvent,
 )
+from .wire import AgentSession
 
 if TYPE_CHECKING:
     from .client import AgentsClient

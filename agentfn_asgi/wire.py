@@ -12,7 +12,6 @@ Sources: agents-api.md §3 (session), §4 (input events), §5 (stream), §8.1 (w
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Annotated, Any, Literal
@@ -32,38 +31,20 @@ __all__ = [
     "EnvironmentConnectionAction",
     "EnvironmentWebhookData",
     "ErrorBody",
-    "ErrorEvent",
     "FunctionCallAction",
     "GenericAction",
-    "GenericSessionEvent",
     "InputImagePart",
     "InputTextPart",
     "MCPApprovalRequestAction",
     "RequiredAction",
     "RequiredActionRef",
-    "SessionCreatedEvent",
-    "SessionEvent",
-    "SessionFailedEvent",
-    "SessionIdleEvent",
-    "SessionInProgressEvent",
     "SessionList",
     "SessionListItem",
-    "SessionRequiresActionEvent",
-    "SessionStatusEvent",
     "SessionWebhookData",
     "ToolResultEvent",
-    "Turn",
-    "TurnCancelledEvent",
-    "TurnCompletedEvent",
-    "TurnCreatedEvent",
-    "TurnEvent",
-    "TurnFailedEvent",
-    "TurnInProgressEvent",
-    "TurnItemAddedEvent",
-    "TurnItemDoneEvent",
     "WebhookEvent",
+    "WireModel",
     "parse_session",
-    "parse_session_event",
     "parse_webhook_event",
 ]
 
@@ -100,7 +81,7 @@ _logger = logging.getLogger("agentfn_asgi.wire")
 SESSION_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,256}")
 
 
-class _Wire(BaseModel):
+class WireModel(BaseModel):
     """Base of every wire model: keeps unknown fields, immutable once parsed."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
@@ -110,7 +91,7 @@ class _Wire(BaseModel):
 # Required actions (agents-api.md §3.1)
 
 
-class FunctionCallAction(_Wire):
+class FunctionCallAction(WireModel):
     """A pending function call: run ``name`` with ``arguments`` and submit a ``tool_result``.
 
     It has no id of its own; it is keyed by ``(turn_id, call_id)``. ``arguments`` is normally
@@ -128,14 +109,14 @@ class FunctionCallAction(_Wire):
     unreadable: str | None = Field(default=None, exclude=True)
 
 
-class EnvironmentConnectionAction(_Wire):
+class EnvironmentConnectionAction(WireModel):
     """Reconnect a self-hosted environment (not handled by agentfn-asgi)."""
 
     type: Literal["environment_connection"] = "environment_connection"
     environment_id: str
 
 
-class MCPApprovalRequestAction(_Wire):
+class MCPApprovalRequestAction(WireModel):
     """Approve or deny an MCP tool call (not handled by agentfn-asgi)."""
 
     type: Literal["mcp_approval_request"] = "mcp_approval_request"
@@ -144,7 +125,7 @@ class MCPApprovalRequestAction(_Wire):
     request: dict[str, Any] = Field(default_factory=dict)
 
 
-class ComputerUseApprovalRequestAction(_Wire):
+class ComputerUseApprovalRequestAction(WireModel):
     """Respond to a computer-use request (not handled by agentfn-asgi)."""
 
     type: Literal["computer_use_approval_request"] = "computer_use_approval_request"
@@ -153,7 +134,7 @@ class ComputerUseApprovalRequestAction(_Wire):
     request: dict[str, Any] = Field(default_factory=dict)
 
 
-class GenericAction(_Wire):
+class GenericAction(WireModel):
     """Any required action of a type this version does not know; extra fields are kept."""
 
     type: str
@@ -191,7 +172,7 @@ RequiredAction = Annotated[
 # Session (agents-api.md §3)
 
 
-class AgentSession(_Wire):
+class AgentSession(WireModel):
     """A managed agent session as returned by ``GET /agents/sessions/{id}``.
 
     ``required_actions`` is the authority on what is still owed. ``status`` stays a plain
@@ -218,7 +199,7 @@ class AgentSession(_Wire):
         return [a for a in self.required_actions if isinstance(a, FunctionCallAction)]
 
 
-class SessionListItem(_Wire):
+class SessionListItem(WireModel):
     """One session of ``GET /agents/sessions``, as far as a listener reads it: its id and
     status (a follower re-reads the session itself before acting)."""
 
@@ -228,7 +209,7 @@ class SessionListItem(_Wire):
     last_active_at: int | None = None
 
 
-class SessionList(_Wire):
+class SessionList(WireModel):
     """A page of ``GET /agents/sessions`` (``data`` in the order asked for, ``has_more``)."""
 
     data: list[SessionListItem] = Field(default_factory=list)
@@ -239,14 +220,14 @@ class SessionList(_Wire):
 # Input events (agents-api.md §4)
 
 
-class InputTextPart(_Wire):
+class InputTextPart(WireModel):
     """A text content part of a tool result: ``{"type": "input_text", "text": ...}``."""
 
     type: Literal["input_text"] = "input_text"
     text: str
 
 
-class InputImagePart(_Wire):
+class InputImagePart(WireModel):
     """An image content part: ``{"type": "input_image", "image_url": ...}`` (URL or data URL)."""
 
     type: Literal["input_image"] = "input_image"
@@ -257,7 +238,7 @@ ContentPart = Annotated[InputTextPart | InputImagePart, Field(discriminator="typ
 """A content part of a ``tool_result`` output array."""
 
 
-class ToolResultEvent(_Wire):
+class ToolResultEvent(WireModel):
     """``agent.session.input.tool_result``: the answer to one pending function call.
 
     ``success`` with ``output`` (a string or content parts); or ``success=False`` with an
@@ -277,7 +258,7 @@ class ToolResultEvent(_Wire):
 # Errors (agents-api.md §10.1)
 
 
-class APIErrorDetail(_Wire):
+class APIErrorDetail(WireModel):
     """The ``error`` object of an error response or of a streamed ``error`` event."""
 
     message: str = ""
@@ -286,7 +267,7 @@ class APIErrorDetail(_Wire):
     code: str | None = None
 
 
-class ErrorBody(_Wire):
+class ErrorBody(WireModel):
     """An error response body: ``{"error": {"message", "type", "param", "code"}}``."""
 
     error: APIErrorDetail
@@ -296,13 +277,13 @@ class ErrorBody(_Wire):
 # Webhooks (agents-api.md §8.1)
 
 
-class RequiredActionRef(_Wire):
+class RequiredActionRef(WireModel):
     """The ``required_action`` of an ``action_required`` webhook: the type only."""
 
     type: str
 
 
-class SessionWebhookData(_Wire):
+class SessionWebhookData(WireModel):
     """``data`` of ``agent.session.created/in_progress/idle/failed`` webhooks."""
 
     id: str
@@ -310,20 +291,20 @@ class SessionWebhookData(_Wire):
     environment_id: str | None = None
 
 
-class ActionRequiredWebhookData(_Wire):
+class ActionRequiredWebhookData(WireModel):
     """``data`` of ``agent.session.action_required``: the session id and one action type."""
 
     id: str
     required_action: RequiredActionRef
 
 
-class EnvironmentWebhookData(_Wire):
+class EnvironmentWebhookData(WireModel):
     """``data`` of ``agent.environment.*`` webhooks: the environment id."""
 
     id: str
 
 
-class WebhookEvent(_Wire):
+class WebhookEvent(WireModel):
     """The webhook envelope ``{id, object: "event", created_at, type, data}``.
 
     ``data`` stays a dict so that any event type parses; :meth:`typed_data` gives the
@@ -446,218 +427,3 @@ def parse_webhook_event(body: bytes) -> WebhookEvent:
     bytes that are not UTF-8.
     """
     return WebhookEvent.model_validate_json(body)
-
-
-# ---------------------------------------------------------------------------------------------
-# Streamed session events (agents-api.md §5.2)
-
-
-class Turn(_Wire):
-    """A session turn (``agent.session.turn``); ``status`` is kept as a plain string."""
-
-    id: str
-    object: str = "agent.session.turn"
-    session_id: str | None = None
-    status: str
-    created_at: int | None = None
-    started_at: int | None = None
-    completed_at: int | None = None
-    error: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
-
-
-class _EventBase(_Wire):
-    event_id: str
-    obfuscation: str | None = None
-
-
-class _SessionSnapshotEvent(_EventBase):
-    session: AgentSession
-
-
-class SessionCreatedEvent(_SessionSnapshotEvent):
-    """``agent.session.created`` with a session snapshot."""
-
-    type: Literal["agent.session.created"] = "agent.session.created"
-
-
-class SessionInProgressEvent(_SessionSnapshotEvent):
-    """``agent.session.in_progress`` with a session snapshot."""
-
-    type: Literal["agent.session.in_progress"] = "agent.session.in_progress"
-
-
-class SessionRequiresActionEvent(_SessionSnapshotEvent):
-    """``agent.session.requires_action``: ``session.required_actions`` lists what is owed."""
-
-    type: Literal["agent.session.requires_action"] = "agent.session.requires_action"
-
-
-class SessionIdleEvent(_SessionSnapshotEvent):
-    """``agent.session.idle`` with a session snapshot."""
-
-    type: Literal["agent.session.idle"] = "agent.session.idle"
-
-
-class SessionFailedEvent(_SessionSnapshotEvent):
-    """``agent.session.failed`` with a session snapshot."""
-
-    type: Literal["agent.session.failed"] = "agent.session.failed"
-
-
-SessionStatusEvent = (
-    SessionCreatedEvent
-    | SessionInProgressEvent
-    | SessionRequiresActionEvent
-    | SessionIdleEvent
-    | SessionFailedEvent
-)
-"""The session-level events, each carrying a full session snapshot."""
-
-
-class _TurnEventBase(_EventBase):
-    session_id: str
-    turn_id: str
-    turn: Turn
-
-
-class TurnCreatedEvent(_TurnEventBase):
-    """``agent.session.turn.created``."""
-
-    type: Literal["agent.session.turn.created"] = "agent.session.turn.created"
-
-
-class TurnInProgressEvent(_TurnEventBase):
-    """``agent.session.turn.in_progress``."""
-
-    type: Literal["agent.session.turn.in_progress"] = "agent.session.turn.in_progress"
-
-
-class TurnCompletedEvent(_TurnEventBase):
-    """``agent.session.turn.completed``."""
-
-    type: Literal["agent.session.turn.completed"] = "agent.session.turn.completed"
-    usage: dict[str, Any] | None = None
-
-
-class TurnFailedEvent(_TurnEventBase):
-    """``agent.session.turn.failed``."""
-
-    type: Literal["agent.session.turn.failed"] = "agent.session.turn.failed"
-    usage: dict[str, Any] | None = None
-
-
-class TurnCancelledEvent(_TurnEventBase):
-    """``agent.session.turn.cancelled``: its pending calls are no longer owed."""
-
-    type: Literal["agent.session.turn.cancelled"] = "agent.session.turn.cancelled"
-    usage: dict[str, Any] | None = None
-
-
-TurnEvent = (
-    TurnCreatedEvent
-    | TurnInProgressEvent
-    | TurnCompletedEvent
-    | TurnFailedEvent
-    | TurnCancelledEvent
-)
-"""The turn lifecycle events."""
-
-
-class TurnItemAddedEvent(_EventBase):
-    """``agent.session.turn.item.added``; a ``function_call`` item does not prove it is pending."""
-
-    type: Literal["agent.session.turn.item.added"] = "agent.session.turn.item.added"
-    session_id: str
-    turn_id: str | None = None
-    item: dict[str, Any]
-    output_index: int | None = None
-
-
-class TurnItemDoneEvent(_EventBase):
-    """``agent.session.turn.item.done``."""
-
-    type: Literal["agent.session.turn.item.done"] = "agent.session.turn.item.done"
-    session_id: str
-    turn_id: str | None = None
-    item: dict[str, Any]
-    output_index: int | None = None
-
-
-class ErrorEvent(_EventBase):
-    """A streamed ``error`` event: ``error`` carries ``code``, ``message``, ``param``, ``type``."""
-
-    type: Literal["error"] = "error"
-    error: APIErrorDetail
-    session_id: str | None = None
-
-
-class GenericSessionEvent(_Wire):
-    """Any streamed event of a type this version does not model; extra fields are kept."""
-
-    type: str
-    event_id: str | None = None
-    obfuscation: str | None = None
-
-
-_EVENT_CLASSES: dict[str, type[BaseModel]] = {
-    cls.model_fields["type"].default: cls
-    for cls in (
-        SessionCreatedEvent,
-        SessionInProgressEvent,
-        SessionRequiresActionEvent,
-        SessionIdleEvent,
-        SessionFailedEvent,
-        TurnCreatedEvent,
-        TurnInProgressEvent,
-        TurnCompletedEvent,
-        TurnFailedEvent,
-        TurnCancelledEvent,
-        TurnItemAddedEvent,
-        TurnItemDoneEvent,
-        ErrorEvent,
-    )
-}
-
-
-def _event_tag(value: Any) -> str:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in _EVENT_CLASSES else "generic"
-
-
-SessionEvent = Annotated[
-    Annotated[SessionCreatedEvent, Tag("agent.session.created")]
-    | Annotated[SessionInProgressEvent, Tag("agent.session.in_progress")]
-    | Annotated[SessionRequiresActionEvent, Tag("agent.session.requires_action")]
-    | Annotated[SessionIdleEvent, Tag("agent.session.idle")]
-    | Annotated[SessionFailedEvent, Tag("agent.session.failed")]
-    | Annotated[TurnCreatedEvent, Tag("agent.session.turn.created")]
-    | Annotated[TurnInProgressEvent, Tag("agent.session.turn.in_progress")]
-    | Annotated[TurnCompletedEvent, Tag("agent.session.turn.completed")]
-    | Annotated[TurnFailedEvent, Tag("agent.session.turn.failed")]
-    | Annotated[TurnCancelledEvent, Tag("agent.session.turn.cancelled")]
-    | Annotated[TurnItemAddedEvent, Tag("agent.session.turn.item.added")]
-    | Annotated[TurnItemDoneEvent, Tag("agent.session.turn.item.done")]
-    | Annotated[ErrorEvent, Tag("error")]
-    | Annotated[GenericSessionEvent, Tag("generic")],
-    Discriminator(_event_tag),
-]
-"""A streamed session event; unknown types parse as :class:`GenericSessionEvent`."""
-
-_SESSION_EVENT_ADAPTER: TypeAdapter[SessionEvent] = TypeAdapter(SessionEvent)
-
-
-def parse_session_event(obj: dict[str, Any] | str | bytes) -> SessionEvent:
-    """Parse one streamed event (a decoded ``data:`` object, or its JSON text).
-
-    Unknown ``type`` values give :class:`GenericSessionEvent`. A known type with missing or
-    mistyped fields, or input that is not a JSON object with a string ``type``, raises
-    ``ValueError`` (pydantic's ``ValidationError`` is one): a malformed event is a bug to
-    surface, not something to guess around.
-    """
-    if isinstance(obj, str | bytes):
-        decoded = json.loads(obj)
-        if not isinstance(decoded, dict):
-            raise ValueError("a session event must be a JSON object")
-        obj = decoded
-    return _SESSION_EVENT_ADAPTER.validate_python(obj)

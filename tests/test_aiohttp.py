@@ -14,8 +14,8 @@ import pytest
 from agentfn_asgi._aiohttp import AiohttpClient
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.errors import APIConnectionError, NotFoundError, RateLimitError
+from agentfn_asgi.session_events import SessionIdleEvent
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
-from agentfn_asgi.wire import SessionIdleEvent
 
 pytestmark = pytest.mark.anyio
 

@@ -38,14 +38,14 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
-from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
-from agentfn_asgi.wire import (
+from agentfn_asgi.session_events import (
     ErrorEvent,
     GenericSessionEvent,
     SessionIdleEvent,
     SessionInProgressEvent,
     SessionRequiresActionEvent,
 )
+from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,249 @@
+"""Streamed session events (``GET /agents/sessions/{id}/events``, agents-api.md §5.2).
+
+Models as tolerant as :mod:`agentfn_asgi.wire`'s: unknown fields are kept, and an event type
+this version does not model parses as :class:`GenericSessionEvent`. The stream's transport
+(SSE decoding) is :mod:`agentfn_asgi._sse`; following sessions with it,
+:mod:`agentfn_asgi.stream`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Discriminator, Tag, TypeAdapter
+
+from .wire import AgentSession, APIErrorDetail, WireModel
+
+__all__ = [
+    "ErrorEvent",
+    "GenericSessionEvent",
+    "SessionCreatedEvent",
+    "SessionEvent",
+    "SessionFailedEvent",
+    "SessionIdleEvent",
+    "SessionInProgressEvent",
+    "SessionRequiresActionEvent",
+    "SessionStatusEvent",
+    "Turn",
+    "TurnCancelledEvent",
+    "TurnCompletedEvent",
+    "TurnCreatedEvent",
+    "TurnEvent",
+    "TurnFailedEvent",
+    "TurnInProgressEvent",
+    "TurnItemAddedEvent",
+    "TurnItemDoneEvent",
+    "parse_session_event",
+]
+
+
+class Turn(WireModel):
+    """A session turn (``agent.session.turn``); ``status`` is kept as a plain string."""
+
+    id: str
+    object: str = "agent.session.turn"
+    session_id: str | None = None
+    status: str
+    created_at: int | None = None
+    started_at: int | None = None
+    completed_at: int | None = None
+    error: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+
+class _EventBase(WireModel):
+    event_id: str
+    obfuscation: str | None = None
+
+
+class _SessionSnapshotEvent(_EventBase):
+    session: AgentSession
+
+
+class SessionCreatedEvent(_SessionSnapshotEvent):
+    """``agent.session.created`` with a session snapshot."""
+
+    type: Literal["agent.session.created"] = "agent.session.created"
+
+
+class SessionInProgressEvent(_SessionSnapshotEvent):
+    """``agent.session.in_progress`` with a session snapshot."""
+
+    type: Literal["agent.session.in_progress"] = "agent.session.in_progress"
+
+
+class SessionRequiresActionEvent(_SessionSnapshotEvent):
+    """``agent.session.requires_action``: ``session.required_actions`` lists what is owed."""
+
+    type: Literal["agent.session.requires_action"] = "agent.session.requires_action"
+
+
+class SessionIdleEvent(_SessionSnapshotEvent):
+    """``agent.session.idle`` with a session snapshot."""
+
+    type: Literal["agent.session.idle"] = "agent.session.idle"
+
+
+class SessionFailedEvent(_SessionSnapshotEvent):
+    """``agent.session.failed`` with a session snapshot."""
+
+    type: Literal["agent.session.failed"] = "agent.session.failed"
+
+
+SessionStatusEvent = (
+    SessionCreatedEvent
+    | SessionInProgressEvent
+    | SessionRequiresActionEvent
+    | SessionIdleEvent
+    | SessionFailedEvent
+)
+"""The session-level events, each carrying a full session snapshot."""
+
+
+class _TurnEventBase(_EventBase):
+    session_id: str
+    turn_id: str
+    turn: Turn
+
+
+class TurnCreatedEvent(_TurnEventBase):
+    """``agent.session.turn.created``."""
+
+    type: Literal["agent.session.turn.created"] = "agent.session.turn.created"
+
+
+class TurnInProgressEvent(_TurnEventBase):
+    """``agent.session.turn.in_progress``."""
+
+    type: Literal["agent.session.turn.in_progress"] = "agent.session.turn.in_progress"
+
+
+class TurnCompletedEvent(_TurnEventBase):
+    """``agent.session.turn.completed``."""
+
+    type: Literal["agent.session.turn.completed"] = "agent.session.turn.completed"
+    usage: dict[str, Any] | None = None
+
+
+class TurnFailedEvent(_TurnEventBase):
+    """``agent.session.turn.failed``."""
+
+    type: Literal["agent.session.turn.failed"] = "agent.session.turn.failed"
+    usage: dict[str, Any] | None = None
+
+
+class TurnCancelledEvent(_TurnEventBase):
+    """``agent.session.turn.cancelled``: its pending calls are no longer owed."""
+
+    type: Literal["agent.session.turn.cancelled"] = "agent.session.turn.cancelled"
+    usage: dict[str, Any] | None = None
+
+
+TurnEvent = (
+    TurnCreatedEvent
+    | TurnInProgressEvent
+    | TurnCompletedEvent
+    | TurnFailedEvent
+    | TurnCancelledEvent
+)
+"""The turn lifecycle events."""
+
+
+class TurnItemAddedEvent(_EventBase):
+    """``agent.session.turn.item.added``; a ``function_call`` item does not prove it is pending."""
+
+    type: Literal["agent.session.turn.item.added"] = "agent.session.turn.item.added"
+    session_id: str
+    turn_id: str | None = None
+    item: dict[str, Any]
+    output_index: int | None = None
+
+
+class TurnItemDoneEvent(_EventBase):
+    """``agent.session.turn.item.done``."""
+
+    type: Literal["agent.session.turn.item.done"] = "agent.session.turn.item.done"
+    session_id: str
+    turn_id: str | None = None
+    item: dict[str, Any]
+    output_index: int | None = None
+
+
+class ErrorEvent(_EventBase):
+    """A streamed ``error`` event: ``error`` carries ``code``, ``message``, ``param``, ``type``."""
+
+    type: Literal["error"] = "error"
+    error: APIErrorDetail
+    session_id: str | None = None
+
+
+class GenericSessionEvent(WireModel):
+    """Any streamed event of a type this version does not model; extra fields are kept."""
+
+    type: str
+    event_id: str | None = None
+    obfuscation: str | None = None
+
+
+_EVENT_CLASSES: dict[str, type[BaseModel]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        SessionCreatedEvent,
+        SessionInProgressEvent,
+        SessionRequiresActionEvent,
+        SessionIdleEvent,
+        SessionFailedEvent,
+        TurnCreatedEvent,
+        TurnInProgressEvent,
+        TurnCompletedEvent,
+        TurnFailedEvent,
+        TurnCancelledEvent,
+        TurnItemAddedEvent,
+        TurnItemDoneEvent,
+        ErrorEvent,
+    )
+}
+
+
+def _event_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in _EVENT_CLASSES else "generic"
+
+
+SessionEvent = Annotated[
+    Annotated[SessionCreatedEvent, Tag("agent.session.created")]
+    | Annotated[SessionInProgressEvent, Tag("agent.session.in_progress")]
+    | Annotated[SessionRequiresActionEvent, Tag("agent.session.requires_action")]
+    | Annotated[SessionIdleEvent, Tag("agent.session.idle")]
+    | Annotated[SessionFailedEvent, Tag("agent.session.failed")]
+    | Annotated[TurnCreatedEvent, Tag("agent.session.turn.created")]
+    | Annotated[TurnInProgressEvent, Tag("agent.session.turn.in_progress")]
+    | Annotated[TurnCompletedEvent, Tag("agent.session.turn.completed")]
+    | Annotated[TurnFailedEvent, Tag("agent.session.turn.failed")]
+    | Annotated[TurnCancelledEvent, Tag("agent.session.turn.cancelled")]
+    | Annotated[TurnItemAddedEvent, Tag("agent.session.turn.item.added")]
+    | Annotated[TurnItemDoneEvent, Tag("agent.session.turn.item.done")]
+    | Annotated[ErrorEvent, Tag("error")]
+    | Annotated[GenericSessionEvent, Tag("generic")],
+    Discriminator(_event_tag),
+]
+"""A streamed session event; unknown types parse as :class:`GenericSessionEvent`."""
+
+_SESSION_EVENT_ADAPTER: TypeAdapter[SessionEvent] = TypeAdapter(SessionEvent)
+
+
+def parse_session_event(obj: dict[str, Any] | str | bytes) -> SessionEvent:
+    """Parse one streamed event (a decoded ``data:`` object, or its JSON text).
+
+    Unknown ``type`` values give :class:`GenericSessionEvent`. A known type with missing or
+    mistyped fields, or input that is not a JSON object with a string ``type``, raises
+    ``ValueError`` (pydantic's ``ValidationError`` is one): a malformed event is a bug to
+    surface, not something to guess around.
+    """
+    if isinstance(obj, str | bytes):
+        decoded = json.loads(obj)
+        if not isinstance(decoded, dict):
+            raise ValueError("a session event must be a JSON object")
+        obj = decoded
+    return _SESSION_EVENT_ADAPTER.validate_python(obj)

@@ -205,7 +205,7 @@ async def _play(
     session_id = fake.create_session(steps)
     timeline.add(t0, f"session    {session_id} created")
     announced: set[str] = set()
-    seen_deliveries = seen_requests = seen_submissions = 0
+    seen_deliveries = seen_requests = seen_submissions = seen_events = 0
     status = ""
     deadline = t0 + time_limit
     while True:
@@ -248,11 +248,18 @@ async def _play(
         # from its submission.
         for record in records:
             _observe(views, record, timeline)
-        pending_ids = {action["call_id"] for action in fake.required_actions(session_id)}
-        if pending_ids - announced:
-            announced |= pending_ids
-            step = max(views[c].expect.step for c in pending_ids if c in views)
-            timeline.add(now, f"session    step {step} asks for {len(pending_ids)} call(s)")
+        # From the session's own events, not a look at it now: a step the app answers
+        # between two looks would otherwise never be shown.
+        for event in fake.events(session_id)[seen_events:]:
+            seen_events += 1
+            if event.get("type") != "agent.session.requires_action":
+                continue
+            actions = (event.get("session") or {}).get("required_actions") or []
+            pending_ids = {a["call_id"] for a in actions if "call_id" in a}
+            if pending_ids - announced:
+                announced |= pending_ids
+                step = max(views[c].expect.step for c in pending_ids if c in views)
+                timeline.add(now, f"session    step {step} asks for {len(pending_ids)} call(s)")
         current = fake.session(session_id)["status"]
         if current != status:
             status = current

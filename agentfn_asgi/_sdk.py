@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from ._checks import label_of
 from .errors import ArgumentValidationError, ToolDefinitionError
-from .results import validation_error_message
+from .messages import validation_error_message
 
 __all__ = [
     "DEFINITION_KEYS",

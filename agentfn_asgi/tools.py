@@ -92,8 +92,8 @@ from ._sdk import (
 )
 from ._threads import ThreadPool
 from .errors import ArgumentValidationError, ToolDefinitionError, ToolDefinitionWarning
+from .messages import validation_error_message
 from .records import Job
-from .results import validation_error_message
 
 __all__ = [
     "DEFAULT_JOB_DEADLINE",

@@ -38,8 +38,9 @@ from .errors import (
     ResultEncodingError,
     ToolError,
 )
+from .messages import model_error_message, timeout_message
 from .records import Completion, Job
-from .results import encode_output, model_error_message, timeout_message
+from .results import encode_output
 from .tools import FunctionTool, FunctionTools, ToolContext
 
 __all__ = [

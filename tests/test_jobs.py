@@ -32,11 +32,8 @@ from agentfn_asgi.jobs import (
     build_job,
     parse_completion,
 )
+from agentfn_asgi.messages import ENQUEUE_FAILED_MESSAGE, JOB_DEADLINE_MESSAGE
 from agentfn_asgi.records import CallKey, CallState
-from agentfn_asgi.results import (
-    ENQUEUE_FAILED_MESSAGE,
-    JOB_DEADLINE_MESSAGE,
-)
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, derive_idempotency_key

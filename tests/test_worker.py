@@ -14,9 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentfn_asgi.errors import APIConnectionError
-from agentfn_asgi.results import (
-    INTERNAL_ERROR_MESSAGE,
-)
+from agentfn_asgi.messages import INTERNAL_ERROR_MESSAGE
 from agentfn_asgi.testing import FakeCall, serve_app
 from agentfn_asgi.tracing import trace_id_for_call
 from agentfn_asgi.worker import (

@@ -28,8 +28,7 @@ import anyio
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
 from ..errors import APIError, ArgumentValidationError, StoreError, ToolError
-from ..records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
-from ..results import (
+from ..messages import (
     ENQUEUE_FAILED_MESSAGE,
     IN_DOUBT_MESSAGE,
     INTERNAL_FAILURE_MESSAGE,
@@ -38,12 +37,12 @@ from ..results import (
     TOO_MANY_ATTEMPTS_MESSAGE,
     UNKNOWN_TOOL_MESSAGE,
     UNREADABLE_ARGUMENTS_MESSAGE,
-    encode_result,
     error_type_for,
-    failure_result,
     model_error_message,
     timeout_message,
 )
+from ..records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
+from ..results import encode_result, failure_result
 from ..store.base import Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry

@@ -74,7 +74,8 @@ from ..errors import (
     ConfigurationError,
     ResultEncodingError,
 )
-from ..results import REDELIVERED_IN_DOUBT_MESSAGE, encode_output, model_error_message
+from ..messages import REDELIVERED_IN_DOUBT_MESSAGE, model_error_message
+from ..results import encode_output
 from ..tools import FunctionTool, FunctionTools, NotRun, Ran
 from ..worker import Completion, Job, complete_call_sync, job_context, run_job
 

@@ -34,8 +34,8 @@ from agentfn_asgi.integrations.celery import (
     celery_enqueue,
     register_task,
 )
+from agentfn_asgi.messages import ENQUEUE_FAILED_MESSAGE, REDELIVERED_IN_DOUBT_MESSAGE
 from agentfn_asgi.records import CallState
-from agentfn_asgi.results import ENQUEUE_FAILED_MESSAGE, REDELIVERED_IN_DOUBT_MESSAGE
 from agentfn_asgi.testing import Connection as Stack
 from agentfn_asgi.testing import FakeCall, serve_app
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ReconcileOutcome, ToolContext, Unknown

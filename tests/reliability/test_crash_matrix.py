@@ -30,8 +30,8 @@ import anyio
 import pytest
 
 from agentfn_asgi.demo import free_port
+from agentfn_asgi.messages import IN_DOUBT_MESSAGE
 from agentfn_asgi.records import CallRecord, CallState, StoreStats
-from agentfn_asgi.results import IN_DOUBT_MESSAGE
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from agentfn_asgi import FunctionTools
-from agentfn_asgi.results import THREADS_BUSY_MESSAGE, timeout_message
+from agentfn_asgi.messages import THREADS_BUSY_MESSAGE, timeout_message
 from agentfn_asgi.testing import FakeCall
 
 from ..support.stack import FAST, running_stack

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from agentfn_asgi import AgentWebhookApp, FunctionTools
+from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.cli import main
 from agentfn_asgi.cli.listen import Forwarder, listen
 from agentfn_asgi.client import AgentsClient
@@ -29,6 +29,7 @@ from agentfn_asgi.stream import Backoff
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.wire import AgentSession
 from tests.support.stack import API_KEY, FAST, SECRET
+from tests.test_stream import counting_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -52,15 +53,7 @@ class Stack:
 async def local_stack() -> AsyncIterator[Stack]:
     """The fake (no webhook URL: nothing can reach the app but ``listen``) and the user's
     Starlette app with the webhook routes, each under uvicorn on a free loopback port."""
-    tools = FunctionTools()
-    runs: collections.Counter[str] = collections.Counter()
-
-    @tools.function
-    def lookup(key: str) -> str:
-        """Look a key up."""
-        runs[key] += 1
-        return f"value of {key}"
-
+    tools, runs = counting_tools()
     fake = FakeAgentsAPI(api_key=API_KEY, webhook_secret=SECRET)
     async with fake, serve_fake(fake) as base_url:
         client = AgentsClient(api_key=API_KEY, base_url=base_url)

@@ -29,6 +29,8 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
+    "HISTORY_HEAD",
+    "HISTORY_TAIL",
     "CallEvent",
     "CallKey",
     "CallQuery",
@@ -43,6 +45,13 @@ __all__ = [
     "StoreStats",
     "parse_history",
 ]
+
+#: A call's history is bounded: every store keeps its first ``HISTORY_HEAD`` events and its
+#: last ``HISTORY_TAIL`` ones, and counts those dropped between them
+#: (:attr:`CallRecord.history_dropped`). A call refused a thousand times stays cheap to
+#: append to and to read, and still shows how it began and how it is going.
+HISTORY_HEAD = 10
+HISTORY_TAIL = 40
 
 
 class CallState(enum.StrEnum):
@@ -166,7 +175,8 @@ class CallRecord:
     reconcile hook answered); it is None in every other state. ``history`` is filled only
     where it was asked for (:meth:`Store.get_call` with ``history=True``, operator listings).
     ``next_attempt_at`` is when the recovery sweep may next retry a saved result that failed
-    to submit (``failures`` times so far).
+    to submit (``failures`` times so far). ``history_dropped`` counts the events left out of
+    a long history between its first :data:`HISTORY_HEAD` and last :data:`HISTORY_TAIL`.
     """
 
     key: CallKey
@@ -183,6 +193,7 @@ class CallRecord:
     history: tuple[CallEvent, ...] = ()
     next_attempt_at: float = 0.0
     failures: int = 0
+    history_dropped: int = 0
 
     def in_doubt(self, now: float) -> bool:
         """Claimed, but its lease ran out with no saved result: the handler may have run."""

@@ -83,7 +83,7 @@ async def test_ignored_lines_are_throttled_per_event_type(
 ) -> None:
     """A flood of one ignored type is one line a minute (the next one counts the rest)."""
     async with FakeAgentsAPI() as fake:
-        status, created = fake.endpoints.create(
+        _, created = fake.endpoints.create(
             {"url": APP_URL, "name": "app", "event_types": ["agent.session.idle"]}
         )
         async with connect(

@@ -36,7 +36,7 @@ from agentfn_asgi.tools import FunctionTools
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-COMMANDS = ["demo", "fake-api", "send", "listen", "tools", "status", "recover"]
+COMMANDS = ["demo", "fake-api", "send", "listen", "tools", "status", "recover", "webhooks"]
 
 
 async def run_cli(*argv: str) -> int:

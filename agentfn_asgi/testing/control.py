@@ -283,8 +283,9 @@ async def serve_fake_api(
         print(f"  OPENAI_API_KEY={api_key}", file=stream)
         print(f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}", file=stream)
         targets = ", ".join(webhook_urls) or (
-            "nowhere (pass --webhook-url, or forward from the event streams with "
-            "agentfn-asgi listen --forward-to URL)"
+            "nowhere (pass --webhook-url, create an endpoint with agentfn-asgi webhooks "
+            "create --url URL, or forward from the event streams with agentfn-asgi listen "
+            "--forward-to URL)"
         )
         print(f"  webhooks go to {targets}", file=stream)
         print(
@@ -313,6 +314,8 @@ async def serve_fake_api(
 def _describe_attempt(attempt: DeliveryAttempt, root: str) -> list[str]:
     """The log lines of one delivery attempt (``root``: where the control API answers)."""
     answer = attempt.status if attempt.status is not None else attempt.error
+    if attempt.test:
+        return [f"test webhook {attempt.event_type} -> {attempt.url}: {answer}"]
     line = f"webhook {attempt.event_type} -> {attempt.url}: {answer}"
     if attempt.next_retry is not None:
         line += f" (attempt {attempt.attempt}, next in {attempt.next_retry:g} s)"

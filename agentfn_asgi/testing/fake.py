@@ -253,6 +253,7 @@ class FakeAgentsAPI:
                 status=status,
                 error=error,
                 at=self.clock(),
+                test=True,
             )
         )
         return status

@@ -75,7 +75,8 @@ class DeliveryAttempt:
     counts from 1 per delivery; ``webhook_id`` is the same on every attempt (and on a
     duplicate), while the body's ``event_id`` names the event. ``next_retry`` is the delay
     before the next attempt, None when no attempt follows (this one succeeded, or the
-    sender gave up: see :attr:`gave_up`).
+    sender gave up: see :attr:`gave_up`). ``test`` marks the one attempt of a
+    ``POST /webhook_endpoints/{id}/test`` sample (never retried, never "given up").
     """
 
     webhook_id: str
@@ -88,6 +89,7 @@ class DeliveryAttempt:
     error: str | None
     at: float
     next_retry: float | None = None
+    test: bool = False
 
     @property
     def ok(self) -> bool:
@@ -97,7 +99,7 @@ class DeliveryAttempt:
     @property
     def gave_up(self) -> bool:
         """True when this attempt failed and was the last: the webhook was not delivered."""
-        return not self.ok and self.next_retry is None
+        return not self.ok and self.next_retry is None and not self.test
 
 
 @dataclass(slots=True)

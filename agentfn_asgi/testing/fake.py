@@ -12,7 +12,9 @@ It also runs over loopback with :func:`~agentfn_asgi.testing.serve_fake`. It ser
 ``POST …/{id}/events``, ``GET …/{id}/events`` (SSE, until the session is idle) and
 ``DELETE …/{id}``, checks bearer auth and ``OpenAI-Beta: agents=v1``, sends signed webhooks,
 records what it accepted, and can inject the faults a real deployment meets (a stream cut
-mid-turn and repeated stream events among them).
+mid-turn and repeated stream events among them). It also serves the webhook endpoint API
+(``/v1/webhook_endpoints``..., :mod:`~agentfn_asgi.testing.fake_endpoints`): endpoints
+created there get the events they subscribe to, signed with their own secret.
 
 Scripted sessions: :meth:`FakeAgentsAPI.create_session` takes the *steps* of one turn; each
 step is a batch of parallel function calls that are pending together. When every call of a

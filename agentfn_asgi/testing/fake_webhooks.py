@@ -148,6 +148,9 @@ class WebhookSender:
         self._sending: set[asyncio.Task[None]] = set()
         self.secrets = tuple(secrets)
         self.urls = list(urls)
+        #: Sessions whose events are not delivered right now (:meth:`FakeAgentsAPI.create_session`
+        #: with ``deliver=False``).
+        self.muted: set[str] = set()
         """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
         self._url_clients: dict[str, httpx.AsyncClient] = {}
         self.retry_delays = tuple(retry_delays)
@@ -195,7 +198,9 @@ class WebhookSender:
         self, event_type: str, data: dict[str, Any], *, session_id: str | None = None
     ) -> str | None:
         """Queue one event for every URL and every endpoint subscribed to ``event_type``;
-        return its ``webhook-id`` (None when it goes nowhere)."""
+        return its ``webhook-id`` (None when it goes nowhere, or for a muted session)."""
+        if session_id is not None and session_id in self.muted:
+            return None
         subscribed = self.endpoints.subscribed(event_type) if self.endpoints else []
         if not self.urls and not subscribed:
             return None

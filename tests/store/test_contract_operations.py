@@ -300,12 +300,12 @@ async def test_namespaces_share_a_store_without_seeing_each_other(
     store_factory: StoreFactory, clock: FakeClock
 ) -> None:
     """Two apps (two OpenAI projects) on one store: each sweeps, lists and counts only its
-    own deliveries and calls; delivery ids stay unique across both."""
+    own deliveries and calls; a delivery id is each namespace's own (issue 22)."""
     one = await store_factory(namespace="proj_1")
     two = await store_factory(namespace="proj_2")
     assert await one.record_delivery("msg_1", "s1") is True
     assert await two.record_delivery("msg_2", "s2") is True
-    assert await two.record_delivery("msg_1", "s1") is False
+    assert await two.record_delivery("msg_1", "s1") is True
     await one.claim_call(KEY, tool_name="t", owner="a", lease_seconds=LEASE)
     other = CallKey("s2", "t", "c")
     await two.claim_call(other, tool_name="t", owner="b", lease_seconds=LEASE)
@@ -321,6 +321,6 @@ async def test_namespaces_share_a_store_without_seeing_each_other(
     assert [r.key for r in await one.list_calls(CallQuery())] == [KEY]
     assert (await one.stats()).calls_by_state["claimed"] == 1
     assert (await two.stats()).calls_by_state["claimed"] == 0
-    assert [d.delivery_id for d in await two.list_deliveries()] == ["msg_2"]
+    assert sorted(d.delivery_id for d in await two.list_deliveries()) == ["msg_1", "msg_2"]
     await one.prune(deliveries_before=clock.now + 1, calls_before=clock.now + 1)
-    assert [d.delivery_id for d in await two.list_deliveries()] == ["msg_2"]
+    assert sorted(d.delivery_id for d in await two.list_deliveries()) == ["msg_1", "msg_2"]

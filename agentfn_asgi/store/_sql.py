@@ -24,9 +24,15 @@ from :func:`schema_changes` on open), the statement that writes it below, its fi
 :func:`~agentfn_asgi.store._codec.record_from_mapping`. A data migration goes into
 :data:`UPGRADES` with a bump of :data:`SCHEMA_VERSION`.
 
-A call's history is text: the JSON events each statement appends (``history || event``, no
-separator; :func:`~agentfn_asgi.records.parse_history` reads them back). ``{columns}`` (the
-hot path: claims, saves, the sweep) leaves it out; ``{detail_columns}`` adds it.
+Every record is keyed by its namespace first (``(namespace, session_id, turn_id, call_id)``,
+``(namespace, delivery_id)``): ``{key}`` and every other condition name ``:namespace``, the
+store's, so a store never reads or changes another namespace's rows.
+
+A call's history is bounded text (:func:`~agentfn_asgi.store._sql_schema.append_sql`): its
+first events in ``history`` (JSON objects, no separator), its last ones in ``history_tail``
+(one per line) and the count of all in ``history_count``;
+:func:`~agentfn_asgi.records.parse_history` reads both parts back. ``{columns}`` (the hot
+path: claims, saves, the sweep) leaves them out; ``{detail_columns}`` adds them.
 """
 
 from __future__ import annotations

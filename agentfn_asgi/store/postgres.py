@@ -10,7 +10,9 @@ already decided. The statements and the store's methods are shared with SQLite
 
 Tables live in their own schema (``schema="agentfn"``), created or upgraded at
 :meth:`PostgresStore.open` under a transaction-level advisory lock so replicas starting
-together do not race on DDL. The schema's version is kept in its ``schema_version`` table.
+together do not race on DDL, in one transaction (rows from before namespaces existed are
+adopted by the namespace of the store that upgrades). The schema's version is kept in its
+``schema_version`` table.
 
 Time: every timestamp and lease comparison uses the injected ``clock`` (passed as a query
 parameter, never ``now()``), so leases are compared in the callers' time and tests can use a

@@ -18,7 +18,8 @@ checkpoint. Pass ``synchronous="FULL"`` (or ``?synchronous=FULL`` in the URL) to
 every commit at a throughput cost.
 
 Lifecycle. The connection is opened, and the schema created or upgraded from an older
-version, by :meth:`SQLiteStore.open`, or automatically by the first operation. After
+version (in one transaction; rows from before namespaces existed are adopted by this
+store's namespace), by :meth:`SQLiteStore.open`, or automatically by the first operation. After
 :meth:`SQLiteStore.close` operations raise :class:`StoreUnavailableError` until ``open()``
 is called again.
 """

@@ -238,6 +238,113 @@ async def test_a_long_history_is_bounded_on_upgrade(backend: str, tmp_path: Path
         assert again.history[:10] == owed.history[:10]
 
 
+async def database_shape(loaded: Loaded, backend: str) -> dict[str, Any]:
+    """Each table's columns and primary key, and the indexes, as the database reports them
+    (the schema's own name left out)."""
+    if backend == "sqlite":
+        path = loaded.url.removeprefix("sqlite:///")
+        with contextlib.closing(sqlite3.connect(path)) as raw:
+            shape: dict[str, Any] = {
+                table: sorted(
+                    (name, kind, notnull, default, pk)
+                    for _, name, kind, notnull, default, pk in raw.execute(
+                        "SELECT * FROM pragma_table_info(?)", (table,)
+                    )
+                )
+                for table in ("calls", "deliveries")
+            }
+            shape["indexes"] = sorted(
+                raw.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'")
+            )
+        shape["keys"] = {
+            table: ", ".join(
+                name for name, *_, pk in sorted(shape[table], key=lambda c: c[-1]) if pk
+            )
+            for table in ("calls", "deliveries")
+        }
+        return shape
+    import asyncpg
+
+    schema = loaded.url.rsplit("schema=", 1)[1]
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        shape = {
+            table: sorted(
+                tuple(row)
+                for row in await conn.fetch(
+                    "SELECT column_name, data_type, is_nullable, column_default"
+                    " FROM information_schema.columns"
+                    " WHERE table_schema = $1 AND table_name = $2",
+                    schema,
+                    table,
+                )
+            )
+            + sorted(
+                tuple(row)
+                for row in await conn.fetch(
+                    "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+                    " WHERE conrelid = to_regclass(quote_ident($1) || '.' || $2)",
+                    schema,
+                    table,
+                )
+            )
+            for table in ("calls", "deliveries")
+        }
+        indexes = await conn.fetch(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1", schema
+        )
+        shape["indexes"] = sorted(
+            (row["indexname"], row["indexdef"].replace(schema, "S")) for row in indexes
+        )
+        shape["keys"] = {
+            table: next(d for _, d in shape[table][-1:]).removeprefix("PRIMARY KEY (")[:-1]
+            for table in ("calls", "deliveries")
+        }
+        return shape
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("version", [1, 2, 3])
+async def test_an_upgraded_database_has_the_shape_of_a_new_one(
+    backend: str, version: int, tmp_path: Path
+) -> None:
+    """After the upgrade the tables have a new database's columns and primary keys (the
+    namespace first) and exactly its indexes, so the sweep's and prune's queries use the
+    same indexes on both."""
+    async with (
+        restored(backend, version, tmp_path) as old,
+        restored(backend, version, tmp_path) as new,
+    ):
+        await old.open("proj_x")
+        # A new database: the same restore, emptied of its tables first.
+        await drop_tables(new, backend)
+        await new.open("proj_x")
+        upgraded, fresh = await database_shape(old, backend), await database_shape(new, backend)
+        assert upgraded == fresh
+        assert upgraded["keys"] == {
+            "calls": "namespace, session_id, turn_id, call_id",
+            "deliveries": "namespace, delivery_id",
+        }
+
+
+async def drop_tables(loaded: Loaded, backend: str) -> None:
+    if backend == "sqlite":
+        path = loaded.url.removeprefix("sqlite:///")
+        with contextlib.closing(sqlite3.connect(path)) as raw:
+            raw.executescript("DROP TABLE calls; DROP TABLE deliveries; PRAGMA user_version = 0;")
+        return
+    import asyncpg
+
+    schema = loaded.url.rsplit("schema=", 1)[1]
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
 # -- through the app --------------------------------------------------------------------------
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

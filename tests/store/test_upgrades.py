@@ -10,8 +10,10 @@ version, with a namespace (an app with ``OPENAI_PROJECT_ID=proj_x``) or without:
   settled, the delivery is due; no other namespace sees them;
 - rows written at schema 3 keep the namespace they were written with;
 - a long history written before the bound is cut to its first and last events on upgrade;
-- through the app: its start-up sweep submits the owed result to the (fake) Agents API,
-  resolves the delivery, and an operator settles the quarantined call, which is submitted.
+- through the app (schemas 1 and 2): its start-up sweep submits the owed result to the
+  (fake) Agents API, resolves the delivery, and an operator settles the quarantined call,
+  which is submitted;
+- the upgraded database has a new one's columns, primary keys and indexes.
 """
 
 from __future__ import annotations
@@ -372,11 +374,12 @@ def refusing_tools(ran: list[str]) -> FunctionTools:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("project", ["proj_x", None])
-async def test_an_app_upgrading_a_schema_2_store_submits_what_it_owes(
-    backend: str, project: str | None, tmp_path: Path
+async def test_an_app_upgrading_a_store_from_before_namespaces_submits_what_it_owes(
+    backend: str, version: int, project: str | None, tmp_path: Path
 ) -> None:
-    """An app started on a schema-2 store (with ``OPENAI_PROJECT_ID=proj_x``, or with no
+    """An app started on a schema-1 or -2 store (with ``OPENAI_PROJECT_ID=proj_x``, or no
     project) submits the saved result through its start-up sweep and resolves the
     delivery; an operator lists the quarantined call and settles it, and that result is
     submitted too. Nothing runs twice."""
@@ -393,7 +396,7 @@ async def test_an_app_upgrading_a_schema_2_store_submits_what_it_owes(
     }
     ran: list[str] = []
     async with contextlib.AsyncExitStack() as stack:
-        loaded = await stack.enter_async_context(restored(backend, 2, tmp_path, turn))
+        loaded = await stack.enter_async_context(restored(backend, version, tmp_path, turn))
         base = await stack.enter_async_context(serve_fake(fake))
         environ = {
             "OPENAI_API_KEY": "sk-test",

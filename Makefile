@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit browser screenshots reliability fuzz-long bench bench-quick clean
+.PHONY: demo test lint types unit browser screenshots reliability fuzz-long histories-long bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,6 +42,11 @@ reliability: $(STAMP)
 # The long hostile-input profile: many more hypothesis examples than `make test` runs.
 fuzz-long: $(STAMP)
 	AGENTFN_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q -m reliability tests/test_fuzz_webhook.py
+
+# The long profile of the generated store histories: ten times the examples of `make test`
+# (new ones on every run), on every backend (Redis and PostgreSQL must be running).
+histories-long: $(STAMP)
+	AGENTFN_HISTORY_EXAMPLES=2000 $(BIN)/pytest -q tests/store/test_histories.py
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run

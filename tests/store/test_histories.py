@@ -414,9 +414,21 @@ class Histories(RuleBasedStateMachine):
     def start(self) -> None:
         """Every example starts from empty stores at START (see __init__)."""
 
-    @rule(seconds=st.sampled_from([0.5, 1.0, 5.0, 10.0, 30.0, 35.5, 60.0]))
+    # Leases are 10 or 30 s and margins 0 or 5 s: these land a claim's expiry exactly on,
+    # just after and past its lease end and its margin's end, where guards compare.
+    @rule(seconds=st.sampled_from([0.5, 1.0, 5.0, 10.0, 10.5, 15.0, 30.0, 30.5, 35.0, 60.0]))
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)  # changes no record: the reads compare what time changes
+
+    @precondition(lambda self: self.calls_exist)
+    @rule(data=st.data(), offset=st.sampled_from([0.0, 0.5, 5.0, 5.5]))
+    def advance_to_lease_end(self, data: st.DataObject, offset: float) -> None:
+        """Move time to a claim's lease end plus ``offset``: exactly at it, just past it, at
+        the end of a 5 s margin and past it (where the lease and margin guards compare)."""
+        ns, key = self.target(data, "claimed")
+        record = self.backend.run(self.reference[ns].get_call(key))
+        if record is not None and record.state.value == "claimed":
+            self.clock.now = max(self.clock.now, record.lease_expires_at + offset)
 
     # -- deliveries ----------------------------------------------------------------------
     @rule(
@@ -805,9 +817,17 @@ class Histories(RuleBasedStateMachine):
             )
 
     def teardown(self) -> None:
-        """At the end of every example: everything, and the counts, once more."""
-        if not self.failed:
-            self.compare_records(calls=True, deliveries=True, stats=True)
+        """At the end of every example: everything, and the counts, once more, and what
+        the sweep and the operators would find now (the reads that depend on the time)."""
+        if self.failed:
+            return
+        self.compare_records(calls=True, deliveries=True, stats=True)
+        for ns in NAMESPACES:
+            for margin in (0.0, 5.0):
+                self.read_expired_claims(ns, margin, 1000)
+            self.read_unsubmitted_results(ns, 0.0, 1000, 1)
+            self.read_unresolved_deliveries(ns, 0.0, 1000, 1)
+            self.read_list_calls(ns, "in_doubt", None, None, None, 1000, 1)
 
     def compare_records(
         self,

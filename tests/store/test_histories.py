@@ -105,6 +105,9 @@ results = st.builds(
     full_output=st.sampled_from([None, "a long output"]),
 )
 durations = st.sampled_from([None, 0.25, 1.5])
+#: Where time goes relative to a claim's lease end before a step that compares with it:
+#: exactly at it, just past it, at the end of a 5 s margin and past that; None: stays.
+lease_ends = st.sampled_from([None, 0.0, 0.5, 5.0, 5.5])
 
 
 # -- what is compared ----------------------------------------------------------------------
@@ -369,13 +372,17 @@ class Histories(RuleBasedStateMachine):
         return self.clock.now
 
     def existing(self) -> list[tuple[str, CallKey, str]]:
-        """The calls the reference holds, as ``(namespace, key, state)``."""
+        """The calls the reference holds, as ``(namespace, key, state)``; a claim whose lease
+        ran out is in state ``lapsed`` here (in doubt, whatever the margin)."""
+
+        def state(record: CallRecord) -> str:
+            return "lapsed" if record.in_doubt(self.clock.now) else record.state.value
 
         async def listed() -> list[tuple[str, CallKey, str]]:
             found = []
             for ns in NAMESPACES:
                 records = await self.reference[ns].list_calls(CallQuery(limit=1000))
-                found += [(ns, record.key, record.state.value) for record in records]
+                found += [(ns, record.key, state(record)) for record in records]
             return sorted(found, key=lambda item: (item[0], *_key_tuple(item[1])))
 
         return self.backend.run(listed())
@@ -421,11 +428,16 @@ class Histories(RuleBasedStateMachine):
         self.clock.advance(seconds)  # changes no record: the reads compare what time changes
 
     @precondition(lambda self: self.calls_exist)
-    @rule(data=st.data(), offset=st.sampled_from([0.0, 0.5, 5.0, 5.5]))
-    def advance_to_lease_end(self, data: st.DataObject, offset: float) -> None:
-        """Move time to a claim's lease end plus ``offset``: exactly at it, just past it, at
-        the end of a 5 s margin and past it (where the lease and margin guards compare)."""
+    @rule(data=st.data(), offset=lease_ends)
+    def advance_to_lease_end(self, data: st.DataObject, offset: float | None) -> None:
+        """Move time to a live claim's lease end plus ``offset`` (see ``lease_ends``)."""
         ns, key = self.target(data, "claimed")
+        self.wait_for_lease_end(ns, key, offset)
+
+    def wait_for_lease_end(self, ns: str, key: CallKey, offset: float | None) -> None:
+        """If ``key`` is claimed, move time (forward only) to its lease end plus ``offset``."""
+        if offset is None:
+            return
         record = self.backend.run(self.reference[ns].get_call(key))
         if record is not None and record.state.value == "claimed":
             self.clock.now = max(self.clock.now, record.lease_expires_at + offset)
@@ -489,6 +501,7 @@ class Histories(RuleBasedStateMachine):
         lease=leases,
         delivery_id=st.sampled_from([None, "d1"]),
         margin=margins,
+        wait=lease_ends,
     )
     def claim_call(
         self,
@@ -498,8 +511,10 @@ class Histories(RuleBasedStateMachine):
         lease: float,
         delivery_id: str | None,
         margin: float,
+        wait: float | None,
     ) -> None:
         ns, key = self.target(data)
+        self.wait_for_lease_end(ns, key, wait)
         self.both(
             f"claim_call({key}, tool_name={tool_name!r}, owner={owner!r}, lease_seconds={lease},"
             f" delivery_id={delivery_id!r}, margin={margin})",
@@ -521,7 +536,7 @@ class Histories(RuleBasedStateMachine):
     def renew_lease(
         self, data: st.DataObject, who: str, owner: str, attempt: int, lease: float
     ) -> None:
-        ns, key = self.target(data, "claimed")
+        ns, key = self.target(data, "claimed", "lapsed")
         owner, attempt = self.fenced(ns, key, who, owner, attempt)
         self.both(
             f"renew_lease({key}, owner={owner!r}, attempt={attempt}, lease_seconds={lease})",
@@ -548,7 +563,7 @@ class Histories(RuleBasedStateMachine):
         result: SavedResult,
         duration: float | None,
     ) -> None:
-        ns, key = self.target(data, "claimed")
+        ns, key = self.target(data, "claimed", "lapsed")
         owner, attempt = self.fenced(ns, key, who, owner, attempt)
         self.both(
             f"save_result({key}, owner={owner!r}, attempt={attempt}, result={result!r}, "
@@ -607,7 +622,7 @@ class Histories(RuleBasedStateMachine):
         since=st.sampled_from([None, "now", "now-1", "updated_at", "updated_at-0.5"]),
     )
     def mark_stale(self, data: st.DataObject, since: str | None) -> None:
-        ns, key = self.target(data, "claimed", "succeeded", "failed")
+        ns, key = self.target(data, "claimed", "lapsed", "succeeded", "failed")
         unchanged_since: float | None = None
         if since is not None:
             base = self.now()
@@ -634,7 +649,7 @@ class Histories(RuleBasedStateMachine):
     def quarantine(
         self, data: st.DataObject, who: str, owner: str, attempt: int, reason: str
     ) -> None:
-        ns, key = self.target(data, "claimed")
+        ns, key = self.target(data, "claimed", "lapsed")
         owner, attempt = self.fenced(ns, key, who, owner, attempt)
         self.both(
             f"quarantine({key}, owner={owner!r}, attempt={attempt}, reason={reason!r})",
@@ -644,9 +659,12 @@ class Histories(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self.calls_exist)
-    @rule(data=st.data(), result=results, margin=margins)
-    def settle(self, data: st.DataObject, result: SavedResult, margin: float) -> None:
-        ns, key = self.target(data, "quarantined", "claimed")
+    @rule(data=st.data(), result=results, margin=margins, wait=lease_ends)
+    def settle(
+        self, data: st.DataObject, result: SavedResult, margin: float, wait: float | None
+    ) -> None:
+        ns, key = self.target(data, "quarantined", "lapsed", "claimed")
+        self.wait_for_lease_end(ns, key, wait)
         self.both(
             f"settle({key}, result={result!r}, margin={margin})",
             ns,
@@ -656,9 +674,12 @@ class Histories(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: self.calls_exist)
-    @rule(data=st.data(), owner=owners, lease=leases, margin=margins)
-    def release(self, data: st.DataObject, owner: str, lease: float, margin: float) -> None:
-        ns, key = self.target(data, "quarantined", "claimed")
+    @rule(data=st.data(), owner=owners, lease=leases, margin=margins, wait=lease_ends)
+    def release(
+        self, data: st.DataObject, owner: str, lease: float, margin: float, wait: float | None
+    ) -> None:
+        ns, key = self.target(data, "quarantined", "lapsed", "claimed")
+        self.wait_for_lease_end(ns, key, wait)
         self.both(
             f"release({key}, owner={owner!r}, lease_seconds={lease}, margin={margin})",
             ns,

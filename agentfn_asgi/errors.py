@@ -55,6 +55,10 @@ __all__ = [
     "APITimeoutError",
     "AgentFnError",
     "AgentFnWarning",
+    "ApprovalDecidedError",
+    "ApprovalError",
+    "ApprovalExpiredError",
+    "ApprovalNotFoundError",
     "ArgumentValidationError",
     "AuthenticationError",
     "BadRequestError",
@@ -187,6 +191,33 @@ class WebhookTimestampError(WebhookVerificationError):
     """The ``webhook-timestamp`` is outside the tolerance window (too old or too new)."""
 
     status_code = 401
+
+
+class ApprovalError(AgentFnError):
+    """A decision on an approval request was refused (``approve``/``deny``: the CLI's exit 1).
+    ``approval_id`` names the request."""
+
+    def __init__(self, message: str, *, approval_id: str) -> None:
+        super().__init__(message)
+        self.approval_id = approval_id
+
+
+class ApprovalNotFoundError(ApprovalError):
+    """No call in this store (and namespace) has an approval request with this id."""
+
+
+class ApprovalDecidedError(ApprovalError):
+    """The request was decided already (``decision``: ``approved``, ``denied`` or
+    ``expired``), or the call stopped waiting (stale): a decision is taken once."""
+
+    def __init__(self, message: str, *, approval_id: str, decision: str | None) -> None:
+        super().__init__(message, approval_id=approval_id)
+        self.decision = decision
+
+
+class ApprovalExpiredError(ApprovalDecidedError):
+    """The request expired before this decision: the call fails, saying nobody approved it
+    in time."""
 
 
 class StoreError(AgentFnError):

@@ -107,6 +107,8 @@ OUTCOME_LABELS = {
     "failed": "failed",
     "stale": "stale",
     "held": "held",
+    "awaiting_approval": "waiting for approval",
+    "approved": "approved",
 }
 
 

@@ -115,6 +115,8 @@ _OUTCOME_FILTERS = {
     "failed": (("submitted", "submitted (succeeded and failed)"),),
     "stale": (("stale", "stale"),),
     "held": (("quarantined", "quarantined"),),
+    "awaiting_approval": (("awaiting_approval", "waiting for approval"),),
+    "approved": (("approved", "approved, about to run"),),
 }
 
 

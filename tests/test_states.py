@@ -139,9 +139,9 @@ def test_an_approved_call_is_claimed_as_a_fresh_attempt_by_anyone() -> None:
     """run_approved: only from approved, no holder needed (any replica), next attempt;
     nothing else leads out of approved but the session no longer waiting (stale)."""
     row = TRANSITIONS["run_approved"]
-    assert row.new_attempt and row.target is CallState.CLAIMED and row.sources == {
-        CallState.APPROVED
-    }
+    assert (
+        row.new_attempt and row.target is CallState.CLAIMED and row.sources == {CallState.APPROVED}
+    )
     assert allows(row, record(CallState.APPROVED, owner="someone else"), now=NOW)
     for state in set(CallState) - {CallState.APPROVED}:
         assert not allows(row, record(state), now=NOW)

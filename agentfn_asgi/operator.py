@@ -26,7 +26,8 @@ from typing import Any, Literal, Protocol
 
 from .dispatch import Dispatcher
 from .errors import APIError, ConfigurationError, StoreError
-from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
+from .records import CallEvent, CallKey, CallQuery, CallRecord, DeliveryRecord
+from .states import settleable
 from .store.base import Store
 
 __all__ = [
@@ -381,8 +382,7 @@ class Operator:
         )
 
     def _settleable(self, record: CallRecord) -> bool:
-        expired_before = self._clock() - self._margin
-        return record.state is CallState.QUARANTINED or record.in_doubt(expired_before)
+        return settleable(record, now=self._clock(), margin=self._margin)
 
 
 def _event_view(event: CallEvent) -> CallEventView:

@@ -80,4 +80,5 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         history=parse_history(row.get("history")),
         next_attempt_at=float(row.get("next_attempt_at") or 0.0),
         failures=int(row.get("failures") or 0),
+        history_dropped=int(row.get("history_dropped") or 0),
     )

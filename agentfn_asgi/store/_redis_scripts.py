@@ -280,9 +280,8 @@ MIGRATE_DELIVERIES = (
 local moved = 0
 for i = 2, #ARGV do
   local old = P .. 'd:' .. ARGV[i]
-  local ns = redis.call('HGET', old, 'namespace')
-  local new = space(ns) .. 'd:' .. ARGV[i]
-  if ns and redis.call('EXISTS', new) == 0 then
+  local new = space(redis.call('HGET', old, 'namespace')) .. 'd:' .. ARGV[i]
+  if redis.call('EXISTS', old) == 1 and redis.call('EXISTS', new) == 0 then
     redis.call('RENAME', old, new)
     moved = moved + 1
   end

@@ -60,7 +60,7 @@ async def _restore(prefix: str) -> None:
                     pipe.sadd(key, *value)
                 else:
                     assert kind == "zset", kind
-                    pipe.zadd(key, {member: score for member, score in value})
+                    pipe.zadd(key, dict(value))
             await pipe.execute()
     except OSError as exc:
         require_service("redis", str(exc))

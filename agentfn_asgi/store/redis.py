@@ -120,14 +120,19 @@ def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
     return {str(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def _record(reply: Sequence[Any]) -> CallRecord:
-    """A call from a script's ``{hash fields, history events}`` reply."""
+def _record(reply: Sequence[Any], *, history: bool = False) -> CallRecord:
+    """A call from a script's ``{hash fields, history events}`` reply; its history (and the
+    count of events dropped from it) only when the read asked for it, like every store."""
     flat, events = reply
+    if not history:
+        return _plain(flat)
     return record_from_mapping({**_pairs(flat), "history": "\n".join(events)})
 
 
 def _plain(flat: Sequence[Any]) -> CallRecord:
-    return record_from_mapping(_pairs(flat))
+    data = _pairs(flat)
+    data.pop("history_dropped", None)
+    return record_from_mapping(data)
 
 
 def _delivery(flat: Sequence[Any]) -> DeliveryRecord:
@@ -322,8 +327,10 @@ class RedisStore:
         if page:
             yield page
 
-    async def _calls(self, script: str, keys: Sequence[str], *args: object) -> list[CallRecord]:
-        return [_record(reply) for reply in await self._run(script, keys, *args)]
+    async def _calls(
+        self, script: str, keys: Sequence[str], *args: object, history: bool = False
+    ) -> list[CallRecord]:
+        return [_record(r, history=history) for r in await self._run(script, keys, *args)]
 
     async def _step(
         self, script: str, key: CallKey, *args: object, now: float | None = None
@@ -539,11 +546,11 @@ class RedisStore:
         reply = await self._run(
             "get_call", [self._call_key(key)], _member(key), "1" if history else "0"
         )
-        return _record(reply) if reply else None
+        return _record(reply, history=history) if reply else None
 
     async def find_calls(self, call_id: str) -> list[CallRecord]:
         """Every call with ``call_id`` in this namespace, with its history."""
-        found = await self._calls("set_calls", [f"{self._space}k:{_h(call_id)}"], "1")
+        found = await self._calls("set_calls", [f"{self._space}k:{_h(call_id)}"], "1", history=True)
         found.sort(key=lambda c: (c.created_at, c.key.session_id, c.key.turn_id))
         return found
 

@@ -298,6 +298,8 @@ async def test_a_long_history_keeps_its_first_and_last_events(make_store: StoreM
     assert record.failures == 2000
     [found] = await store.find_calls("c")
     assert (found.history, found.history_dropped) == (record.history, record.history_dropped)
+    plain = await store.get_call(key)  # without its history: none of it, like every store
+    assert plain is not None and (plain.history, plain.history_dropped) == ((), 0)
     client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         [history_key] = await _keys(f"{store._space}h:*")

@@ -148,18 +148,22 @@ async def test_two_projects_share_a_store_without_interference(
         assert [c["session_id"] for c in listed] == [sessions["proj_a"]]
 
 
-@pytest.mark.xfail(strict=True, reason="keys not namespaced yet in the durable stores")
 @pytest.mark.parametrize("backend", DURABLE)
 async def test_recover_with_another_projects_settings_leaves_the_call_alone(
     backend: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     """Project A's result is saved but not submitted (A's API refused it for a while).
     ``agentfn-asgi recover --session <A's>`` run with project B's settings (namespace, key,
     API) does not see A's call: it neither marks it stale nor submits it. A's own sweep
     then submits it to A's API."""
+    if backend != "redis":  # Redis keys carry the namespace since key layout 3
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="keys not namespaced yet in the SQL stores")
+        )
     ran: list[str] = []
     tools = registry(ran)
     fakes = {

@@ -23,7 +23,7 @@ Three rules the helpers keep:
 
 from __future__ import annotations
 
-from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL
+from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL, CallState
 
 __all__ = [
     "CLAIM",
@@ -39,6 +39,7 @@ __all__ = [
     "MIGRATED",
     "MIGRATE_CALLS",
     "MIGRATE_DELIVERIES",
+    "MIGRATE_INDEXES",
     "PRUNE_CALLS",
     "PRUNE_DELIVERIES",
     "QUARANTINE",
@@ -65,7 +66,9 @@ local HISTORY_HEAD, HISTORY_TAIL = {HISTORY_HEAD}, {HISTORY_TAIL}
 _PRELUDE = (
     _HISTORY
     + """
+-- N: the namespace's prefix, I: its indexes' (the migration moves them per record).
 local N = ARGV[1]
+local I = N .. 'i:'
 local function h(text) return redis.sha1hex(text) end
 local function call_key(member) return N .. 'c:' .. h(member) end
 local function history_key(member) return N .. 'h:' .. h(member) end
@@ -80,20 +83,20 @@ local function reindex_call(key, member)
   local r = redis.call('HMGET', key, 'state', 'created_at', 'lease_expires_at',
                        'next_attempt_at', 'updated_at', 'success')
   local state, created = r[1], r[2]
-  for _, s in ipairs(STATES) do redis.call('ZREM', N .. 'state:' .. s, member) end
+  for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
   for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed'}) do
-    redis.call('ZREM', N .. name, member)
+    redis.call('ZREM', I .. name, member)
   end
-  redis.call('ZADD', N .. 'calls', created, member)
-  redis.call('ZADD', N .. 'state:' .. state, created, member)
+  redis.call('ZADD', I .. 'calls', created, member)
+  redis.call('ZADD', I .. 'state:' .. state, created, member)
   if state == 'claimed' then
-    redis.call('ZADD', N .. 'lease', r[3], member)
+    redis.call('ZADD', I .. 'lease', r[3], member)
   elseif SAVED[state] then
-    redis.call('ZADD', N .. 'due', r[4], member)
+    redis.call('ZADD', I .. 'due', r[4], member)
   elseif state == 'submitted' or state == 'stale' then
-    redis.call('ZADD', N .. 'finished', r[5], member)
+    redis.call('ZADD', I .. 'finished', r[5], member)
     if state == 'submitted' and r[6] == '0' then
-      redis.call('ZADD', N .. 'submitted_failed', created, member)
+      redis.call('ZADD', I .. 'submitted_failed', created, member)
     end
   end
 end
@@ -101,15 +104,15 @@ end
 -- The namespace's delivery indexes agree with the delivery's hash as it is now.
 local function reindex_delivery(key, id)
   local d = redis.call('HMGET', key, 'received_at', 'resolved', 'attempts', 'next_attempt_at')
-  redis.call('ZADD', N .. 'deliveries', d[1], id)
+  redis.call('ZADD', I .. 'deliveries', d[1], id)
   if d[2] == '1' then
-    redis.call('ZREM', N .. 'unresolved', id)
-    redis.call('ZREM', N .. 'deliveries_due', id)
-    redis.call('ZREM', N .. 'failing', id)
+    redis.call('ZREM', I .. 'unresolved', id)
+    redis.call('ZREM', I .. 'deliveries_due', id)
+    redis.call('ZREM', I .. 'failing', id)
   else
-    redis.call('ZADD', N .. 'unresolved', d[1], id)
-    redis.call('ZADD', N .. 'deliveries_due', d[4], id)
-    if d[3] ~= '0' then redis.call('ZADD', N .. 'failing', d[1], id) end
+    redis.call('ZADD', I .. 'unresolved', d[1], id)
+    redis.call('ZADD', I .. 'deliveries_due', d[4], id)
+    if d[3] ~= '0' then redis.call('ZADD', I .. 'failing', d[1], id) end
   end
 end
 
@@ -210,27 +213,80 @@ return ''
 
 # -- migration from layout 2 ---------------------------------------------------------------
 # Layout 2 kept records, histories and the session and call-id sets outside the namespaces
-# ({p}c:, {p}h:, {p}d:, {p}s:, {p}k:), the namespace a field of each hash; its indexes were
-# already under {p}n:{h(namespace)}: and stay as they are. Each script moves one batch of
-# records into the namespace written in them, all or nothing; a record already moved (by
-# another replica opening at the same time) is skipped, and an existing layout-3 key is
-# never overwritten, so running a batch twice, or two replicas at once, changes nothing more.
+# ({p}c:, {p}h:, {p}d:, {p}s:, {p}k:), the namespace a field of each hash, and its indexes
+# at {p}n:{h(namespace)}:{name}. The scripts below move one batch each, all or nothing; what
+# another replica (opening at the same time) already moved is skipped and an existing
+# layout-3 key is never overwritten, so running a batch twice, or two replicas at once,
+# changes nothing more.
 
-_MIGRATE_PRELUDE = (
-    _HISTORY
+#: The indexes of a namespace (layout 3 keeps them at ``{n}i:{name}``).
+INDEXES = (
+    "deliveries",
+    "unresolved",
+    "deliveries_due",
+    "failing",
+    "calls",
+    *(f"state:{state.value}" for state in CallState),
+    "lease",
+    "due",
+    "finished",
+    "submitted_failed",
+)
+
+#: What a layout-2 index key holds after the upgrade: a string, so that a replica of the
+#: earlier release still running fails on its next step (WRONGTYPE) instead of writing
+#: records that no replica of this release would ever see.
+STOPPED = (
+    "agentfn-asgi: this key prefix holds key layout 3; replicas of an earlier release "
+    "must be stopped"
+)
+
+# Guarantees: each layout-2 index of the namespaces (hashed names) is moved to its layout-3
+# key, and its old key becomes STOPPED, in one step. ARGV: P, then hashed namespaces.
+MIGRATE_INDEXES = (
+    "local NAMES = {"
+    + ", ".join(f"'{name}'" for name in INDEXES)
+    + "}\n"
+    + f"local STOPPED = '{STOPPED}'\n"
     + """
 local P = ARGV[1]
-local function h(text) return redis.sha1hex(text) end
-local function space(ns) return P .. 'n:' .. h(ns or '') .. ':' end
+for i = 2, #ARGV do
+  local space = P .. 'n:' .. ARGV[i] .. ':'
+  for _, name in ipairs(NAMES) do
+    local old, new = space .. name, space .. 'i:' .. name
+    if redis.call('TYPE', old).ok == 'zset' then
+      -- The layout-3 index is the authority once it exists: records still to move are
+      -- indexed again as they move.
+      if redis.call('EXISTS', new) == 0 then
+        redis.call('RENAME', old, new)
+      else
+        redis.call('DEL', old)
+      end
+    end
+    if redis.call('EXISTS', old) == 0 then redis.call('SET', old, STOPPED) end
+  end
+end
+return #ARGV - 1
 """
 )
 
-# Guarantees: each layout-2 call of the batch moves, with its history, into its namespace;
-# the history is bounded like every layout-3 history (first and last events kept, the rest
-# counted in history_dropped); the namespace's session and call-id sets gain its member.
-# ARGV: P, then the calls' hashed members (the part after {p}c:). Returns how many moved.
-MIGRATE_CALLS = (
-    _MIGRATE_PRELUDE
+# The migration scripts' own helpers, after the prelude: ``enter`` points the prelude's N
+# and I (its key and index prefixes) at a record's namespace.
+_MIGRATE = """
+local P = ARGV[1]
+local function enter(ns)
+  N = P .. 'n:' .. h(ns or '') .. ':'
+  I = N .. 'i:'
+end
+"""
+
+# Guarantees: each layout-2 call of the batch moves, with its history, into the namespace
+# written in it, and is indexed there; the history is bounded like every layout-3 history
+# (first and last events kept, the rest counted in history_dropped); the namespace's
+# session and call-id sets gain its member. ARGV: P, then the calls' hashed members (the
+# part after {p}c:). Returns how many moved.
+MIGRATE_CALLS = _script(
+    _MIGRATE
     + r"""
 local function esc(id) return (string.gsub(id, '%z', '\0\1')) end
 -- Every check first, then every write: a batch refused is refused before it changed anything.
@@ -244,13 +300,14 @@ for i = 2, #ARGV do
     if h(member) ~= hashed then
       return redis.error_reply('layout 2 call ' .. hashed .. ' does not match its ids')
     end
-    table.insert(calls, {hashed, member, space(f[1]), f[2], f[4]})
+    table.insert(calls, {hashed, member, f[1], f[2], f[4]})
   end
 end
 local moved = 0
 for _, c in ipairs(calls) do
-  local hashed, member, N = c[1], c[2], c[3]
-  local key, history = N .. 'c:' .. hashed, N .. 'h:' .. hashed
+  local hashed, member = c[1], c[2]
+  enter(c[3])
+  local key, history = call_key(member), history_key(member)
   if redis.call('EXISTS', key) == 0 then
     redis.call('RENAME', P .. 'c:' .. hashed, key)
     if redis.call('EXISTS', P .. 'h:' .. hashed) == 1 then
@@ -265,6 +322,7 @@ for _, c in ipairs(calls) do
     end
     redis.call('SADD', N .. 's:' .. h(c[4]), member)
     redis.call('SADD', N .. 'k:' .. h(c[5]), member)
+    reindex_call(key, member)
     moved = moved + 1
   end
 end
@@ -272,18 +330,24 @@ return moved
 """
 )
 
-# Guarantees: each layout-2 delivery of the batch moves into its namespace.
-# ARGV: P, then the deliveries' hashed ids (the part after {p}d:). Returns how many moved.
-MIGRATE_DELIVERIES = (
-    _MIGRATE_PRELUDE
+# Guarantees: each layout-2 delivery of the batch moves into the namespace written in it,
+# and is indexed there. ARGV: P, then the deliveries' hashed ids (the part after {p}d:).
+# Returns how many moved.
+MIGRATE_DELIVERIES = _script(
+    _MIGRATE
     + """
 local moved = 0
 for i = 2, #ARGV do
   local old = P .. 'd:' .. ARGV[i]
-  local new = space(redis.call('HGET', old, 'namespace')) .. 'd:' .. ARGV[i]
-  if redis.call('EXISTS', old) == 1 and redis.call('EXISTS', new) == 0 then
-    redis.call('RENAME', old, new)
-    moved = moved + 1
+  local f = redis.call('HMGET', old, 'namespace', 'delivery_id')
+  if f[2] then
+    enter(f[1])
+    local new = delivery_key(f[2])
+    if redis.call('EXISTS', new) == 0 then
+      redis.call('RENAME', old, new)
+      reindex_delivery(new, f[2])
+      moved = moved + 1
+    end
   end
 end
 return moved
@@ -365,11 +429,11 @@ return out
 # Guarantees: one batch of the namespace's deliveries received before `before` is deleted
 # with its index entries. ARGV: N, before, batch. Returns the count.
 PRUNE_DELIVERIES = _script("""
-local ids = redis.call('ZRANGEBYSCORE', N .. 'deliveries', '-inf', '(' .. ARGV[2],
+local ids = redis.call('ZRANGEBYSCORE', I .. 'deliveries', '-inf', '(' .. ARGV[2],
                        'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(ids) do
   for _, name in ipairs({'deliveries', 'unresolved', 'deliveries_due', 'failing'}) do
-    redis.call('ZREM', N .. name, id)
+    redis.call('ZREM', I .. name, id)
   end
   redis.call('DEL', delivery_key(id))
 end
@@ -564,11 +628,11 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LI
 for _, m in ipairs(members) do
   local key = call_key(m)
   local ids = redis.call('HMGET', key, 'session_id', 'call_id')
-  redis.call('ZREM', N .. 'calls', m)
-  redis.call('ZREM', N .. 'finished', m)
-  redis.call('ZREM', N .. 'state:submitted', m)
-  redis.call('ZREM', N .. 'state:stale', m)
-  redis.call('ZREM', N .. 'submitted_failed', m)
+  redis.call('ZREM', I .. 'calls', m)
+  redis.call('ZREM', I .. 'finished', m)
+  redis.call('ZREM', I .. 'state:submitted', m)
+  redis.call('ZREM', I .. 'state:stale', m)
+  redis.call('ZREM', I .. 'submitted_failed', m)
   redis.call('SREM', N .. 's:' .. h(ids[1]), m)
   redis.call('SREM', N .. 'k:' .. h(ids[2]), m)
   redis.call('DEL', key, history_key(m))
@@ -652,17 +716,17 @@ return {out, last[1], last[2]}
 # call's created_at ('' when none).
 STATS = _script("""
 local out = {
-  redis.call('ZCARD', N .. 'deliveries'),
-  redis.call('ZCARD', N .. 'unresolved'),
-  redis.call('ZCARD', N .. 'failing'),
-  redis.call('ZCOUNT', N .. 'lease', '-inf', '(' .. ARGV[2]),
-  redis.call('ZCARD', N .. 'submitted_failed'),
+  redis.call('ZCARD', I .. 'deliveries'),
+  redis.call('ZCARD', I .. 'unresolved'),
+  redis.call('ZCARD', I .. 'failing'),
+  redis.call('ZCOUNT', I .. 'lease', '-inf', '(' .. ARGV[2]),
+  redis.call('ZCARD', I .. 'submitted_failed'),
 }
 local oldest, oldest_text = nil, ''
 for _, s in ipairs(STATES) do
-  table.insert(out, redis.call('ZCARD', N .. 'state:' .. s))
+  table.insert(out, redis.call('ZCARD', I .. 'state:' .. s))
   if PENDING[s] then
-    local first = redis.call('ZRANGE', N .. 'state:' .. s, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', I .. 'state:' .. s, 0, 0, 'WITHSCORES')
     if #first > 0 and (not oldest or tonumber(first[2]) < oldest) then
       oldest, oldest_text = tonumber(first[2]), first[2]
     end

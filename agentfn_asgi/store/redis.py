@@ -17,7 +17,7 @@ construction: every script is handed ``{n}`` and builds every key it touches on 
                                  (bounded: the first 10 and the last 40 events)
     {n}s:{h(session_id)}         set: the members of a session's calls
     {n}k:{h(call_id)}            set: the members of the calls with that call id
-    {n}{index}                   sorted sets of the namespace (below)
+    {n}i:{index}                 sorted sets of the namespace (below)
 
 A call's *member* is its key ``(session_id, turn_id, call_id)`` joined by ``\\0\\0`` (a NUL
 inside an id is written ``\\0\\1``): sorted sets order equal scores by member bytes, which
@@ -44,8 +44,10 @@ hash) is moved into layout 3 when a store first opens it, in batches of one scri
 (:meth:`RedisStore._migrate`); each record keeps the namespace it was written in, and a
 history longer than the bound keeps its first and last events. Replicas may open at once:
 a batch skips what another already moved, and the marker changes only after a whole
-pass. Replicas of the layout 2 version must be stopped first (they would keep writing the
-old keys). The first layout, which had no marker, is refused.
+pass. Replicas of the earlier release should be stopped first: a step of one still running
+fails afterwards (each layout-2 index key is left holding a string that says so) instead of
+writing a record no replica of this release would see. The first layout, which had no
+marker, is refused.
 
 Time: scores and record fields come from the injected ``clock``, passed into every script,
 never Redis' own ``TIME``. Nothing expires by TTL: :meth:`RedisStore.prune` is the
@@ -234,7 +236,7 @@ class RedisStore:
         return f"{self._space}d:{_h(delivery_id)}"
 
     def _index(self, name: str) -> str:
-        return self._space + name
+        return f"{self._space}i:{name}"
 
     # -- plumbing --------------------------------------------------------------------------
     def _redis(self) -> Any:
@@ -295,13 +297,27 @@ class RedisStore:
         """Move layout 2's records into their namespaces; the layout marker found after.
 
         One pass over the prefix's layout-2 keys (SCAN, so Redis serves others between
-        pages), each page moved by short scripts of :data:`_MIGRATE_BATCH` records. The
-        session and call-id sets of layout 2 are rebuilt per namespace from the records,
-        so the old ones are deleted. The marker becomes 3 only after the whole pass; a
-        replica opening meanwhile does the same pass, and the scripts skip what is moved.
+        pages), each page moved by short scripts of :data:`_MIGRATE_BATCH` records. First
+        the indexes of every namespace found, whose old keys become strings that stop a
+        replica of the earlier release still running (its next step fails instead of
+        writing where no replica of this release looks); then the calls and deliveries,
+        each indexed again as it moves. The session and call-id sets of layout 2 are
+        rebuilt per namespace from the records, so the old ones are deleted. The marker
+        becomes 3 only after the whole pass; a replica opening meanwhile does the same
+        pass, and the scripts skip what is already moved.
         """
         prefix = self._prefix
         with _translated("migrate"):
+            spaces: set[str] = set()
+            async for page in self._scan(client, "n:*"):
+                # {p}n:{40 hex}:... — the namespace's hashed name.
+                spaces.update(key[len(prefix) + 2 : len(prefix) + 42] for key in page)
+            ordered = sorted(spaces)
+            for at in range(0, len(ordered), _MIGRATE_BATCH):
+                batch = ordered[at : at + _MIGRATE_BATCH]
+                await self._scripts["migrate_indexes"](
+                    keys=[], args=[prefix, *batch], client=client
+                )
             for kind, script in (("c", "migrate_calls"), ("d", "migrate_deliveries")):
                 start = len(prefix) + len(kind) + 1
                 async for page in self._scan(client, f"{kind}:*"):

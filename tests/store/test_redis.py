@@ -121,7 +121,7 @@ async def _snapshot(prefix: str) -> dict[str, bytes]:
 
 
 async def test_every_key_of_a_namespace_lives_under_its_prefix(make_store: StoreMaker) -> None:
-    """Records, histories, sets and indexes of a namespace all live under
+    """Records, histories, sets and indexes (``i:``) of a namespace all live under
     ``{p}n:{h(namespace)}:``; only the layout marker is outside."""
     clock = Clock()
     one = await make_store(clock=clock, namespace="proj_1")
@@ -137,7 +137,7 @@ async def test_every_key_of_a_namespace_lives_under_its_prefix(make_store: Store
 
     def kinds(space: str) -> set[str]:
         found = {k.removeprefix(space) for k in keys if k.startswith(space)}
-        return {k[:2] if k[1] == ":" else k for k in found}
+        return {k if k.startswith("i:") else k[:2] for k in found}
 
     assert kinds(one_space) == {
         "d:",
@@ -145,14 +145,14 @@ async def test_every_key_of_a_namespace_lives_under_its_prefix(make_store: Store
         "h:",
         "s:",
         "k:",
-        "deliveries",
-        "unresolved",
-        "deliveries_due",
-        "calls",
-        "state:claimed",
-        "lease",
+        "i:deliveries",
+        "i:unresolved",
+        "i:deliveries_due",
+        "i:calls",
+        "i:state:claimed",
+        "i:lease",
     }
-    assert kinds(two_space) == {"c:", "h:", "s:", "k:", "calls", "state:claimed", "lease"}
+    assert kinds(two_space) == {"c:", "h:", "s:", "k:", "i:calls", "i:state:claimed", "i:lease"}
 
 
 async def test_nothing_done_in_one_namespace_touches_another_s_keys(

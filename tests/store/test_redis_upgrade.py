@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 redis_asyncio = pytest.importorskip("redis.asyncio")
 from agentfn_asgi.store import _redis_scripts  # noqa: E402 - after the driver check
 from agentfn_asgi.store.redis import RedisStore  # noqa: E402
+from agentfn_asgi.store.redis import _h as h  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 FIXTURE = json.loads((Path(__file__).parent / "fixtures" / "redis_layout2.json").read_text())
@@ -257,3 +258,62 @@ async def test_an_interrupted_upgrade_is_finished_by_the_next_open(
     assert all(name == "layout" or name.startswith("n:") for name in dumped)
     assert len(await store.list_calls(CallQuery(limit=100))) == 6
     assert len(await (await make("")).list_calls(CallQuery(limit=100))) == 6
+
+
+async def test_a_replica_of_the_earlier_release_still_running_fails_after_the_upgrade(
+    restored: tuple[str, Restored],
+) -> None:
+    """The layout 2 release's own scripts (kept in the fixture), run as a replica of it that
+    was not stopped would run them after the upgrade: recording a delivery, claiming a call
+    and reading the sweep's due deliveries all fail (WRONGTYPE on the layout-2 index keys,
+    which now hold a string saying why) instead of writing and reading keys no replica of
+    this release looks at; a save of a call it held finds no record (the old release then
+    raises "never claimed"). The upgraded data is unchanged by all of it."""
+    prefix, make = restored
+    store = await make("proj_x")
+    await store.open()
+    dumped = await _dump(prefix)
+    old_indexes = [
+        name
+        for name, entry in FIXTURE["keys"].items()
+        if name.startswith("n:") and entry["type"] == "zset"
+    ]
+    assert old_indexes
+    assert {dumped[name] for name in old_indexes} == {("string", _redis_scripts.STOPPED)}
+    space = store._space
+    old = FIXTURE["scripts"]
+    now = str(FIXTURE["clock_after"] + 1)
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        with pytest.raises(redis_asyncio.ResponseError, match="WRONGTYPE"):
+            await client.eval(
+                old["record_delivery"], 1, f"{prefix}d:{h('msg_new')}",
+                prefix, now, "msg_new", "sess_x", "proj_x", "",
+            )  # fmt: skip
+        member = "sess_x\0\0turn_9\0\0call_new"
+        with pytest.raises(redis_asyncio.ResponseError, match="WRONGTYPE"):
+            await client.eval(
+                old["claim"], 1, f"{prefix}c:{h(member)}",
+                prefix, now, member, "proj_x", "old-replica", str(float(now) + 30), now,
+                "lookup", "sess_x", "turn_9", "call_new", "",
+            )  # fmt: skip
+        with pytest.raises(redis_asyncio.ResponseError, match="WRONGTYPE"):
+            await client.eval(
+                old["due_deliveries"], 1, f"{space}deliveries_due", prefix, now, "10", "", ""
+            )
+        doubt = "sess_x\0\0turn_2\0\0call_doubt_x"
+        saved = await client.eval(
+            old["save"], 1, f"{prefix}c:{h(doubt)}",
+            prefix, now, doubt, "replica-c", "1", "succeeded", "", "success", "1",
+        )  # fmt: skip
+        assert saved is None
+    finally:
+        await client.aclose()
+    after = await _dump(prefix)
+    # The failed steps of the old release wrote only their own (layout 2) record hashes
+    # before failing; nothing of layout 3 changed.
+    assert {k: v for k, v in after.items() if k.startswith("n:")} == {
+        k: v for k, v in dumped.items() if k.startswith("n:")
+    }
+    [record] = await store.expired_claims()
+    assert (record.key.call_id, record.state) == ("call_doubt_x", CallState.CLAIMED)

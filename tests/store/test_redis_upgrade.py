@@ -208,6 +208,19 @@ async def test_work_in_flight_survives_the_upgrade_in_its_namespace(
     assert stats.calls_by_state["submitted"] == 2
 
 
+async def _upgraded_alone() -> dict[str, Any]:
+    """What one store's upgrade of the fixture leaves (the dump), on a prefix of its own."""
+    prefix = f"agentfn-test:{uuid.uuid4().hex}:"
+    await _restore(prefix)
+    store = RedisStore(REDIS_URL, key_prefix=prefix)
+    try:
+        await store.open()
+        return await _dump(prefix)
+    finally:
+        await store.destroy()
+        await store.close()
+
+
 async def test_two_replicas_upgrading_at_once_give_the_same_data_as_one(
     restored: tuple[str, Restored],
 ) -> None:
@@ -215,16 +228,7 @@ async def test_two_replicas_upgrading_at_once_give_the_same_data_as_one(
     exactly the keys and values one store's upgrade leaves; a pass run again on upgraded
     data (a replica that read the old marker just before) changes nothing."""
     prefix, make = restored
-    alone_prefix = f"agentfn-test:{uuid.uuid4().hex}:"
-    await _restore(alone_prefix)
-    alone = RedisStore(REDIS_URL, key_prefix=alone_prefix)
-    try:
-        await alone.open()
-        expected = await _dump(alone_prefix)
-    finally:
-        await alone.destroy()
-        await alone.close()
-
+    expected = await _upgraded_alone()
     stores = [await make(namespace) for namespace in ("", "proj_x", "proj_y")]
     await asyncio.gather(*(store.open() for store in stores[:2]))
     await stores[2].open()
@@ -236,26 +240,34 @@ async def test_two_replicas_upgrading_at_once_give_the_same_data_as_one(
     assert await _dump(prefix) == expected
 
 
+@pytest.mark.parametrize("indexes_first", [True, False], ids=["in_order", "records_first"])
 async def test_an_interrupted_upgrade_is_finished_by_the_next_open(
-    restored: tuple[str, Restored],
+    restored: tuple[str, Restored], indexes_first: bool
 ) -> None:
-    """A replica that moved some records and stopped before the marker leaves layout 2 in
-    place: the next open moves the rest, and the result is a whole upgrade."""
+    """A replica that stopped part way (its namespaces' indexes moved, or not yet, and half
+    the calls and deliveries moved; the marker still 2) leaves data the next open upgrades
+    into exactly what one whole upgrade gives."""
     prefix, make = restored
+    expected = await _upgraded_alone()
     client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        calls = sorted(k[len(prefix) + 2 :] for k in await client.keys(f"{prefix}c:*"))
-        half = calls[: len(calls) // 2]
-        moved = await client.eval(_redis_scripts.MIGRATE_CALLS, 0, prefix, *half)
-        assert moved == len(half)
-        assert await client.eval(_redis_scripts.MIGRATE_CALLS, 0, prefix, *half) == 0
+        if indexes_first:
+            spaces = {
+                k[len(prefix) + 2 : len(prefix) + 42] for k in await client.keys(f"{prefix}n:*")
+            }
+            await client.eval(_redis_scripts.MIGRATE_INDEXES, 0, prefix, *sorted(spaces))
+        for kind, script in (("c", "MIGRATE_CALLS"), ("d", "MIGRATE_DELIVERIES")):
+            hashed = sorted(k[len(prefix) + 2 :] for k in await client.keys(f"{prefix}{kind}:*"))
+            half = hashed[: len(hashed) // 2]
+            source = getattr(_redis_scripts, script)
+            assert await client.eval(source, 0, prefix, *half) == len(half)
+            assert await client.eval(source, 0, prefix, *half) == 0
         assert await client.get(f"{prefix}layout") == "2"
     finally:
         await client.aclose()
     store = await make("proj_x")
     await store.open()
-    dumped = await _dump(prefix)
-    assert all(name == "layout" or name.startswith("n:") for name in dumped)
+    assert await _dump(prefix) == expected
     assert len(await store.list_calls(CallQuery(limit=100))) == 6
     assert len(await (await make("")).list_calls(CallQuery(limit=100))) == 6
 

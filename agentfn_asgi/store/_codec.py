@@ -105,4 +105,6 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         next_attempt_at=float(row.get("next_attempt_at") or 0.0),
         failures=int(row.get("failures") or 0),
         history_dropped=dropped,
+        # A request is kept whole as JSON; its id has a column of its own to be found by.
+        approval=ApprovalRequest.from_json(row.get("approval")) if row.get("approval_id") else None,
     )

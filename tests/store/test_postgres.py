@@ -257,6 +257,9 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
         "calls_claimed",
         "calls_due",
         "calls_finished",
+        "calls_approval",
+        "calls_waiting",
+        "calls_approved",
     }
     fresh = await store.claim_call(
         CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5

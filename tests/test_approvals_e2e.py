@@ -187,15 +187,14 @@ async def test_the_holder_dies_and_two_approvers_race_one_run(backend: str, tmp_
             sid = fake.create_session(close("acc_4", "call_kill"))
             waiting = await waiting_record(url, sid)
             assert waiting.approval is not None
+            approval_id = waiting.approval.approval_id
             holder = next(r for r in running if f":{r.process.pid}:" in (waiting.owner or ""))
             holder.process.send_signal(signal.SIGKILL)
             await holder.process.wait()
             codes: list[int] = []
 
             async def approve(name: str) -> None:
-                code, _, _ = await cli(
-                    env, "approvals", "approve", waiting.approval.approval_id, "--as", name
-                )
+                code, _, _ = await cli(env, "approvals", "approve", approval_id, "--as", name)
                 codes.append(code)
 
             async with anyio.create_task_group() as group:

@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from .dispatch import Dispatcher
 from .dispatch.approvals import ApprovalView, approval_view
@@ -34,6 +34,7 @@ from .store.base import ApprovalStore, Store
 __all__ = [
     "OUTCOMES",
     "ApprovalView",
+    "ApprovalsView",
     "CallDetail",
     "CallEventView",
     "CallFilter",
@@ -233,6 +234,27 @@ class OperatorView(Protocol):
     ) -> SettleOutcome: ...
 
 
+@runtime_checkable
+class ApprovalsView(Protocol):
+    """What the CLI and the operator page read and do about approval requests (the real
+    :class:`Operator` is one). Decisions raise :class:`~agentfn_asgi.errors.ApprovalError`."""
+
+    async def approvals(self, *, limit: int = 200) -> list[ApprovalView]: ...
+
+    async def approval(self, approval_id: str) -> tuple[ApprovalView, CallDetail] | None: ...
+
+    async def decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        digest: str | None = None,
+    ) -> ApprovalView: ...
+
+
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
 
@@ -415,15 +437,24 @@ class Operator:
             return []
         return [approval_view(r) for r in await store.waiting_approvals(limit=limit)]
 
-    async def approval(self, approval_id: str) -> tuple[ApprovalView, CallRecord] | None:
-        """One request (waiting or decided) and its call, or None."""
+    async def approval(self, approval_id: str) -> tuple[ApprovalView, CallDetail] | None:
+        """One request (waiting or decided) and its call, with the call's arguments while it
+        waits (read from the live session: what the person decides on), or None."""
         store = self._store
         if not isinstance(store, ApprovalStore):
             return None
         record = await store.find_approval(approval_id)
         if record is None or record.approval is None:
             return None
-        return approval_view(record), record
+        waiting = record.state is CallState.AWAITING_APPROVAL
+        arguments = await self._arguments(record.key) if waiting else None
+        detail = CallDetail(
+            summary=self._summary(record),
+            history=tuple(_event_view(e) for e in record.history),
+            arguments=arguments,
+            approval=approval_view(record),
+        )
+        return approval_view(record), detail
 
     async def decide(
         self,
@@ -445,6 +476,12 @@ class Operator:
         return await self._dispatcher.approvals.decide(
             approval_id, approve=approve, by=by, via=via, reason=reason, digest=digest
         )
+
+    def link_approvals(self, links: Callable[[ApprovalView], dict[str, str]]) -> None:
+        """Have each new approval request carry ``links(request)`` (the operator page's
+        signed link) when it reaches ``on_approval_request``."""
+        if self._dispatcher is not None:
+            self._dispatcher.approvals.links = links
 
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:

@@ -27,7 +27,12 @@ __all__ = [
     "timestamp",
 ]
 
-_NAV = (("/", "Overview"), ("/calls", "Calls"), ("/attention", "Needs attention"))
+_NAV = (
+    ("/", "Overview"),
+    ("/calls", "Calls"),
+    ("/attention", "Needs attention"),
+    ("/approvals", "Waiting for approval"),
+)
 _NAV_TAIL = (("/deliveries", "Deliveries"),)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -142,8 +143,9 @@ class Approvals:
         self._count_due = 0.0
         #: The host's ``on_approval_request``: told of each request made here, once.
         self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
-        #: Builds the signed links of a request (the operator page), when it is mounted.
-        self.links: Callable[[CallRecord], dict[str, str]] | None = None
+        #: Builds the links of a request (the operator page's signed link), when the page
+        #: knows its public URL (``AdminApp(public_url=...)``).
+        self.links: Callable[[ApprovalView], dict[str, str]] | None = None
         executor.on_approval_request = self._requested
 
     @property
@@ -375,8 +377,10 @@ class Approvals:
         """A request was just made here: tell the host (in the background, with retries)."""
         if self.notify is None:
             return
-        links = self.links(record) if self.links is not None else {}
-        self._spawn(self._notify(approval_view(record, links)))
+        view = approval_view(record)
+        if self.links is not None:
+            view = dataclasses.replace(view, links=self.links(view))
+        self._spawn(self._notify(view))
 
     async def _notify(self, view: ApprovalView) -> None:
         notify = self.notify

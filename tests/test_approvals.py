@@ -296,3 +296,92 @@ def test_approval_options_are_checked_at_registration() -> None:
     with pytest.raises(ToolDefinitionError, match="positive"):
         tools.add(tool, approval=True, approval_timeout=0)
     assert tools.add(tool, approval=True, approval_timeout=60).approval_timeout == 60.0
+
+
+async def test_the_span_the_log_and_the_metrics_tell_who_decided(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's execute_tool span notes the approval (id, decision, who, how, how long it
+    waited); the decision's log line names them; the gauge counts waiting requests and the
+    histogram records the time to the decision."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentfn_asgi.tracing import Telemetry
+
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = Telemetry(
+        tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader])
+    )
+    ran: list[str] = []
+    caplog.set_level("INFO", logger="agentfn_asgi")
+    async with running_stack(account_tools(ran), settings=SETTINGS, telemetry=telemetry) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_t"}, call_id="t1")]]
+        )
+        waiting = await until_state(stack, sid, "t1", CallState.AWAITING_APPROVAL)
+        assert waiting.approval is not None
+        with anyio.fail_after(10):  # counted at the sweep's pace
+            while _gauge(reader) != [1]:
+                await anyio.sleep(0.02)
+        await stack.app.approve(waiting.approval.approval_id, by="carol")
+        await submitted(stack, "t1")
+    runs = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == "execute_tool close_account"
+        and (s.attributes or {}).get("agentfn.approval.decision") == "approved"
+    ]
+    assert len(runs) == 1
+    attributes = runs[0].attributes or {}
+    assert attributes["agentfn.approval.id"] == waiting.approval.approval_id
+    assert attributes["agentfn.approval.decided_by"] == "carol"
+    assert attributes["agentfn.approval.decided_via"] == "api"
+    held = [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("agentfn.call.source") == "approval"
+    ]
+    assert len(held) == 1
+    histogram = _metrics(reader)["agentfn.approval.time_to_decision"]
+    [point] = histogram.data.data_points
+    assert point.count == 1 and dict(point.attributes or {}) == {
+        "agentfn.approval.decision": "approved"
+    }
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("approval ")]
+    assert any("approved" in line and "by=carol via=api" in line for line in lines), lines
+
+
+def _gauge(reader: Any) -> list[Any]:
+    gauge = _metrics(reader).get("agentfn.approvals.waiting")
+    return [] if gauge is None else [p.value for p in gauge.data.data_points]
+
+
+def _metrics(reader: Any) -> dict[str, Any]:
+    data = reader.get_metrics_data()
+    found: dict[str, Any] = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found[metric.name] = metric
+    return found
+
+
+def test_status_counts_the_waiting_requests() -> None:
+    from agentfn_asgi.cli.ops import format_overview
+    from agentfn_asgi.operator import Overview
+
+    overview = Overview(
+        store="memory://",
+        healthy=True,
+        deliveries=0,
+        unresolved_deliveries=0,
+        calls_by_state={"awaiting_approval": 2},
+        approvals_waiting=2,
+    )
+    assert "approvals       2 waiting (agentfn-asgi approvals)" in format_overview(overview, now=0)

@@ -213,3 +213,20 @@ async def test_approvals_are_kept_apart_by_namespace(
     stats = await mine.stats()
     assert stats.calls_by_state["awaiting_approval"] == 1
     assert (await theirs.stats()).calls_by_state["awaiting_approval"] == 0
+
+
+async def test_a_pruned_call_takes_its_request_along(store: Store, clock: FakeClock) -> None:
+    """Once the denied call is submitted and old, pruning removes it and its request id."""
+    await held(store, clock)
+    await approvals(store).decide_approval(
+        KEY,
+        approval_id="apr_1",
+        decision="denied",
+        by="x",
+        via="cli",
+        result=result("no", success=False),
+    )
+    await store.mark_submitted(KEY)
+    clock.advance(10)
+    assert await store.prune(deliveries_before=clock.now, calls_before=clock.now) == 1
+    assert await approvals(store).find_approval("apr_1") is None

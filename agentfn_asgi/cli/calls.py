@@ -211,7 +211,10 @@ async def _settle(args: argparse.Namespace) -> int:
         raise CLIUsageError("--rerun runs the handler: name its registry with --tools MODULE:ATTR")
     output: Any = None
     if args.output is not None:
-        output = json_or_text(args.output)[1]
+        try:
+            output = json_or_text(args.output)[1]
+        except ValueError as exc:  # JSON nested too deeply to send
+            raise CLIUsageError(f"--output: {exc}") from None
     async with operator(args.store, api="required", tools=args.tools) as view:
         outcome = await _looked_up(
             view.settle(

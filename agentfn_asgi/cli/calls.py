@@ -77,7 +77,12 @@ async def operator(
             await the_store.close()
         return
     registry = load_tools(tools) if tools else FunctionTools()
-    handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
+    handoff = worker_jobs(
+        registry,
+        config.completion_secrets,
+        public_url=config.public_url,
+        namespace=the_store.namespace,
+    )
     async with api_client(config, "settling submits the result through the Agents API") as client:
         dispatcher = Dispatcher(
             registry, client, the_store, settings=config.dispatch, handoff=handoff

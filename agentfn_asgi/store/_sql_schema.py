@@ -95,7 +95,7 @@ def fill(template: str) -> str:
 
 #: Bump with an entry in UPGRADES. SQLite keeps it in ``PRAGMA user_version``, PostgreSQL in
 #: the ``schema_version`` table of the store's schema.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 DELIVERY_COLUMNS: Final = (
     ("delivery_id", "{text} PRIMARY KEY"),
@@ -141,6 +141,11 @@ CALL_COLUMNS: Final = (
     ("namespace", "{text} NOT NULL DEFAULT ''"),
     ("history", "{text}"),
 )
+#: Revoked credentials (operator-page sessions), one store-wide list (see Store).
+REVOKED_TOKEN_COLUMNS: Final = (
+    ("token_id", "{text} PRIMARY KEY"),
+    ("expires_at", "{real} NOT NULL"),
+)
 HOT_COLUMNS: Final = tuple(name for name, _ in CALL_COLUMNS if name not in ("namespace", "history"))
 DETAIL_COLUMNS: Final = (*HOT_COLUMNS, "history")
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
@@ -150,6 +155,7 @@ DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 TABLES: Final = {
     "deliveries": (DELIVERY_COLUMNS, ""),
     "calls": (CALL_COLUMNS, "PRIMARY KEY (session_id, turn_id, call_id)"),
+    "revoked_tokens": (REVOKED_TOKEN_COLUMNS, ""),
 }
 
 # Each one serves a query below, so recovery and pruning never scan the whole table; the
@@ -186,6 +192,7 @@ UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
         "DROP INDEX IF EXISTS {p}calls_state_updated",
         "DROP INDEX IF EXISTS {p}calls_pending",
     ),
+    # Version 4 added the revoked_tokens table (created like any missing table): no data.
     # Version 3 added retry backoff (due now), namespaces (''), history (none before) and
     # indexes in the sweep's order; quarantined calls are no longer pruned.
     3: (

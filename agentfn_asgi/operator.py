@@ -176,6 +176,13 @@ class OperatorView(Protocol):
         rerun: bool = False,
     ) -> SettleOutcome: ...
 
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End the operator-page login ``login_id`` (its cookie's random id) for every
+        replica, durably, until ``expires_at`` (when its cookie expires anyway)."""
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether the login ``login_id`` was ended by :meth:`revoke_login`."""
+
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
@@ -363,6 +370,14 @@ class Operator:
                 status="refused", message=f"the Agents API could not be read: {exc}"
             )
         return SettleOutcome(status=status, message=message)
+
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End an operator-page login, in the store (so every replica, and a restart, knows)."""
+        await self._store.revoke_token(login_id, expires_at=expires_at)
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether an operator-page login was ended (read from the store)."""
+        return await self._store.token_revoked(login_id)
 
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:

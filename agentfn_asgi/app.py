@@ -52,6 +52,7 @@ from .errors import (
     WebhookVerificationError,
 )
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, worker_jobs
+from .logs import show_by_default
 from .operator import Operator
 from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
@@ -202,9 +203,14 @@ class AgentWebhookApp:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
-        """Open the store and start dispatching, with a recovery sweep. Idempotent."""
+        """Open the store and start dispatching, with a recovery sweep. Idempotent.
+
+        Where the host configured no logging at all, the package's INFO lines (this start-up
+        line, refused deliveries, ``call finished``) are printed to standard error
+        (:func:`agentfn_asgi.logs.show_by_default`)."""
         if self.dispatcher.started:
             return  # the per-delivery call (lazy start) costs no lock once running
+        show_by_default()
         async with self._start_lock:
             if not self.dispatcher.started and not self._draining:
                 await self.dispatcher.start(recover=True)

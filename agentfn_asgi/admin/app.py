@@ -267,6 +267,9 @@ class AdminApp:
         wait = self.throttle.retry_after(client)
         if wait:  # the token is not even looked at
             return self._too_many(ctx, wait)
+        # Counted as failed before the form is read (an await): concurrent tries cannot slip
+        # past the limit together. A good token clears the count.
+        wait = self.throttle.failed(client)
         try:
             fields = await _read_form(request, _LOGIN_LIMIT)
         except FormError as exc:
@@ -274,7 +277,6 @@ class AdminApp:
         next_route = _safe_next(fields.get("next"))
         key = self.gate.match_token(fields.get("token", "").encode("utf-8"))
         if key is None:
-            wait = self.throttle.failed(client)
             logger.warning("operator page: a login with an invalid token was refused")
             if wait:
                 logger.warning(

@@ -4,12 +4,14 @@ the app's store), and failed logins are throttled per client address (429, Retry
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
 
 import httpx
 import pytest
 from starlette.requests import Request
+from starlette.types import Message, Receive, Scope, Send
 
 from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.admin.auth import LOGIN_FAILURES, LOGIN_WINDOW, LoginThrottle
@@ -165,6 +167,30 @@ async def test_failed_logins_are_throttled_per_client_address(make_admin: AdminF
             assert (await login(typo, token="op-token-typo-00000")).status_code == 401
         assert (await login(typo)).status_code == 303
         assert (await login(typo, token="op-token-typo-00000")).status_code == 401
+
+
+async def test_concurrent_guesses_cannot_slip_past_the_limit(make_admin: AdminFactory) -> None:
+    """Twenty wrong logins sent at once from one address, each body arriving a moment after
+    its headers: at most five are checked (401), the others get 429 (each try is counted
+    before its form is read)."""
+    app = make_admin(clock=Clock())
+    host = host_app(app)
+
+    async def bodies_come_later(scope: Scope, receive: Receive, send: Send) -> None:
+        async def later() -> Message:
+            for _ in range(5):  # let every other request run up to its own body first
+                await asyncio.sleep(0)
+            return await receive()
+
+        await host(scope, later, send)
+
+    transport = httpx.ASGITransport(app=bodies_come_later, client=("198.51.100.7", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as guesser:
+        answers = await asyncio.gather(
+            *(login(guesser, token=f"op-token-guess-{n:05d}") for n in range(20))
+        )
+    statuses = sorted(response.status_code for response in answers)
+    assert statuses == [401] * LOGIN_FAILURES + [429] * (20 - LOGIN_FAILURES)
 
 
 def test_one_ipv6_host_is_one_client() -> None:

@@ -204,6 +204,13 @@ class OperatorView(Protocol):
         rerun: bool = False,
     ) -> SettleOutcome: ...
 
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End the operator-page login ``login_id`` (its cookie's random id) for every
+        replica, durably, until ``expires_at`` (when its cookie expires anyway)."""
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether the login ``login_id`` was ended by :meth:`revoke_login`."""
+
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
@@ -221,14 +228,42 @@ def parse_duration(text: str) -> float:
     return float(int(match.group(1)) * _DURATION_UNITS[match.group(2)])
 
 
+#: Deepest JSON an operator's output may nest (the limit of the webhook's own JSON reader):
+#: deeper values would fail later, when the result is encoded, or exhaust the stack.
+MAX_OUTPUT_DEPTH = 200
+
+
 def json_or_text(text: str) -> tuple[bool, Any]:
     """An operator's output, as the CLI's ``--output`` and the page read it: ``(True,
     value)`` when the text is JSON (not NaN or Infinity, which the API does not take),
-    else ``(False, text)``."""
+    else ``(False, text)``. ValueError, saying why, for JSON that nests more than
+    :data:`MAX_OUTPUT_DEPTH` levels: it is meant as JSON but cannot be sent as it is."""
     try:
-        return True, json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(_too_deep()) from None
     except ValueError:
         return False, text
+    if _depth_exceeds(value, MAX_OUTPUT_DEPTH):
+        raise ValueError(_too_deep())
+    return True, value
+
+
+def _too_deep() -> str:
+    return f"the output is JSON nested more than {MAX_OUTPUT_DEPTH} levels deep"
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    # Iterative: the value may be as deep as the parser allowed, near the recursion limit.
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _refuse_constant(name: str) -> Any:
@@ -373,6 +408,14 @@ class Operator:
                 status="refused", message=f"the Agents API could not be read: {exc}"
             )
         return SettleOutcome(status=status, message=message)
+
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End an operator-page login, in the store (so every replica, and a restart, knows)."""
+        await self._store.revoke_token(login_id, expires_at=expires_at)
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether an operator-page login was ended (read from the store)."""
+        return await self._store.token_revoked(login_id)
 
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:

@@ -47,10 +47,13 @@ __all__ = [
     "RELEASE",
     "RENEW_LEASE",
     "RESOLVE_DELIVERY",
+    "REVOKE_TOKEN",
     "SAVE_RESULT",
     "SETTLE",
     "STATS",
     "SUBMISSION_FAILED",
+    "TOKENS_EXPIRED",
+    "TOKEN_REVOKED",
     "UNRESOLVED_DELIVERIES",
     "UNRESOLVED_DELIVERIES_AFTER",
     "UNSUBMITTED_RESULTS",
@@ -282,3 +285,11 @@ PRUNE_CALLS: Final = fill("""
         WHERE {finished} AND updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
+
+# Revoked credentials: a short store-wide list; each revocation drops the expired ones.
+REVOKE_TOKEN: Final = fill("""
+    INSERT INTO {p}revoked_tokens AS r (token_id, expires_at) VALUES (:token_id, :expires_at)
+    ON CONFLICT (token_id) DO UPDATE SET expires_at = excluded.expires_at""")
+TOKENS_EXPIRED: Final = fill("DELETE FROM {p}revoked_tokens WHERE expires_at <= :now")
+TOKEN_REVOKED: Final = fill("""
+    SELECT 1 FROM {p}revoked_tokens WHERE token_id = :token_id AND expires_at > :now""")

@@ -89,6 +89,20 @@ def test_session_cookies_round_trip_and_expire() -> None:
     assert g.read_session(cookie) is None
 
 
+def test_a_revocation_lasts_as_long_as_the_cookie_is_accepted() -> None:
+    """A session knows when it was issued; its revocation must be kept until at least the
+    last moment its cookie is still accepted (and need not be kept past it)."""
+    clock = Clock()
+    g = gate(clock=clock)
+    session, cookie = g.open_session(g.match_token(A.encode()))
+    assert session.issued_at == clock.now
+    last_accepted = clock.now
+    while g.read_session(cookie) is not None:
+        last_accepted = clock.now
+        clock.now += 1
+    assert last_accepted < g.expires_at(session) <= last_accepted + 2
+
+
 def test_tampered_or_foreign_cookies_prove_nothing() -> None:
     """Altered, truncated, oversized or differently-keyed cookies are all None."""
     g = gate()

@@ -151,7 +151,12 @@ async def test_schemas_isolate_stores_and_destroy_drops_only_its_own(
         " ORDER BY table_name",
         other,
     )
-    assert [row["table_name"] for row in tables] == ["calls", "deliveries", "schema_version"]
+    assert [row["table_name"] for row in tables] == [
+        "calls",
+        "deliveries",
+        "revoked_tokens",
+        "schema_version",
+    ]
     await theirs.destroy()
     assert await _query("SELECT 1 FROM pg_namespace WHERE nspname = $1", other) == []
     assert await mine.get_call(key) is not None
@@ -257,6 +262,7 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
         "calls_claimed",
         "calls_due",
         "calls_finished",
+        "revoked_tokens_pkey",
     }
     fresh = await store.claim_call(
         CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5

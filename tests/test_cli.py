@@ -24,7 +24,6 @@ from agentfn_asgi.cli import build_parser, main
 from agentfn_asgi.cli.common import load_tools
 from agentfn_asgi.cli.dev import parse_call_spec
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import tools as example_tools
 from agentfn_asgi.errors import CLIError, CLIUsageError
 from agentfn_asgi.integrations.starlette import webhook_routes
@@ -33,6 +32,8 @@ from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, serve_fake_api
 from agentfn_asgi.tools import FunctionTools
+
+from .support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -23,11 +23,11 @@ from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.cli import main
 from agentfn_asgi.cli.listen import Forwarder, listen
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.stream import Backoff
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.wire import AgentSession
+from tests.support.ports import free_port
 from tests.support.stack import API_KEY, FAST, SECRET
 from tests.test_stream import counting_tools
 

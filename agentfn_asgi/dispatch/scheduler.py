@@ -35,7 +35,7 @@ from .execution import CompletionStatus, Executor, JobHandoff
 from .leases import LeaseKeeper
 from .settings import DispatchSettings
 from .settling import Settler, SettleStatus
-from .submission import Submitter
+from .submission import Submitter, read_session
 
 __all__ = ["Dispatcher"]
 
@@ -160,6 +160,8 @@ class Dispatcher:
             self.telemetry,
             alarm=self.alarm,
             retry_delay=self.settings.retry_delay,
+            not_found_grace=self.settings.not_found_grace,
+            not_found_pauses=self.settings.not_found_retries,
             clock=clock,
         )
         leases = LeaseKeeper(
@@ -361,7 +363,9 @@ class Dispatcher:
         read_at = self._clock() - self.settings.fence_margin
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
-                session = await self._read_session(session_id)
+                session = await read_session(
+                    self.client, session_id, pauses=self.settings.not_found_retries
+                )
                 span.set_pending_calls(len(session.function_calls))
         except NotFoundError:
             if received_at is None and delivery_id is not None:
@@ -381,16 +385,6 @@ class Dispatcher:
                 await self._settle_missing(session.id, pending, read_at=read_at)
         if delivery_id is not None:
             await self.store.mark_delivery_resolved(delivery_id)
-
-    async def _read_session(self, session_id: str) -> AgentSession:
-        """``GET`` the session; a 404 is tried again after each pause of
-        ``settings.not_found_retries``."""
-        for delay in self.settings.not_found_retries:
-            try:
-                return await self.client.retrieve_session(session_id)
-            except NotFoundError:
-                await asyncio.sleep(delay)
-        return await self.client.retrieve_session(session_id)
 
     def _start_calls(
         self, session: AgentSession, delivery_id: str | None

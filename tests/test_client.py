@@ -44,6 +44,7 @@ from agentfn_asgi.session_events import (
     SessionIdleEvent,
     SessionInProgressEvent,
     SessionRequiresActionEvent,
+    UnreadableEvent,
 )
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
@@ -636,6 +637,41 @@ async def test_sse_malformed_data_raises_api_error() -> None:
     """Data that is not a JSON event raises APIError (not a JSON or pydantic error)."""
     with pytest.raises(APIError, match="malformed event"):
         await collect(sse_client([b"data: {oops\n\n"]))
+
+
+async def test_sse_an_event_nested_too_deeply_raises_api_error() -> None:
+    """Data nested 100,000 levels deep makes json raise RecursionError, not ValueError: the
+    stream still raises its APIError (before, the RecursionError escaped as it was)."""
+    deep = '{"type":"agent.session.idle","x":' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(APIError, match="malformed event in stream: nested too deeply"):
+        await collect(sse_client([f"data: {deep}\n\n".encode()]))
+
+
+async def test_sse_tolerant_iteration_marks_an_unreadable_event_and_goes_on() -> None:
+    """``EventStream.tolerant()`` yields an UnreadableEvent in a bad event's place (its
+    reason and size, none of its text) and goes on to the next event."""
+    deep = '{"type":"agent.session.idle","x":' + "[" * 100_000 + "]" * 100_000 + "}"
+    chunks = [
+        f"data: {deep}\n\n".encode(),
+        b'data: {"type":"agent.session.idle","secret":"hunter2"}\n\n',
+        b"data: {oops\n\n",
+        f"data: {json.dumps(idle_event())}\n\n".encode(),
+    ]
+    async with sse_client(chunks) as client:
+        stream = await client.open_event_stream("s")
+        async with stream:
+            events = [event async for event in stream.tolerant()]
+    assert [type(e) for e in events] == [
+        UnreadableEvent,
+        UnreadableEvent,
+        UnreadableEvent,
+        SessionIdleEvent,
+    ]
+    first, second, third = events[:3]
+    assert isinstance(first, UnreadableEvent) and first.reason == "nested too deeply to parse"
+    assert first.size == len(deep) and first.event_id is None
+    assert isinstance(second, UnreadableEvent) and "hunter2" not in second.reason
+    assert isinstance(third, UnreadableEvent) and "JSON" in third.reason
 
 
 async def test_sse_error_status_is_mapped() -> None:

@@ -8,7 +8,7 @@ from agentfn_asgi.operator import OUTCOMES, CallFilter, Operator, outcome_of
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store.memory import MemoryStore
 
-from .store.conftest import FakeClock
+from .support.clock import FakeClock
 
 LEASE = 30.0
 

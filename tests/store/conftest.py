@@ -20,7 +20,8 @@ from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.records import CallKey, ClaimStatus, SavedResult
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
 
-from ..support.clock import FakeClock
+# Re-exported: store tests (and others' branches) import the suite's clock from here too.
+from ..support.clock import FakeClock as FakeClock
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"

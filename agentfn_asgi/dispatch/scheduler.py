@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..client import AgentsClient
-from ..errors import APIError, APIStatusError, NotFoundError, StoreError
+from ..errors import (
+    APIError,
+    APIStatusError,
+    NotFoundError,
+    SessionNotFoundYetError,
+    StoreError,
+)
 from ..records import CallKey, DeliveryRecord
 from ..store.base import Store
 from ..tools import FunctionTools
@@ -84,13 +90,6 @@ def _describe(failure: Exception) -> str:
     if isinstance(failure, APIStatusError):
         return f"HTTP {failure.status} {failure.code or ''}".strip()
     return f"{type(failure).__name__}: {str(failure)[:160]}"
-
-
-class SessionNotFoundYetError(APIError):
-    """The API does not find a session whose webhook arrived moments ago: retried later."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id} not found (yet); the sweep reads it again")
 
 
 async def _claimed(claims: list[asyncio.Future[None]]) -> None:
@@ -354,8 +353,8 @@ class Dispatcher:
         A session the API does not find (404) is read again after short pauses; if it is
         still missing and its delivery arrived less than ``not_found_grace`` ago (the webhook
         may outrun the session becoming readable), the delivery stays for the sweep
-        (:class:`SessionNotFoundYetError`); past that, or without a delivery, the session is
-        treated as deleted: its recorded calls become stale.
+        (:class:`~agentfn_asgi.errors.SessionNotFoundYetError`); past that, or without a
+        delivery, the session is treated as deleted: its recorded calls become stale.
         """
         link = self.telemetry.link_for_delivery(delivery_id)
         # Anything saved after this moment (less the clock-skew margin) may be newer than

@@ -107,6 +107,7 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a Python process
 def test_python_dash_m_runs_the_same_cli() -> None:
     """``python -m agentfn_asgi`` is the same command line."""
     done = subprocess.run(

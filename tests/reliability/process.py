@@ -24,7 +24,7 @@ from agentfn_asgi._crash import ARMING_VALUE, ARMING_VARIABLE
 from ..support.ports import free_port
 from .crash_app import LEDGER_ENV
 
-__all__ = ["ROOT", "AppProcess", "free_port"]
+__all__ = ["ROOT", "AppProcess"]
 
 #: The repository root: the child runs there so ``tests.reliability.crash_app`` imports.
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,13 +31,13 @@ from starlette.types import Message, Receive, Scope, Send
 
 from agentfn_asgi import wire
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.errors import BadRequestError, NotFoundError, WebhookSignatureError
 from agentfn_asgi.signing import WebhookVerifier
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall
 from agentfn_asgi.testing.fake_endpoints import KEEP_OLD_SECRET_SECONDS
 
 from ..support.clock import FakeClock
+from ..support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 

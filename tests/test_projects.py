@@ -148,18 +148,7 @@ async def test_two_projects_share_a_store_without_interference(
         assert [c["session_id"] for c in listed] == [sessions["proj_a"]]
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "sqlite",
-        "postgres",
-        # Redis keys carry the namespace from its layout 3.
-        pytest.param(
-            "redis",
-            marks=pytest.mark.xfail(strict=True, reason="keys not namespaced yet in Redis"),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", DURABLE)
 async def test_recover_with_another_projects_settings_leaves_the_call_alone(
     backend: str,
     tmp_path: Path,

@@ -48,8 +48,8 @@ def test_the_claim_says_what_it_does_to_which_state() -> None:
     assert "'claimed', 1," in text
     assert "THEN c.attempt ELSE c.attempt + 1 END" in text
     assert (
-        "WHERE c.state = 'claimed' AND (c.lease_expires_at < :takeover_before"
-        " OR (c.owner = excluded.owner AND c.lease_expires_at >= :now))"
+        "WHERE ((c.state = 'claimed' AND c.lease_expires_at < :takeover_before))"
+        " OR ((c.state = 'claimed' AND c.owner = excluded.owner AND c.lease_expires_at >= :now))"
     ) in text
 
 

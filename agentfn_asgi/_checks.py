@@ -105,6 +105,11 @@ def settle_options(
         raise ToolDefinitionError(f"{label}: approval_timeout must be a positive number of seconds")
     if approval_timeout is not None and approval is False:
         raise ToolDefinitionError(f"{label}: approval_timeout= only applies with approval=")
+    check_deadline = getattr(enqueue, "check_job_deadline", None)
+    if callable(check_deadline):
+        # An enqueue that knows its queue's limits (the Celery integration's) refuses a
+        # deadline the queue cannot keep at registration, not at the first call.
+        check_deadline(float(deadline), label)
     return {
         "defer_loading": bool(options.get("defer_loading", False)),
         "side_effects": side_effects,

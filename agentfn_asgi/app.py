@@ -163,7 +163,13 @@ class AgentWebhookApp:
         )
         completion_secrets = completion_secrets or env.completion_secrets
         public_url = public_url if public_url is not None else env.public_url
-        self.jobs = worker_jobs(tools, completion_secrets, public_url=public_url, clock=clock)
+        # Completion tokens are bound to this app: its store's namespace and its mount.
+        namespace = (
+            env.store_namespace if store is None or isinstance(store, str) else store.namespace
+        )
+        self.jobs = worker_jobs(
+            tools, completion_secrets, public_url=public_url, namespace=namespace, clock=clock
+        )
         _check_configuration(tools, secrets, completion_secrets, public_url)
         self.telemetry = (
             telemetry if telemetry is not None else Telemetry(capture_content=env.capture_content)

@@ -210,6 +210,11 @@ HOT_COLUMNS: Final = tuple(
     name for name, _ in CALL_COLUMNS if name != "namespace" and name not in HISTORY_COLUMNS
 )
 DETAIL_COLUMNS: Final = (*HOT_COLUMNS, *HISTORY_COLUMNS)
+#: Revoked credentials (operator-page sessions), one store-wide list (see Store).
+REVOKED_TOKEN_COLUMNS: Final = (
+    ("token_id", "{text} NOT NULL"),
+    ("expires_at", "{real} NOT NULL"),
+)
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
 DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 
@@ -217,6 +222,7 @@ DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 TABLES: Final = {
     "deliveries": (DELIVERY_COLUMNS, ("namespace", "delivery_id")),
     "calls": (CALL_COLUMNS, ("namespace", "session_id", "turn_id", "call_id")),
+    "revoked_tokens": (REVOKED_TOKEN_COLUMNS, ("token_id",)),
 }
 
 # Each one serves a query below, so recovery and pruning never scan the whole table; the
@@ -385,7 +391,8 @@ def schema_changes(
     for target in range(version + 1, SCHEMA_VERSION + 1):
         changes += UPGRADES.get(target, ())
     if version < 4:
-        for table in TABLES:
+        # Only the tables keyed before version 4 change keys; a newer table is made right.
+        for table in ("deliveries", "calls"):
             if existing.get(table):
                 changes += _rekey(table, rekey)
     changes += INDEXES

@@ -12,7 +12,7 @@ shared fragments (``{key}``, ``{columns}``, ``{claimed}``...) by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from agentfn_asgi.store._sql_schema import (
@@ -54,10 +54,14 @@ __all__ = [
     "RENEW_LEASE",
     "REQUEST_APPROVAL",
     "RESOLVE_DELIVERY",
+    "REVOKE_TOKEN",
+    "ROWS",
     "SAVE_RESULT",
     "SETTLE",
     "STATS",
     "SUBMISSION_FAILED",
+    "TOKENS_EXPIRED",
+    "TOKEN_REVOKED",
     "UNRESOLVED_DELIVERIES",
     "UNRESOLVED_DELIVERIES_AFTER",
     "UNSUBMITTED_RESULTS",
@@ -360,3 +364,35 @@ PRUNE_CALLS: Final = fill("""
         WHERE {finished} AND updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
+
+# Revoked credentials: a short store-wide list; each revocation drops the expired ones.
+REVOKE_TOKEN: Final = fill("""
+    INSERT INTO {p}revoked_tokens AS r (token_id, expires_at) VALUES (:token_id, :expires_at)
+    ON CONFLICT (token_id) DO UPDATE SET expires_at = excluded.expires_at""")
+TOKENS_EXPIRED: Final = fill("DELETE FROM {p}revoked_tokens WHERE expires_at <= :now")
+TOKEN_REVOKED: Final = fill("""
+    SELECT 1 FROM {p}revoked_tokens WHERE token_id = :token_id AND expires_at > :now""")
+
+
+#: Which statements carry out each row of the state table (:mod:`agentfn_asgi.states`), by
+#: name; ``tests/store/test_state_table.py`` holds each to its row's guard, state and event,
+#: and refuses a statement that changes a call without being listed here.
+ROWS: Final[Mapping[str, tuple[str, ...]]] = {
+    "claim": ("CLAIM",),
+    "reclaim": ("CLAIM",),
+    "take_over": ("CLAIM",),
+    "renew": ("RENEW_LEASE",),
+    "save": ("SAVE_RESULT",),
+    "mark_submitted": ("MARK_SUBMITTED",),
+    "submission_failed": ("SUBMISSION_FAILED",),
+    "mark_stale": ("MARK_STALE", "MARK_STALE_UNCHANGED"),
+    "quarantine": ("QUARANTINE",),
+    "settle": ("SETTLE",),
+    "release": ("RELEASE",),
+    "prune": ("PRUNE_CALLS",),
+    "request_approval": ("REQUEST_APPROVAL",),
+    "approve": ("APPROVE",),
+    "deny": ("DENY",),
+    "expire_approval": ("EXPIRE_APPROVAL",),
+    "run_approved": ("CLAIM_APPROVED",),
+}

@@ -18,6 +18,8 @@ construction: every script is handed ``{n}`` and builds every key it touches on 
     {n}s:{h(session_id)}         set: the members of a session's calls
     {n}k:{h(call_id)}            set: the members of the calls with that call id
     {n}i:{index}                 sorted sets of the namespace (below)
+    {p}r:{h(token_id)}           string: a revoked credential's expires_at (store-wide,
+                                 random ids: no namespace needed)
 
 A call's *member* is its key ``(session_id, turn_id, call_id)`` joined by ``\\0\\0`` (a NUL
 inside an id is written ``\\0\\1``): sorted sets order equal scores by member bytes, which
@@ -55,8 +57,9 @@ writing a record no replica of this release would see. The first layout, which h
 marker, is refused.
 
 Time: scores and record fields come from the injected ``clock``, passed into every script,
-never Redis' own ``TIME``. Nothing expires by TTL: :meth:`RedisStore.prune` is the
-retention (quarantined and pending calls are never pruned).
+never Redis' own ``TIME``. Nothing expires by TTL but revocations (their entry is compared
+with the clock too, and outlives its ``expires_at`` by a second): :meth:`RedisStore.prune`
+is the retention (quarantined and pending calls are never pruned).
 
 Redis Cluster: scripts compute most keys they touch from the prefix, so all keys must live
 in one slot; give the prefix a hash tag (``key_prefix="{agentfn}:"``).
@@ -66,6 +69,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -755,3 +759,25 @@ class RedisStore:
             failures=int(submitted_failed),
             failing_deliveries=int(failing),
         )
+
+    # -- revocations -----------------------------------------------------------------------
+    def _revoked_key(self, token_id: str) -> str:
+        return f"{self._prefix}r:{_h(token_id)}"
+
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Revoke ``token_id`` until ``expires_at``; Redis drops the entry after it."""
+        seconds = expires_at - self._clock()
+        if seconds <= 0:
+            return
+        client = self._redis()
+        with _translated("revoke_token"):
+            await client.set(
+                self._revoked_key(token_id), _num(expires_at), ex=math.ceil(seconds) + 1
+            )
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` is revoked and its entry not expired."""
+        client = self._redis()
+        with _translated("token_revoked"):
+            found = await client.get(self._revoked_key(token_id))
+        return found is not None and float(found) > self._clock()

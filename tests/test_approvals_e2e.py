@@ -29,6 +29,9 @@ from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 from .support.backends import DURABLE, SHARED, store_url_for
 from .support.replicas import replicas
+from .test_examples import django_db_file
+
+__all__ = ["django_db_file"]  # the fixture, imported for the examples' test
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
 
@@ -217,3 +220,37 @@ async def test_the_holder_dies_and_two_approvers_race_one_run(backend: str, tmp_
     assert kinds.count("approved") == 1 and kinds.count("claimed_approved") == 1
     runner = next(e for e in record.history if e.kind == "claimed_approved")
     assert runner.owner != waiting.owner
+
+
+EXAMPLES = {
+    "starlette": "examples.starlette_app:app",
+    "fastapi": "examples.fastapi_app:app",
+    "django": "examples.django_app.exampleproject.asgi:application",
+}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+async def test_every_example_holds_close_account_for_approval(
+    example: str, tmp_path: Path, django_db_file: Path
+) -> None:
+    """The examples' contract: each app serves close_account with approval=True; it writes
+    its ledger line only once approved, and answers {"closed": true, ...}."""
+    ledger = tmp_path / "ledger.jsonl"
+    port = free_port()
+    fake = FakeAgentsAPI(
+        webhook_secret=SECRET, webhook_url=f"http://127.0.0.1:{port}/openai/webhooks"
+    )
+    async with store_url_for("sqlite", tmp_path) as url, fake, serve_fake(fake) as base_url:
+        env = env_for(url, base_url, ledger, EXAMPLE_DJANGO_DB=str(django_db_file))
+        async with replicas(env, tmp_path, [port], target=EXAMPLES[example]):
+            sid = fake.create_session(close("acc_ex", "call_ex"))
+            waiting = await waiting_record(url, sid)
+            assert waiting.approval is not None and ledger_lines(ledger) == []
+            code, _, err = await cli(env, "approvals", "approve", waiting.approval.approval_id)
+            assert code == 0, err
+            await fake.wait_idle(sid, timeout=30)
+    [submission] = fake.submissions
+    assert json.loads(submission.output) == {"closed": True, "account_id": "acc_ex"}
+    assert ledger_lines(ledger) == [
+        {"call_id": "call_ex", "account_id": "acc_ex", "tool": "close_account"}
+    ]

@@ -240,8 +240,10 @@ class ApprovalStore(Protocol):
     """The operations of durable human approval (``approval=`` tools), rows
     ``request_approval`` … ``run_approved`` of :mod:`agentfn_asgi.states`.
 
-    A separate protocol while not every backend has them: the app refuses an ``approval=``
-    tool over a store that is not one (:func:`supports_approval`).
+    Every backend of the package (memory, SQLite, PostgreSQL, Redis) is one. It is kept
+    apart from :class:`Store` so that a store of your own without them still works: the
+    dispatcher then says at start-up that its ``approval=`` tools cannot ask, and their
+    calls fail telling the model so (:func:`supports_approval`).
     """
 
     async def request_approval(

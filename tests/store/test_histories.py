@@ -930,6 +930,7 @@ def _returned(found: object) -> list[Any]:
     return value if kind == "returned" else []
 
 
+@pytest.mark.slow  # tens of seconds per backend: not in `make check`
 @pytest.mark.parametrize(
     "backend_name",
     [

@@ -41,8 +41,10 @@ from ..messages import (
     model_error_message,
     timeout_message,
 )
+from ..policy import ResolvedPolicy, resolve
 from ..records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
 from ..results import encode_result, failure_result
+from ..running import invoke, run_reconcile
 from ..store.base import Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
@@ -117,6 +119,7 @@ class Executor:
         self._slots: asyncio.Semaphore | None = None
         self._threads = ThreadPool(settings.thread_pool_size)
         self._running_since: dict[CallKey, float] = {}
+        self._policies: dict[str, ResolvedPolicy] = {}
         self._closing = False
 
     def close(self) -> None:
@@ -313,7 +316,8 @@ class Executor:
         if action.unreadable is not None:
             message = UNREADABLE_ARGUMENTS_MESSAGE.format(reason=action.unreadable)
             return failure_result(key, message, "validation_error")
-        if attempt.in_doubt and attempt.number > self._settings.max_attempts:
+        policy = self._policy(tool)
+        if attempt.in_doubt and attempt.number > policy.max_attempts:
             return await self._too_many_attempts(attempt, tool)
         context = self._context(attempt, tool)
         try:
@@ -329,12 +333,13 @@ class Executor:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
             async with self._leases.kept(attempt.lease):
-                verdict = await tool.run_reconcile(
+                verdict = await run_reconcile(
+                    tool,
                     arguments,
                     context,
                     threads=self._threads,
-                    time_limit=self._timeout(tool),
-                    wait_limit=self._settings.thread_wait,
+                    time_limit=policy.timeout,
+                    wait_limit=policy.thread_wait,
                 )
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
@@ -346,7 +351,7 @@ class Executor:
 
     def _context(self, attempt: _Attempt, tool: FunctionTool) -> ToolContext:
         key = attempt.key
-        timeout = self._timeout(tool)
+        timeout = self._policy(tool).timeout
         return ToolContext(
             session_id=key.session_id,
             turn_id=key.turn_id,
@@ -358,8 +363,12 @@ class Executor:
             resources=self._resources,
         )
 
-    def _timeout(self, tool: FunctionTool) -> float | None:
-        return tool.timeout if tool.timeout is not None else self._settings.default_timeout
+    def _policy(self, tool: FunctionTool) -> ResolvedPolicy:
+        """The tool's policy merged with our settings (merged once per policy)."""
+        resolved = self._policies.get(tool.name)
+        if resolved is None or resolved.policy is not tool.policy:
+            resolved = self._policies[tool.name] = resolve(tool.policy, self._settings)
+        return resolved
 
     async def _run(
         self,
@@ -369,20 +378,22 @@ class Executor:
         context: ToolContext,
     ) -> SavedResult:
         key = attempt.key
-        timeout = self._timeout(tool)
+        policy = self._policy(tool)
+        timeout = policy.timeout
         try:
             async with self._leases.kept(attempt.lease):
-                value = await tool.invoke(
+                value = await invoke(
+                    tool,
                     arguments,
                     context,
                     threads=self._threads,
                     time_limit=timeout,
-                    wait_limit=self._settings.thread_wait,
+                    wait_limit=policy.thread_wait,
                 )
         except LeaseLostError:
             raise
         except ThreadPoolBusyError:
-            wait = self._settings.thread_wait
+            wait = policy.thread_wait
             logger.error(
                 "no thread free for tool %s (call %s) within %g s: %d of %d threads busy "
                 "(hung sync handlers keep their threads)",
@@ -427,7 +438,7 @@ class Executor:
             tool.name,
             started,
         )
-        if tool.side_effects and self._settings.in_doubt == "hold":
+        if tool.side_effects and self._policy(tool).in_doubt == "hold":
             await self._hold(attempt, f"started {started} times, never finished")
             return None
         message = TOO_MANY_ATTEMPTS_MESSAGE.format(attempts=started)
@@ -441,9 +452,9 @@ class Executor:
             attempt.key,
             tool.name,
             reason or "no reconcile hook",
-            self._settings.in_doubt,
+            self._policy(tool).in_doubt,
         )
-        if self._settings.in_doubt == "hold":
+        if self._policy(tool).in_doubt == "hold":
             await self._hold(attempt, reason or "in doubt")
             return None
         return failure_result(attempt.key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
@@ -475,7 +486,7 @@ class Executor:
         try:
             if self._handoff is None:  # the app refuses such a registry; recover may not
                 raise RuntimeError("no completion secret is configured to issue job tokens")
-            with anyio.fail_after(self._timeout(tool)):
+            with anyio.fail_after(self._policy(tool).timeout):
                 await self._handoff.hand_off(
                     key, tool, arguments, context, owner=self._owner, threads=self._threads
                 )

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 from .dispatch import Dispatcher
-from .errors import APIError, ConfigurationError, StoreError
+from .errors import (
+    APIError,
+    CallNotFoundError,
+    ConfigurationError,
+    OperatorInputError,
+    StoreError,
+)
 from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
 from .states import settleable
 from .store.base import Store
@@ -179,8 +185,10 @@ class SettleOutcome:
 
 
 class OperatorView(Protocol):
-    """What the CLI and the operator page read and do. Raises ``LookupError`` for an unknown
-    call, ``ValueError`` when ``call_id`` alone names calls of several sessions."""
+    """What the CLI and the operator page read and do. Raises
+    :class:`~agentfn_asgi.errors.CallNotFoundError` (a ``LookupError``) for an unknown call,
+    :class:`~agentfn_asgi.errors.OperatorInputError` (a ``ValueError``) when ``call_id`` alone
+    names calls of several sessions or a cursor is not of the listing."""
 
     async def overview(self) -> Overview: ...
 
@@ -218,10 +226,11 @@ _DURATION = re.compile(r"(\d{1,9})([smhdw])")
 
 def parse_duration(text: str) -> float:
     """``15m``, ``2h``, ``3d`` (also ``s`` and ``w``) → seconds (the ``since`` filter of the
-    CLI and the page). ValueError, saying the expected form, for anything else."""
+    CLI and the page). :class:`~agentfn_asgi.errors.OperatorInputError` (a ``ValueError``),
+    saying the expected form, for anything else."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(
+        raise OperatorInputError(
             "'since' must be a number and a unit (s, m, h, d or w), like 15m, 2h or 3d; "
             f"got {text!r}"
         )
@@ -343,7 +352,7 @@ class Operator:
         )
 
     async def calls(self, query: CallFilter) -> CallPage:
-        """A page of calls, newest first (``ValueError`` for a cursor that is not ours)."""
+        """A page of calls, newest first (``OperatorInputError`` for a cursor not ours)."""
         before = None if query.cursor is None else _decode_cursor(query.cursor)
         found = await self._store.list_calls(
             CallQuery(
@@ -363,9 +372,10 @@ class Operator:
     async def call(
         self, call_id: str, *, session_id: str | None = None, content: bool = False
     ) -> CallDetail:
-        """One call with its history (``LookupError``: unknown; ``ValueError``: the id names
-        calls of several sessions, give ``session_id``). With ``content``, the saved output
-        and, while the call is still pending, its arguments read from the live session."""
+        """One call with its history (``CallNotFoundError``: unknown;
+        ``OperatorInputError``: the id names calls of several sessions, give ``session_id``).
+        With ``content``, the saved output and, while the call is still pending, its
+        arguments read from the live session."""
         record = await self._find(call_id, session_id)
         arguments = output = None
         if content:
@@ -424,10 +434,10 @@ class Operator:
             found = [r for r in found if r.key.session_id == session_id]
         if not found:
             where = f" in session {session_id}" if session_id else ""
-            raise LookupError(f"no call {call_id}{where} in the store")
+            raise CallNotFoundError(f"no call {call_id}{where} in the store")
         if len(found) > 1:
             sessions = ", ".join(sorted({r.key.session_id for r in found})[:5])
-            raise ValueError(
+            raise OperatorInputError(
                 f"call id {call_id} names calls of several sessions ({sessions}): give the session"
             )
         return found[0]
@@ -512,4 +522,4 @@ def _decode_cursor(cursor: str) -> tuple[float, str, str, str]:
         at, session_id, turn_id, call_id = json.loads(raw)
         return float(at), str(session_id), str(turn_id), str(call_id)
     except (ValueError, TypeError, binascii.Error):
-        raise ValueError("not a cursor of this listing") from None
+        raise OperatorInputError("not a cursor of this listing") from None

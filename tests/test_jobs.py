@@ -47,12 +47,12 @@ from agentfn_asgi.worker import (
     run_job,
 )
 
+from .support.clock import FakeClock
 from .support.jobs import (
     COMPLETE_URL,
     COMPLETION_SECRET,
     KEY,
     OTHER_SECRET,
-    Clock,
     app_options,
     first_call,
     next_job,
@@ -123,7 +123,7 @@ def test_any_string_is_refused_with_a_completion_token_error(text: str) -> None:
 def test_tokens_expire_at_their_deadline_and_at_max_age() -> None:
     """expires_at is honoured to the second, max_age caps every token; both raise the
     distinct CompletionTokenExpiredError."""
-    clock = Clock()
+    clock = FakeClock()
     tokens = CompletionTokens(COMPLETION_SECRET, max_age=100, clock=clock)
     token = tokens.issue(KEY, owner="o", tool_name="report", expires_at=clock.now + 60)
     clock.now += 59

@@ -12,7 +12,7 @@ shared fragments (``{key}``, ``{columns}``, ``{claimed}``...) by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from agentfn_asgi.store._sql_schema import (
@@ -48,6 +48,7 @@ __all__ = [
     "RENEW_LEASE",
     "RESOLVE_DELIVERY",
     "REVOKE_TOKEN",
+    "ROWS",
     "SAVE_RESULT",
     "SETTLE",
     "STATS",
@@ -293,3 +294,22 @@ REVOKE_TOKEN: Final = fill("""
 TOKENS_EXPIRED: Final = fill("DELETE FROM {p}revoked_tokens WHERE expires_at <= :now")
 TOKEN_REVOKED: Final = fill("""
     SELECT 1 FROM {p}revoked_tokens WHERE token_id = :token_id AND expires_at > :now""")
+
+
+#: Which statements carry out each row of the state table (:mod:`agentfn_asgi.states`), by
+#: name; ``tests/store/test_state_table.py`` holds each to its row's guard, state and event,
+#: and refuses a statement that changes a call without being listed here.
+ROWS: Final[Mapping[str, tuple[str, ...]]] = {
+    "claim": ("CLAIM",),
+    "reclaim": ("CLAIM",),
+    "take_over": ("CLAIM",),
+    "renew": ("RENEW_LEASE",),
+    "save": ("SAVE_RESULT",),
+    "mark_submitted": ("MARK_SUBMITTED",),
+    "submission_failed": ("SUBMISSION_FAILED",),
+    "mark_stale": ("MARK_STALE", "MARK_STALE_UNCHANGED"),
+    "quarantine": ("QUARANTINE",),
+    "settle": ("SETTLE",),
+    "release": ("RELEASE",),
+    "prune": ("PRUNE_CALLS",),
+}

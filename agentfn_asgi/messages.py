@@ -27,6 +27,7 @@ __all__ = [
     "IN_DOUBT_MESSAGE",
     "JOB_DEADLINE_MESSAGE",
     "REDELIVERED_IN_DOUBT_MESSAGE",
+    "RETRIED_SUFFIX",
     "THREADS_BUSY_MESSAGE",
     "TOO_MANY_ATTEMPTS_MESSAGE",
     "UNKNOWN_TOOL_MESSAGE",
@@ -68,6 +69,11 @@ INTERNAL_FAILURE_MESSAGE = (
 TOO_MANY_ATTEMPTS_MESSAGE = (
     "This call was started {attempts} times and never finished (the service stopped while "
     "running it each time). It will not be retried; it may or may not have taken effect."
+)
+#: Appended to the failure of a call whose last attempt failed after retries (flow control).
+RETRIED_SUFFIX = (
+    " (This call was tried {attempts} times; the last attempt failed with {error}. It will"
+    " not be retried again.)"
 )
 #: What the model is told when a sync handler could not start: every thread of the pool was
 #: busy (hung handlers hold their threads: Python cannot stop them).

@@ -63,6 +63,10 @@ class CallState(enum.StrEnum):
     SUBMITTED = "submitted"
     STALE = "stale"
     QUARANTINED = "quarantined"
+    #: Flow control (issue 24): a plain attempt failed transiently or its handler raised
+    #: RetryLater; the next attempt may start at ``next_attempt_at`` (kept in
+    #: ``lease_expires_at`` too, the time the guards compare), by whichever replica claims it.
+    RETRY_SCHEDULED = "retry_scheduled"
 
     @property
     def terminal(self) -> bool:
@@ -208,6 +212,7 @@ class ClaimStatus(enum.StrEnum):
     SAVED = "saved"  # a result is saved but not submitted: (re)submit it, never re-run
     BUSY = "busy"  # another owner holds a live lease: leave it alone
     DONE = "done"  # submitted, stale or quarantined: nothing to do
+    RETRY = "retry"  # a scheduled retry came due; now ours with the next attempt: run it
 
 
 @dataclass(frozen=True, slots=True)

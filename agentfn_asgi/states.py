@@ -63,6 +63,10 @@ class Guard(enum.StrEnum):
     OWN_LIVE_LEASE = "own_live_lease"
     LEASE_LAPSED = "lease_lapsed"
     UNCHANGED_SINCE = "unchanged_since"
+    #: Flow control (issue 24): the scheduled time of a retry has come
+    #: (``lease_expires_at <= now``: a ``retry_scheduled`` call keeps its next attempt's time
+    #: there). Never sooner; a replica whose clock runs ahead starts it that much early.
+    DUE = "due"
 
 
 class Target(enum.StrEnum):
@@ -122,6 +126,28 @@ _HELD: Final = frozenset({Guard.HOLDER})
 SETTLEABLE: Final = (
     _from(CallState.QUARANTINED),
     _from(CallState.CLAIMED, guards=frozenset({Guard.LEASE_LAPSED})),
+)
+
+# -- flow control (issue 24): retries ---------------------------------------------------------
+#: ``claimed`` ──schedule_retry──▶ ``retry_scheduled`` ──retry (due)──▶ ``claimed`` (next
+#: attempt). Only the holder schedules (fencing); whoever claims the call once its time has
+#: come runs the next attempt, exactly one claimant wins.
+_FLOW_CONTROL: Final = (
+    Transition(
+        "schedule_retry",
+        "schedule_retry",
+        (_from(CallState.CLAIMED, guards=_HELD),),
+        CallState.RETRY_SCHEDULED,
+        event="retry_scheduled",
+    ),
+    Transition(
+        "retry",
+        "claim_call",
+        (_from(CallState.RETRY_SCHEDULED, guards=frozenset({Guard.DUE})),),
+        CallState.CLAIMED,
+        event="retried",
+        new_attempt=True,
+    ),
 )
 
 #: Every transition a store may make, by name.
@@ -189,6 +215,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             new_attempt=True,
         ),
         Transition("prune", "prune", (_from(*PRUNABLE),), Target.REMOVED),
+        *_FLOW_CONTROL,
     )
 }
 
@@ -209,6 +236,8 @@ def _guard_holds(
         return record.owner == owner and record.lease_expires_at >= now
     if guard is Guard.LEASE_LAPSED:
         return record.lease_expires_at < now - margin
+    if guard is Guard.DUE:
+        return record.lease_expires_at <= now
     # UNCHANGED_SINCE is asked for by the caller; without a time it does not apply.
     return unchanged_since is None or record.updated_at <= unchanged_since
 

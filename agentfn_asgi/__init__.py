@@ -52,6 +52,7 @@ from agentfn_asgi.errors import (
     WebhookTimestampError,
     WebhookVerificationError,
 )
+from agentfn_asgi.policy import RetryPolicy
 from agentfn_asgi.results import ImagePart, TextPart, image_from_bytes, image_part, text_part
 from agentfn_asgi.signing import VerifiedDelivery, WebhookVerifier, sign, signed_headers
 from agentfn_asgi.store import Store, open_store
@@ -99,6 +100,7 @@ __all__ = [
     "ResultTooLargeError",
     "RetryEvent",
     "RetryLater",
+    "RetryPolicy",
     "SessionNotFoundYetError",
     "Store",
     "StoreError",

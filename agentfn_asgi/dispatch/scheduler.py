@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio
+
 from ..client import AgentsClient
 from ..errors import (
     APIError,
@@ -117,7 +119,8 @@ class Dispatcher:
 
     It owns no HTTP server: :class:`~agentfn_asgi.app.AgentWebhookApp` records deliveries and
     calls :meth:`schedule`; ``start``/``stop`` are driven by the app's lifespan (or lazily).
-    ``handoff`` hands the calls of ``enqueue=`` tools to their queue (:mod:`agentfn_asgi.jobs`).
+    ``handoff`` hands the calls of ``enqueue=`` tools to their queue (:mod:`agentfn_asgi.jobs`);
+    ``sleep`` waits for the time of a retry scheduled in the store (flow control).
     """
 
     def __init__(
@@ -132,6 +135,7 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         telemetry: Telemetry | None = None,
         handoff: JobHandoff | None = None,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self.tools = tools
         self.client = client
@@ -182,6 +186,7 @@ class Dispatcher:
             resources=resources,
             clock=clock,
             handoff=handoff,
+            sleep=sleep,
         )
 
         self._settler = Settler(
@@ -523,9 +528,15 @@ class Dispatcher:
         )
         async for delivery in deliveries:
             by_session.setdefault(delivery.session_id, []).append(delivery)
+        # In-doubt claims, and retries whose time has come whose process is gone (flow
+        # control: a live one waits for its own retry, and is in flight here).
+        stranded = [
+            *await self.store.expired_claims(margin=self.settings.fence_margin),
+            *await self.store.due_retries(),
+        ]
         claimed_only = [
             record.key.session_id
-            for record in await self.store.expired_claims(margin=self.settings.fence_margin)
+            for record in stranded
             if record.key not in self._inflight and record.key.session_id not in by_session
         ]
         await self._resubmit_due(due)

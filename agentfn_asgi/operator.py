@@ -56,14 +56,24 @@ __all__ = [
 
 #: Display states, in the order an operator reads them.
 DisplayState = Literal[
-    "claimed", "in_doubt", "succeeded", "failed", "submitted", "stale", "quarantined"
+    "claimed",
+    "in_doubt",
+    "succeeded",
+    "failed",
+    "submitted",
+    "stale",
+    "quarantined",
+    "retry_scheduled",
 ]
 
 #: What became of a call, in an operator's words (the page's badges and counts): ``running``
 #: (claimed, lease live), ``in_doubt`` (claimed, lease ran out), ``submitting`` (a result is
 #: saved, not yet accepted), ``succeeded`` / ``failed`` (the API accepted a success / a
-#: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator).
-Outcome = Literal["running", "in_doubt", "submitting", "succeeded", "failed", "stale", "held"]
+#: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator),
+#: ``retrying`` (an attempt failed; the next one is scheduled, see ``next_attempt_at``).
+Outcome = Literal[
+    "running", "in_doubt", "submitting", "succeeded", "failed", "stale", "held", "retrying"
+]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 
@@ -78,6 +88,8 @@ def outcome_of(record: CallRecord, now: float) -> Outcome:
         return "succeeded" if record.result is not None and record.result.success else "failed"
     if state is CallState.STALE:
         return "stale"
+    if state is CallState.RETRY_SCHEDULED:
+        return "retrying"
     return "held"
 
 
@@ -336,6 +348,7 @@ class Operator:
             "failed": stats.failures,
             "stale": counts.get("stale", 0),
             "held": counts.get("quarantined", 0),
+            "retrying": counts.get("retry_scheduled", 0),
         }
         return Overview(
             store=self._location,

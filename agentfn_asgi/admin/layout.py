@@ -107,6 +107,7 @@ OUTCOME_LABELS = {
     "failed": "failed",
     "stale": "stale",
     "held": "held",
+    "retrying": "retrying",
 }
 
 

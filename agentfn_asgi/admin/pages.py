@@ -115,6 +115,7 @@ _OUTCOME_FILTERS = {
     "failed": (("submitted", "submitted (succeeded and failed)"),),
     "stale": (("stale", "stale"),),
     "held": (("quarantined", "quarantined"),),
+    "retrying": (("retry_scheduled", "retry scheduled"),),
 }
 
 

@@ -15,12 +15,12 @@ This module imports only the error tree and the tool context types.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from ._context import ReconcileHook
-from .errors import ToolDefinitionError
+from .errors import ConfigurationError, ToolDefinitionError
 
 if TYPE_CHECKING:
     from .dispatch.settings import DispatchSettings
@@ -32,6 +32,7 @@ __all__ = [
     "ResolvedPolicy",
     "RetryPolicy",
     "ToolPolicy",
+    "check_limits",
     "option_docs",
     "resolve",
 ]
@@ -314,3 +315,22 @@ def resolve(policy: ToolPolicy, settings: DispatchSettings) -> ResolvedPolicy:
         ),
         thread_wait=settings.thread_wait,
     )
+
+
+def check_limits(policies: Iterable[tuple[str, ToolPolicy]], settings: DispatchSettings) -> None:
+    """Refuse at start-up, in one line with the fix, a tool whose limits cannot work with
+    these settings (what registration alone cannot judge: the app's defaults). A retry
+    deadline shorter than the tool's timeout would end retries before one attempt may
+    finish; a retry policy allowing fewer attempts than asked is fine."""
+    for name, policy in policies:
+        resolved = resolve(policy, settings)
+        deadline = None if policy.retry is None else policy.retry.deadline
+        timeout = resolved.timeout
+        if deadline is not None and (timeout is None or deadline < timeout):
+            where = "its timeout=" if policy.timeout is not None else "the app's default_timeout"
+            limit = "no timeout" if timeout is None else f"{timeout:g} s"
+            raise ConfigurationError(
+                f"tool {name!r}: its retry deadline ({deadline:g} s) is shorter than one"
+                f" attempt may run ({limit}, {where}); raise RetryPolicy(deadline=...) above"
+                " it or give the tool a shorter timeout="
+            )

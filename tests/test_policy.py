@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from agentfn_asgi import DispatchSettings, FunctionTools, ToolDefinitionError
+from agentfn_asgi import ConfigurationError, DispatchSettings, FunctionTools, ToolDefinitionError
 from agentfn_asgi.policy import (
     DEFINITION_OPTIONS,
     POLICY_OPTIONS,
     RetryPolicy,
     ToolPolicy,
+    check_limits,
     resolve,
 )
 from agentfn_asgi.tools import ToolOptions
@@ -75,3 +76,25 @@ def test_retry_policy_backoff_doubles_up_to_the_cap_and_jitter_only_adds() -> No
     assert policy.backoff(1, random=0.999) >= 0.2
     with pytest.raises(ToolDefinitionError, match="attempts must be at least 1"):
         RetryPolicy(attempts=0)
+
+
+@pytest.mark.parametrize(
+    ("tool_timeout", "deadline", "default_timeout", "pattern"),
+    [
+        (30.0, 10.0, 300.0, r"retry deadline \(10 s\) is shorter than one attempt may run \(30 s"),
+        (None, 10.0, 300.0, r"\(300 s, the app's default_timeout\)"),
+        (None, 10.0, None, r"\(no timeout, the app's default_timeout\)"),
+    ],
+)
+def test_a_retry_deadline_shorter_than_the_timeout_is_refused_at_start_up(
+    tool_timeout: float | None, deadline: float, default_timeout: float | None, pattern: str
+) -> None:
+    """One line naming the tool, both numbers and the fix."""
+    tools = FunctionTools()
+    tools.add(_lookup, timeout=tool_timeout, retry=RetryPolicy(deadline=deadline))
+    settings = DispatchSettings(default_timeout=default_timeout)
+    with pytest.raises(ConfigurationError, match=pattern) as caught:
+        check_limits(((t.name, t.policy) for t in tools), settings)
+    assert "\n" not in str(caught.value) and "RetryPolicy(deadline=...)" in str(caught.value)
+    if tool_timeout is None:  # the same tool under a shorter default works
+        check_limits(((t.name, t.policy) for t in tools), DispatchSettings(default_timeout=5.0))

@@ -33,6 +33,7 @@ from ..errors import (
     SessionNotFoundYetError,
     StoreError,
 )
+from ..policy import check_limits
 from ..records import CallKey, DeliveryRecord
 from ..store.base import Store
 from ..tools import FunctionTools
@@ -141,6 +142,7 @@ class Dispatcher:
         self.client = client
         self.store = store
         self.settings = settings or DispatchSettings()
+        check_limits(((tool.name, tool.policy) for tool in tools), self.settings)
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(4)}"
         self._clock = clock
         self.telemetry = telemetry if telemetry is not None else Telemetry()

@@ -100,7 +100,7 @@ async def test_the_deadline_ends_retries_before_the_attempts_do(
     """No attempt starts past the deadline from the first claim: the second backoff would."""
     attempts: list[int] = []
     policy = RetryPolicy(attempts=10, initial_backoff=0.4, deadline=1.0)
-    await run_one(api, store, clock, flaky_tools(9, attempts, retry=policy))
+    await run_one(api, store, clock, flaky_tools(9, attempts, retry=policy, timeout=0.5))
     assert attempts == [1, 2]
     [submission] = api.fake.submissions
     assert submission.success is False and "tried 2 times" in (submission.error or "")

@@ -767,6 +767,7 @@ return out
 """)
 
 
+#: (Not in ``__all__``: the store registers every name there as a script.)
 #: Which scripts carry out each row of the state table (:mod:`agentfn_asgi.states`), by
 #: name; ``tests/store/test_state_table.py`` holds each to its row, and refuses a script that
 #: changes a call's state without being listed here (the migration's scripts move records

@@ -4,15 +4,19 @@ bounds end them with a failure that tells the model it was retried."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentfn_asgi import RetryLater
+from agentfn_asgi.demo.tools import ExampleResources, Ledger, build_tools
 from agentfn_asgi.dispatch import Dispatcher
 from agentfn_asgi.policy import RetryPolicy
 from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
+from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext
 
 from ..support.clock import FakeClock
@@ -192,3 +196,47 @@ async def test_a_scheduled_retry_is_resumed_by_another_replica_at_its_time_never
     assert attempts == [2]
     [submission] = api.fake.submissions
     assert submission.success is True
+
+
+@pytest.mark.parametrize(("fail_times", "success", "lines"), [(2, True, 3), (9, False, 4)])
+async def test_the_examples_flaky_lookup_contract(
+    api: API,
+    store: MemoryStore,
+    clock: FakeClock,
+    tmp_path: Path,
+    fail_times: int,
+    success: bool,
+    lines: int,
+) -> None:
+    """The examples' flaky_lookup: one ledger line per execution (attempt k + 1), success on
+    attempt 3 for fail_times=2; fail_times=9 ends as a failure after 4, saying so."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    session_id = api.fake.create_session(
+        [[FakeCall("flaky_lookup", {"key": "k1", "fail_times": fail_times}, call_id="c1")]]
+    )
+    [action] = api.fake.required_actions(session_id)
+    key = CallKey(session_id, action["turn_id"], action["call_id"])
+    dispatcher = Dispatcher(
+        build_tools(),
+        api.client,
+        store,
+        settings=SETTINGS,
+        owner=OWNER,
+        clock=clock,
+        sleep=clock.sleep,
+        resources=ExampleResources(ledger=ledger),
+    )
+    await dispatcher.start(recover=False)
+    try:
+        await dispatcher.resolve(session_id)
+        await dispatcher.wait_for([key])
+    finally:
+        await dispatcher.stop(drain_timeout=1.0)
+    assert [e["attempt"] for e in ledger.entries()] == list(range(1, lines + 1))
+    assert clock.sleeps == [pytest.approx(0.2 * 2**n) for n in range(lines - 1)]
+    [submission] = api.fake.submissions
+    assert submission.success is success
+    if success:
+        assert json.loads(submission.output or "") == {"key": "k1", "attempts": 3}
+    else:
+        assert "tried 4 times" in (submission.error or "")

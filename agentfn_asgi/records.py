@@ -118,7 +118,9 @@ class CallEvent:
     and how long obtaining it took), ``submitted`` (``detail``: the API's answer and the
     number of requests it took), ``submit_failed`` (``detail``: the API's answer),
     ``stale``, ``quarantined`` (``detail``: the reason), ``settled`` (an operator saved a
-    result), ``released`` (an operator asked for a re-run). ``owner`` is the replica that
+    result), ``released`` (an operator asked for a re-run), ``retry_scheduled`` (an attempt
+    asked for another; ``detail``: the error type or RetryLater reason), ``retried`` (the
+    scheduled attempt claimed at its time). ``owner`` is the replica that
     did it, when one did.
     """
 

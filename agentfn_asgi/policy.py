@@ -87,6 +87,14 @@ def _in_doubt(label: str, name: str, value: Any) -> Any:
     return value
 
 
+def _approval(label: str, name: str, value: Any) -> Any:
+    if not isinstance(value, bool) and not callable(value):
+        raise ToolDefinitionError(
+            f"{label}: {name} must be True, False or a callable (ctx, arguments) -> bool"
+        )
+    return value
+
+
 def _retry(label: str, name: str, value: Any) -> RetryPolicy | None:
     if value is None or isinstance(value, RetryPolicy):
         return value
@@ -213,7 +221,23 @@ class ToolPolicy:
             " call failing with a transient error is tried again after a backoff kept in the store",
         ),
     )
-    # The approval work adds `approval` / `approval_timeout` here, as fields like these.
+    approval: bool | Callable[..., Any] = field(
+        default=False,
+        metadata=_meta(
+            _approval,
+            "``True`` (or a callable ``(ctx, arguments) -> bool``, sync or async, for calls that"
+            " need it only sometimes) holds each call, once its arguments are valid, until a"
+            " person approves or denies it (see ``AgentWebhookApp.approve``)",
+        ),
+    )
+    approval_timeout: float | None = field(
+        default=None,
+        metadata=_meta(
+            _seconds_or_none,
+            "seconds a call waits for approval before it fails (None: the app's"
+            " ``approval_timeout``, ``AGENTFN_APPROVAL_TIMEOUT``, 24 h)",
+        ),
+    )
     truncate_oversize: bool = field(
         default=False,
         metadata=_meta(_flag, "cut an oversized text result instead of failing the call"),
@@ -251,6 +275,8 @@ class ToolPolicy:
                 " caused half-way; raise RetryLater(after=...) from the handler when you know"
                 " nothing happened, or drop side_effects=True"
             )
+        if policy.approval_timeout is not None and policy.approval is False:
+            raise ToolDefinitionError(f"{label}: approval_timeout= only applies with approval=")
         if policy.retry is not None and policy.enqueue is not None:
             raise ToolDefinitionError(
                 f"{label}: retry= applies to calls run here; a queued tool's worker retries"
@@ -296,6 +322,7 @@ class ResolvedPolicy:
     in_doubt: Literal["fail", "hold"]
     max_attempts: int
     thread_wait: float
+    approval_timeout: float
 
     @property
     def retry(self) -> RetryPolicy | None:
@@ -314,6 +341,11 @@ def resolve(policy: ToolPolicy, settings: DispatchSettings) -> ResolvedPolicy:
             policy.max_attempts if policy.max_attempts is not None else settings.max_attempts
         ),
         thread_wait=settings.thread_wait,
+        approval_timeout=(
+            policy.approval_timeout
+            if policy.approval_timeout is not None
+            else settings.approval_timeout
+        ),
     )
 
 

@@ -21,7 +21,13 @@ from ._threads import ThreadPool
 if TYPE_CHECKING:
     from .tools import FunctionTool
 
-__all__ = ["default_thread_pool", "invoke", "is_async_callable", "run_reconcile"]
+__all__ = [
+    "default_thread_pool",
+    "invoke",
+    "is_async_callable",
+    "needs_approval",
+    "run_reconcile",
+]
 
 logger = logging.getLogger("agentfn_asgi.tools")
 
@@ -125,3 +131,23 @@ async def run_reconcile(
             f"reconcile hook returned {type(outcome).__name__}, not Ran, NotRun or Unknown"
         )
     return outcome
+
+
+async def needs_approval(
+    tool: FunctionTool, context: ToolContext, arguments: dict[str, Any]
+) -> bool:
+    """Does this call of ``tool`` need a person's approval? ``approval=True`` always, a
+    predicate when it says so. A predicate that raises asks for approval (the safe answer)."""
+    rule = tool.approval
+    if isinstance(rule, bool):
+        return rule
+    try:
+        verdict = rule(context, arguments)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+    except Exception:
+        logger.warning(
+            "approval predicate of tool %r failed; asking for approval", tool.name, exc_info=True
+        )
+        return True
+    return bool(verdict)

@@ -97,7 +97,7 @@ from .policy import (
     option_docs,
 )
 from .records import Job
-from .running import invoke, is_async_callable, run_reconcile
+from .running import invoke, is_async_callable, needs_approval, run_reconcile
 
 __all__ = [
     "DEFAULT_JOB_DEADLINE",
@@ -127,6 +127,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: ``approval(ctx, arguments) -> bool``, sync or async: does this call need a person's yes?
+ApprovalPredicate: TypeAlias = Callable[[ToolContext, dict[str, Any]], Any]
+
 #: ``enqueue(job)``, sync or async: hands a call to the host's queue (agentfn_asgi.jobs).
 EnqueueHook: TypeAlias = Callable[[Job], Any]
 
@@ -148,6 +151,8 @@ class ToolOptions(TypedDict, total=False):
     truncate_oversize: bool
     enqueue: EnqueueHook | None
     job_deadline: float
+    approval: bool | ApprovalPredicate
+    approval_timeout: float | None
 
 
 ToolOptions.__doc__ = (
@@ -173,7 +178,8 @@ class FunctionTool:
     is_async: bool
     defer_loading: bool = False
     background: bool = False
-    #: How its calls run (timeout, in-doubt handling, retries...); see agentfn_asgi.policy.
+    #: How its calls run (timeout, in-doubt handling, retries, approval...); see
+    #: agentfn_asgi.policy.
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     _spec: ArgumentSpec | MappingArguments | None = field(default=None, repr=False, compare=False)
     # The exact definition of a tool adopted from the openai SDK, sent as it is.
@@ -252,6 +258,16 @@ class FunctionTool:
     def job_deadline(self) -> float:
         """Seconds a queued call's worker has to complete it."""
         return self.policy.job_deadline
+
+    @property
+    def approval(self) -> bool | ApprovalPredicate:
+        """Whether (or a predicate saying when) a call waits for a person's approval."""
+        return self.policy.approval
+
+    @property
+    def approval_timeout(self) -> float | None:
+        """Seconds a call waits for approval (None: the app's ``approval_timeout``)."""
+        return self.policy.approval_timeout
 
     @classmethod
     def from_sdk(
@@ -385,6 +401,11 @@ class FunctionTool:
             self, arguments, context, threads=threads, time_limit=time_limit, wait_limit=wait_limit
         )
 
+    async def needs_approval(self, context: ToolContext, arguments: dict[str, Any]) -> bool:
+        """Does this call need a person's approval? See
+        :func:`agentfn_asgi.running.needs_approval`."""
+        return await needs_approval(self, context, arguments)
+
     async def run_reconcile(
         self,
         arguments: Mapping[str, Any],
@@ -465,7 +486,8 @@ class FunctionTools:
         Returns the function unchanged. The options (:class:`ToolOptions` lists them with
         their defaults) set the definition (``name``, ``description``, ``defer_loading``,
         ``background``) and how calls run (:class:`~agentfn_asgi.policy.ToolPolicy`:
-        ``side_effects`` and its ``reconcile`` hook, ``timeout``, ``retry``, ``enqueue``...).
+        ``side_effects`` and its ``reconcile`` hook, ``timeout``, ``retry``, ``approval``,
+        ``enqueue``...).
         Stacked on openai's ``@function_tool``, it adopts that tool as it is
         (:meth:`FunctionTool.from_sdk`).
         """

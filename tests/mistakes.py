@@ -320,8 +320,9 @@ def _side_effects_without_reconcile() -> None:
     REGISTERING,
     "I misspelled an option: @tools.function(timout=5)",
     "@tools.function: unknown option 'timout' (did you mean 'timeout'?); the options are"
-    " background, defer_loading, description, enqueue, in_doubt, job_deadline, max_attempts,"
-    " name, reconcile, retry, side_effects, timeout, truncate_oversize",
+    " approval, approval_timeout, background, defer_loading, description, enqueue, in_doubt,"
+    " job_deadline, max_attempts, name, reconcile, retry, side_effects, timeout,"
+    " truncate_oversize",
 )
 def _misspelled_option() -> None:
     tools = FunctionTools()

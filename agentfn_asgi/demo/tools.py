@@ -6,6 +6,9 @@
   optional wait, with a reconcile hook that reads the ledger to tell whether an in-doubt
   call already ran (``delay_ms`` makes it slower than a lease: the crash matrix uses it);
 - ``slow_echo(text, delay_ms)``: waits without blocking other calls, then echoes;
+- ``close_account(account_id)``: a side effect that needs a person's approval
+  (``approval=True``): each real execution appends ``{"call_id", "account_id", "tool":
+  "close_account"}`` to the same ledger, and its reconcile hook reads it back.
 - ``flaky_lookup(key, fail_times)``: fails with a transient error on its first
   ``fail_times`` executions of a call, counted in the ledger, and is retried (4 attempts,
   0.2 s backoff doubling): the flow-control tests use it.
@@ -165,6 +168,23 @@ def build_tools() -> FunctionTools:
         """
         await anyio.sleep(max(delay_ms, 0) / 1000)
         return text
+
+    def reconcile_close(ctx: ToolContext, arguments: dict[str, Any]) -> Ran | NotRun:
+        entry = _ledger(ctx).find(ctx.call_id)
+        if entry is None or entry.get("tool") != "close_account":
+            return NotRun()
+        return Ran({"closed": True, "account_id": entry["account_id"]})
+
+    @registry.function(side_effects=True, reconcile=reconcile_close, approval=True, timeout=30)
+    async def close_account(ctx: ToolContext, account_id: str) -> dict[str, Any]:
+        """Close a customer's account. A person approves each call before it runs.
+
+        Args:
+            account_id: The account to close.
+        """
+        entry = {"call_id": ctx.call_id, "account_id": account_id, "tool": "close_account"}
+        await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
+        return {"closed": True, "account_id": account_id}
 
     @registry.function(retry=FLAKY_RETRY, timeout=10)
     async def flaky_lookup(ctx: ToolContext, key: str, fail_times: int) -> dict[str, Any]:

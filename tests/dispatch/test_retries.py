@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentfn_asgi import RetryLater
 from agentfn_asgi.demo.tools import ExampleResources, Ledger, build_tools
@@ -18,6 +21,8 @@ from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext
+from agentfn_asgi.tracing import Telemetry
+from agentfn_asgi.tracing.names import CALL_ATTEMPT
 
 from ..support.clock import FakeClock
 from .conftest import API, OWNER, SETTINGS
@@ -240,3 +245,39 @@ async def test_the_examples_flaky_lookup_contract(
         assert json.loads(submission.output or "") == {"key": "k1", "attempts": 3}
     else:
         assert "tried 4 times" in (submission.error or "")
+
+
+async def test_each_attempt_is_its_own_span_with_its_number(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """Three attempts, three call spans numbered 1, 2, 3: the first two marked with the
+    transient error and the retry, the last with its result."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    key = api.one_call()
+    dispatcher = Dispatcher(
+        flaky_tools(2, [], retry=FLAKY),
+        api.client,
+        store,
+        settings=SETTINGS,
+        owner=OWNER,
+        clock=clock,
+        sleep=clock.sleep,
+        telemetry=Telemetry(tracer_provider=provider),
+    )
+    await dispatcher.start(recover=False)
+    try:
+        await dispatcher.resolve(key.session_id)
+        await dispatcher.wait_for([key])
+    finally:
+        await dispatcher.stop(drain_timeout=1.0)
+        provider.shutdown()
+    calls = [s for s in exporter.get_finished_spans() if CALL_ATTEMPT in (s.attributes or {})]
+    calls.sort(key=lambda s: s.start_time or 0)
+    assert [(s.attributes or {})[CALL_ATTEMPT] for s in calls] == [1, 2, 3]
+    assert [(s.attributes or {}).get("error.type") for s in calls] == [
+        "transient_error",
+        "transient_error",
+        None,
+    ]

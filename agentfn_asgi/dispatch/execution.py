@@ -166,10 +166,14 @@ class Executor:
         #: Called with each new approval request (the app's notifier), never awaited here.
         self.on_approval_request: Callable[[CallRecord], None] | None = None
         self._closing = False
+        self._closed: asyncio.Event | None = None
 
     def close(self) -> None:
-        """Claim nothing more: call tasks that have not claimed yet give up (shutdown)."""
+        """Claim nothing more: call tasks that have not claimed yet give up (shutdown), and
+        those waiting for a scheduled retry stop waiting (the retry stays in the store)."""
         self._closing = True
+        if self._closed is not None:
+            self._closed.set()
 
     def shutdown(self) -> None:
         """Release the thread pool (threads still running finish in the background)."""
@@ -178,6 +182,7 @@ class Executor:
     def start(self) -> None:
         """Create the concurrency bounds (on the running loop)."""
         self._slots = asyncio.Semaphore(self._settings.max_concurrency)
+        self._closed = asyncio.Event()
 
     def oldest_running_age(self) -> float | None:
         """Seconds since the oldest call still running here started, or None."""
@@ -217,10 +222,25 @@ class Executor:
         while due is not None and not self._closing:
             # The store's `due` guard refuses a claim before the time, so waking a little
             # early (another clock) only means waiting again.
-            await self._sleep(max(0.0, due - self._clock()))
+            await self._wait_unless_closed(max(0.0, due - self._clock()))
             if self._closing:
                 return  # the retry stays scheduled in the store for the next process
             due = await self._claim_and_run(key, action, tool, None, None)
+
+    async def _wait_unless_closed(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until :meth:`close`: a waiting retry never holds up a
+        shutdown (it stays scheduled in the store for whoever runs next)."""
+        closed = self._closed
+        async with anyio.create_task_group() as group:
+
+            async def stop_when_closed() -> None:
+                if closed is not None:
+                    await closed.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(stop_when_closed)
+            await self._sleep(seconds)
+            group.cancel_scope.cancel()
 
     async def _claim_and_run(
         self,

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -281,3 +282,30 @@ async def test_each_attempt_is_its_own_span_with_its_number(
         "transient_error",
         None,
     ]
+
+
+async def test_a_waiting_retry_does_not_hold_up_a_shutdown(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """Stopping while a call waits an hour for its retry ends the wait at once; the retry
+    stays scheduled in the store for the next process."""
+    tools = FunctionTools()
+
+    @tools.function
+    def lookup(key: str) -> str:
+        """Rate-limited upstream."""
+        raise RetryLater(after=3600, reason="429")
+
+    key = api.one_call()
+    dispatcher = Dispatcher(tools, api.client, store, settings=SETTINGS, owner=OWNER, clock=clock)
+    await dispatcher.start(recover=False)
+    await dispatcher.resolve(key.session_id)
+    with anyio.fail_after(30):  # a bound for a hung test, far below the hour and the drain
+        while (record := await store.get_call(key)) is None or (
+            record.state is not CallState.RETRY_SCHEDULED
+        ):
+            await anyio.sleep(0.01)
+        await dispatcher.stop(drain_timeout=600)
+    record = await store.get_call(key)
+    assert record is not None and record.state is CallState.RETRY_SCHEDULED
+    assert api.fake.submissions == []

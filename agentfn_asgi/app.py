@@ -550,7 +550,7 @@ class AgentWebhookApp:
             span.set_outcome("duplicate")
             await send_json(send, 200, {"status": "duplicate"})
             return
-        # Acknowledge only after the delivery is durably recorded (DESIGN step 5).
+        # Acknowledge only after the delivery is durably recorded (architecture step 5).
         crash_point("before_ack")
         span.set_outcome("accepted")
         # The calls this delivery causes here link back to its span.

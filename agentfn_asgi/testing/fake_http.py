@@ -243,7 +243,7 @@ def _serve(
 def _list(fake: HTTPHost, query: dict[str, list[str]]) -> _Reply:
     """``GET /agents/sessions``: ``limit`` (1-100, default 20), ``order`` (``desc``, newest
     first, by default), ``after`` (the last id of the previous page), ``agent_id`` and
-    ``metadata[key]=value`` filters (agents-api.md §2)."""
+    ``metadata[key]=value`` filters (wire protocol §2)."""
 
     def last(name: str, default: str | None = None) -> str | None:
         return query.get(name, [default])[-1]

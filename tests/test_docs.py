@@ -11,6 +11,8 @@ import json
 import logging
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -172,19 +174,35 @@ async def test_the_two_projects_example_keeps_the_projects_apart(
 
 
 def test_the_worker_examples_hand_their_tool_to_a_queue(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The plain ``enqueue=`` example and the Celery one register ``generate_report`` as a
     worker tool, and the app's configuration checks out with a completion secret set."""
     _configured(monkeypatch)
     monkeypatch.setenv("AGENTFN_COMPLETION_SECRET", "c" * 32)
     namespace = _run("workers-enqueue", {"redis": object()})
-    tools = namespace["tools"]
-    assert tools.get("generate_report").enqueue is namespace["push"]
+    tool = namespace["tools"].get("generate_report")
+    assert tool is not None and tool.enqueue is namespace["push"]
     namespace["webhooks"].check()
-    celery = _run("workers-celery", {"tools": _one_tool(), "ToolContext": namespace["ToolContext"]})
-    assert celery["tools"].get("generate_report").enqueue is not None
-    assert "agentfn_asgi.run_job" in celery["celery_app"].tasks
+    # The Celery example makes its app the current one, as a service's module does: in a
+    # process of its own, so that no other test's Celery app shares its tasks.
+    module = tmp_path / "jobs.py"
+    module.write_text(
+        "from agentfn_asgi import FunctionTools, ToolContext\n"
+        "tools = FunctionTools()\n"
+        + block("workers-celery")
+        + "assert tools.get('generate_report').enqueue is not None\n"
+        "assert 'agentfn_asgi.run_job' in celery_app.tasks\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, str(module)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 async def test_the_operator_page_example_mounts_the_page(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,6 +54,7 @@ from .errors import (
     WebhookVerificationError,
 )
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, WorkerJobs, worker_jobs
+from .logs import show_by_default
 from .operator import Operator
 from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
@@ -241,9 +242,14 @@ class AgentWebhookApp:
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
         """Check the configuration (see :meth:`check`), open the store and start dispatching,
-        with a recovery sweep. Idempotent."""
+        with a recovery sweep. Idempotent.
+
+        Where the host configured no logging at all, the package's INFO lines (this start-up
+        line, refused deliveries, ``call finished``) are printed to standard error
+        (:func:`agentfn_asgi.logs.show_by_default`)."""
         if self._parts().dispatcher.started:
             return  # the per-delivery call (lazy start) costs no lock once running
+        show_by_default()
         async with self._start_lock:
             if not self.dispatcher.started and not self._draining:
                 await self.dispatcher.start(recover=True)
@@ -410,6 +416,7 @@ class AgentWebhookApp:
         most once a minute: a sender may retry many times)."""
         shown, suppressed = self._rejections.allow("unconfigured")
         if shown:
+            show_by_default()  # a host with no logging configured sees the reason too
             more = f" ({suppressed} more requests since the last line)" if suppressed else ""
             logger.error("agentfn-asgi cannot start, answering 503: %s%s", exc, more)
         head = scope.get("method") == "HEAD"

@@ -157,12 +157,15 @@ class FakeAgentsAPI:
         *,
         session_id: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        deliver: bool = True,
     ) -> str:
         """Create a session whose first turn runs ``steps``; return the session id.
 
         Each step is a batch of parallel calls, pending together; the session is
         ``requires_action`` on return (or ``idle`` if ``steps`` is empty). Emits
-        ``agent.session.created``, ``in_progress`` and ``action_required``.
+        ``agent.session.created``, ``in_progress`` and ``action_required``; with
+        ``deliver=False`` these first events are recorded but no webhook is sent (the app
+        learns of the session only when it looks: :meth:`redeliver`, a recovery, a stream).
         """
         sid = session_id or "sess_" + secrets.token_hex(12)
         if sid in self.sessions:
@@ -170,8 +173,13 @@ class FakeAgentsAPI:
         session = FakeSession(self, sid, dict(metadata or {}))
         turn = session.plan_turn(steps)  # a bad script raises before anything is announced
         self.sessions[sid] = session
-        session.announce_created()
-        session.begin_turn(turn)
+        if not deliver:
+            self.webhooks.muted.add(sid)
+        try:
+            session.announce_created()
+            session.begin_turn(turn)
+        finally:
+            self.webhooks.muted.discard(sid)
         return sid
 
     def start_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> str:

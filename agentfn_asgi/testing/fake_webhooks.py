@@ -130,6 +130,9 @@ class WebhookSender:
         self._sending: set[asyncio.Task[None]] = set()
         self.secrets = tuple(secrets)
         self.urls = list(urls)
+        #: Sessions whose events are not delivered right now (:meth:`FakeAgentsAPI.create_session`
+        #: with ``deliver=False``).
+        self.muted: set[str] = set()
         """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
         self._url_clients: dict[str, httpx.AsyncClient] = {}
         self.retry_delays = tuple(retry_delays)
@@ -173,8 +176,9 @@ class WebhookSender:
     def emit(
         self, event_type: str, data: dict[str, Any], *, session_id: str | None = None
     ) -> str | None:
-        """Queue one event for every URL; return its ``webhook-id`` (None without URLs)."""
-        if not self.urls:
+        """Queue one event for every URL; return its ``webhook-id`` (None without URLs, or
+        for a muted session)."""
+        if not self.urls or (session_id is not None and session_id in self.muted):
             return None
         event = webhook_event(event_type, data, clock=self._clock)
         body = json.dumps(event, separators=(",", ":")).encode()

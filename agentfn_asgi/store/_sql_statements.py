@@ -20,6 +20,7 @@ from agentfn_asgi.store._sql_schema import (
     DETAIL_SQL,
     HOT_COLUMNS,
     OWNER_SQL,
+    append_sql,
     event_sql,
     fill,
 )
@@ -64,13 +65,15 @@ RECORD_DELIVERY: Final = fill("""
     INSERT INTO {p}deliveries AS d (delivery_id, session_id, received_at, resolved,
                                     namespace, next_attempt_at, nonce)
     VALUES (:delivery_id, :session_id, :now, false, :namespace, :now, :nonce)
-    ON CONFLICT (delivery_id) DO UPDATE SET nonce = d.nonce WHERE d.nonce = excluded.nonce""")
+    ON CONFLICT (namespace, delivery_id) DO UPDATE SET nonce = d.nonce
+    WHERE d.nonce = excluded.nonce""")
 RESOLVE_DELIVERY: Final = fill("""
-    UPDATE {p}deliveries SET resolved = true WHERE delivery_id = :delivery_id AND NOT resolved""")
+    UPDATE {p}deliveries SET resolved = true
+    WHERE namespace = :namespace AND delivery_id = :delivery_id AND NOT resolved""")
 DELIVERY_FAILED: Final = fill("""
     UPDATE {p}deliveries SET attempts = attempts + 1, last_error = :error,
         next_attempt_at = :retry_at
-    WHERE delivery_id = :delivery_id AND NOT resolved""")
+    WHERE namespace = :namespace AND delivery_id = :delivery_id AND NOT resolved""")
 _UNRESOLVED: Final = """
     SELECT {delivery_list} FROM {{p}}deliveries
     WHERE namespace = :namespace AND NOT resolved AND next_attempt_at <= :due_before {after}
@@ -99,18 +102,21 @@ CLAIM: Final = fill(
     """
     INSERT INTO {p}calls AS c (session_id, turn_id, call_id, tool_name, state, attempt, owner,
                                lease_expires_at, created_at, updated_at, delivery_id,
-                               next_attempt_at, namespace, history)
+                               next_attempt_at, namespace, history, history_count)
     VALUES (:session_id, :turn_id, :call_id, :tool_name, 'claimed', 1, :owner,
             :lease_expires_at, :now, :now, :delivery_id, :now, :namespace, """
     + event_sql("claimed", "1", owner=OWNER_SQL)
-    + """)
-    ON CONFLICT (session_id, turn_id, call_id) DO UPDATE SET
+    + """, 1)
+    ON CONFLICT (namespace, session_id, turn_id, call_id) DO UPDATE SET
         attempt = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
                        THEN c.attempt ELSE c.attempt + 1 END,
-        history = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
-                       THEN c.history ELSE coalesce(c.history, '') || """
-    + event_sql("taken_over", "c.attempt + 1", owner=OWNER_SQL)
-    + """ END,
+        """
+    + append_sql(
+        event_sql("taken_over", "c.attempt + 1", owner=OWNER_SQL),
+        row="c.",
+        unless="c.owner = excluded.owner AND c.lease_expires_at >= :now",
+    )
+    + """,
         owner = excluded.owner,
         lease_expires_at = excluded.lease_expires_at,
         updated_at = excluded.updated_at,
@@ -138,8 +144,8 @@ SAVE_RESULT: Final = fill(
     UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
         success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
         error_type = :error_type, source = :source, full_output = :full_output,
-        history = coalesce(history, '') || """
-    + event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
     + """
     WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt
     RETURNING """
@@ -148,35 +154,41 @@ SAVE_RESULT: Final = fill(
 MARK_SUBMITTED: Final = fill(
     """
     UPDATE {p}calls SET state = 'submitted', updated_at = :now,
-        history = coalesce(history, '') || """
-    + event_sql("submitted", "attempt", detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("submitted", "attempt", detail=DETAIL_SQL))
     + """
     WHERE {key} AND {saved}"""
 )
 SUBMISSION_FAILED: Final = fill(
     """
     UPDATE {p}calls SET failures = failures + 1, next_attempt_at = :retry_at,
-        history = coalesce(history, '') || """
-    + event_sql("submit_failed", "attempt", detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("submit_failed", "attempt", detail=DETAIL_SQL))
     + """
     WHERE {key} AND {saved}"""
 )
-_STALE: Final = (
-    """
-    UPDATE {{p}}calls SET state = 'stale', updated_at = :now,
-        history = coalesce(history, '') || """
-    + event_sql("stale", "attempt")
-    + """
-    WHERE {{key}} AND {{pending}} {unchanged}"""
-)
-MARK_STALE: Final = fill(_STALE.format(unchanged=""))
-MARK_STALE_UNCHANGED: Final = fill(_STALE.format(unchanged="AND updated_at <= :since"))
+
+
+def _stale(unchanged: str) -> str:
+    return fill(
+        """
+    UPDATE {p}calls SET state = 'stale', updated_at = :now,
+        """
+        + append_sql(event_sql("stale", "attempt"))
+        + """
+    WHERE {key} AND {pending}"""
+        + unchanged
+    )
+
+
+MARK_STALE: Final = _stale("")
+MARK_STALE_UNCHANGED: Final = _stale(" AND updated_at <= :since")
 # Only the claim's holder quarantines, and a saved result always wins over it.
 QUARANTINE: Final = fill(
     """
     UPDATE {p}calls SET state = 'quarantined', updated_at = :now, quarantine_reason = :detail,
-        history = coalesce(history, '') || """
-    + event_sql("quarantined", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("quarantined", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
     + """
     WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt"""
 )
@@ -191,8 +203,8 @@ SETTLE: Final = fill(
         success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
         error_type = :error_type, source = :source, full_output = :full_output,
         quarantine_reason = NULL,
-        history = coalesce(history, '') || """
-    + event_sql("settled", "attempt", detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("settled", "attempt", detail=DETAIL_SQL))
     + """
     WHERE {key} AND """
     + _SETTLEABLE
@@ -203,8 +215,8 @@ RELEASE: Final = fill(
     """
     UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
         lease_expires_at = :lease_expires_at, updated_at = :now, quarantine_reason = NULL,
-        history = coalesce(history, '') || """
-    + event_sql("released", "attempt + 1", owner=OWNER_SQL)
+        """
+    + append_sql(event_sql("released", "attempt + 1", owner=OWNER_SQL))
     + """
     WHERE {key} AND """
     + _SETTLEABLE
@@ -213,7 +225,7 @@ RELEASE: Final = fill(
 )
 
 CALLS_FOR_SESSION: Final = fill("""
-    SELECT {columns} FROM {p}calls WHERE session_id = :session_id
+    SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND session_id = :session_id
     ORDER BY created_at, turn_id, call_id""")
 FIND_CALLS: Final = fill("""
     SELECT {detail_columns} FROM {p}calls WHERE namespace = :namespace AND call_id = :call_id

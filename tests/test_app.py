@@ -195,7 +195,7 @@ def test_the_cli_lists_the_tools_of_a_module_that_builds_the_app(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`agentfn-asgi tools myservice:tools` imports a module that builds the app at module
-    level, with no secret, key or store set, as a fresh checkout has."""
+    level, with no secret, key or store set, as a fresh checkout has; so does pytest."""
     _bare_environment(monkeypatch)
     (tmp_path / "myservice.py").write_text(
         "from agentfn_asgi import AgentWebhookApp, FunctionTools\n"
@@ -220,3 +220,20 @@ def test_the_cli_lists_the_tools_of_a_module_that_builds_the_app(
         )
         assert done.returncode == 0, done.stderr
         assert [tool["name"] for tool in json.loads(done.stdout)] == ["ping"]
+    # pytest collects a test module that imports it, as a service's own tests do.
+    (tmp_path / "test_myservice.py").write_text(
+        "from myservice import tools, webhooks\n\n"
+        "def test_the_registry() -> None:\n"
+        "    assert webhooks.tools is tools and len(tools) == 1\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_myservice.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

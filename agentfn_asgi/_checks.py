@@ -95,6 +95,11 @@ def settle_options(
         raise ToolDefinitionError(f"{label}: enqueue must be callable")
     if not _positive(deadline):
         raise ToolDefinitionError(f"{label}: job_deadline must be a positive number of seconds")
+    check_deadline = getattr(enqueue, "check_job_deadline", None)
+    if callable(check_deadline):
+        # An enqueue that knows its queue's limits (the Celery integration's) refuses a
+        # deadline the queue cannot keep at registration, not at the first call.
+        check_deadline(float(deadline), label)
     return {
         "defer_loading": bool(options.get("defer_loading", False)),
         "side_effects": side_effects,

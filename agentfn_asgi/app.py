@@ -645,7 +645,11 @@ def _assemble(
     )
     completion = completion or env.completion_secrets
     url = public_url if public_url is not None else env.public_url
-    jobs = attempt(lambda: worker_jobs(tools, completion, public_url=url, clock=clock))
+    # Completion tokens are bound to this app: its store's namespace and its mount.
+    namespace = env.store_namespace if store is None or isinstance(store, str) else store.namespace
+    jobs = attempt(
+        lambda: worker_jobs(tools, completion, public_url=url, namespace=namespace, clock=clock)
+    )
     attempt(lambda: _check_configuration(tools, verified[1] if verified else (), completion, url))
     if client is None and not env.api_key:
         attempt(env.client)  # says how to set the key

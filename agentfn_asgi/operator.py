@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 from .dispatch import Dispatcher
-from .errors import APIError, ConfigurationError, StoreError
+from .errors import (
+    APIError,
+    CallNotFoundError,
+    ConfigurationError,
+    OperatorInputError,
+    StoreError,
+)
 from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
 from .states import settleable
 from .store.base import Store
@@ -179,8 +185,10 @@ class SettleOutcome:
 
 
 class OperatorView(Protocol):
-    """What the CLI and the operator page read and do. Raises ``LookupError`` for an unknown
-    call, ``ValueError`` when ``call_id`` alone names calls of several sessions."""
+    """What the CLI and the operator page read and do. Raises
+    :class:`~agentfn_asgi.errors.CallNotFoundError` (a ``LookupError``) for an unknown call,
+    :class:`~agentfn_asgi.errors.OperatorInputError` (a ``ValueError``) when ``call_id`` alone
+    names calls of several sessions or a cursor is not of the listing."""
 
     async def overview(self) -> Overview: ...
 
@@ -204,6 +212,13 @@ class OperatorView(Protocol):
         rerun: bool = False,
     ) -> SettleOutcome: ...
 
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End the operator-page login ``login_id`` (its cookie's random id) for every
+        replica, durably, until ``expires_at`` (when its cookie expires anyway)."""
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether the login ``login_id`` was ended by :meth:`revoke_login`."""
+
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
@@ -211,24 +226,53 @@ _DURATION = re.compile(r"(\d{1,9})([smhdw])")
 
 def parse_duration(text: str) -> float:
     """``15m``, ``2h``, ``3d`` (also ``s`` and ``w``) → seconds (the ``since`` filter of the
-    CLI and the page). ValueError, saying the expected form, for anything else."""
+    CLI and the page). :class:`~agentfn_asgi.errors.OperatorInputError` (a ``ValueError``),
+    saying the expected form, for anything else."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(
+        raise OperatorInputError(
             "'since' must be a number and a unit (s, m, h, d or w), like 15m, 2h or 3d; "
             f"got {text!r}"
         )
     return float(int(match.group(1)) * _DURATION_UNITS[match.group(2)])
 
 
+#: Deepest JSON an operator's output may nest (the limit of the webhook's own JSON reader):
+#: deeper values would fail later, when the result is encoded, or exhaust the stack.
+MAX_OUTPUT_DEPTH = 200
+
+
 def json_or_text(text: str) -> tuple[bool, Any]:
     """An operator's output, as the CLI's ``--output`` and the page read it: ``(True,
     value)`` when the text is JSON (not NaN or Infinity, which the API does not take),
-    else ``(False, text)``."""
+    else ``(False, text)``. ValueError, saying why, for JSON that nests more than
+    :data:`MAX_OUTPUT_DEPTH` levels: it is meant as JSON but cannot be sent as it is."""
     try:
-        return True, json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(_too_deep()) from None
     except ValueError:
         return False, text
+    if _depth_exceeds(value, MAX_OUTPUT_DEPTH):
+        raise ValueError(_too_deep())
+    return True, value
+
+
+def _too_deep() -> str:
+    return f"the output is JSON nested more than {MAX_OUTPUT_DEPTH} levels deep"
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    # Iterative: the value may be as deep as the parser allowed, near the recursion limit.
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _refuse_constant(name: str) -> Any:
@@ -308,7 +352,7 @@ class Operator:
         )
 
     async def calls(self, query: CallFilter) -> CallPage:
-        """A page of calls, newest first (``ValueError`` for a cursor that is not ours)."""
+        """A page of calls, newest first (``OperatorInputError`` for a cursor not ours)."""
         before = None if query.cursor is None else _decode_cursor(query.cursor)
         found = await self._store.list_calls(
             CallQuery(
@@ -328,9 +372,10 @@ class Operator:
     async def call(
         self, call_id: str, *, session_id: str | None = None, content: bool = False
     ) -> CallDetail:
-        """One call with its history (``LookupError``: unknown; ``ValueError``: the id names
-        calls of several sessions, give ``session_id``). With ``content``, the saved output
-        and, while the call is still pending, its arguments read from the live session."""
+        """One call with its history (``CallNotFoundError``: unknown;
+        ``OperatorInputError``: the id names calls of several sessions, give ``session_id``).
+        With ``content``, the saved output and, while the call is still pending, its
+        arguments read from the live session."""
         record = await self._find(call_id, session_id)
         arguments = output = None
         if content:
@@ -374,6 +419,14 @@ class Operator:
             )
         return SettleOutcome(status=status, message=message)
 
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End an operator-page login, in the store (so every replica, and a restart, knows)."""
+        await self._store.revoke_token(login_id, expires_at=expires_at)
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether an operator-page login was ended (read from the store)."""
+        return await self._store.token_revoked(login_id)
+
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:
         found = await self._store.find_calls(call_id)
@@ -381,10 +434,10 @@ class Operator:
             found = [r for r in found if r.key.session_id == session_id]
         if not found:
             where = f" in session {session_id}" if session_id else ""
-            raise LookupError(f"no call {call_id}{where} in the store")
+            raise CallNotFoundError(f"no call {call_id}{where} in the store")
         if len(found) > 1:
             sessions = ", ".join(sorted({r.key.session_id for r in found})[:5])
-            raise ValueError(
+            raise OperatorInputError(
                 f"call id {call_id} names calls of several sessions ({sessions}): give the session"
             )
         return found[0]
@@ -469,4 +522,4 @@ def _decode_cursor(cursor: str) -> tuple[float, str, str, str]:
         at, session_id, turn_id, call_id = json.loads(raw)
         return float(at), str(session_id), str(turn_id), str(call_id)
     except (ValueError, TypeError, binascii.Error):
-        raise ValueError("not a cursor of this listing") from None
+        raise OperatorInputError("not a cursor of this listing") from None

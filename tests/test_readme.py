@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.reliability.process import free_port
 from tests.support.docs import README, block
+from tests.support.ports import free_port
 
 SESSION_TIMEOUT = 90.0  # generous: the machine may be loaded; polled, not a timed assertion
 

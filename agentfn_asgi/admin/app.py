@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import StoreError
 from ..operator import OperatorView
-from .auth import SESSION_COOKIE, Authorizer, Gate, Session
+from .auth import SESSION_COOKIE, Authorizer, Gate, LoginThrottle, Session
 from .forms import FormError, parse_pairs
 from .handlers import GET_PAGES, html_page, see_other, settle
 from .html import Safe
@@ -66,6 +66,10 @@ class AdminApp:
     the token alone); changing it logs everybody out. Several processes serving the page
     with only an ``authorizer`` need the same ``secret`` (it signs the CSRF cookie).
     ``session_max_age`` is in seconds; ``refresh_seconds`` is the auto-refresh period.
+
+    Logging out revokes the session through ``view`` (the app's store), so a copy of its
+    cookie is refused by every replica, also after a restart; failed logins are throttled
+    per client address (429 with ``Retry-After``). See :mod:`agentfn_asgi.admin.auth`.
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class AdminApp:
         )
         self.refresh_seconds = refresh_seconds
         self.clock = clock
+        self.throttle = LoginThrottle(clock=clock)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -102,6 +107,17 @@ class AdminApp:
             response = await self._respond(request)
         except ClientDisconnect:
             return
+        except StoreError as exc:
+            # Checking a session's revocation needs the store: without it, nobody gets in.
+            logger.warning("operator page: the store failed: %s", type(exc).__name__)
+            root, route = _split_path(scope)
+            ctx = Context(root=root, route=route, refresh_seconds=self.refresh_seconds)
+            response = self._message(
+                ctx,
+                503,
+                "Store unavailable",
+                f"The store cannot answer right now ({type(exc).__name__}). Try again shortly.",
+            )
         except Exception:
             # A bug (ours or the view's), never the input: log it, show nothing of it.
             logger.exception("operator page: unexpected error")
@@ -169,6 +185,10 @@ class AdminApp:
                     signed_in=True,
                 )
             if route == "/logout":
+                if access.session is not None:
+                    # Ended on the server: a copy of the cookie is refused from now on.
+                    expires_at = self.gate.expires_at(access.session)
+                    await self.view.revoke_login(access.session.sid, expires_at=expires_at)
                 response = see_other(ctx.url("/login" if self.gate.tokens else "/"))
                 response.delete_cookie(SESSION_COOKIE, path=ctx.root or "/")
                 return response
@@ -191,8 +211,15 @@ class AdminApp:
 
     # -- authentication --------------------------------------------------------------------
 
-    async def _access(self, request: Request) -> _Access | None:
+    async def _session(self, request: Request) -> Session | None:
+        """The session the request's cookie proves, unless it was logged out."""
         session = self.gate.read_session(request.cookies.get(SESSION_COOKIE))
+        if session is not None and await self.view.login_revoked(session.sid):
+            return None
+        return session
+
+    async def _access(self, request: Request) -> _Access | None:
+        session = await self._session(request)
         if session is not None and session.via == "token":
             return _Access(session=session, bearer=False)
         presented = self.gate.bearer(request)
@@ -228,7 +255,7 @@ class AdminApp:
     async def _login(self, request: Request, ctx: Context, method: str) -> Response:
         next_route = _safe_next(ctx.query.get("next"))
         if method == "GET":
-            session = self.gate.read_session(request.cookies.get(SESSION_COOKIE))
+            session = await self._session(request)
             if session is not None and session.via == "token":
                 return see_other(ctx.root + next_route)
             return html_page(self._login_form(ctx, next_route, failed=False))
@@ -236,6 +263,13 @@ class AdminApp:
             response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
             response.headers["allow"] = "GET, HEAD, POST"
             return response
+        client = LoginThrottle.client_of(request)
+        wait = self.throttle.retry_after(client)
+        if wait:  # the token is not even looked at
+            return self._too_many(ctx, wait)
+        # Counted as failed before the form is read (an await): concurrent tries cannot slip
+        # past the limit together. A good token clears the count.
+        wait = self.throttle.failed(client)
         try:
             fields = await _read_form(request, _LOGIN_LIMIT)
         except FormError as exc:
@@ -244,10 +278,28 @@ class AdminApp:
         key = self.gate.match_token(fields.get("token", "").encode("utf-8"))
         if key is None:
             logger.warning("operator page: a login with an invalid token was refused")
+            if wait:
+                logger.warning(
+                    "operator page: %d failed logins from %s: its logins are refused for %d s",
+                    self.throttle.failures,
+                    client,
+                    wait,
+                )
             return html_page(self._login_form(ctx, next_route, failed=True), status=401)
+        self.throttle.succeeded(client)
         _session, cookie = self.gate.open_session(key)
         response = see_other(ctx.root + next_route)
         self._set_cookie(response, request, ctx, cookie)
+        return response
+
+    def _too_many(self, ctx: Context, wait: int) -> Response:
+        response = self._message(
+            ctx,
+            429,
+            "Too many failed logins",
+            f"Too many failed logins from your address: try again in {wait} seconds.",
+        )
+        response.headers["retry-after"] = str(wait)
         return response
 
     def _login_form(self, ctx: Context, next_route: str, *, failed: bool) -> Safe:

@@ -110,12 +110,19 @@ async def settle(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
             ),
             status=409,
         )
+    try:
+        output = request.output() if request.mode == "output" else None
+    except FormError as exc:  # JSON too deep to send: the form again, with why
+        page = call_page(
+            ctx, detail, content=False, notice=None, refused=request, error=exc.message
+        )
+        return html_page(page, status=400)
     if not request.confirmed:
         return html_page(confirm_page(ctx, detail, request))
     outcome = await view.settle(
         request.call_id,
         session_id=request.session_id,
-        output=request.output() if request.mode == "output" else None,
+        output=output,
         error=request.value if request.mode == "error" else None,
         rerun=request.mode == "rerun",
     )

@@ -230,8 +230,17 @@ def _content(ctx: Context, detail: CallDetail, shown: bool) -> Safe:
     )
 
 
-def call_page(ctx: Context, detail: CallDetail, *, content: bool, notice: str | None) -> Safe:
-    """One call: its summary, its history as a timeline, content on request, settling."""
+def call_page(
+    ctx: Context,
+    detail: CallDetail,
+    *,
+    content: bool,
+    notice: str | None,
+    refused: SettleRequest | None = None,
+    error: str | None = None,
+) -> Safe:
+    """One call: its summary, its history as a timeline, content on request, settling; a
+    ``refused`` settle request is shown again in the form, with the ``error`` saying why."""
     call = detail.summary
     first = detail.history[0].at if detail.history else call.created_at
     steps = join(
@@ -257,8 +266,13 @@ def call_page(ctx: Context, detail: CallDetail, *, content: bool, notice: str | 
         if detail.history
         else Safe('<p class="empty">No history recorded.</p>')
     )
+    refill = {} if refused is None else {"mode": refused.mode, "value": refused.value}
     settle = (
-        render("<section><h2>Settle this call</h2>{form}</section>", form=settle_form(ctx, call))
+        render(
+            '<section id="settle"><h2>Settle this call</h2>{error}{form}</section>',
+            error=render('<p class="error" role="alert">{e}</p>', e=error) if error else "",
+            form=settle_form(ctx, call, **refill),
+        )
         if detail.settleable
         else Safe("")
     )

@@ -77,7 +77,12 @@ async def operator(
             await the_store.close()
         return
     registry = load_tools(tools) if tools else FunctionTools()
-    handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
+    handoff = worker_jobs(
+        registry,
+        config.completion_secrets,
+        public_url=config.public_url,
+        namespace=the_store.namespace,
+    )
     async with api_client(config, "settling submits the result through the Agents API") as client:
         dispatcher = Dispatcher(
             registry, client, the_store, settings=config.dispatch, handoff=handoff
@@ -211,7 +216,10 @@ async def _settle(args: argparse.Namespace) -> int:
         raise CLIUsageError("--rerun runs the handler: name its registry with --tools MODULE:ATTR")
     output: Any = None
     if args.output is not None:
-        output = json_or_text(args.output)[1]
+        try:
+            output = json_or_text(args.output)[1]
+        except ValueError as exc:  # JSON nested too deeply to send
+            raise CLIUsageError(f"--output: {exc}") from None
     async with operator(args.store, api="required", tools=args.tools) as view:
         outcome = await _looked_up(
             view.settle(

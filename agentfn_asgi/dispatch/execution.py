@@ -27,7 +27,14 @@ import anyio
 
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
-from ..errors import APIError, ArgumentValidationError, StoreError, ToolError
+from ..errors import (
+    APIError,
+    ArgumentValidationError,
+    CompletionMismatchError,
+    ConfigurationError,
+    StoreError,
+    ToolError,
+)
 from ..messages import (
     ENQUEUE_FAILED_MESSAGE,
     IN_DOUBT_MESSAGE,
@@ -474,7 +481,7 @@ class Executor:
         await self._leases.extend(attempt.lease, tool.job_deadline)
         try:
             if self._handoff is None:  # the app refuses such a registry; recover may not
-                raise RuntimeError("no completion secret is configured to issue job tokens")
+                raise ConfigurationError("no completion secret is configured to issue job tokens")
             with anyio.fail_after(self._timeout(tool)):
                 await self._handoff.hand_off(
                     key, tool, arguments, context, owner=self._owner, threads=self._threads
@@ -510,13 +517,14 @@ class Executor:
         ``duplicate``: this same result was already saved. ``conflict``: another one was
         (another completion, the deadline failure) or the call was quarantined. ``stale``:
         the API no longer waits for it. ``unknown_tool``: this app does not register it.
-        Raises StoreError, or LookupError when ``tool_name`` is not the call's tool.
+        Raises StoreError, or :class:`~agentfn_asgi.errors.CompletionMismatchError` (a
+        ``LookupError``) when ``tool_name`` is not the call's tool.
         """
         record = await self._store.get_call(key)
         if record is None or record.state is CallState.STALE:
             return "stale", None
         if record.tool_name != tool_name:
-            raise LookupError("the completion names another tool than its call")
+            raise CompletionMismatchError("the completion names another tool than its call")
         if tool is None:
             return "unknown_tool", None
         if success:

@@ -65,10 +65,14 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
             source=row.get("source") or "ran",
             full_output=row.get("full_output"),
         )
-    # A bounded history (SQL) is kept in two parts: its first events, then its last ones
-    # (``history_tail``); ``history_count`` counts every event, the dropped ones too.
+    # A bounded history is kept in two parts on SQL: its first events, then its last ones
+    # (``history_tail``), and ``history_count`` counts every event, the dropped ones too;
+    # Redis keeps one list and counts the dropped ones (``history_dropped``).
     history = parse_history(row.get("history")) + parse_history(row.get("history_tail"))
-    dropped = max(0, int(row.get("history_count") or 0) - len(history))
+    if "history_dropped" in row:
+        dropped = int(row.get("history_dropped") or 0)
+    else:
+        dropped = max(0, int(row.get("history_count") or 0) - len(history))
     return CallRecord(
         key=CallKey(str(row["session_id"]), str(row["turn_id"]), str(row["call_id"])),
         tool_name=str(row["tool_name"]),

@@ -76,10 +76,13 @@ from agentfn_asgi.store._sql_statements import (
     RELEASE,
     RENEW_LEASE,
     RESOLVE_DELIVERY,
+    REVOKE_TOKEN,
     SAVE_RESULT,
     SETTLE,
     STATS,
     SUBMISSION_FAILED,
+    TOKEN_REVOKED,
+    TOKENS_EXPIRED,
     UNRESOLVED_DELIVERIES,
     UNRESOLVED_DELIVERIES_AFTER,
     UNSUBMITTED_RESULTS,
@@ -487,3 +490,17 @@ class SQLStore(abc.ABC):
             failures=int(failures),
             failing_deliveries=int(failing),
         )
+
+    # -- revocations -----------------------------------------------------------------------
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Revoke ``token_id`` until ``expires_at``; expired entries are dropped here."""
+        now = self._clock()
+        await self._count("revoke_token", Statement(TOKENS_EXPIRED, {"now": now}))
+        if expires_at > now:
+            params = {"token_id": token_id, "expires_at": expires_at}
+            await self._count("revoke_token", Statement(REVOKE_TOKEN, params))
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` is revoked and its entry not expired."""
+        params = {"token_id": token_id, "now": self._clock()}
+        return bool(await self._rows("token_revoked", Statement(TOKEN_REVOKED, params)))

@@ -18,6 +18,8 @@ from typing import Any, Final
 
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL, CallState, parse_history
+from agentfn_asgi.states import PRUNABLE, SAVED, TRANSITIONS
+from agentfn_asgi.store._guards import sql_guard, sql_states
 from agentfn_asgi.store._sql_dialect import WORDS
 
 __all__ = [
@@ -54,26 +56,35 @@ Row = Sequence[Any]
 
 
 def _state_in(*states: CallState) -> str:
-    # Always in CallState order, so a query and a partial index spell it identically.
-    listed = [state for state in CallState if state in states]
-    if len(listed) == 1:
-        return f"state = '{listed[0].value}'"
-    return "state IN ({})".format(", ".join(f"'{state.value}'" for state in listed))
+    return sql_states(frozenset(states))
 
 
-#: What ``{name}`` stands for in the statements below, in both dialects.
+def _guards() -> dict[str, str]:
+    """``{may_<row>}``: each row of the state table's condition, rendered from the table
+    (:mod:`agentfn_asgi.store._guards`); the upsert's take-over and retried claim see the
+    existing row as ``c.`` and the claimant as ``excluded.owner``."""
+    guards = {f"may_{name}": sql_guard(name) for name in TRANSITIONS if name != "claim"}
+    guards["may_mark_stale_unchanged"] = sql_guard("mark_stale", optional=True)
+    guards["may_take_over_upsert"] = sql_guard("take_over", alias="c.")
+    guards["may_reclaim_upsert"] = sql_guard("reclaim", alias="c.", owner="excluded.owner")
+    return guards
+
+
+#: What ``{name}`` stands for in the statements below, in both dialects. The state sets are
+#: the table's (:mod:`agentfn_asgi.states`), so partial indexes and queries agree with it.
 FRAGMENTS: Final[Mapping[str, str]] = {
     # Every record lives in its store's namespace: every keyed statement names it.
     "key": "namespace = :namespace AND session_id = :session_id AND turn_id = :turn_id"
     " AND call_id = :call_id",
     "claimed": _state_in(CallState.CLAIMED),
-    "saved": _state_in(CallState.SUCCEEDED, CallState.FAILED),
+    "saved": sql_states(SAVED),
     "pending": _state_in(*(state for state in CallState if not state.terminal)),
     "terminal": _state_in(*(state for state in CallState if state.terminal)),
-    "finished": _state_in(CallState.SUBMITTED, CallState.STALE),
+    "finished": sql_states(PRUNABLE),
     "count_by_state": ", ".join(
         f"count(*) FILTER (WHERE {_state_in(state)})" for state in CallState
     ),
+    **_guards(),
 }
 
 
@@ -193,6 +204,11 @@ HOT_COLUMNS: Final = tuple(
     name for name, _ in CALL_COLUMNS if name != "namespace" and name not in HISTORY_COLUMNS
 )
 DETAIL_COLUMNS: Final = (*HOT_COLUMNS, *HISTORY_COLUMNS)
+#: Revoked credentials (operator-page sessions), one store-wide list (see Store).
+REVOKED_TOKEN_COLUMNS: Final = (
+    ("token_id", "{text} NOT NULL"),
+    ("expires_at", "{real} NOT NULL"),
+)
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
 DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 
@@ -200,6 +216,7 @@ DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 TABLES: Final = {
     "deliveries": (DELIVERY_COLUMNS, ("namespace", "delivery_id")),
     "calls": (CALL_COLUMNS, ("namespace", "session_id", "turn_id", "call_id")),
+    "revoked_tokens": (REVOKED_TOKEN_COLUMNS, ("token_id",)),
 }
 
 # Each one serves a query below, so recovery and pruning never scan the whole table; the
@@ -356,7 +373,8 @@ def schema_changes(
     for target in range(version + 1, SCHEMA_VERSION + 1):
         changes += UPGRADES.get(target, ())
     if version < 4:
-        for table in TABLES:
+        # Only the tables keyed before version 4 change keys; a newer table is made right.
+        for table in ("deliveries", "calls"):
             if existing.get(table):
                 changes += _rekey(table, rekey)
     changes += INDEXES

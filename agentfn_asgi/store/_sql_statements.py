@@ -12,7 +12,7 @@ shared fragments (``{key}``, ``{columns}``, ``{claimed}``...) by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from agentfn_asgi.store._sql_schema import (
@@ -47,10 +47,14 @@ __all__ = [
     "RELEASE",
     "RENEW_LEASE",
     "RESOLVE_DELIVERY",
+    "REVOKE_TOKEN",
+    "ROWS",
     "SAVE_RESULT",
     "SETTLE",
     "STATS",
     "SUBMISSION_FAILED",
+    "TOKENS_EXPIRED",
+    "TOKEN_REVOKED",
     "UNRESOLVED_DELIVERIES",
     "UNRESOLVED_DELIVERIES_AFTER",
     "UNSUBMITTED_RESULTS",
@@ -108,21 +112,19 @@ CLAIM: Final = fill(
     + event_sql("claimed", "1", owner=OWNER_SQL)
     + """, 1)
     ON CONFLICT (namespace, session_id, turn_id, call_id) DO UPDATE SET
-        attempt = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
-                       THEN c.attempt ELSE c.attempt + 1 END,
+        attempt = CASE WHEN {may_reclaim_upsert} THEN c.attempt ELSE c.attempt + 1 END,
         """
     + append_sql(
         event_sql("taken_over", "c.attempt + 1", owner=OWNER_SQL),
         row="c.",
-        unless="c.owner = excluded.owner AND c.lease_expires_at >= :now",
+        unless="{may_reclaim_upsert}",
     )
     + """,
         owner = excluded.owner,
         lease_expires_at = excluded.lease_expires_at,
         updated_at = excluded.updated_at,
         delivery_id = coalesce(c.delivery_id, excluded.delivery_id)
-    WHERE c.state = 'claimed' AND (c.lease_expires_at < :takeover_before
-                                   OR (c.owner = excluded.owner AND c.lease_expires_at >= :now))
+    WHERE {may_take_over_upsert} OR {may_reclaim_upsert}
     RETURNING {columns}"""
 )
 GET_CALL: Final = fill("SELECT {columns} FROM {p}calls WHERE {key}")
@@ -130,7 +132,7 @@ GET_CALL_DETAIL: Final = fill("SELECT {detail_columns} FROM {p}calls WHERE {key}
 # Fenced: only the holder of the claim's current attempt renews, saves or quarantines.
 RENEW_LEASE: Final = fill("""
     UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt""")
+    WHERE {key} AND {may_renew}""")
 # A row comes back only when this save wrote it, so its caller holds the result already: the
 # text columns come back empty rather than as a second copy of a (possibly 4 MiB) result.
 _SAVED_RETURNING: Final = ", ".join(
@@ -147,7 +149,7 @@ SAVE_RESULT: Final = fill(
         """
     + append_sql(event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt
+    WHERE {key} AND {may_save}
     RETURNING """
     + _SAVED_RETURNING
 )
@@ -157,7 +159,7 @@ MARK_SUBMITTED: Final = fill(
         """
     + append_sql(event_sql("submitted", "attempt", detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {saved}"""
+    WHERE {key} AND {may_mark_submitted}"""
 )
 SUBMISSION_FAILED: Final = fill(
     """
@@ -165,24 +167,24 @@ SUBMISSION_FAILED: Final = fill(
         """
     + append_sql(event_sql("submit_failed", "attempt", detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {saved}"""
+    WHERE {key} AND {may_submission_failed}"""
 )
 
 
-def _stale(unchanged: str) -> str:
+def _stale(guard: str) -> str:
     return fill(
         """
     UPDATE {p}calls SET state = 'stale', updated_at = :now,
         """
         + append_sql(event_sql("stale", "attempt"))
         + """
-    WHERE {key} AND {pending}"""
-        + unchanged
+    WHERE {key} AND """
+        + guard
     )
 
 
-MARK_STALE: Final = _stale("")
-MARK_STALE_UNCHANGED: Final = _stale(" AND updated_at <= :since")
+MARK_STALE: Final = _stale("{may_mark_stale}")
+MARK_STALE_UNCHANGED: Final = _stale("{may_mark_stale_unchanged}")
 # Only the claim's holder quarantines, and a saved result always wins over it.
 QUARANTINE: Final = fill(
     """
@@ -190,12 +192,7 @@ QUARANTINE: Final = fill(
         """
     + append_sql(event_sql("quarantined", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt"""
-)
-# What an operator may settle or re-run: held for them, or in doubt (claimed, lease expired
-# before :takeover_before).
-_SETTLEABLE: Final = (
-    "(state = 'quarantined' OR ({claimed} AND lease_expires_at < :takeover_before))"
+    WHERE {key} AND {may_quarantine}"""
 )
 SETTLE: Final = fill(
     """
@@ -206,9 +203,7 @@ SETTLE: Final = fill(
         """
     + append_sql(event_sql("settled", "attempt", detail=DETAIL_SQL))
     + """
-    WHERE {key} AND """
-    + _SETTLEABLE
-    + """
+    WHERE {key} AND {may_settle}
     RETURNING {columns}"""
 )
 RELEASE: Final = fill(
@@ -218,9 +213,7 @@ RELEASE: Final = fill(
         """
     + append_sql(event_sql("released", "attempt + 1", owner=OWNER_SQL))
     + """
-    WHERE {key} AND """
-    + _SETTLEABLE
-    + """
+    WHERE {key} AND {may_release}
     RETURNING {columns}"""
 )
 
@@ -293,3 +286,30 @@ PRUNE_CALLS: Final = fill("""
         WHERE {finished} AND updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
+
+# Revoked credentials: a short store-wide list; each revocation drops the expired ones.
+REVOKE_TOKEN: Final = fill("""
+    INSERT INTO {p}revoked_tokens AS r (token_id, expires_at) VALUES (:token_id, :expires_at)
+    ON CONFLICT (token_id) DO UPDATE SET expires_at = excluded.expires_at""")
+TOKENS_EXPIRED: Final = fill("DELETE FROM {p}revoked_tokens WHERE expires_at <= :now")
+TOKEN_REVOKED: Final = fill("""
+    SELECT 1 FROM {p}revoked_tokens WHERE token_id = :token_id AND expires_at > :now""")
+
+
+#: Which statements carry out each row of the state table (:mod:`agentfn_asgi.states`), by
+#: name; ``tests/store/test_state_table.py`` holds each to its row's guard, state and event,
+#: and refuses a statement that changes a call without being listed here.
+ROWS: Final[Mapping[str, tuple[str, ...]]] = {
+    "claim": ("CLAIM",),
+    "reclaim": ("CLAIM",),
+    "take_over": ("CLAIM",),
+    "renew": ("RENEW_LEASE",),
+    "save": ("SAVE_RESULT",),
+    "mark_submitted": ("MARK_SUBMITTED",),
+    "submission_failed": ("SUBMISSION_FAILED",),
+    "mark_stale": ("MARK_STALE", "MARK_STALE_UNCHANGED"),
+    "quarantine": ("QUARANTINE",),
+    "settle": ("SETTLE",),
+    "release": ("RELEASE",),
+    "prune": ("PRUNE_CALLS",),
+}

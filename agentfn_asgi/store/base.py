@@ -25,6 +25,11 @@ it as taken, not busy; a delivery recorded again with the same ``nonce`` is new 
 **History.** Every step of a call is appended to its history in the same atomic step that
 makes it (:class:`~agentfn_asgi.records.CallEvent`); content (arguments, output) is never
 part of it.
+
+**Revocations.** A short list of revoked credentials that are otherwise self-contained
+(signed, expiring cookies of the operator page): an id and the time it would expire anyway,
+after which its entry may be forgotten. Ids are random, so the list is one for the whole
+store, not per namespace: a logout holds for every app that shares the store.
 """
 
 from __future__ import annotations
@@ -211,3 +216,11 @@ class Store(Protocol):
 
     async def stats(self) -> StoreStats:
         """Counts for operators."""
+
+    # -- revocations -----------------------------------------------------------------------
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Record that the credential ``token_id`` is revoked; ``expires_at`` (Unix time) is
+        when it would expire anyway, after which the entry may be dropped. Idempotent."""
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` was revoked (and its entry has not expired yet)."""

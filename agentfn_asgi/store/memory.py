@@ -57,6 +57,8 @@ class _Data:
     )
     #: (namespace, key) -> the call, with its whole (bounded) history
     calls: dict[tuple[str, CallKey], CallRecord] = field(default_factory=dict)
+    #: revoked token id -> expires_at (store-wide, see Store)
+    revoked: dict[str, float] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -495,6 +497,22 @@ class MemoryStore:
             failures=failures,
             failing_deliveries=sum(1 for d in deliveries if not d.resolved and d.attempts),
         )
+
+    # -- revocations -----------------------------------------------------------------------
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Revoke ``token_id`` until ``expires_at``; expired entries are dropped here."""
+        self._check_open()
+        now = self._clock()
+        revoked = self._data.revoked
+        for gone in [t for t, until in revoked.items() if until <= now]:
+            del revoked[gone]
+        if expires_at > now:
+            revoked[token_id] = expires_at
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` is revoked and its entry not expired."""
+        self._check_open()
+        return self._data.revoked.get(token_id, 0.0) > self._clock()
 
 
 def _appended(record: CallRecord, event: CallEvent) -> CallRecord:

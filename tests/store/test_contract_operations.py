@@ -8,7 +8,8 @@ import pytest
 from agentfn_asgi.records import CallKey, CallQuery, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 
-from .conftest import KEY, LEASE, FakeClock, StoreFactory, claim, result
+from ..support.clock import FakeClock
+from .conftest import KEY, LEASE, StoreFactory, claim, result
 
 pytestmark = pytest.mark.anyio
 
@@ -297,14 +298,11 @@ async def test_releasing_claims_for_a_rerun(store: Store, clock: FakeClock) -> N
 
 
 async def test_namespaces_share_a_store_without_seeing_each_other(
-    store_factory: StoreFactory, clock: FakeClock, request: pytest.FixtureRequest
+    store_factory: StoreFactory, clock: FakeClock
 ) -> None:
     """Two apps (two OpenAI projects) on one store: each sweeps, lists and counts only its
     own deliveries and calls; a delivery id is deduplicated within its namespace only (a
     delivery of one project never hides the other's)."""
-    if request.node.callspec.params["store_factory"] == "redis":
-        # Namespaced keys reach Redis with layout 3 (the SQL stores have them: schema 4).
-        request.applymarker(pytest.mark.xfail(strict=True, reason="keys not namespaced yet"))
     one = await store_factory(namespace="proj_1")
     two = await store_factory(namespace="proj_2")
     assert await one.record_delivery("msg_1", "s1") is True

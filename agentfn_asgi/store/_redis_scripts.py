@@ -49,7 +49,6 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "RESOLVE_DELIVERY",
-    "ROWS",
     "SAVE",
     "SETTLE",
     "SET_CALLS",
@@ -732,6 +731,7 @@ return out
 """)
 
 
+#: (Not in ``__all__``: the store registers every name there as a script.)
 #: Which scripts carry out each row of the state table (:mod:`agentfn_asgi.states`), by
 #: name; ``tests/store/test_state_table.py`` holds each to its row, and refuses a script that
 #: changes a call's state without being listed here (the migration's scripts move records

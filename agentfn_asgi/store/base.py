@@ -20,11 +20,19 @@ connection dropped after the commit) finds the call claimed by its own owner and
 it as taken, not busy; a delivery recorded again with the same ``nonce`` is new again.
 
 **Namespaces.** A store instance works in its ``namespace`` (default ``""``): several apps
-(one per OpenAI project) can share one database, each sweeping and listing only its own.
+(one per OpenAI project) can share one database. The namespace is part of every key: nothing
+done through one namespace reads, claims, saves, settles, marks, deduplicates against,
+lists, counts or prunes a record of another (the same delivery id or call key in two
+namespaces are two independent records).
+
+**The state machine.** Which operation may change a call, from which state, under which
+guard, to which state, is declared once in :mod:`agentfn_asgi.states`; every backend
+carries out that table (the memory store executes it and is the reference).
 
 **History.** Every step of a call is appended to its history in the same atomic step that
 makes it (:class:`~agentfn_asgi.records.CallEvent`); content (arguments, output) is never
-part of it.
+part of it. The history is bounded: its first ``HISTORY_HEAD`` and last ``HISTORY_TAIL``
+events are kept, with a count of those dropped between them.
 
 **Revocations.** A short list of revoked credentials that are otherwise self-contained
 (signed, expiring cookies of the operator page): an id and the time it would expire anyway,

@@ -83,7 +83,7 @@ def test_session_cookies_round_trip_and_expire() -> None:
 def test_a_revocation_lasts_as_long_as_the_cookie_is_accepted() -> None:
     """A session knows when it was issued; its revocation must be kept until at least the
     last moment its cookie is still accepted (and need not be kept past it)."""
-    clock = Clock()
+    clock = FakeClock()
     g = gate(clock=clock)
     session, cookie = g.open_session(g.match_token(A.encode()))
     assert session.issued_at == clock.now

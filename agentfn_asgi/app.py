@@ -34,7 +34,7 @@ import functools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -45,6 +45,7 @@ from ._crash import crash_point
 from .client import AgentsClient
 from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
+from .dispatch.approvals import ApprovalView
 from .errors import (
     ConfigurationError,
     StoreError,
@@ -129,6 +130,10 @@ class AgentWebhookApp:
         public_url: this app's public URL (where it is mounted), so that jobs carry
             ``complete_url``; default ``AGENTFN_PUBLIC_URL``.
         config: the environment's configuration, when you read it yourself.
+        on_approval_request: an async callable receiving each new approval request (an
+            :class:`~agentfn_asgi.dispatch.approvals.ApprovalView`) once, from the replica
+            that made it, to post it to chat or email; retried with backoff when it raises,
+            never holding up any call.
     """
 
     def __init__(
@@ -149,6 +154,7 @@ class AgentWebhookApp:
         completion_secret: str | Sequence[str] | None = None,
         public_url: str | None = None,
         config: Config | None = None,
+        on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None = None,
     ) -> None:
         self.tools = tools
         self.max_body_size = max_body_size
@@ -176,6 +182,7 @@ class AgentWebhookApp:
             telemetry=telemetry,
             completion_secret=completion_secret,
             public_url=public_url,
+            on_approval_request=on_approval_request,
         )
         self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
@@ -292,6 +299,21 @@ class AgentWebhookApp:
         """What an operator sees and does for this app (the CLI's ``calls`` and the operator
         page, :mod:`agentfn_asgi.admin`, read through it)."""
         return Operator(self.store, dispatcher=self.dispatcher, location=self.store_location)
+
+    async def approve(self, approval_id: str, *, by: str) -> ApprovalView:
+        """A person (``by``: who, for the history and the log) approves the waiting request
+        ``approval_id``: the call runs once, on whichever replica claims it first, within
+        about a second. Raises :class:`~agentfn_asgi.errors.ApprovalNotFoundError`,
+        :class:`~agentfn_asgi.errors.ApprovalExpiredError` or
+        :class:`~agentfn_asgi.errors.ApprovalDecidedError` (decided already: once only)."""
+        await self.startup()
+        return await self.dispatcher.approve(approval_id, by=by, via="api")
+
+    async def deny(self, approval_id: str, *, reason: str | None = None, by: str) -> ApprovalView:
+        """A person denies the waiting request ``approval_id``: the call fails at once with
+        ``reason``, which the model sees. Raises as :meth:`approve`."""
+        await self.startup()
+        return await self.dispatcher.deny(approval_id, by=by, reason=reason, via="api")
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:
@@ -620,6 +642,7 @@ def _assemble(
     telemetry: Telemetry | None,
     completion_secret: str | Sequence[str] | None,
     public_url: str | None,
+    on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None,
 ) -> _Parts:
     """Check the options and the environment, then build the app's parts. Every problem is
     gathered first, so that one ConfigurationError names them all, and nothing that must be
@@ -670,6 +693,17 @@ def _assemble(
     # on_retry=telemetry.client_retry to a client of your own for the same.
     agents = client if client is not None else env.client(on_retry=observed.client_retry)
     opened_from = store if isinstance(store, str) else env.store_url if store is None else None
+    dispatcher = Dispatcher(
+        tools,
+        agents,
+        opened,
+        settings=settings if settings is not None else env.dispatch,
+        resources=resources,
+        clock=clock,
+        telemetry=observed,
+        handoff=jobs,
+    )
+    dispatcher.approvals.notify = on_approval_request
     return _Parts(
         verifier=verified[0],
         jobs=jobs,
@@ -678,16 +712,7 @@ def _assemble(
         owns_client=client is None,
         store=opened,
         store_location=store_location(opened, opened_from),
-        dispatcher=Dispatcher(
-            tools,
-            agents,
-            opened,
-            settings=settings if settings is not None else env.dispatch,
-            resources=resources,
-            clock=clock,
-            telemetry=observed,
-            handoff=jobs,
-        ),
+        dispatcher=dispatcher,
     )
 
 

@@ -54,6 +54,7 @@ DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
     "AGENTFN_UNKNOWN_TOOLS": ("unknown_tools", str, ("fail", "ignore")),
     "AGENTFN_IN_DOUBT": ("in_doubt", str, ("fail", "hold")),
     "AGENTFN_MAX_ATTEMPTS": ("max_attempts", int, None),
+    "AGENTFN_APPROVAL_TIMEOUT": ("approval_timeout", float, None),
 }
 _CAPTURE_VALUES: Final = frozenset({"true", "1", "span_only", "span_and_event"})
 
@@ -144,6 +145,16 @@ CONFIG_DOCS: Final[dict[str, SettingDoc]] = {
 
 #: :class:`DispatchSettings` field -> its meaning (the variable is in :data:`DISPATCH_ENV`).
 DISPATCH_DOCS: Final[dict[str, SettingDoc]] = {
+    "approval_timeout": SettingDoc(
+        "how long a call of a tool declared with `approval=` waits for a person's decision"
+        " before it fails (a tool's own `approval_timeout=` wins)",
+        unit="s",
+    ),
+    "approval_poll_interval": SettingDoc(
+        "how often each replica looks for approved calls to run and expired requests to fail"
+        " (a decision taken in the same process wakes it at once)",
+        unit="s",
+    ),
     "lease_seconds": SettingDoc(
         "how long a crashed replica's calls wait before another takes them over (renewed"
         " every third of it while running)",

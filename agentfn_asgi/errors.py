@@ -32,9 +32,13 @@ translated at the boundary with ``raise ... from exc``. Every warning derives fr
     ├── OperatorError                   an operator's request (CLI, page, Operator) cannot be
     │   │                               done as asked
     │   ├── CallNotFoundError           no such call in the store (also a LookupError) → 404
-    │   └── OperatorInputError          an ambiguous call id, a cursor or duration not
-    │                                   understood, settle asked wrongly (also a
-    │                                   ValueError)                                 → 400
+    │   ├── OperatorInputError          an ambiguous call id, a cursor or duration not
+    │   │                               understood, settle asked wrongly (also a
+    │   │                               ValueError)                                 → 400
+    │   └── ApprovalError               a decision on an approval request was refused
+    │       ├── ApprovalNotFoundError   no such request in the store               (exit 1)
+    │       └── ApprovalDecidedError    decided already, or the call stopped waiting
+    │           └── ApprovalExpiredError  it expired first: the call failed saying so
     └── APIError                        talking to the Agents API failed
         ├── SessionNotFoundYetError     a session whose webhook just arrived is not found
         │                               (yet): the sweep reads it again within the grace
@@ -65,6 +69,10 @@ __all__ = [
     "APITimeoutError",
     "AgentFnError",
     "AgentFnWarning",
+    "ApprovalDecidedError",
+    "ApprovalError",
+    "ApprovalExpiredError",
+    "ApprovalNotFoundError",
     "ArgumentValidationError",
     "AuthenticationError",
     "BadRequestError",
@@ -240,6 +248,33 @@ class OperatorInputError(OperatorError, ValueError):
     sessions (give the session), a listing cursor that is not ours, a duration not in the
     ``15m``/``2h``/``3d`` form, a settle with not exactly one of output, error or re-run.
     Also a ``ValueError`` (the page answers 400; the CLI names the fix)."""
+
+
+class ApprovalError(OperatorError):
+    """A decision on an approval request was refused (``approve``/``deny``: the CLI's exit 1).
+    ``approval_id`` names the request."""
+
+    def __init__(self, message: str, *, approval_id: str) -> None:
+        super().__init__(message)
+        self.approval_id = approval_id
+
+
+class ApprovalNotFoundError(ApprovalError):
+    """No call in this store (and namespace) has an approval request with this id."""
+
+
+class ApprovalDecidedError(ApprovalError):
+    """The request was decided already (``decision``: ``approved``, ``denied`` or
+    ``expired``), or the call stopped waiting (stale): a decision is taken once."""
+
+    def __init__(self, message: str, *, approval_id: str, decision: str | None) -> None:
+        super().__init__(message, approval_id=approval_id)
+        self.decision = decision
+
+
+class ApprovalExpiredError(ApprovalDecidedError):
+    """The request expired before this decision: the call fails, saying nobody approved it
+    in time."""
 
 
 class APIError(AgentFnError):

@@ -22,9 +22,10 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from .dispatch import Dispatcher
+from .dispatch.approvals import ApprovalView, approval_view
 from .errors import (
     APIError,
     CallNotFoundError,
@@ -34,10 +35,12 @@ from .errors import (
 )
 from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
 from .states import settleable
-from .store.base import Store
+from .store.base import ApprovalStore, Store
 
 __all__ = [
     "OUTCOMES",
+    "ApprovalView",
+    "ApprovalsView",
     "CallDetail",
     "CallEventView",
     "CallFilter",
@@ -56,14 +59,33 @@ __all__ = [
 
 #: Display states, in the order an operator reads them.
 DisplayState = Literal[
-    "claimed", "in_doubt", "succeeded", "failed", "submitted", "stale", "quarantined"
+    "claimed",
+    "in_doubt",
+    "succeeded",
+    "failed",
+    "submitted",
+    "stale",
+    "quarantined",
+    "awaiting_approval",
+    "approved",
 ]
 
 #: What became of a call, in an operator's words (the page's badges and counts): ``running``
 #: (claimed, lease live), ``in_doubt`` (claimed, lease ran out), ``submitting`` (a result is
 #: saved, not yet accepted), ``succeeded`` / ``failed`` (the API accepted a success / a
-#: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator).
-Outcome = Literal["running", "in_doubt", "submitting", "succeeded", "failed", "stale", "held"]
+#: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator),
+#: ``awaiting_approval`` (waiting for a person), ``approved`` (approved, about to run).
+Outcome = Literal[
+    "running",
+    "in_doubt",
+    "submitting",
+    "succeeded",
+    "failed",
+    "stale",
+    "held",
+    "awaiting_approval",
+    "approved",
+]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 
@@ -78,6 +100,10 @@ def outcome_of(record: CallRecord, now: float) -> Outcome:
         return "succeeded" if record.result is not None and record.result.success else "failed"
     if state is CallState.STALE:
         return "stale"
+    if state is CallState.AWAITING_APPROVAL:
+        return "awaiting_approval"
+    if state is CallState.APPROVED:
+        return "approved"
     return "held"
 
 
@@ -134,6 +160,8 @@ class CallDetail:
     arguments: str | None = None
     output: str | None = None
     settleable: bool = False
+    #: The call's approval request (waiting or decided), when it has one.
+    approval: ApprovalView | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,6 +201,7 @@ class Overview:
     needs_attention: tuple[CallSummary, ...] = ()  # in doubt and quarantined, by id
     failing_deliveries: tuple[DeliveryView, ...] = ()  # the sweep keeps failing on these
     oldest_pending_at: float | None = None
+    approvals_waiting: int = 0  # calls waiting for a person's approval
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,6 +247,27 @@ class OperatorView(Protocol):
 
     async def login_revoked(self, login_id: str) -> bool:
         """Whether the login ``login_id`` was ended by :meth:`revoke_login`."""
+
+
+@runtime_checkable
+class ApprovalsView(Protocol):
+    """What the CLI and the operator page read and do about approval requests (the real
+    :class:`Operator` is one). Decisions raise :class:`~agentfn_asgi.errors.ApprovalError`."""
+
+    async def approvals(self, *, limit: int = 200) -> list[ApprovalView]: ...
+
+    async def approval(self, approval_id: str) -> tuple[ApprovalView, CallDetail] | None: ...
+
+    async def decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        digest: str | None = None,
+    ) -> ApprovalView: ...
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -336,6 +386,8 @@ class Operator:
             "failed": stats.failures,
             "stale": counts.get("stale", 0),
             "held": counts.get("quarantined", 0),
+            "awaiting_approval": counts.get("awaiting_approval", 0),
+            "approved": counts.get("approved", 0),
         }
         return Overview(
             store=self._location,
@@ -349,6 +401,7 @@ class Operator:
             needs_attention=tuple(attention),
             failing_deliveries=tuple(failing[:ATTENTION_LIMIT]),
             oldest_pending_at=stats.oldest_pending_at,
+            approvals_waiting=counts.get("awaiting_approval", 0),
         )
 
     async def calls(self, query: CallFilter) -> CallPage:
@@ -387,6 +440,7 @@ class Operator:
             arguments=arguments,
             output=output,
             settleable=self._settleable(record),
+            approval=None if record.approval is None else approval_view(record),
         )
 
     async def deliveries(self, *, unresolved: bool = False, limit: int = 50) -> list[DeliveryView]:
@@ -426,6 +480,61 @@ class Operator:
     async def login_revoked(self, login_id: str) -> bool:
         """Whether an operator-page login was ended (read from the store)."""
         return await self._store.token_revoked(login_id)
+
+    # -- approval --------------------------------------------------------------------------
+    async def approvals(self, *, limit: int = 200) -> list[ApprovalView]:
+        """The requests waiting for a person, soonest expiry first (none when the store
+        cannot hold approvals)."""
+        store = self._store
+        if not isinstance(store, ApprovalStore):
+            return []
+        return [approval_view(r) for r in await store.waiting_approvals(limit=limit)]
+
+    async def approval(self, approval_id: str) -> tuple[ApprovalView, CallDetail] | None:
+        """One request (waiting or decided) and its call, with the call's arguments while it
+        waits (read from the live session: what the person decides on), or None."""
+        store = self._store
+        if not isinstance(store, ApprovalStore):
+            return None
+        record = await store.find_approval(approval_id)
+        if record is None or record.approval is None:
+            return None
+        waiting = record.state is CallState.AWAITING_APPROVAL
+        arguments = await self._arguments(record.key) if waiting else None
+        detail = CallDetail(
+            summary=self._summary(record),
+            history=tuple(_event_view(e) for e in record.history),
+            arguments=arguments,
+            approval=approval_view(record),
+        )
+        return approval_view(record), detail
+
+    async def decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        digest: str | None = None,
+    ) -> ApprovalView:
+        """A person's decision through the dispatcher's rules (see
+        :meth:`~agentfn_asgi.dispatch.approvals.Approvals.decide`; raises its
+        :class:`~agentfn_asgi.errors.ApprovalError`)."""
+        if self._dispatcher is None:
+            raise ConfigurationError(
+                "deciding an approval may submit a result: it needs the Agents API (OPENAI_API_KEY)"
+            )
+        return await self._dispatcher.approvals.decide(
+            approval_id, approve=approve, by=by, via=via, reason=reason, digest=digest
+        )
+
+    def link_approvals(self, links: Callable[[ApprovalView], dict[str, str]]) -> None:
+        """Have each new approval request carry ``links(request)`` (the operator page's
+        signed link) when it reaches ``on_approval_request``."""
+        if self._dispatcher is not None:
+            self._dispatcher.approvals.links = links
 
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:

@@ -182,6 +182,10 @@ class Gate:
             key: URLSafeTimedSerializer(key, salt=_SALT, signer=signer)
             for key in [*self._token_keys, self._host_key]
         }
+        # Signed approval links (admin/approval_links.py): keyed by secret=, else by the
+        # first token (a rotation then invalidates links made before it), else per process.
+        link_material = self.tokens[0] if self.tokens else host_base
+        self.link_key = _derive(token_base, b"approval-link", link_material)
 
     # -- tokens ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..operator import OUTCOMES, CallDetail, CallPage, DeliveryView, Overview
+from .approval_pages import approval_section
 from .forms import DISPLAY_STATES, MAX_LIMIT, CallQuery, SettleRequest
 from .html import Safe, join, render
 from .layout import (
@@ -115,6 +116,8 @@ _OUTCOME_FILTERS = {
     "failed": (("submitted", "submitted (succeeded and failed)"),),
     "stale": (("stale", "stale"),),
     "held": (("quarantined", "quarantined"),),
+    "awaiting_approval": (("awaiting_approval", "waiting for approval"),),
+    "approved": (("approved", "approved, about to run"),),
 }
 
 
@@ -277,10 +280,11 @@ def call_page(
         else Safe("")
     )
     body = render(
-        "{notice}{summary}<section><h2>Timeline</h2>{timeline}</section>"
+        "{notice}{summary}{approval}<section><h2>Timeline</h2>{timeline}</section>"
         "<section><h2>Content</h2>{content}</section>{settle}",
         notice=render('<p class="notice" role="status">{n}</p>', n=notice) if notice else "",
         summary=call_summary(ctx, call),
+        approval=approval_section(ctx, detail),
         timeline=timeline,
         content=_content(ctx, detail, content),
         settle=settle,

@@ -144,6 +144,8 @@ def format_call(detail: CallDetail, *, now: float) -> str:
         lines.append(f"error     {c.error_type}")
     if c.reason:
         lines.append(f"held      {c.reason}")
+    if detail.approval is not None:
+        lines += _approval_lines(detail)
     lines.append("")
     for event in detail.history:
         who = f" by {event.owner}" if event.owner else ""
@@ -162,6 +164,28 @@ def format_call(detail: CallDetail, *, now: float) -> str:
     if detail.output is not None:
         lines += ["", f"output    {detail.output}"]
     return "\n".join(lines)
+
+
+def _approval_lines(detail: CallDetail) -> list[str]:
+    """The call's approval request: id, argument digest, asked and expiry, the decision."""
+    a = detail.approval
+    assert a is not None
+    lines = [
+        f"approval  {a.approval_id} (arguments sha256 {a.digest[:16]}...)",
+        f"asked     {_stamp(a.requested_at)} UTC, expires {_stamp(a.expires_at)} UTC",
+    ]
+    if a.decision is None:
+        lines.append(
+            f"decide it: agentfn-asgi approvals approve {a.approval_id}"
+            f" | agentfn-asgi approvals deny {a.approval_id} --reason TEXT"
+        )
+    else:
+        at = f" at {_stamp(a.decided_at)} UTC" if a.decided_at is not None else ""
+        by = f" by {a.decided_by}" if a.decided_by else ""
+        via = f" via {a.decided_via}" if a.decided_via else ""
+        why = f": {a.reason}" if a.reason else ""
+        lines.append(f"decided   {a.decision}{by}{via}{at}{why}")
+    return lines
 
 
 def _delivery_line(d: DeliveryView, now: float) -> str:

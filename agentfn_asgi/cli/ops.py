@@ -44,6 +44,7 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
         ("results", f"{overview.successes} succeeded, {overview.failures} failed (submitted)"),
         ("in doubt", str(overview.calls_by_state.get("in_doubt", 0))),
         ("quarantined", str(overview.calls_by_state.get("quarantined", 0))),
+        ("approvals", f"{overview.approvals_waiting} waiting (agentfn-asgi approvals)"),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)

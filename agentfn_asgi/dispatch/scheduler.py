@@ -37,6 +37,7 @@ from ..tools import FunctionTools
 from ..tracing import Telemetry
 from ..wire import AgentSession
 from .alarms import ConfigurationAlarm, is_configuration_error
+from .approvals import Approvals, ApprovalView
 from .execution import CompletionStatus, Executor, JobHandoff
 from .leases import LeaseKeeper
 from .settings import DispatchSettings
@@ -184,6 +185,20 @@ class Dispatcher:
             handoff=handoff,
         )
 
+        self.approvals = Approvals(
+            store,
+            client,
+            self._submitter,
+            self._executor,
+            tools=tools,
+            settings=self.settings,
+            owner=self.owner,
+            clock=clock,
+            telemetry=self.telemetry,
+            track=self._track,
+            busy=lambda key: key in self._inflight,
+            spawn=self._spawn,
+        )
         self._settler = Settler(
             store,
             client,
@@ -211,6 +226,16 @@ class Dispatcher:
         self._executor.start()
         self._workers = [self._spawn(self._resolver_loop()) for _ in range(RESOLVERS)]
         self._workers.append(self._spawn(self._sweep_loop(immediate=recover)))
+        gated = sorted(tool.name for tool in self.tools if tool.approval is not False)
+        if gated and self.approvals.enabled:
+            self._workers.append(self._spawn(self.approvals.loop()))
+        elif gated:
+            logger.error(
+                "tools %s need a person's approval, but the store %s cannot hold calls for "
+                "approval yet: their calls fail, telling the model so",
+                gated,
+                self.store.location,
+            )
         self.telemetry.observe_pending(self._executor.oldest_running_age)
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
@@ -484,6 +509,18 @@ class Dispatcher:
         """An operator settles a held or in-doubt call (see :meth:`Settler.settle`)."""
         return await self._settler.settle(
             key, tools=self.tools, output=output, error=error, rerun=rerun
+        )
+
+    async def approve(self, approval_id: str, *, by: str, via: str = "api") -> ApprovalView:
+        """A person approves the waiting request ``approval_id`` (see :class:`Approvals`)."""
+        return await self.approvals.decide(approval_id, approve=True, by=by, via=via)
+
+    async def deny(
+        self, approval_id: str, *, by: str, reason: str | None = None, via: str = "api"
+    ) -> ApprovalView:
+        """A person denies the waiting request ``approval_id``; the model sees ``reason``."""
+        return await self.approvals.decide(
+            approval_id, approve=False, by=by, via=via, reason=reason
         )
 
     # -- recovery ------------------------------------------------------------------------

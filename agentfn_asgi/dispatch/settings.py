@@ -59,6 +59,8 @@ class DispatchSettings:
     result_limit: int = TOOL_RESULT_LIMIT
     result_margin: int = DEFAULT_SAFETY_MARGIN
     max_queued_sessions: int = 10_000
+    approval_timeout: float = 24 * 3600.0
+    approval_poll_interval: float = 1.0
 
     @property
     def fence_margin(self) -> float:

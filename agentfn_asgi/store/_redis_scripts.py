@@ -28,10 +28,14 @@ from agentfn_asgi.states import SAVED
 from agentfn_asgi.store._guards import LUA_GUARDS
 
 __all__ = [
+    "APPROVED_CALLS",
     "CLAIM",
+    "CLAIM_APPROVED",
+    "DECIDE_APPROVAL",
     "DELIVERY_FAILED",
     "DUE_DELIVERIES",
     "EXPIRED_CLAIMS",
+    "FIND_APPROVAL",
     "GET_CALL",
     "LAYOUT",
     "LIST_CALLS",
@@ -48,6 +52,7 @@ __all__ = [
     "RECORD_DELIVERY",
     "RELEASE",
     "RENEW",
+    "REQUEST_APPROVAL",
     "RESOLVE_DELIVERY",
     "SAVE",
     "SETTLE",
@@ -55,6 +60,7 @@ __all__ = [
     "STATS",
     "SUBMISSION_FAILED",
     "UNSUBMITTED",
+    "WAITING_APPROVALS",
 ]
 
 #: Bump when the key layout changes; :data:`LAYOUT` refuses data of another layout.
@@ -86,7 +92,7 @@ local function h(text) return redis.sha1hex(text) end
 local function call_key(member) return N .. 'c:' .. h(member) end
 local function history_key(member) return N .. 'h:' .. h(member) end
 local function delivery_key(id) return N .. 'd:' .. h(id) end
-
+local function approval_key(id) return N .. 'a:' .. h(id) end
 """
     + _STATE_SETS
     + """
@@ -96,13 +102,18 @@ local function reindex_call(key, member)
                        'next_attempt_at', 'updated_at', 'success')
   local state, created = r[1], r[2]
   for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
-  for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed'}) do
+  for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed', 'waiting',
+                         'approved'}) do
     redis.call('ZREM', I .. name, member)
   end
   redis.call('ZADD', I .. 'calls', created, member)
   redis.call('ZADD', I .. 'state:' .. state, created, member)
   if state == 'claimed' then
     redis.call('ZADD', I .. 'lease', r[3], member)
+  elseif state == 'awaiting_approval' then
+    redis.call('ZADD', I .. 'waiting', r[3], member)
+  elseif state == 'approved' then
+    redis.call('ZADD', I .. 'approved', r[5], member)
   elseif SAVED[state] then
     redis.call('ZADD', I .. 'due', r[4], member)
   elseif state == 'submitted' or state == 'stale' then
@@ -240,6 +251,8 @@ INDEXES = (
     "due",
     "finished",
     "submitted_failed",
+    "waiting",
+    "approved",
 )
 
 #: What a layout-2 index key holds after the upgrade: a string, so that a replica of the
@@ -621,7 +634,7 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LI
                            tonumber(ARGV[3]))
 for _, m in ipairs(members) do
   local key = call_key(m)
-  local ids = redis.call('HMGET', key, 'session_id', 'call_id')
+  local ids = redis.call('HMGET', key, 'session_id', 'call_id', 'approval_id')
   redis.call('ZREM', I .. 'calls', m)
   redis.call('ZREM', I .. 'finished', m)
   redis.call('ZREM', I .. 'state:submitted', m)
@@ -629,9 +642,110 @@ for _, m in ipairs(members) do
   redis.call('ZREM', I .. 'submitted_failed', m)
   redis.call('SREM', N .. 's:' .. h(ids[1]), m)
   redis.call('SREM', N .. 'k:' .. h(ids[2]), m)
+  if ids[3] then redis.call('DEL', approval_key(ids[3])) end
   redis.call('DEL', key, history_key(m))
 end
 return #members
+""")
+
+# -- calls: approval -----------------------------------------------------------------------
+# Each script's condition is the state table's row, rendered by store/_guards.py
+# (``may_<row>(c, a)`` over the call as ``guard_fields`` reads it).
+
+_APPROVAL = """
+local function args(now, owner, attempt)
+  return {now = now, owner = owner or '', attempt = attempt or '', takeover_before = '',
+          since = ''}
+end
+"""
+
+# Guarantees: only the holder of the claim's current attempt holds the call for a person:
+# awaiting_approval, its lease the request's expiry, the request kept whole (JSON) and its
+# id findable ({n}a:{h(approval_id)} -> member). Returns the call's hash as it is now, or
+# false when unknown. KEYS: the call's hash. ARGV: N, now, member, owner, attempt,
+# expires_at, approval_id, approval (JSON), detail.
+REQUEST_APPROVAL = _script(
+    _APPROVAL
+    + """
+local c = guard_fields(KEYS[1])
+if not c.state then return false end
+if may_request_approval(c, args(ARGV[2], ARGV[4], ARGV[5])) then
+  redis.call('HSET', KEYS[1], 'state', 'awaiting_approval', 'updated_at', ARGV[2],
+             'lease_expires_at', ARGV[6], 'approval_id', ARGV[7], 'approval', ARGV[8])
+  redis.call('SET', approval_key(ARGV[7]), ARGV[3])
+  add_event(ARGV[3], ARGV[2], 'approval_requested', ARGV[5], ARGV[4], ARGV[9])
+  reindex_call(KEYS[1], ARGV[3])
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Guarantees: a decision on the waiting request approval_id of the call, taken once:
+# 'approved' (the request open) makes it approved; 'denied' (open) and 'expired' (lapsed)
+# save the failure given. The decided request (JSON) replaces the waiting one. Returns the
+# call's hash, or false when refused. KEYS: the call's hash. ARGV: N, now, member,
+# approval_id, decision, approval (JSON), detail, then for a failure its state and the
+# result's field/value pairs.
+DECIDE_APPROVAL = _script(
+    _APPROVAL
+    + _STORE_RESULT
+    + """
+local c = guard_fields(KEYS[1])
+if not c.state or redis.call('HGET', KEYS[1], 'approval_id') ~= ARGV[4] then return false end
+local a, decision = args(ARGV[2]), ARGV[5]
+local allowed, event
+if decision == 'approved' then allowed, event = may_approve(c, a), 'approved'
+elseif decision == 'denied' then allowed, event = may_deny(c, a), 'denied'
+else allowed, event = may_expire_approval(c, a), 'approval_expired' end
+if not allowed then return false end
+if decision == 'approved' then
+  redis.call('HSET', KEYS[1], 'state', 'approved', 'updated_at', ARGV[2])
+else
+  store_result(KEYS[1], ARGV[2], ARGV[8], 9)
+end
+redis.call('HSET', KEYS[1], 'approval', ARGV[6])
+add_event(ARGV[3], ARGV[2], event, c.attempt, nil, ARGV[7])
+reindex_call(KEYS[1], ARGV[3])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Guarantees: an approved call is claimed by one replica, `owner`, as the next attempt.
+# Returns the call's hash, or false when it is not approved (another replica claimed it).
+# KEYS: the call's hash. ARGV: N, now, member, owner, lease_expires_at.
+CLAIM_APPROVED = _script(
+    _APPROVAL
+    + """
+local c = guard_fields(KEYS[1])
+if not c.state or not may_run_approved(c, args(ARGV[2])) then return false end
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[4],
+           'lease_expires_at', ARGV[5], 'updated_at', ARGV[2])
+add_event(ARGV[3], ARGV[2], 'claimed_approved', attempt, ARGV[4])
+reindex_call(KEYS[1], ARGV[3])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Read: the call whose request is approval_id, with its history, or false.
+# ARGV: N, approval_id.
+FIND_APPROVAL = _script("""
+local member = redis.call('GET', approval_key(ARGV[2]))
+if not member then return false end
+return read_call(member, '1') or false
+""")
+
+# Read: waiting calls whose request expires at or before max ('+inf': all), soonest first.
+# KEYS: the namespace's waiting index. ARGV: N, max, limit.
+WAITING_APPROVALS = _script("""
+return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0,
+                             tonumber(ARGV[3])))
+""")
+
+# Read: approved calls not yet claimed to run, oldest decision first.
+# KEYS: the namespace's approved index. ARGV: N, limit.
+APPROVED_CALLS = _script("""
+return read_calls(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1))
 """)
 
 # -- calls: reads --------------------------------------------------------------------------
@@ -706,8 +820,8 @@ return {out, last[1], last[2]}
 """)
 
 # Read, in one step: the counts of stats(). ARGV: N, now. Returns deliveries, unresolved,
-# failing, in doubt, submitted failures, the six state counts, then the oldest pending
-# call's created_at ('' when none).
+# failing, in doubt, submitted failures, the count of each state (CallState order), then
+# the oldest pending call's created_at ('' when none).
 STATS = _script("""
 local out = {
   redis.call('ZCARD', I .. 'deliveries'),
@@ -749,4 +863,9 @@ ROWS: dict[str, tuple[str, ...]] = {
     "settle": ("SETTLE",),
     "release": ("RELEASE",),
     "prune": ("PRUNE_CALLS",),
+    "request_approval": ("REQUEST_APPROVAL",),
+    "approve": ("DECIDE_APPROVAL",),
+    "deny": ("DECIDE_APPROVAL",),
+    "expire_approval": ("DECIDE_APPROVAL",),
+    "run_approved": ("CLAIM_APPROVED",),
 }

@@ -45,6 +45,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from agentfn_asgi.records import (
+    ApprovalRequest,
     CallKey,
     CallQuery,
     CallRecord,
@@ -54,7 +55,7 @@ from agentfn_asgi.records import (
     StoreStats,
 )
 
-__all__ = ["Store"]
+__all__ = ["ApprovalStore", "Store", "supports_approval"]
 
 
 @runtime_checkable
@@ -232,3 +233,65 @@ class Store(Protocol):
 
     async def token_revoked(self, token_id: str) -> bool:
         """Whether ``token_id`` was revoked (and its entry has not expired yet)."""
+
+
+@runtime_checkable
+class ApprovalStore(Protocol):
+    """The operations of durable human approval (``approval=`` tools), rows
+    ``request_approval`` … ``run_approved`` of :mod:`agentfn_asgi.states`.
+
+    Every backend of the package (memory, SQLite, PostgreSQL, Redis) is one. It is kept
+    apart from :class:`Store` so that a store of your own without them still works: the
+    dispatcher then says at start-up that its ``approval=`` tools cannot ask, and their
+    calls fail telling the model so (:func:`supports_approval`).
+    """
+
+    async def request_approval(
+        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
+    ) -> CallRecord:
+        """``claimed`` by ``(owner, attempt)`` → ``awaiting_approval`` with ``request`` (its
+        lease becomes the request's expiry; ``approval_requested`` in the history). Returns
+        the record as it stands: unchanged when the claim is not theirs (compare its
+        ``approval``). StoreError if the call was never claimed."""
+
+    async def decide_approval(
+        self,
+        key: CallKey,
+        *,
+        approval_id: str,
+        decision: str,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        result: SavedResult | None = None,
+    ) -> CallRecord | None:
+        """Take the decision on the waiting request ``approval_id`` of ``key``, once.
+
+        ``decision`` ``approved`` (→ ``approved``; the request must be open), ``denied``
+        (→ ``failed`` with ``result``; open) or ``expired`` (→ ``failed`` with ``result``;
+        lapsed). Who (``by``), how (``via``) and why (``reason``) go on the request and in
+        the history. None when refused: not waiting, another request, already decided, or
+        the expiry does not allow it."""
+
+    async def claim_approved(
+        self, key: CallKey, *, owner: str, lease_seconds: float
+    ) -> CallRecord | None:
+        """``approved`` → ``claimed`` by ``owner`` with the next attempt (a fresh run). None
+        when it is not ``approved`` (another replica claimed it first)."""
+
+    async def find_approval(self, approval_id: str) -> CallRecord | None:
+        """The call whose request is ``approval_id`` (decided or not), with its history."""
+
+    async def waiting_approvals(
+        self, *, expired_by: float | None = None, limit: int = 100
+    ) -> list[CallRecord]:
+        """Calls in ``awaiting_approval`` (with ``expired_by``: only those whose request
+        expired at or before it), soonest expiry first."""
+
+    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
+        """Calls in ``approved`` (decided, not yet claimed to run), oldest decision first."""
+
+
+def supports_approval(store: object) -> bool:
+    """Does ``store`` carry out the approval rows (:class:`ApprovalStore`)?"""
+    return isinstance(store, ApprovalStore)

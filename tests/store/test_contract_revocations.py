@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentfn_asgi.store import SQLiteStore
+from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
 from .conftest import FakeClock, StoreFactory
 
@@ -78,5 +79,5 @@ async def test_a_schema_3_sqlite_file_gets_the_revocations_table(
     finally:
         await store.close()
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 4
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     raw.close()

@@ -256,6 +256,9 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
         "calls_claimed",
         "calls_due",
         "calls_finished",
+        "calls_approval",
+        "calls_waiting",
+        "calls_approved",
         "revoked_tokens_pkey",
     }
     fresh = await store.claim_call(

@@ -21,7 +21,10 @@ from agentfn_asgi.store._guards import LUA_GUARDS, lua_states, sql_guard, sql_st
 # -- SQL -------------------------------------------------------------------------------------
 
 #: The CLAIM upsert sees the existing row as ``c.`` and the claimant as ``excluded.owner``.
-_UPSERT = {"take_over": {"alias": "c."}, "reclaim": {"alias": "c.", "owner": "excluded.owner"}}
+_UPSERT: dict[str, dict[str, str]] = {
+    "take_over": {"alias": "c."},
+    "reclaim": {"alias": "c.", "owner": "excluded.owner"},
+}
 
 
 def _sql_statement(name: str) -> str:
@@ -38,7 +41,8 @@ def _sql_guards(row: Transition, statement: str) -> list[str]:
         return [sql_states(row.sources)]  # the partial index's own predicate
     if row.name == "mark_stale":
         return [sql_guard("mark_stale", optional=statement == "MARK_STALE_UNCHANGED")]
-    return [sql_guard(row.name, **_UPSERT.get(row.name, {}))]
+    upsert = _UPSERT.get(row.name, {})
+    return [sql_guard(row.name, alias=upsert.get("alias", ""), owner=upsert.get("owner", ":owner"))]
 
 
 def _writes_calls(text: str) -> bool:

@@ -324,3 +324,13 @@ def test_no_page_refers_to_the_old_readme_sections() -> None:
     for path in [*pages(), *(ROOT / "agentfn_asgi").rglob("*.py")]:
         text = path.read_text(encoding="utf-8")
         assert "README's" not in text and "DESIGN.md" not in text, path
+
+
+def test_every_test_file_the_docs_cite_exists() -> None:
+    """A test file named by a page (``tests/…/test_x.py``) exists: a moved file cannot
+    leave a claim pointing nowhere."""
+    text = "".join(path.read_text(encoding="utf-8") for path in pages())
+    root = Path(__file__).resolve().parent.parent
+    cited = set(re.findall(r"\b(tests/[\w/]+\.py)\b", text))
+    assert cited, "no page names a test file"
+    assert {path for path in cited if not (root / path).is_file()} == set()

@@ -55,7 +55,7 @@ from .errors import (
     WebhookVerificationError,
 )
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, WorkerJobs, worker_jobs
-from .logs import show_by_default
+from .logs import one_line_start_failure, show_by_default
 from .operator import Operator
 from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
@@ -322,8 +322,16 @@ class AgentWebhookApp:
         ``Starlette(lifespan=webhooks.lifespan)``, ``FastAPI(lifespan=webhooks.lifespan)``,
         or ``async with webhooks.lifespan(): ...`` inside your own lifespan. Without it the
         app starts lazily on its first request (hosts rarely forward lifespan to mounts).
+
+        A configuration mistake fails the start-up with :class:`ConfigurationError`; under
+        uvicorn it is printed as one line (:func:`agentfn_asgi.logs.one_line_start_failure`).
         """
-        await self.startup()
+        try:
+            await self.startup()
+        except ConfigurationError as exc:
+            one_line_start_failure(str(exc))
+            # Raised afresh here: the frames of the checks below say nothing to fix.
+            raise ConfigurationError(str(exc)) from None
         try:
             yield
         finally:
@@ -425,7 +433,9 @@ class AgentWebhookApp:
                 try:
                     await self.startup()
                 except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    # The server prints the message: one line, saying what to fix.
+                    text = f"agentfn-asgi cannot start: {exc}"
+                    await send({"type": "lifespan.startup.failed", "message": text})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":

@@ -165,7 +165,9 @@ async def test_the_lifespan_fails_with_the_configuration_message(
     await webhooks({"type": "lifespan"}, receive, send)
     [failed] = sent
     assert failed["type"] == "lifespan.startup.failed"
-    assert failed["message"].startswith("2 configuration problems: (1) no webhook secret")
+    assert failed["message"].startswith(
+        "agentfn-asgi cannot start: 2 configuration problems: (1) no webhook secret"
+    )
     await webhooks.shutdown()  # nothing was opened: nothing to close, no error
 
 

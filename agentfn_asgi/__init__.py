@@ -1,7 +1,13 @@
 """agentfn-asgi: run function tools for OpenAI's Agents API from signed webhooks.
 
 Mount :class:`AgentWebhookApp` in your ASGI service, register handlers on a
-:class:`FunctionTools` registry, and give the agent ``tools.definitions()``. See the README.
+:class:`FunctionTools` registry, and give the agent ``tools.definitions()``.
+
+The documentation is the repository's ``docs/`` folder (a site built with ``make docs``).
+Docstrings cite two of its pages: "wire protocol §N" is a section of
+``docs/how-it-works/wire-protocol.md`` (the Agents API as the package relies on it), and
+"architecture step N" a step of ``docs/how-it-works/architecture.md`` (one delivery, end to
+end).
 """
 
 from __future__ import annotations

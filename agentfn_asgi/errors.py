@@ -301,7 +301,7 @@ class ApprovalExpiredError(ApprovalDecidedError):
 class APIError(AgentFnError):
     """A request to the Agents API failed.
 
-    Attributes mirror the API's error body (agents-api.md §10.1): ``status`` (None when no
+    Attributes mirror the API's error body (wire protocol §10.1): ``status`` (None when no
     response arrived), ``code``, ``message``, ``param``, ``type`` and ``request_id`` (from
     ``x-request-id``).
     """

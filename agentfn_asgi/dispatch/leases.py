@@ -8,7 +8,7 @@ event loop, a store that answers too slowly), it cancels the work it holds and t
 saves nothing (:class:`LeaseLostError`). Another replica takes over only after the lease plus
 the same margin (the stores' rule), so the two never overlap as long as clocks disagree by
 less than the margin. A synchronous handler cannot be stopped in its thread: its result is
-dropped, but the thread runs to the end (the README states this limit).
+dropped, but the thread runs to the end (docs/guarantees.md states this limit).
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ from agentfn_asgi.records import (
     CallKey,
     CallQuery,
     CallRecord,
+    CallState,
     ClaimOutcome,
     DeliveryRecord,
     SavedResult,
@@ -78,7 +79,7 @@ TURNS = ("t1", "t1", "t1", "t2")  # mostly one turn: more collisions
 CALL_IDS = ("c1", "c2")
 DELIVERY_IDS = ("d1", "d2", "d3")
 TOOLS = ("lookup", "refund")
-STATES = ("claimed", "succeeded", "failed", "submitted", "stale", "quarantined", "in_doubt")
+STATES = (*(state.value for state in CallState), "in_doubt")
 
 namespaces = st.sampled_from(NAMESPACES)
 owners = st.sampled_from(OWNERS)
@@ -296,6 +297,7 @@ READS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     },
     "list_deliveries": {"ns": namespaces, "unresolved_only": st.booleans(), "limit": limits},
     "expired_claims": {"ns": namespaces, "margin": margins, "limit": limits},
+    "due_retries": {"ns": namespaces, "limit": limits},
     "stats": {"ns": namespaces},
 }
 
@@ -435,11 +437,12 @@ class Histories(RuleBasedStateMachine):
         self.wait_for_lease_end(ns, key, offset)
 
     def wait_for_lease_end(self, ns: str, key: CallKey, offset: float | None) -> None:
-        """If ``key`` is claimed, move time (forward only) to its lease end plus ``offset``."""
+        """If ``key`` is claimed or waits for a retry, move time (forward only) to its lease
+        end (the retry's time) plus ``offset``."""
         if offset is None:
             return
         record = self.backend.run(self.reference[ns].get_call(key))
-        if record is not None and record.state.value == "claimed":
+        if record is not None and record.state.value in ("claimed", "retry_scheduled"):
             self.clock.now = max(self.clock.now, record.lease_expires_at + offset)
 
     # -- deliveries ----------------------------------------------------------------------
@@ -513,7 +516,7 @@ class Histories(RuleBasedStateMachine):
         margin: float,
         wait: float | None,
     ) -> None:
-        ns, key = self.target(data)
+        ns, key = self.target(data, "lapsed", "retry_scheduled")
         self.wait_for_lease_end(ns, key, wait)
         self.both(
             f"claim_call({key}, tool_name={tool_name!r}, owner={owner!r}, lease_seconds={lease},"
@@ -622,7 +625,7 @@ class Histories(RuleBasedStateMachine):
         since=st.sampled_from([None, "now", "now-1", "updated_at", "updated_at-0.5"]),
     )
     def mark_stale(self, data: st.DataObject, since: str | None) -> None:
-        ns, key = self.target(data, "claimed", "lapsed", "succeeded", "failed")
+        ns, key = self.target(data, "claimed", "lapsed", "retry_scheduled", "succeeded", "failed")
         unchanged_since: float | None = None
         if since is not None:
             base = self.now()
@@ -655,6 +658,29 @@ class Histories(RuleBasedStateMachine):
             f"quarantine({key}, owner={owner!r}, attempt={attempt}, reason={reason!r})",
             ns,
             lambda s: s.quarantine(key, owner=owner, attempt=attempt, reason=reason),
+            key=key,
+        )
+
+    @precondition(lambda self: self.calls_exist)
+    @rule(
+        data=st.data(),
+        who=whos,
+        owner=owners,
+        attempt=attempts,
+        offset=offsets,
+        reason=st.sampled_from(["rate limited", "503"]),
+    )
+    def schedule_retry(
+        self, data: st.DataObject, who: str, owner: str, attempt: int, offset: float, reason: str
+    ) -> None:
+        ns, key = self.target(data, "claimed", "lapsed")
+        owner, attempt = self.fenced(ns, key, who, owner, attempt)
+        at = self.now() + offset
+        self.both(
+            f"schedule_retry({key}, owner={owner!r}, attempt={attempt}, at=now{offset:+g}, "
+            f"reason={reason!r})",
+            ns,
+            lambda s: s.schedule_retry(key, owner=owner, attempt=attempt, at=at, reason=reason),
             key=key,
         )
 
@@ -807,22 +833,41 @@ class Histories(RuleBasedStateMachine):
         )
 
     def read_expired_claims(self, ns: str, margin: float, limit: int) -> None:
-        # Ordered by lease expiry only: among equal expiries the order (and, at the limit,
-        # the choice) is the backend's. So: the same expiries in order, each record one of
-        # the reference's with that expiry.
+        self.by_lease_end(
+            f"expired_claims(margin={margin}, limit={limit})",
+            ns,
+            limit,
+            lambda s, limit: s.expired_claims(margin=margin, limit=limit),
+        )
+
+    def read_due_retries(self, ns: str, limit: int) -> None:
+        self.by_lease_end(
+            f"due_retries(limit={limit})", ns, limit, lambda s, limit: s.due_retries(limit=limit)
+        )
+
+    def by_lease_end(
+        self,
+        what: str,
+        ns: str,
+        limit: int,
+        listing: Callable[[Store, int], Awaitable[list[CallRecord]]],
+    ) -> None:
+        """A listing ordered by lease end only: among equal ends the order (and, at the
+        limit, the choice) is the backend's. So: the same ends in order, each record one of
+        the reference's with that end."""
+
         async def run() -> tuple[list[CallRecord], list[CallRecord]]:
-            everything = await self.reference[ns].expired_claims(margin=margin, limit=1000)
-            actual = await self.backend.stores[ns].expired_claims(margin=margin, limit=limit)
-            return everything, actual
+            everything = await listing(self.reference[ns], 1000)
+            return everything, await listing(self.backend.stores[ns], limit)
 
         everything, actual = self.backend.run(run())
-        what = f"expired_claims(margin={margin}, limit={limit}) in namespace {ns!r}"
-        expected_leases = [r.lease_expires_at for r in everything][:limit]
-        self.agree(what + " (expiries)", expected_leases, [r.lease_expires_at for r in actual])
+        what += f" in namespace {ns!r}"
+        expected_ends = [r.lease_expires_at for r in everything][:limit]
+        self.agree(what + " (lease ends)", expected_ends, [r.lease_expires_at for r in actual])
         by_key = {r.key: call_view(r) for r in everything}
         for record in actual:
             self.agree(what + f" ({record.key})", by_key.get(record.key), call_view(record))
-        event(f"expired_claims: {min(len(actual), 2)} found")
+        event(f"{what.split('(')[0]}: {min(len(actual), 2)} found")
 
     def read_stats(self, ns: str) -> None:
         self.both("stats()", ns, lambda s: s.stats(), stats_view, touches="")
@@ -850,6 +895,7 @@ class Histories(RuleBasedStateMachine):
         for ns in NAMESPACES:
             for margin in (0.0, 5.0):
                 self.read_expired_claims(ns, margin, 1000)
+            self.read_due_retries(ns, 1000)
             self.read_unsubmitted_results(ns, 0.0, 1000, 1)
             self.read_unresolved_deliveries(ns, 0.0, 1000, 1)
             self.read_list_calls(ns, "in_doubt", None, None, None, 1000, 1)

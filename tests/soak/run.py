@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import secrets
 import sys
 import tempfile
@@ -16,7 +17,12 @@ from typing import TextIO
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import Ledger
 from agentfn_asgi.store import open_store
-from agentfn_asgi.testing import FakeAgentsAPI, serve_fake, webhook_backoff
+from agentfn_asgi.testing import (
+    FakeAgentsAPI,
+    FakeConnectionDropped,
+    serve_fake,
+    webhook_backoff,
+)
 
 from ..support.backends import store_url_for
 from .checker import History, PlannedCall, Report, check
@@ -66,6 +72,9 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         webhook_retry_delays=webhook_backoff(60),
     )
     created: dict[int, tuple[str, float]] = {}
+    # The fake's injected dropped connections are logged by uvicorn with a traceback: they
+    # are the soak's own doing, not news.
+    logging.getLogger("uvicorn.error").addFilter(_not_injected)
     async with store_url_for(config.store, workdir) as url, fake, serve_fake(fake) as base_url:
         cutter = StoreCutter(config.store, url, tag)
         replicas = [
@@ -102,6 +111,7 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
             drain_seconds = time.monotonic() - drained
             progress.cancel()
             states = await _store_states(url, [sid for sid, _ in created.values()])
+            await _diagnose(url, fake, waiting, workdir / "waiting.txt")
         finally:
             for replica in replicas:
                 with contextlib.suppress(Exception):
@@ -138,6 +148,10 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         flush=True,
     )
     return report
+
+
+def _not_injected(record: logging.LogRecord) -> bool:
+    return not (record.exc_info and isinstance(record.exc_info[1], FakeConnectionDropped))
 
 
 async def _drive(
@@ -199,6 +213,50 @@ async def _store_states(url: str, session_ids: list[str]) -> dict[str, str]:
         }
     finally:
         await store.close()
+
+
+async def _diagnose(url: str, fake: FakeAgentsAPI, waiting: list[str], path: Path) -> None:
+    """Write what is known of each session still waiting after the drain (its store records
+    with their history, the fake's requests and webhooks about it) for a post-mortem."""
+    sessions = sorted(
+        {
+            sid
+            for sid in fake.sessions
+            for a in fake.required_actions(sid)
+            if a["call_id"] in waiting
+        }
+    )
+    if not sessions:
+        return
+    store = open_store(url)
+    lines: list[str] = []
+    try:
+        for session_id in sessions:
+            lines.append(f"== {session_id} waiting for {fake.required_actions(session_id)}")
+            for record in await store.calls_for_session(session_id):
+                full = await store.get_call(record.key, history=True) or record
+                lines.append(
+                    f"  record {record.key.call_id} {record.tool_name} {record.state} "
+                    f"attempt={record.attempt} owner={record.owner} "
+                    f"lease_expires_at={record.lease_expires_at:.3f} failures={record.failures}"
+                )
+                lines.extend(f"    {event}" for event in full.history)
+            for request in fake.requests:
+                if session_id in request.path:
+                    lines.append(
+                        f"  request {request.at:.3f} {request.method} {request.route} "
+                        f"{request.status}"
+                    )
+            for delivery in fake.deliveries:
+                if delivery.session_id == session_id:
+                    lines.append(
+                        f"  webhook {delivery.at:.3f} {delivery.webhook_id} {delivery.event_type} "
+                        f"{delivery.url} attempt={delivery.attempt} {delivery.status} "
+                        f"{delivery.error or ''}"
+                    )
+    finally:
+        await store.close()
+    await asyncio.to_thread(path.write_text, "\n".join(lines) + "\n")
 
 
 def _planned_calls(

@@ -9,7 +9,7 @@ situation                                                 status
 ========================================================  ======
 verified ``action_required`` (function call), recorded    200
 duplicate ``webhook-id`` (already recorded)               200
-other event types, non-function actions                  200 (ignored)
+other event types, non-function actions (one INFO line)  200 (ignored)
 missing or malformed ``webhook-*`` header                 400
 body is not a JSON webhook envelope / no session id       400
 bad signature, timestamp outside the tolerance            401
@@ -52,6 +52,7 @@ from .errors import (
     WebhookVerificationError,
 )
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, worker_jobs
+from .logs import show_by_default
 from .operator import Operator
 from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
@@ -192,13 +193,19 @@ class AgentWebhookApp:
         self._start_lock = asyncio.Lock()
         self._draining = False
         self._rejections = _Throttle()
+        self._ignored = _Throttle()
         self._lazy_warned = False
 
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
-        """Open the store and start dispatching, with a recovery sweep. Idempotent."""
+        """Open the store and start dispatching, with a recovery sweep. Idempotent.
+
+        Where the host configured no logging at all, the package's INFO lines (this start-up
+        line, refused deliveries, ``call finished``) are printed to standard error
+        (:func:`agentfn_asgi.logs.show_by_default`)."""
         if self.dispatcher.started:
             return  # the per-delivery call (lazy start) costs no lock once running
+        show_by_default()
         async with self._start_lock:
             if not self.dispatcher.started and not self._draining:
                 await self.dispatcher.start(recover=True)
@@ -448,6 +455,29 @@ class AgentWebhookApp:
             extra={"agentfn": {"reason": reason, "client": client[0], "suppressed": suppressed}},
         )
 
+    def _log_ignored(self, delivery_id: str, event_type: str, action_type: str | None) -> None:
+        """One INFO line for a delivery answered 200 with nothing to do (another event type,
+        a sample from ``agentfn-asgi webhooks test``, a non-function action): one per kind a
+        minute, with a count of the ones not shown."""
+        kind = f"{event_type}/{action_type}" if action_type else event_type
+        shown, suppressed = self._ignored.allow(kind)
+        if not shown:
+            return
+        what = (
+            f"a {action_type} action is not a function call"
+            if event_type == ACTION_REQUIRED
+            else "this app acts only on agent.session.action_required"
+        )
+        more = f" ({suppressed} more since the last line)" if suppressed else ""
+        logger.info(
+            "webhook %s (%s) answered 200, nothing to do: %s%s",
+            delivery_id,
+            event_type,
+            what,
+            more,
+            extra={"agentfn": {"event_type": event_type, "suppressed": suppressed}},
+        )
+
     async def _accept(self, delivery_id: str, body: bytes, send: Send, span: DeliverySpan) -> None:
         try:
             event = parse_webhook_event(body)
@@ -462,6 +492,7 @@ class AgentWebhookApp:
         ):
             span.set_event_type(event.type)
             span.set_outcome("ignored")
+            self._log_ignored(delivery_id, event.type, event.required_action_type)
             await send_json(send, 200, {"status": "ignored"})
             return
         session_id = event.session_id

@@ -41,7 +41,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
-from typing import Any, Self, cast
+from typing import Any, Self, TypeVar, cast
 
 import anyio
 import httpx
@@ -64,7 +64,19 @@ from agentfn_asgi.errors import (
     UnknownPendingToolCallError,
 )
 from agentfn_asgi.session_events import SessionEvent
-from agentfn_asgi.wire import SESSION_ID_RE, AgentSession, SessionList, parse_session
+from agentfn_asgi.wire import (
+    SESSION_ID_RE,
+    AgentSession,
+    SessionList,
+    WebhookEndpoint,
+    WebhookEndpointDeleted,
+    WebhookEndpointList,
+    WebhookEndpointTestResult,
+    WebhookEndpointWithSecret,
+    WebhookEventTypeList,
+    WireModel,
+    parse_session,
+)
 
 __all__ = [
     "DEFAULT_BASE_URL",
@@ -80,6 +92,8 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=64, max_keepalive_connections=32)
 #: Delays before re-sending a result that hit the registration race (the official helper's).
 RACE_RETRY_DELAYS: tuple[float, ...] = (0.1, 0.3, 0.6)
 _RACE_PREFIX = "Unknown pending tool call"
+
+_M = TypeVar("_M", bound=WireModel)
 
 USER_AGENT = f"agentfn-asgi/{__version__} httpx/{httpx.__version__}"
 
@@ -133,7 +147,8 @@ class _AttemptFailedError(Exception):
 
 
 class AgentsClient:
-    """Async client for ``/agents/sessions``: retrieve, list, submit and stream.
+    """Async client for ``/agents/sessions`` (retrieve, list, submit and stream) and the
+    project's ``/webhook_endpoints`` (create, list, update, delete, rotate, test).
 
     ``api_key`` is required (a missing one raises
     :class:`~agentfn_asgi.errors.ConfigurationError` here, not at the first request);
@@ -333,6 +348,120 @@ class AgentsClient:
             async for event in stream:
                 yield event
 
+    # -- webhook endpoints (agents-api.md §8.5) -----------------------------------------------
+    # Like the official SDK's ``client.webhooks``: no ``OpenAI-Beta`` header, the same retry
+    # policy as every other call.
+
+    async def create_webhook_endpoint(
+        self, *, url: str, name: str, event_types: Sequence[str]
+    ) -> WebhookEndpointWithSecret:
+        """``POST /webhook_endpoints``: the answer holds ``signing_secret``, shown only now
+        (and after a rotation)."""
+        body = {"event_types": list(event_types), "name": name, "url": url}
+        return await self._endpoint_call(
+            "POST", "/webhook_endpoints", WebhookEndpointWithSecret, body=body
+        )
+
+    async def list_webhook_endpoints(
+        self, *, limit: int = 20, after: str | None = None
+    ) -> WebhookEndpointList:
+        """``GET /webhook_endpoints``: one page; ``after`` is the previous page's ``last_id``."""
+        if not 1 <= limit <= 100:
+            raise ValueError("limit must be 1..100")
+        params = {"limit": str(limit)}
+        if after is not None:
+            params["after"] = after
+        return await self._endpoint_call(
+            "GET", "/webhook_endpoints", WebhookEndpointList, params=params
+        )
+
+    async def retrieve_webhook_endpoint(self, endpoint_id: str) -> WebhookEndpoint:
+        """``GET /webhook_endpoints/{id}`` (without the secret)."""
+        return await self._endpoint_call("GET", _endpoint_path(endpoint_id), WebhookEndpoint)
+
+    async def update_webhook_endpoint(
+        self,
+        endpoint_id: str,
+        *,
+        url: str | None = None,
+        name: str | None = None,
+        event_types: Sequence[str] | None = None,
+    ) -> WebhookEndpoint:
+        """``POST /webhook_endpoints/{id}``: only the fields given are sent; ``event_types``
+        replaces the whole set."""
+        body: dict[str, Any] = {}
+        if event_types is not None:
+            body["event_types"] = list(event_types)
+        if name is not None:
+            body["name"] = name
+        if url is not None:
+            body["url"] = url
+        return await self._endpoint_call(
+            "POST", _endpoint_path(endpoint_id), WebhookEndpoint, body=body
+        )
+
+    async def delete_webhook_endpoint(self, endpoint_id: str) -> WebhookEndpointDeleted:
+        """``DELETE /webhook_endpoints/{id}``."""
+        return await self._endpoint_call(
+            "DELETE", _endpoint_path(endpoint_id), WebhookEndpointDeleted
+        )
+
+    async def rotate_webhook_secret(
+        self, endpoint_id: str, *, keep_old_secret_active_for_24_hours: bool = False
+    ) -> WebhookEndpointWithSecret:
+        """``POST /webhook_endpoints/{id}/rotate_secret``: a new ``signing_secret``. Without
+        ``keep_old_secret_active_for_24_hours`` the old one stops at once; with it, the API
+        signs with both for 24 hours (an app configured with both accepts either)."""
+        body = {"keep_old_secret_active_for_24_hours": keep_old_secret_active_for_24_hours}
+        return await self._endpoint_call(
+            "POST",
+            _endpoint_path(endpoint_id) + "/rotate_secret",
+            WebhookEndpointWithSecret,
+            body=body,
+        )
+
+    async def test_webhook_endpoint(
+        self, endpoint_id: str, *, event_type: str
+    ) -> WebhookEndpointTestResult:
+        """``POST /webhook_endpoints/{id}/test``: the API sends a signed sample of
+        ``event_type`` and reports the ``status_code`` the endpoint answered."""
+        return await self._endpoint_call(
+            "POST",
+            _endpoint_path(endpoint_id) + "/test",
+            WebhookEndpointTestResult,
+            body={"event_type": event_type},
+        )
+
+    async def list_webhook_event_types(self) -> WebhookEventTypeList:
+        """``GET /webhook_event_types``: what the project can subscribe to."""
+        return await self._endpoint_call("GET", "/webhook_event_types", WebhookEventTypeList)
+
+    async def _endpoint_call(
+        self,
+        method: str,
+        path: str,
+        model: type[_M],
+        *,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+    ) -> _M:
+        headers = {"Accept": "application/json"}
+        content = None
+        if body is not None:
+            content = json.dumps(body, separators=(",", ":")).encode()
+            headers["Content-Type"] = "application/json"
+        response = await self._request(
+            method, path, content=content, headers=headers, params=params, beta=False
+        )
+        try:
+            return model.model_validate_json(response.content)
+        except ValueError as exc:
+            raise APIError(
+                f"malformed {model.__name__} body: {exc}",
+                status=response.status_code,
+                request_id=response.headers.get("x-request-id"),
+            ) from exc
+
     # -- request loop -------------------------------------------------------------------------
 
     async def _request(
@@ -344,13 +473,17 @@ class AgentsClient:
         headers: Mapping[str, str] | None = None,
         params: Mapping[str, str] | None = None,
         stream: bool = False,
+        beta: bool = True,
     ) -> httpx.Response:
+        sent = {**self._headers, **(headers or {})}
+        if not beta:
+            del sent["OpenAI-Beta"]
         request = self._http.build_request(
             method,
             self._base_url + path,
             # A bytearray only reaches a client that sends one (submit_raw_events).
             content=cast("bytes | None", content),
-            headers={**self._headers, **(headers or {})},
+            headers=sent,
             params=params,
         )
         deadline = self._monotonic() + self.total_deadline
@@ -506,6 +639,12 @@ def _session_path(session_id: str) -> str:
     if not SESSION_ID_RE.fullmatch(session_id):
         raise ValueError(f"invalid session id: {session_id!r}")
     return f"/agents/sessions/{session_id}"
+
+
+def _endpoint_path(endpoint_id: str) -> str:
+    if not SESSION_ID_RE.fullmatch(endpoint_id):
+        raise ValueError(f"invalid webhook endpoint id: {endpoint_id!r}")
+    return f"/webhook_endpoints/{endpoint_id}"
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:

@@ -22,14 +22,16 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from .dispatch import Dispatcher
 from .errors import APIError, ConfigurationError, StoreError
 from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
+from .states import settleable
 from .store.base import Store
 
 __all__ = [
+    "OUTCOMES",
     "CallDetail",
     "CallEventView",
     "CallFilter",
@@ -38,9 +40,11 @@ __all__ = [
     "DeliveryView",
     "Operator",
     "OperatorView",
+    "Outcome",
     "Overview",
     "SettleOutcome",
     "json_or_text",
+    "outcome_of",
     "parse_duration",
 ]
 
@@ -48,6 +52,27 @@ __all__ = [
 DisplayState = Literal[
     "claimed", "in_doubt", "succeeded", "failed", "submitted", "stale", "quarantined"
 ]
+
+#: What became of a call, in an operator's words (the page's badges and counts): ``running``
+#: (claimed, lease live), ``in_doubt`` (claimed, lease ran out), ``submitting`` (a result is
+#: saved, not yet accepted), ``succeeded`` / ``failed`` (the API accepted a success / a
+#: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator).
+Outcome = Literal["running", "in_doubt", "submitting", "succeeded", "failed", "stale", "held"]
+OUTCOMES: tuple[str, ...] = get_args(Outcome)
+
+
+def outcome_of(record: CallRecord, now: float) -> Outcome:
+    """The :data:`Outcome` of ``record`` at ``now``."""
+    state = record.state
+    if state is CallState.CLAIMED:
+        return "in_doubt" if record.in_doubt(now) else "running"
+    if state in (CallState.SUCCEEDED, CallState.FAILED):
+        return "submitting"
+    if state is CallState.SUBMITTED:
+        return "succeeded" if record.result is not None and record.result.success else "failed"
+    if state is CallState.STALE:
+        return "stale"
+    return "held"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +102,7 @@ class CallSummary:
     updated_at: float
     error_type: str | None = None
     reason: str | None = None  # why it is quarantined (held for an operator), if it is
+    outcome: str = ""  # what became of it (:data:`Outcome`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +162,8 @@ class Overview:
     calls_by_state: Mapping[str, int] = field(default_factory=dict)
     successes: int = 0
     failures: int = 0
+    #: Every call counted once, by :data:`Outcome` (they add up to the number of calls).
+    outcomes: Mapping[str, int] = field(default_factory=dict)
     needs_attention: tuple[CallSummary, ...] = ()  # in doubt and quarantined, by id
     failing_deliveries: tuple[DeliveryView, ...] = ()  # the sweep keeps failing on these
     oldest_pending_at: float | None = None
@@ -256,6 +284,15 @@ class Operator:
         counts = dict(stats.calls_by_state)
         counts["in_doubt"] = stats.in_doubt
         counts["claimed"] = counts.get("claimed", 0) - stats.in_doubt
+        outcomes = {
+            "running": counts["claimed"],
+            "in_doubt": stats.in_doubt,
+            "submitting": counts.get("succeeded", 0) + counts.get("failed", 0),
+            "succeeded": stats.successes,
+            "failed": stats.failures,
+            "stale": counts.get("stale", 0),
+            "held": counts.get("quarantined", 0),
+        }
         return Overview(
             store=self._location,
             healthy=True,
@@ -264,6 +301,7 @@ class Operator:
             calls_by_state=counts,
             successes=stats.successes,
             failures=stats.failures,
+            outcomes=outcomes,
             needs_attention=tuple(attention),
             failing_deliveries=tuple(failing[:ATTENTION_LIMIT]),
             oldest_pending_at=stats.oldest_pending_at,
@@ -378,11 +416,11 @@ class Operator:
             updated_at=record.updated_at,
             error_type=None if result is None else result.error_type,
             reason=record.quarantine_reason,
+            outcome=outcome_of(record, self._clock()),
         )
 
     def _settleable(self, record: CallRecord) -> bool:
-        expired_before = self._clock() - self._margin
-        return record.state is CallState.QUARANTINED or record.in_doubt(expired_before)
+        return settleable(record, now=self._clock(), margin=self._margin)
 
 
 def _event_view(event: CallEvent) -> CallEventView:

@@ -49,7 +49,6 @@ import json
 import logging
 import re
 import typing
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack, overload
@@ -91,7 +90,7 @@ from ._sdk import (
     read_sdk_tool,
 )
 from ._threads import ThreadPool
-from .errors import ArgumentValidationError, ToolDefinitionError, ToolDefinitionWarning
+from .errors import ArgumentValidationError, ToolDefinitionError
 from .messages import validation_error_message
 from .records import Job
 
@@ -554,13 +553,15 @@ class FunctionTools:
         covers the whole resolved list, so leave room for any other tools you add to it.
         Registration is complete by now, so this also warns once per tool about a
         :meth:`problems` entry not already warned at registration (a side-effect tool
-        without a reconcile hook).
+        without a reconcile hook), pointing at the tool's ``def`` line.
         """
         for problem in self.problems():
             key = (problem.tool, problem.code)
             if problem.code == "no_reconcile" and key not in self._warned:
                 self._warned.add(key)
-                warnings.warn(problem.message, ToolDefinitionWarning, stacklevel=2)
+                # At the tool's def line, where the fix goes: whoever asks for the
+                # definitions (the CLI's `tools`, a test, the host) is not the place.
+                warn_at(self._tools[problem.tool].fn, problem.message)
         definitions = [tool.definition() for tool in self._tools.values()]
         if any(tool.defer_loading for tool in self._tools.values()):
             definitions.append({"type": "tool_search"})

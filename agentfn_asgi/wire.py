@@ -7,7 +7,7 @@ Fields the middleware does not need are left loose (``dict[str, Any]``) so parsi
 which sits on the hot path of every webhook, stays cheap.
 
 Sources: agents-api.md §3 (session), §4 (input events), §5 (stream), §8.1 (webhooks),
-§10.1 (error body).
+§8.5 (webhook endpoints), §10.1 (error body).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ._lenient import LenientJSONError, Unreadable, find_unreadable, lenient_loa
 __all__ = [
     "AGENT_WEBHOOK_EVENT_TYPES",
     "INPUT_EVENT_TYPES",
+    "WEBHOOK_EVENT_TYPES",
     "APIErrorDetail",
     "ActionRequiredWebhookData",
     "AgentSession",
@@ -42,7 +43,13 @@ __all__ = [
     "SessionListItem",
     "SessionWebhookData",
     "ToolResultEvent",
+    "WebhookEndpoint",
+    "WebhookEndpointDeleted",
+    "WebhookEndpointList",
+    "WebhookEndpointTestResult",
+    "WebhookEndpointWithSecret",
     "WebhookEvent",
+    "WebhookEventTypeList",
     "WireModel",
     "parse_session",
     "parse_webhook_event",
@@ -74,6 +81,38 @@ AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
     }
 )
 
+#: Every webhook event type the management API takes (``event_types`` of an endpoint,
+#: ``event_type`` of a test), as the official SDK lists them (openai 3.60);
+#: ``GET /webhook_event_types`` is the live list of a project.
+WEBHOOK_EVENT_TYPES: tuple[str, ...] = (
+    "batch.completed",
+    "batch.failed",
+    "batch.expired",
+    "batch.cancelled",
+    "response.completed",
+    "response.failed",
+    "response.cancelled",
+    "response.incomplete",
+    "eval.run.succeeded",
+    "eval.run.failed",
+    "eval.run.canceled",
+    "fine_tuning.job.succeeded",
+    "fine_tuning.job.failed",
+    "fine_tuning.job.cancelled",
+    "realtime.call.incoming",
+    "video.completed",
+    "video.failed",
+    "agent.environment.ready",
+    "agent.environment.failed",
+    "agent.environment.suspended",
+    "agent.environment.expired",
+    "agent.session.created",
+    "agent.session.action_required",
+    "agent.session.in_progress",
+    "agent.session.idle",
+    "agent.session.failed",
+    "safety.alert.created",
+)
 
 _logger = logging.getLogger("agentfn_asgi.wire")
 
@@ -358,6 +397,71 @@ class WebhookEvent(WireModel):
         if self.type.startswith("agent.environment."):
             return EnvironmentWebhookData.model_validate(self.data)
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Webhook endpoints (agents-api.md §8.5)
+
+
+class WebhookEndpoint(WireModel):
+    """A webhook endpoint of the project (``GET /webhook_endpoints/{id}``).
+
+    ``event_types`` stays a list of plain strings: the API adds event types without notice.
+    The signing secret itself is never here (see :class:`WebhookEndpointWithSecret`);
+    ``signing_secret_hint`` is a masked hint of it.
+    """
+
+    id: str
+    object: str = "webhook_endpoint"
+    created_at: int
+    event_types: list[str] = Field(default_factory=list)
+    name: str
+    url: str
+    signing_secret_hint: str | None = None
+    updated_at: int | None = None
+
+
+class WebhookEndpointWithSecret(WebhookEndpoint):
+    """The answer to creating an endpoint or rotating its secret: the only time the API
+    shows ``signing_secret`` (a ``whsec_`` secret); the repr hides it."""
+
+    signing_secret: str = Field(repr=False)
+
+
+class WebhookEndpointList(WireModel):
+    """A page of ``GET /webhook_endpoints``; ``last_id`` is the ``after`` of the next page."""
+
+    object: str = "list"
+    data: list[WebhookEndpoint] = Field(default_factory=list)
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class WebhookEndpointDeleted(WireModel):
+    """The answer to ``DELETE /webhook_endpoints/{id}``."""
+
+    id: str
+    object: str = "webhook_endpoint.deleted"
+    deleted: bool
+
+
+class WebhookEndpointTestResult(WireModel):
+    """The answer to ``POST /webhook_endpoints/{id}/test``: ``status_code`` is what the
+    endpoint answered the sample (``success`` is always true; it says the test ran)."""
+
+    object: str = "webhook_endpoint.test"
+    event_type: str
+    status_code: int
+    success: bool = True
+    webhook_endpoint_id: str
+
+
+class WebhookEventTypeList(WireModel):
+    """``GET /webhook_event_types``: the event types the project can subscribe to."""
+
+    object: str = "list"
+    data: list[str] = Field(default_factory=list)
 
 
 _ACTION_ADAPTER: TypeAdapter[Any] = TypeAdapter(RequiredAction)

@@ -290,7 +290,8 @@ def test_the_warning_is_an_error_under_error_filters() -> None:
 
 def test_no_reconcile_is_judged_on_the_complete_registry() -> None:
     """Registering a side-effect tool says nothing yet (``@tools.reconciler`` may follow);
-    problems() lists it until a hook arrives; definitions() warns once per tool."""
+    problems() lists it until a hook arrives; definitions() warns once per tool, at the
+    tool's own def line (not at whoever asked for the definitions, such as the CLI)."""
     tools = FunctionTools()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -316,7 +317,8 @@ def test_no_reconcile_is_judged_on_the_complete_registry() -> None:
     with pytest.warns(ToolDefinitionWarning) as said:
         tools.definitions()
     assert [str(w.message) for w in said] == [first.message]
-    assert said[0].filename == __file__  # the caller of definitions()
+    assert said[0].filename == __file__
+    assert said[0].lineno == refund.__code__.co_firstlineno
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tools.definitions()  # once per tool: no second warning

@@ -36,7 +36,7 @@ from agentfn_asgi.tools import FunctionTools
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-COMMANDS = ["demo", "fake-api", "send", "listen", "tools", "status", "recover"]
+COMMANDS = ["demo", "fake-api", "send", "listen", "tools", "status", "recover", "webhooks"]
 
 
 async def run_cli(*argv: str) -> int:
@@ -306,10 +306,11 @@ async def test_send_failures_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     """A refused signature (401) and an unreachable URL both exit 1 with the cause."""
     other = "whsec_" + "b3RoZXItc2VjcmV0LW90aGVyLXNlY3JldA=="
     async with receiver() as (url, _):
-        assert await run_cli("send", url, "--secret", other) == 1
+        assert await run_cli("send", url, "--secret", other, "--session", "sess_x") == 1
         assert capsys.readouterr().out.startswith("401")
     dead = f"http://127.0.0.1:{free_port()}/openai/webhooks"
-    assert await run_cli("send", dead, "--secret", SECRET, "--timeout", "2") == 1
+    code = await run_cli("send", dead, "--secret", SECRET, "--session", "s", "--timeout", "2")
+    assert code == 1
     assert "could not deliver" in capsys.readouterr().err
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,8 +87,17 @@ async def _play(
             except TimeoutError:
                 pytest.fail(f"session not finished; app log:\n{app.log()}")
             assert all(d.ok for d in fake.deliveries), app.log()
+            _assert_visible_logs(log.read_text())
     ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     return {s.call_id: s for s in fake.submissions}, ledger, app.url
+
+
+def _assert_visible_logs(log: str) -> None:
+    # The examples configure no logging, and uvicorn configures only its own loggers: the
+    # package's lines are shown all the same, with time, level and logger.
+    started = re.search(r"^\S+ \S+ INFO agentfn_asgi\.app: agentfn-asgi started: ", log, re.M)
+    assert started, log
+    assert re.search(r" INFO agentfn_asgi\.dispatch\.execution: call finished: ", log), log
 
 
 async def _check_routing(root: str, secret: str) -> None:

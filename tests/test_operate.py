@@ -198,6 +198,6 @@ def settle_on_page(driver: WebDriver, root: str, key: CallKey) -> None:
     wait_title(driver, f"Call {key.call_id}")
     wait_until(
         driver,
-        "the call shown submitted",
-        lambda d: d.find_element(By.CSS_SELECTOR, "dl.summary .state").text == "submitted",
+        "the call shown succeeded (submitted)",
+        lambda d: d.find_element(By.CSS_SELECTOR, "dl.summary .state").text == "succeeded",
     )

@@ -61,6 +61,11 @@ def project_app(tools: FunctionTools, url: str, project: str, base_url: str) -> 
     )
 
 
+#: The registry the CLI's ``recover`` is pointed at (it must never run with B's settings).
+CLI_TOOLS = "tests.test_projects:cli_registry"
+cli_registry = registry([])
+
+
 @contextlib.asynccontextmanager
 async def both_lifespans(apps: list[AgentWebhookApp]) -> AsyncIterator[None]:
     async with contextlib.AsyncExitStack() as stack:
@@ -141,3 +146,56 @@ async def test_two_projects_share_a_store_without_interference(
         assert await anyio.to_thread.run_sync(main, ["calls", "--json", "--store", url]) == 0
         listed = json.loads(capsys.readouterr().out)
         assert [c["session_id"] for c in listed] == [sessions["proj_a"]]
+
+
+@pytest.mark.parametrize("backend", DURABLE)
+async def test_recover_with_another_projects_settings_leaves_the_call_alone(
+    backend: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Project A's result is saved but not submitted (A's API refused it for a while).
+    ``agentfn-asgi recover --session <A's>`` run with project B's settings (namespace, key,
+    API) does not see A's call: it neither marks it stale nor submits it. A's own sweep
+    then submits it to A's API."""
+    ran: list[str] = []
+    tools = registry(ran)
+    fakes = {
+        p: FakeAgentsAPI(webhook_secret=secret, api_key=key)
+        for p, (secret, key) in PROJECTS.items()
+    }
+    async with contextlib.AsyncExitStack() as stack:
+        url = await stack.enter_async_context(store_url_for(backend, tmp_path))
+        bases = {p: await stack.enter_async_context(serve_fake(f)) for p, f in fakes.items()}
+        for fake in fakes.values():
+            await stack.enter_async_context(fake)
+        app_a = project_app(tools, url, "proj_a", bases["proj_a"])
+        await stack.enter_async_context(app_a.lifespan())
+        fake_a = fakes["proj_a"]
+        fake_a.fail_next("submit", 20, status=500)
+        session = fake_a.create_session([[FakeCall("whoami", {"project": "proj_a"})]])
+        await app_a.recover(session)
+        with anyio.fail_after(20):
+            while not await app_a.store.unsubmitted_results(due_before=float("inf")):
+                await anyio.sleep(0.05)
+        [owed] = await app_a.store.calls_for_session(session)
+
+        monkeypatch.setenv("AGENTFN_STORE_NAMESPACE", "proj_b")
+        monkeypatch.setenv("OPENAI_PROJECT_ID", "proj_b")
+        monkeypatch.setenv("OPENAI_API_KEY", PROJECTS["proj_b"][1])
+        monkeypatch.setenv("OPENAI_BASE_URL", bases["proj_b"])
+        code = await anyio.to_thread.run_sync(
+            main, ["recover", "--session", session, "--tools", CLI_TOOLS, "--store", url]
+        )
+        capsys.readouterr()
+        assert code in (0, 1)
+        after = await app_a.store.get_call(owed.key)
+        assert after is not None and after.state is owed.state
+        assert not fakes["proj_b"].submissions
+
+        fake_a.faults.failures["submit"].clear()
+        await app_a.recover(session)
+        await fake_a.wait_idle(session, timeout=20)
+        [answer] = fake_a.submissions
+        assert answer.output == "proj_a" and ran == ["proj_a"]

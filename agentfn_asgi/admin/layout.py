@@ -22,6 +22,7 @@ __all__ = [
     "call_link",
     "frame",
     "offset",
+    "outcome_badge",
     "state_badge",
     "timestamp",
 ]
@@ -95,6 +96,26 @@ def offset(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
     return age(seconds)
+
+
+#: An outcome's label on the page (its colour comes from ``outcome-<name>`` in style.css).
+OUTCOME_LABELS = {
+    "running": "running",
+    "in_doubt": "in doubt",
+    "submitting": "submitting",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "stale": "stale",
+    "held": "held",
+}
+
+
+def outcome_badge(outcome: str) -> Safe:
+    """What became of a call as a coloured label, each outcome its own colour and word."""
+    label = OUTCOME_LABELS.get(outcome)
+    if label is None:
+        return state_badge(outcome)
+    return render('<span class="state outcome-{css}">{label}</span>', css=outcome, label=label)
 
 
 def state_badge(state: str) -> Safe:

@@ -8,10 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..operator import CallDetail, CallPage, DeliveryView, Overview
+from ..operator import OUTCOMES, CallDetail, CallPage, DeliveryView, Overview
 from .forms import DISPLAY_STATES, MAX_LIMIT, CallQuery, SettleRequest
 from .html import Safe, join, render
-from .layout import Context, age, bare_frame, call_link, frame, offset, state_badge, timestamp
+from .layout import (
+    Context,
+    age,
+    bare_frame,
+    call_link,
+    frame,
+    offset,
+    outcome_badge,
+    timestamp,
+)
 from .widgets import (
     call_summary,
     calls_table,
@@ -49,15 +58,15 @@ _CONTENT_LIMIT = 65_536
 
 def overview_page(ctx: Context, overview: Overview) -> Safe:
     """Health, counts by state, and what needs an operator."""
-    counts = dict.fromkeys(DISPLAY_STATES, 0) | dict(overview.calls_by_state)
+    counts = dict.fromkeys(OUTCOMES, 0) | dict(overview.outcomes)
     count_rows = join(
         render(
-            '<tr><td><a href="{href}">{badge}</a></td><td class="num">{n}</td></tr>',
-            href=ctx.url("/calls", {"state": state}),
-            badge=state_badge(state),
+            '<tr><td>{badge}</td><td>{filter}</td><td class="num">{n}</td></tr>',
+            badge=outcome_badge(outcome),
+            filter=_outcome_filter(ctx, outcome),
             n=n,
         )
-        for state, n in counts.items()
+        for outcome, n in counts.items()
     )
     oldest = (
         age(ctx.now - overview.oldest_pending_at)
@@ -74,8 +83,8 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
         "<p>{failures} failed</p></div>"
         '<div class="card"><h2>Oldest pending call</h2><p class="big">{oldest}</p></div>'
         "</section>"
-        '<section><h2>Calls by state</h2><table class="counts"><tbody>{counts}</tbody>'
-        "</table></section>"
+        '<section><h2>Calls by outcome <span class="count">{n_calls}</span></h2>'
+        '<table class="counts"><tbody>{counts}</tbody></table></section>'
         '<section><h2>Needs attention <span class="count">{n_attention}</span></h2>{attention}'
         "</section>"
         "<section><h2>Deliveries the sweep keeps failing on</h2>{failing}</section>",
@@ -89,11 +98,38 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
         failures=overview.failures,
         oldest=oldest,
         counts=count_rows,
+        n_calls=sum(counts.values()),
         n_attention=len(overview.needs_attention),
         attention=calls_table(ctx, overview.needs_attention, empty="Nothing needs an operator."),
         failing=deliveries_table(ctx, overview.failing_deliveries, empty="None."),
     )
     return frame(ctx, title="Overview", body=body, refreshable=True)
+
+
+#: The calls list's state filters that show an outcome's calls (with others, where noted).
+_OUTCOME_FILTERS = {
+    "running": (("claimed", "claimed (running and in doubt)"),),
+    "in_doubt": (("in_doubt", "in doubt"),),
+    "submitting": (("succeeded", "saved successes"), ("failed", "saved failures")),
+    "succeeded": (("submitted", "submitted (succeeded and failed)"),),
+    "failed": (("submitted", "submitted (succeeded and failed)"),),
+    "stale": (("stale", "stale"),),
+    "held": (("quarantined", "quarantined"),),
+}
+
+
+def _outcome_filter(ctx: Context, outcome: str) -> Safe:
+    return join(
+        (
+            render(
+                '<a href="{href}" class="muted">{label}</a>',
+                href=ctx.url("/calls", {"state": state}),
+                label=label,
+            )
+            for state, label in _OUTCOME_FILTERS[outcome]
+        ),
+        " · ",
+    )
 
 
 # -- calls -------------------------------------------------------------------------------
@@ -247,7 +283,7 @@ def _attention_cards(ctx: Context, page: CallPage, state: str, empty: str) -> Sa
             '<article class="card call"><p>{badge} <code>{tool}</code> · call {link} · '
             "session {session} · attempt {attempt} · first seen {ago}</p>"
             '<p class="reason">{reason}</p>{form}</article>',
-            badge=state_badge(call.state),
+            badge=outcome_badge(call.outcome or call.state),
             tool=call.tool_name,
             link=call_link(ctx, call.call_id, call.session_id),
             session=session_link(ctx, call.session_id),

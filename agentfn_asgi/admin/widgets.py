@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from ..operator import CallSummary, DeliveryView
 from .html import Safe, join, render
-from .layout import Context, age, call_link, state_badge, timestamp
+from .layout import Context, age, call_link, outcome_badge, timestamp
 
 __all__ = [
     "call_summary",
@@ -48,13 +48,13 @@ def calls_table(ctx: Context, calls: Sequence[CallSummary], *, empty: str) -> Sa
         render(
             "<tr><td>{created}</td><td>{session}</td><td><code>{turn}</code></td>"
             "<td>{call}</td><td><code>{tool}</code></td><td>{state}</td>"
-            '<td class="num">{attempt}</td><td>{error}</td></tr>',
+            '<td class="num">{attempt}</td><td class="error">{error}</td></tr>',
             created=when(ctx, call.created_at),
             session=session_link(ctx, call.session_id),
             turn=call.turn_id,
             call=call_link(ctx, call.call_id, call.session_id),
             tool=call.tool_name,
-            state=state_badge(call.state),
+            state=outcome_badge(call.outcome or call.state),
             attempt=call.attempt,
             error=or_dash(call.error_type or call.reason),
         )
@@ -62,7 +62,7 @@ def calls_table(ctx: Context, calls: Sequence[CallSummary], *, empty: str) -> Sa
     ]
     return render(
         '<table class="calls"><thead><tr><th>First seen</th><th>Session</th><th>Turn</th>'
-        "<th>Call</th><th>Tool</th><th>State</th><th>Attempt</th><th>Error / reason</th>"
+        "<th>Call</th><th>Tool</th><th>Outcome</th><th>Attempt</th><th>Error / reason</th>"
         "</tr></thead><tbody>{rows}</tbody></table>",
         rows=join(rows),
     )
@@ -121,13 +121,13 @@ def call_summary(ctx: Context, call: CallSummary) -> Safe:
     """One call's facts as a definition list (no content)."""
     return render(
         '<dl class="summary"><dt>Tool</dt><dd><code>{tool}</code></dd>'
-        "<dt>State</dt><dd>{state}</dd><dt>Reason</dt><dd>{reason}</dd>"
+        "<dt>Outcome</dt><dd>{state}</dd><dt>Reason</dt><dd>{reason}</dd>"
         "<dt>Error type</dt><dd>{error}</dd>"
         "<dt>Session</dt><dd>{session}</dd><dt>Turn</dt><dd><code>{turn}</code></dd>"
         "<dt>Call</dt><dd><code>{call}</code></dd><dt>Attempt</dt><dd>{attempt}</dd>"
         "<dt>First seen</dt><dd>{created}</dd><dt>Last change</dt><dd>{updated}</dd></dl>",
         tool=call.tool_name,
-        state=state_badge(call.state),
+        state=outcome_badge(call.outcome or call.state),
         reason=or_dash(call.reason),
         error=or_dash(call.error_type),
         session=session_link(ctx, call.session_id),

@@ -1,8 +1,8 @@
 """``agentfn-asgi``: the command line (also ``python -m agentfn_asgi``).
 
-Modules: :mod:`.common` (shared helpers), :mod:`.dev` (developer commands), :mod:`.listen`
-(stream mode), :mod:`.ops` (operator commands); each adds its commands to the parser with
-``register``.
+Modules: :mod:`.common` (shared helpers, the parser class), :mod:`.dev` (developer
+commands), :mod:`.listen` (stream mode), :mod:`.ops` and :mod:`.calls` (operator commands),
+:mod:`.webhooks` (webhook endpoints); each adds its commands to the parser with ``register``.
 
 Subcommands::
 
@@ -13,10 +13,14 @@ Subcommands::
     tools       print a registry's tool definitions as JSON (for ``agent.tools``)
     status      what the store holds: deliveries, calls by state, in-doubt, oldest pending
     recover     re-read a session (or sweep everything) and finish what is owed
+    calls       list calls; show one's history; settle a held or in-doubt one
+    deliveries  recorded webhook deliveries
+    webhooks    create, list, update, delete, rotate and test the project's webhook endpoints
 
 Exit codes: 0 success, 1 operational failure (the message says what failed), 2 a usage or
 configuration mistake (bad arguments, a ``MODULE:ATTR`` that is not a registry, a missing
-key, a malformed or missing store). No user mistake prints a traceback: one line on stderr.
+key, a malformed or missing store). No user mistake prints a traceback: one line on stderr;
+a mistyped option or subcommand gets the closest one suggested.
 The environment is read through :mod:`agentfn_asgi.config`, as the app reads it, so every
 command agrees with the app on the store, the keys and the ``AGENTFN_*`` settings.
 """
@@ -29,15 +33,15 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentFnError, CLIUsageError, ConfigurationError
-from . import calls, dev, listen, ops
-from .common import EXIT_FAILURE, EXIT_USAGE
+from . import calls, dev, listen, ops, webhooks
+from .common import EXIT_FAILURE, EXIT_USAGE, Parser
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for documentation and tests)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="agentfn-asgi",
         description="Run function tools for OpenAI's Agents API from signed webhooks.",
         epilog=("Exit codes: 0 success, 1 operational failure, 2 usage or configuration mistake."),
@@ -48,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     listen.register(sub)
     ops.register(sub)
     calls.register(sub)
+    webhooks.register(sub)
     return parser
 
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import inspect
 import os
+import re
 import sys
 import sysconfig
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from ..client import AgentsClient
 from ..config import Config
@@ -22,6 +25,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "Parser",
     "ago",
     "api_client",
     "check_store_exists",
@@ -36,6 +40,62 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+_EXTRAS_OWNER = "_agentfn_extras_owner"
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with a suggestion for a mistyped option or subcommand.
+
+    Python 3.11's argparse says "unrecognized arguments: --jsn" from the top-level parser,
+    and "invalid choice: 'lst'" with the whole list: here the error comes from the
+    (sub)command the option was given to, with its usage line, and names the closest
+    option or choice ("did you mean --json?"), chosen with :mod:`difflib`. Subparsers made
+    by ``add_subparsers`` are of this class too. Exit code 2, as argparse's.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        # The innermost parser that left something over answers for it; a subcommand's
+        # namespace is copied into its parent's, so the parent sees the mark.
+        if extras and not hasattr(parsed, _EXTRAS_OWNER):
+            setattr(parsed, _EXTRAS_OWNER, self)
+        return parsed, extras
+
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        owner: Parser = getattr(parsed, _EXTRAS_OWNER, self)
+        if hasattr(parsed, _EXTRAS_OWNER):
+            delattr(parsed, _EXTRAS_OWNER)
+        if extras:
+            owner.error(f"unrecognized arguments: {' '.join(extras)}{owner._suggest(extras)}")
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage and ``message`` (with a suggestion for an invalid choice), exit 2."""
+        match = _INVALID_CHOICE.search(message)
+        if match and "did you mean" not in message:
+            choices = re.findall(r"'([^']*)'", match.group(2))
+            close = difflib.get_close_matches(match.group(1), choices, n=1)
+            if close:
+                message += f" (did you mean {close[0]!r}?)"
+        super().error(message)
+
+    def _suggest(self, extras: Sequence[str]) -> str:
+        """ " (did you mean --json?)" for the first unknown option close to one of ours."""
+        known = [opt for action in self._actions for opt in action.option_strings]
+        for token in extras:
+            if not token.startswith("-"):
+                continue
+            close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+        return ""
 
 
 def load_tools(spec: str) -> FunctionTools:

@@ -40,12 +40,48 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _session_for_send(http: Any, event_type: str) -> str:
+    """The session a ``send`` without ``--session`` names.
+
+    An ``action_required`` delivery makes the app read the session: a made-up id is a 404
+    it keeps trying for a minute, with warnings. So when ``OPENAI_BASE_URL`` points at
+    ``agentfn-asgi fake-api``, a session with nothing pending is created there (the app
+    reads it and finds nothing to do); anywhere else the user must name one. Other event
+    types are not read by the app: a placeholder id is enough.
+    """
+    import httpx
+
+    if event_type != "agent.session.action_required":
+        return "sess_test"
+    base_url = Config.from_env().base_url
+    refusal = CLIUsageError(
+        "which session? pass --session SESSION_ID (one of your project's, waiting on a "
+        "function call): the app reads the session an action_required delivery names. "
+        "With OPENAI_BASE_URL pointing at agentfn-asgi fake-api, send creates one there"
+    )
+    if not base_url:
+        raise refusal
+    root = base_url.rstrip("/").removesuffix("/v1")
+    try:
+        response = await http.post(f"{root}/_fake/sessions", json={"idle": True})
+        created = response.json() if response.status_code == 201 else None
+    except (httpx.HTTPError, ValueError):
+        created = None
+    if not isinstance(created, dict) or not isinstance(created.get("id"), str):
+        raise refusal from None
+    progress(f"created session {created['id']} in the fake at {root} (nothing pending)")
+    return str(created["id"])
+
+
 async def _send(args: argparse.Namespace) -> int:
     import httpx
 
     from ..testing.deliveries import signed_delivery, webhook_event
 
     secret = secret_from(args.secret)
+    if args.session_id is None:
+        async with httpx.AsyncClient(timeout=args.timeout) as http:
+            args.session_id = await _session_for_send(http, args.type)
     data: dict[str, Any] = {"id": args.session_id}
     if args.type == "agent.session.action_required":
         data["required_action"] = {"type": args.action_type}
@@ -200,11 +236,22 @@ def register(sub: Any) -> None:
     send = sub.add_parser(
         "send",
         help="sign and POST a webhook to a URL",
-        description="Sign a webhook with a whsec_ secret and POST it, like a test event.",
+        description=(
+            "Sign a webhook with a whsec_ secret and POST it, like a test event. An "
+            "action_required delivery names a session the app then reads: give it with "
+            "--session, or let send create one with nothing pending when OPENAI_BASE_URL "
+            "points at agentfn-asgi fake-api (elsewhere, --session is required)."
+        ),
     )
     send.add_argument("url", help="e.g. http://127.0.0.1:8000/openai/webhooks")
     send.add_argument("--secret", help="whsec_ secret (default: OPENAI_WEBHOOK_SECRET)")
-    send.add_argument("--session-id", default="sess_test", help="data.id of the event")
+    send.add_argument(
+        "--session",
+        "--session-id",
+        dest="session_id",
+        metavar="SESSION_ID",
+        help="data.id of the event (default: a new session in the fake, see above)",
+    )
     send.add_argument(
         "--type",
         default="agent.session.action_required",

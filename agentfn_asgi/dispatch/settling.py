@@ -15,6 +15,7 @@ from typing import Any, Literal
 from ..client import AgentsClient
 from ..records import CallKey, CallRecord, CallState, SavedResult
 from ..results import encode_result, failure_result
+from ..states import settleable
 from ..store.base import Store
 from ..tools import FunctionTool, FunctionTools
 from .execution import Executor
@@ -27,11 +28,11 @@ __all__ = ["SettleStatus", "Settler"]
 SettleStatus = Literal["submitted", "saved", "running", "refused"]
 
 
-def _not_settleable(record: CallRecord | None, expired_before: float) -> str | None:
-    """Why an operator may not settle ``record`` (None: they may)."""
+def _not_settleable(record: CallRecord | None, *, now: float, margin: float) -> str | None:
+    """Why an operator may not settle ``record`` (None: they may: :func:`settleable`)."""
     if record is None:
         return "the call is gone"
-    if record.state is CallState.QUARANTINED or record.in_doubt(expired_before):
+    if settleable(record, now=now, margin=margin):
         return None
     if record.state is CallState.CLAIMED:
         return "it is running (its lease is live): wait, or check again after the lease"
@@ -87,7 +88,7 @@ class Settler:
         record = await self._store.get_call(key)
         if record is None:
             raise LookupError(f"no call {key} in the store")
-        refusal = _not_settleable(record, self._clock() - self._settings.fence_margin)
+        refusal = _not_settleable(record, now=self._clock(), margin=self._settings.fence_margin)
         if refusal is not None:
             return "refused", refusal
         tool = tools.get(record.tool_name)
@@ -99,7 +100,8 @@ class Settler:
         saved = await self._store.settle(key, result=result, margin=self._settings.fence_margin)
         if saved is None:  # it changed since we looked
             latest = await self._store.get_call(key)
-            return "refused", _not_settleable(latest, self._clock()) or "it changed meanwhile"
+            refusal = _not_settleable(latest, now=self._clock(), margin=0.0)
+            return "refused", refusal or "it changed meanwhile"
         submitted = await self._submitter.submit(saved)
         if submitted == "submitted":
             return "submitted", f"the result was saved and submitted (attempt {saved.attempt})"

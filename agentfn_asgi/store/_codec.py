@@ -65,6 +65,14 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
             source=row.get("source") or "ran",
             full_output=row.get("full_output"),
         )
+    # A bounded history is kept in two parts on SQL: its first events, then its last ones
+    # (``history_tail``), and ``history_count`` counts every event, the dropped ones too;
+    # Redis keeps one list and counts the dropped ones (``history_dropped``).
+    history = parse_history(row.get("history")) + parse_history(row.get("history_tail"))
+    if "history_dropped" in row:
+        dropped = int(row.get("history_dropped") or 0)
+    else:
+        dropped = max(0, int(row.get("history_count") or 0) - len(history))
     return CallRecord(
         key=CallKey(str(row["session_id"]), str(row["turn_id"]), str(row["call_id"])),
         tool_name=str(row["tool_name"]),
@@ -77,7 +85,8 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         delivery_id=row.get("delivery_id") or None,
         result=result,
         quarantine_reason=row.get("quarantine_reason") or None,
-        history=parse_history(row.get("history")),
+        history=history,
         next_attempt_at=float(row.get("next_attempt_at") or 0.0),
         failures=int(row.get("failures") or 0),
+        history_dropped=dropped,
     )

@@ -2,21 +2,28 @@
 
 Each script runs atomically inside Redis: a record, its history and every index over it
 change in one step, and nothing else runs in between. The key layout is drawn in the redis
-module's docstring. Every script is :data:`_PRELUDE` (shared helpers) plus its own body;
-``ARGV[1]`` is always the key prefix, and every time value is passed in from the caller's
-clock, never read from Redis' ``TIME``.
+module's docstring. Every script of a store's work is :data:`_PRELUDE` (shared helpers)
+plus its own body; ``ARGV[1]`` is always the key prefix of the store's namespace
+(``{p}n:{h(namespace)}:``), every key the script touches is built on it, so no script can
+reach another namespace's keys; every time value is passed in from the caller's clock,
+never read from Redis' ``TIME``. :data:`LAYOUT` and the ``MIGRATE_*`` scripts, which run
+at open before any work, take the bare key prefix instead.
 
-Two rules the helpers keep:
+Three rules the helpers keep:
 
 - Indexes are never updated by hand: after a script changes a record it calls
-  ``reindex_call``/``reindex_delivery``, which make the record's namespace's sorted sets
-  agree with the record as it now is (the namespace stored *in* the record, so a step
-  taken through another namespace's store still keeps the right indexes).
+  ``reindex_call``/``reindex_delivery``, which make the namespace's sorted sets agree with
+  the record as it now is.
+- A call's history is bounded (``add_event``): its first ``HISTORY_HEAD`` and last
+  ``HISTORY_TAIL`` events are kept, and the hash's ``history_dropped`` counts the others;
+  an append does a fixed amount of work however long the call has been going.
 - Members are compared in byte order (``bytes_less``), the sorted sets' own order; Lua's
   ``<`` on strings follows the server's locale and would disagree.
 """
 
 from __future__ import annotations
+
+from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL, CallState
 
 __all__ = [
     "CLAIM",
@@ -29,6 +36,10 @@ __all__ = [
     "LIST_DELIVERIES",
     "MARK_STALE",
     "MARK_SUBMITTED",
+    "MIGRATED",
+    "MIGRATE_CALLS",
+    "MIGRATE_DELIVERIES",
+    "MIGRATE_INDEXES",
     "PRUNE_CALLS",
     "PRUNE_DELIVERIES",
     "QUARANTINE",
@@ -45,14 +56,23 @@ __all__ = [
 ]
 
 #: Bump when the key layout changes; :data:`LAYOUT` refuses data of another layout.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
-_PRELUDE = """
-local P = ARGV[1]
+#: The history's bounds, from :mod:`agentfn_asgi.records` (the rule every store keeps).
+_HISTORY = f"""
+local HISTORY_HEAD, HISTORY_TAIL = {HISTORY_HEAD}, {HISTORY_TAIL}
+"""
+
+_PRELUDE = (
+    _HISTORY
+    + """
+-- N: the namespace's prefix, I: its indexes' (the migration moves them per record).
+local N = ARGV[1]
+local I = N .. 'i:'
 local function h(text) return redis.sha1hex(text) end
-local function call_key(member) return P .. 'c:' .. h(member) end
-local function history_key(member) return P .. 'h:' .. h(member) end
-local function ns_prefix(ns) return P .. 'n:' .. h(ns) .. ':' end
+local function call_key(member) return N .. 'c:' .. h(member) end
+local function history_key(member) return N .. 'h:' .. h(member) end
+local function delivery_key(id) return N .. 'd:' .. h(id) end
 
 local STATES = {'claimed', 'succeeded', 'failed', 'submitted', 'stale', 'quarantined'}
 local SAVED = {succeeded = true, failed = true}
@@ -60,50 +80,59 @@ local PENDING = {claimed = true, succeeded = true, failed = true}
 
 -- The namespace's call indexes agree with the call's hash as it is now.
 local function reindex_call(key, member)
-  local r = redis.call('HMGET', key, 'namespace', 'state', 'created_at', 'lease_expires_at',
+  local r = redis.call('HMGET', key, 'state', 'created_at', 'lease_expires_at',
                        'next_attempt_at', 'updated_at', 'success')
-  local N, state, created = ns_prefix(r[1]), r[2], r[3]
-  for _, s in ipairs(STATES) do redis.call('ZREM', N .. 'state:' .. s, member) end
+  local state, created = r[1], r[2]
+  for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
   for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed'}) do
-    redis.call('ZREM', N .. name, member)
+    redis.call('ZREM', I .. name, member)
   end
-  redis.call('ZADD', N .. 'calls', created, member)
-  redis.call('ZADD', N .. 'state:' .. state, created, member)
+  redis.call('ZADD', I .. 'calls', created, member)
+  redis.call('ZADD', I .. 'state:' .. state, created, member)
   if state == 'claimed' then
-    redis.call('ZADD', N .. 'lease', r[4], member)
+    redis.call('ZADD', I .. 'lease', r[3], member)
   elseif SAVED[state] then
-    redis.call('ZADD', N .. 'due', r[5], member)
+    redis.call('ZADD', I .. 'due', r[4], member)
   elseif state == 'submitted' or state == 'stale' then
-    redis.call('ZADD', N .. 'finished', r[6], member)
-    if state == 'submitted' and r[7] == '0' then
-      redis.call('ZADD', N .. 'submitted_failed', created, member)
+    redis.call('ZADD', I .. 'finished', r[5], member)
+    if state == 'submitted' and r[6] == '0' then
+      redis.call('ZADD', I .. 'submitted_failed', created, member)
     end
   end
 end
 
 -- The namespace's delivery indexes agree with the delivery's hash as it is now.
 local function reindex_delivery(key, id)
-  local d = redis.call('HMGET', key, 'namespace', 'received_at', 'resolved', 'attempts',
-                       'next_attempt_at')
-  local N = ns_prefix(d[1])
-  redis.call('ZADD', N .. 'deliveries', d[2], id)
-  if d[3] == '1' then
-    redis.call('ZREM', N .. 'unresolved', id)
-    redis.call('ZREM', N .. 'deliveries_due', id)
-    redis.call('ZREM', N .. 'failing', id)
+  local d = redis.call('HMGET', key, 'received_at', 'resolved', 'attempts', 'next_attempt_at')
+  redis.call('ZADD', I .. 'deliveries', d[1], id)
+  if d[2] == '1' then
+    redis.call('ZREM', I .. 'unresolved', id)
+    redis.call('ZREM', I .. 'deliveries_due', id)
+    redis.call('ZREM', I .. 'failing', id)
   else
-    redis.call('ZADD', N .. 'unresolved', d[2], id)
-    redis.call('ZADD', N .. 'deliveries_due', d[5], id)
-    if d[4] ~= '0' then redis.call('ZADD', N .. 'failing', d[2], id) end
+    redis.call('ZADD', I .. 'unresolved', d[1], id)
+    redis.call('ZADD', I .. 'deliveries_due', d[4], id)
+    if d[3] ~= '0' then redis.call('ZADD', I .. 'failing', d[1], id) end
   end
 end
 
--- Append one CallEvent (the shape of CallEvent.to_json) to the call's history list.
+-- Marks the one history entry being dropped (never an event: those are JSON objects).
+local DROPPED = '-'
+
+-- Append one CallEvent (the shape of CallEvent.to_json) to the call's history list. Past
+-- HISTORY_HEAD + HISTORY_TAIL events, the first of the tail (index HISTORY_HEAD) goes and
+-- is counted: LSET marks it, LREM drops the first mark, HISTORY_HEAD + 1 entries from the
+-- head. A bounded amount of work, so a call refused a thousand times stays cheap.
 local function add_event(member, now, kind, attempt, owner, detail)
   local text = '{"at":' .. now .. ',"kind":"' .. kind .. '","attempt":' .. attempt
   if owner and owner ~= '' then text = text .. ',"owner":' .. cjson.encode(owner) end
   if detail and detail ~= '' then text = text .. ',"detail":' .. cjson.encode(detail) end
-  redis.call('RPUSH', history_key(member), text .. '}')
+  local key = history_key(member)
+  if redis.call('RPUSH', key, text .. '}') > HISTORY_HEAD + HISTORY_TAIL then
+    redis.call('LSET', key, HISTORY_HEAD, DROPPED)
+    redis.call('LREM', key, 1, DROPPED)
+    redis.call('HINCRBY', call_key(member), 'history_dropped', 1)
+  end
 end
 
 -- Is a before b in byte order (the order of sorted-set members with equal scores)?
@@ -158,6 +187,7 @@ local function holds(cur, owner, attempt)
   return cur[1] == 'claimed' and cur[2] == owner and cur[3] == attempt
 end
 """
+)
 
 
 def _script(body: str) -> str:
@@ -167,9 +197,11 @@ def _script(body: str) -> str:
 # -- layout --------------------------------------------------------------------------------
 
 # Guarantees: data of another key layout under this prefix is refused, never misread.
-# ARGV: P, this layout version. Returns the version found ('' when the prefix was empty, and
-# it is now marked with ours; 'old' for the first layout, which had no marker).
-LAYOUT = _script("""
+# ARGV: the bare key prefix P, this layout version. Returns the version found ('' when the
+# prefix was empty, and it is now marked with ours; 'old' for the first layout, which had no
+# marker; '2' for layout 2, which the store migrates).
+LAYOUT = """
+local P = ARGV[1]
 local found = redis.call('GET', P .. 'layout')
 if found then return found end
 if redis.call('EXISTS', P .. 'i:deliveries', P .. 'i:pending', P .. 'i:claimed') > 0 then
@@ -177,13 +209,167 @@ if redis.call('EXISTS', P .. 'i:deliveries', P .. 'i:pending', P .. 'i:claimed')
 end
 redis.call('SET', P .. 'layout', ARGV[2])
 return ''
-""")
+"""
+
+# -- migration from layout 2 ---------------------------------------------------------------
+# Layout 2 kept records, histories and the session and call-id sets outside the namespaces
+# ({p}c:, {p}h:, {p}d:, {p}s:, {p}k:), the namespace a field of each hash, and its indexes
+# at {p}n:{h(namespace)}:{name}. The scripts below move one batch each, all or nothing; what
+# another replica (opening at the same time) already moved is skipped and an existing
+# layout-3 key is never overwritten, so running a batch twice, or two replicas at once,
+# changes nothing more.
+
+#: The indexes of a namespace (layout 3 keeps them at ``{n}i:{name}``).
+INDEXES = (
+    "deliveries",
+    "unresolved",
+    "deliveries_due",
+    "failing",
+    "calls",
+    *(f"state:{state.value}" for state in CallState),
+    "lease",
+    "due",
+    "finished",
+    "submitted_failed",
+)
+
+#: What a layout-2 index key holds after the upgrade: a string, so that a replica of the
+#: earlier release still running fails on its next step (WRONGTYPE) instead of writing
+#: records that no replica of this release would ever see.
+STOPPED = (
+    "agentfn-asgi: this key prefix holds key layout 3; replicas of an earlier release "
+    "must be stopped"
+)
+
+# Guarantees: each layout-2 index of the namespaces (hashed names) is moved to its layout-3
+# key, and its old key becomes STOPPED, in one step. ARGV: P, then hashed namespaces.
+MIGRATE_INDEXES = (
+    "local NAMES = {"
+    + ", ".join(f"'{name}'" for name in INDEXES)
+    + "}\n"
+    + f"local STOPPED = '{STOPPED}'\n"
+    + """
+local P = ARGV[1]
+for i = 2, #ARGV do
+  local space = P .. 'n:' .. ARGV[i] .. ':'
+  for _, name in ipairs(NAMES) do
+    local old, new = space .. name, space .. 'i:' .. name
+    if redis.call('TYPE', old).ok == 'zset' then
+      -- The layout-3 index is the authority once it exists: records still to move are
+      -- indexed again as they move.
+      if redis.call('EXISTS', new) == 0 then
+        redis.call('RENAME', old, new)
+      else
+        redis.call('DEL', old)
+      end
+    end
+    if redis.call('EXISTS', old) == 0 then redis.call('SET', old, STOPPED) end
+  end
+end
+return #ARGV - 1
+"""
+)
+
+# The migration scripts' own helpers, after the prelude: ``enter`` points the prelude's N
+# and I (its key and index prefixes) at a record's namespace.
+_MIGRATE = """
+local P = ARGV[1]
+local function enter(ns)
+  N = P .. 'n:' .. h(ns or '') .. ':'
+  I = N .. 'i:'
+end
+"""
+
+# Guarantees: each layout-2 call of the batch moves, with its history, into the namespace
+# written in it, and is indexed there; the history is bounded like every layout-3 history
+# (first and last events kept, the rest counted in history_dropped); the namespace's
+# session and call-id sets gain its member. ARGV: P, then the calls' hashed members (the
+# part after {p}c:). Returns how many moved.
+MIGRATE_CALLS = _script(
+    _MIGRATE
+    + r"""
+local function esc(id) return (string.gsub(id, '%z', '\0\1')) end
+-- Every check first, then every write: a batch refused is refused before it changed anything.
+local calls = {}
+for i = 2, #ARGV do
+  local hashed = ARGV[i]
+  local f = redis.call('HMGET', P .. 'c:' .. hashed, 'namespace', 'session_id', 'turn_id',
+                       'call_id')
+  if f[2] then
+    local member = esc(f[2]) .. '\0\0' .. esc(f[3]) .. '\0\0' .. esc(f[4])
+    if h(member) ~= hashed then
+      return redis.error_reply('layout 2 call ' .. hashed .. ' does not match its ids')
+    end
+    table.insert(calls, {hashed, member, f[1], f[2], f[4]})
+  end
+end
+local moved = 0
+for _, c in ipairs(calls) do
+  local hashed, member = c[1], c[2]
+  enter(c[3])
+  local key, history = call_key(member), history_key(member)
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('RENAME', P .. 'c:' .. hashed, key)
+    if redis.call('EXISTS', P .. 'h:' .. hashed) == 1 then
+      redis.call('RENAME', P .. 'h:' .. hashed, history)
+    end
+    local length = redis.call('LLEN', history)
+    if length > HISTORY_HEAD + HISTORY_TAIL then
+      local head = redis.call('LRANGE', history, 0, HISTORY_HEAD - 1)
+      redis.call('LTRIM', history, -HISTORY_TAIL, -1)
+      for j = #head, 1, -1 do redis.call('LPUSH', history, head[j]) end
+      redis.call('HINCRBY', key, 'history_dropped', length - HISTORY_HEAD - HISTORY_TAIL)
+    end
+    redis.call('SADD', N .. 's:' .. h(c[4]), member)
+    redis.call('SADD', N .. 'k:' .. h(c[5]), member)
+    reindex_call(key, member)
+    moved = moved + 1
+  end
+end
+return moved
+"""
+)
+
+# Guarantees: each layout-2 delivery of the batch moves into the namespace written in it,
+# and is indexed there. ARGV: P, then the deliveries' hashed ids (the part after {p}d:).
+# Returns how many moved.
+MIGRATE_DELIVERIES = _script(
+    _MIGRATE
+    + """
+local moved = 0
+for i = 2, #ARGV do
+  local old = P .. 'd:' .. ARGV[i]
+  local f = redis.call('HMGET', old, 'namespace', 'delivery_id')
+  if f[2] then
+    enter(f[1])
+    local new = delivery_key(f[2])
+    if redis.call('EXISTS', new) == 0 then
+      redis.call('RENAME', old, new)
+      reindex_delivery(new, f[2])
+      moved = moved + 1
+    end
+  end
+end
+return moved
+"""
+)
+
+# Guarantees: the layout-2 marker becomes this layout's, once every record has moved (the
+# caller's whole pass is done). ARGV: P, the layout migrated from, this layout. Returns the
+# marker as it now is.
+MIGRATED = """
+local P = ARGV[1]
+if redis.call('GET', P .. 'layout') == ARGV[2] then
+  redis.call('SET', P .. 'layout', ARGV[3])
+end
+return redis.call('GET', P .. 'layout')
+"""
 
 # -- deliveries ----------------------------------------------------------------------------
 
-# Guarantees: a delivery id is recorded once across every namespace (the first writer
-# wins); a repeat with the same non-empty nonce (our own retried write) answers 1 again.
-# KEYS: the delivery's hash. ARGV: P, now, delivery_id, session_id, namespace, nonce.
+# Guarantees: a delivery id is recorded once in the namespace (the first writer wins); a
+# repeat with the same non-empty nonce (our own retried write) answers 1 again.
+# KEYS: the delivery's hash. ARGV: N, now, delivery_id, session_id, namespace, nonce.
 RECORD_DELIVERY = _script("""
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if ARGV[6] ~= '' and redis.call('HGET', KEYS[1], 'nonce') == ARGV[6] then return 1 end
@@ -198,7 +384,7 @@ return 1
 """)
 
 # Guarantees: an unresolved delivery becomes resolved and leaves the sweep's indexes.
-# KEYS: the delivery's hash. ARGV: P, delivery_id.
+# KEYS: the delivery's hash. ARGV: N, delivery_id.
 RESOLVE_DELIVERY = _script("""
 if redis.call('HGET', KEYS[1], 'resolved') == '0' then
   redis.call('HSET', KEYS[1], 'resolved', '1')
@@ -209,7 +395,7 @@ return 0
 
 # Guarantees: an unresolved delivery's failed resolve is counted, its error kept, and it
 # is due again at retry_at; a resolved or unknown one is left alone.
-# KEYS: the delivery's hash. ARGV: P, delivery_id, error, retry_at.
+# KEYS: the delivery's hash. ARGV: N, delivery_id, error, retry_at.
 DELIVERY_FAILED = _script("""
 if redis.call('HGET', KEYS[1], 'resolved') == '0' then
   redis.call('HINCRBY', KEYS[1], 'attempts', 1)
@@ -220,37 +406,36 @@ return 0
 """)
 
 # Read: unresolved deliveries due at or before due_before, by (next_attempt_at, id), after
-# the cursor. KEYS: the namespace's deliveries_due. ARGV: P, due_before, limit, after_at
+# the cursor. KEYS: the namespace's deliveries_due. ARGV: N, due_before, limit, after_at
 # ('' = from the start), after_id. Returns the deliveries' hashes.
 DUE_DELIVERIES = _script("""
 local out = {}
 for _, id in ipairs(page_after(KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5])) do
-  table.insert(out, redis.call('HGETALL', P .. 'd:' .. h(id)))
+  table.insert(out, redis.call('HGETALL', delivery_key(id)))
 end
 return out
 """)
 
 # Read: the newest `limit` deliveries of an index scored by received_at (ties by id,
-# descending). KEYS: the namespace's deliveries or unresolved. ARGV: P, limit.
+# descending). KEYS: the namespace's deliveries or unresolved. ARGV: N, limit.
 LIST_DELIVERIES = _script("""
 local out = {}
 for _, id in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)) do
-  table.insert(out, redis.call('HGETALL', P .. 'd:' .. h(id)))
+  table.insert(out, redis.call('HGETALL', delivery_key(id)))
 end
 return out
 """)
 
 # Guarantees: one batch of the namespace's deliveries received before `before` is deleted
-# with its index entries. ARGV: P, namespace, before, batch. Returns the count.
+# with its index entries. ARGV: N, before, batch. Returns the count.
 PRUNE_DELIVERIES = _script("""
-local N = ns_prefix(ARGV[2])
-local ids = redis.call('ZRANGEBYSCORE', N .. 'deliveries', '-inf', '(' .. ARGV[3],
-                       'LIMIT', 0, tonumber(ARGV[4]))
+local ids = redis.call('ZRANGEBYSCORE', I .. 'deliveries', '-inf', '(' .. ARGV[2],
+                       'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(ids) do
   for _, name in ipairs({'deliveries', 'unresolved', 'deliveries_due', 'failing'}) do
-    redis.call('ZREM', N .. name, id)
+    redis.call('ZREM', I .. name, id)
   end
-  redis.call('DEL', P .. 'd:' .. h(id))
+  redis.call('DEL', delivery_key(id))
 end
 return #ids
 """)
@@ -260,7 +445,7 @@ return #ids
 # Guarantees: exactly one claimant gets an absent call (attempt 1) or an expired claim
 # (lease expired before takeover_before: attempt + 1, in doubt); the holder's own retried
 # claim (same owner, lease live) gets it back unchanged; everyone else is told its state.
-# KEYS: the call's hash. ARGV: P, now, member, namespace, owner, lease_expires_at,
+# KEYS: the call's hash. ARGV: N, now, member, namespace, owner, lease_expires_at,
 # takeover_before, tool_name, session_id, turn_id, call_id, delivery_id ('' = none).
 # Returns {status, hash fields}.
 CLAIM = _script("""
@@ -272,8 +457,8 @@ if not cur[1] then
              'lease_expires_at', ARGV[6], 'created_at', now, 'updated_at', now,
              'next_attempt_at', now, 'failures', '0', 'namespace', ARGV[4])
   if ARGV[12] ~= '' then redis.call('HSET', key, 'delivery_id', ARGV[12]) end
-  redis.call('SADD', P .. 's:' .. h(ARGV[9]), member)
-  redis.call('SADD', P .. 'k:' .. h(ARGV[11]), member)
+  redis.call('SADD', N .. 's:' .. h(ARGV[9]), member)
+  redis.call('SADD', N .. 'k:' .. h(ARGV[11]), member)
   add_event(member, now, 'claimed', 1, owner)
   reindex_call(key, member)
   return {'claimed', redis.call('HGETALL', key)}
@@ -300,7 +485,7 @@ return {'done', redis.call('HGETALL', key)}
 """)
 
 # Guarantees: only the holder of the claim's current attempt extends its lease.
-# KEYS: the call's hash. ARGV: P, now, member, owner, attempt, lease_expires_at.
+# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, lease_expires_at.
 RENEW = _script("""
 local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
 if not holds(cur, ARGV[4], ARGV[5]) then return 0 end
@@ -322,7 +507,7 @@ end
 # Guarantees: fenced, first writer wins: only the holder of the claim's current attempt
 # saves, and only while the call is claimed (also after its lease ran out, as long as nobody
 # took it over); otherwise the stored record is returned unchanged. False: unknown call.
-# KEYS: the call's hash. ARGV: P, now, member, owner, attempt, state, detail, then the
+# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, state, detail, then the
 # result's field/value pairs.
 SAVE = _script(
     _STORE_RESULT
@@ -340,7 +525,7 @@ return redis.call('HGETALL', KEYS[1])
 )
 
 # Guarantees: a saved result (succeeded/failed) becomes submitted; nothing else changes.
-# KEYS: the call's hash. ARGV: P, now, member, detail.
+# KEYS: the call's hash. ARGV: N, now, member, detail.
 MARK_SUBMITTED = _script("""
 local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if not SAVED[cur[1]] then return 0 end
@@ -351,7 +536,7 @@ return 1
 """)
 
 # Guarantees: a saved result's failed submission is counted, kept in the history, and the
-# result is due again at retry_at. KEYS: the call's hash. ARGV: P, now, member, detail,
+# result is due again at retry_at. KEYS: the call's hash. ARGV: N, now, member, detail,
 # retry_at.
 SUBMISSION_FAILED = _script("""
 local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt')
@@ -364,7 +549,7 @@ return 1
 """)
 
 # Guarantees: a non-terminal call becomes stale, unless (with unchanged_since) it was
-# updated after that time. KEYS: the call's hash. ARGV: P, now, member, unchanged_since
+# updated after that time. KEYS: the call's hash. ARGV: N, now, member, unchanged_since
 # ('' = unconditional).
 MARK_STALE = _script("""
 local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'updated_at')
@@ -378,7 +563,7 @@ return 1
 
 # Guarantees: only the holder of the claim's current attempt quarantines it (a saved result
 # always wins); the reason is kept on the record and in the history.
-# KEYS: the call's hash. ARGV: P, now, member, owner, attempt, reason.
+# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, reason.
 QUARANTINE = _script("""
 local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
 if not holds(cur, ARGV[4], ARGV[5]) then return 0 end
@@ -399,7 +584,7 @@ end
 """
 
 # Guarantees: an operator's result is saved only for a quarantined or in-doubt call, as
-# `settled` in the history. False otherwise. KEYS: the call's hash. ARGV: P, now, member,
+# `settled` in the history. False otherwise. KEYS: the call's hash. ARGV: N, now, member,
 # takeover_before, state, detail, then the result's field/value pairs.
 SETTLE = _script(
     _STORE_RESULT
@@ -416,7 +601,7 @@ return redis.call('HGETALL', KEYS[1])
 
 # Guarantees: an operator's re-run claims only a quarantined or in-doubt call, for `owner`
 # with the next attempt (so the earlier attempt stays fenced out); `released` in the
-# history. False otherwise. KEYS: the call's hash. ARGV: P, now, member, takeover_before,
+# history. False otherwise. KEYS: the call's hash. ARGV: N, now, member, takeover_before,
 # owner, lease_expires_at.
 RELEASE = _script(
     _SETTLEABLE
@@ -436,21 +621,20 @@ return redis.call('HGETALL', KEYS[1])
 # Guarantees: one batch of the namespace's submitted/stale calls last updated before
 # `before` is deleted with its history, its index entries and its session and call-id set
 # entries (quarantined and pending calls are in no such index: never pruned).
-# KEYS: the namespace's finished index. ARGV: P, before, batch. Returns the count.
+# KEYS: the namespace's finished index. ARGV: N, before, batch. Returns the count.
 PRUNE_CALLS = _script("""
 local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0,
                            tonumber(ARGV[3]))
 for _, m in ipairs(members) do
   local key = call_key(m)
-  local ids = redis.call('HMGET', key, 'session_id', 'call_id', 'namespace')
-  local N = ns_prefix(ids[3])
-  redis.call('ZREM', N .. 'calls', m)
-  redis.call('ZREM', N .. 'finished', m)
-  redis.call('ZREM', N .. 'state:submitted', m)
-  redis.call('ZREM', N .. 'state:stale', m)
-  redis.call('ZREM', N .. 'submitted_failed', m)
-  redis.call('SREM', P .. 's:' .. h(ids[1]), m)
-  redis.call('SREM', P .. 'k:' .. h(ids[2]), m)
+  local ids = redis.call('HMGET', key, 'session_id', 'call_id')
+  redis.call('ZREM', I .. 'calls', m)
+  redis.call('ZREM', I .. 'finished', m)
+  redis.call('ZREM', I .. 'state:submitted', m)
+  redis.call('ZREM', I .. 'state:stale', m)
+  redis.call('ZREM', I .. 'submitted_failed', m)
+  redis.call('SREM', N .. 's:' .. h(ids[1]), m)
+  redis.call('SREM', N .. 'k:' .. h(ids[2]), m)
   redis.call('DEL', key, history_key(m))
 end
 return #members
@@ -459,35 +643,31 @@ return #members
 # -- calls: reads --------------------------------------------------------------------------
 
 # Read: one call, with its history when asked: {hash fields, events} or false.
-# KEYS: the call's hash. ARGV: P, member, with_history ('1'/'0').
+# KEYS: the call's hash. ARGV: N, member, with_history ('1'/'0').
 GET_CALL = _script("""
 return read_call(ARGV[2], ARGV[3]) or false
 """)
 
-# Read: the calls whose members a set holds (a session's, or a call id's), in the given
-# namespace unless it is not asked for, each with its history when asked.
-# KEYS: the set. ARGV: P, with_history, only_namespace ('1'/'0'), namespace.
+# Read: the calls whose members a set of the namespace holds (a session's, or a call
+# id's), each with its history when asked. KEYS: the set. ARGV: N, with_history.
 SET_CALLS = _script("""
 local out = {}
 for _, m in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local record = read_call(m, ARGV[2])
-  if record and (ARGV[3] == '0'
-                 or redis.call('HGET', call_key(m), 'namespace') == ARGV[4]) then
-    table.insert(out, record)
-  end
+  if record then table.insert(out, record) end
 end
 return out
 """)
 
 # Read: saved results due at or before due_before, by (next_attempt_at, member), after the
-# cursor. KEYS: the namespace's due index. ARGV: P, due_before, limit, after_at ('' = from
+# cursor. KEYS: the namespace's due index. ARGV: N, due_before, limit, after_at ('' = from
 # the start), after_member.
 UNSUBMITTED = _script("""
 return read_calls(page_after(KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]))
 """)
 
 # Read: claims whose lease expired before takeover_before, earliest expiry first.
-# KEYS: the namespace's lease index. ARGV: P, takeover_before, limit.
+# KEYS: the namespace's lease index. ARGV: N, takeover_before, limit.
 EXPIRED_CLAIMS = _script("""
 return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
                              'LIMIT', 0, tonumber(ARGV[3])))
@@ -496,7 +676,7 @@ return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
 # Read: one bounded stretch of list_calls. Walks an index scored by created_at downwards
 # from the position (hi, cursor) (exclusive; cursor '' = from hi inclusive) to lo, looking
 # at no more than `budget` entries, and keeps the calls matching the filters, up to `limit`.
-# KEYS: the index. ARGV: P, hi, lo, cursor, budget, limit, lease_before ('' = no in-doubt
+# KEYS: the index. ARGV: N, hi, lo, cursor, budget, limit, lease_before ('' = no in-doubt
 # filter), then field/value pairs that must match exactly (session_id, tool_name).
 # Returns {calls, last score, last member}; no last position once the index is exhausted.
 LIST_CALLS = _script("""
@@ -531,23 +711,22 @@ end
 return {out, last[1], last[2]}
 """)
 
-# Read, in one step: the counts of stats(). ARGV: P, namespace, now. Returns deliveries,
-# unresolved, failing, in doubt, submitted failures, the six state counts, then the oldest
-# pending call's created_at ('' when none).
+# Read, in one step: the counts of stats(). ARGV: N, now. Returns deliveries, unresolved,
+# failing, in doubt, submitted failures, the six state counts, then the oldest pending
+# call's created_at ('' when none).
 STATS = _script("""
-local N = ns_prefix(ARGV[2])
 local out = {
-  redis.call('ZCARD', N .. 'deliveries'),
-  redis.call('ZCARD', N .. 'unresolved'),
-  redis.call('ZCARD', N .. 'failing'),
-  redis.call('ZCOUNT', N .. 'lease', '-inf', '(' .. ARGV[3]),
-  redis.call('ZCARD', N .. 'submitted_failed'),
+  redis.call('ZCARD', I .. 'deliveries'),
+  redis.call('ZCARD', I .. 'unresolved'),
+  redis.call('ZCARD', I .. 'failing'),
+  redis.call('ZCOUNT', I .. 'lease', '-inf', '(' .. ARGV[2]),
+  redis.call('ZCARD', I .. 'submitted_failed'),
 }
 local oldest, oldest_text = nil, ''
 for _, s in ipairs(STATES) do
-  table.insert(out, redis.call('ZCARD', N .. 'state:' .. s))
+  table.insert(out, redis.call('ZCARD', I .. 'state:' .. s))
   if PENDING[s] then
-    local first = redis.call('ZRANGE', N .. 'state:' .. s, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', I .. 'state:' .. s, 0, 0, 'WITHSCORES')
     if #first > 0 and (not oldest or tonumber(first[2]) < oldest) then
       oldest, oldest_text = tonumber(first[2]), first[2]
     end

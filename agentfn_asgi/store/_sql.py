@@ -24,9 +24,15 @@ from :func:`schema_changes` on open), the statement that writes it below, its fi
 :func:`~agentfn_asgi.store._codec.record_from_mapping`. A data migration goes into
 :data:`UPGRADES` with a bump of :data:`SCHEMA_VERSION`.
 
-A call's history is text: the JSON events each statement appends (``history || event``, no
-separator; :func:`~agentfn_asgi.records.parse_history` reads them back). ``{columns}`` (the
-hot path: claims, saves, the sweep) leaves it out; ``{detail_columns}`` adds it.
+Every record is keyed by its namespace first (``(namespace, session_id, turn_id, call_id)``,
+``(namespace, delivery_id)``): ``{key}`` and every other condition name ``:namespace``, the
+store's, so a store never reads or changes another namespace's rows.
+
+A call's history is bounded text (:func:`~agentfn_asgi.store._sql_schema.append_sql`): its
+first events in ``history`` (JSON objects, no separator), its last ones in ``history_tail``
+(one per line) and the count of all in ``history_count``;
+:func:`~agentfn_asgi.records.parse_history` reads both parts back. ``{columns}`` (the hot
+path: claims, saves, the sweep) leaves them out; ``{detail_columns}`` adds them.
 """
 
 from __future__ import annotations
@@ -95,10 +101,6 @@ class Statement:
     params: Mapping[str, object] = field(default_factory=dict)
 
 
-def _key(key: CallKey) -> dict[str, object]:
-    return {"session_id": key.session_id, "turn_id": key.turn_id, "call_id": key.call_id}
-
-
 def _call_record(row: Row) -> CallRecord:
     names = DETAIL_COLUMNS if len(row) == len(DETAIL_COLUMNS) else HOT_COLUMNS
     return record_from_mapping(dict(zip(names, row, strict=True)))
@@ -142,6 +144,15 @@ class SQLStore(abc.ABC):
         self._clock = clock
         self.namespace = namespace
 
+    def _key(self, key: CallKey) -> dict[str, object]:
+        # The namespace is part of every key: a store never touches another namespace's row.
+        return {
+            "namespace": self.namespace,
+            "session_id": key.session_id,
+            "turn_id": key.turn_id,
+            "call_id": key.call_id,
+        }
+
     @abc.abstractmethod
     async def _count(self, action: str, statement: Statement) -> int:
         """Run one statement; the number of rows it changed."""
@@ -178,12 +189,17 @@ class SQLStore(abc.ABC):
 
     async def mark_delivery_resolved(self, delivery_id: str) -> None:
         """Mark a delivery resolved; unknown ids are ignored."""
-        params = {"delivery_id": delivery_id}
+        params = {"namespace": self.namespace, "delivery_id": delivery_id}
         await self._count("mark_delivery_resolved", Statement(RESOLVE_DELIVERY, params))
 
     async def delivery_failed(self, delivery_id: str, *, error: str, retry_at: float) -> None:
         """Count a failed resolve, keep its error, retry at ``retry_at``."""
-        params = {"delivery_id": delivery_id, "error": error, "retry_at": retry_at}
+        params = {
+            "namespace": self.namespace,
+            "delivery_id": delivery_id,
+            "error": error,
+            "retry_at": retry_at,
+        }
         await self._count("delivery_failed", Statement(DELIVERY_FAILED, params))
 
     async def unresolved_deliveries(
@@ -250,17 +266,16 @@ class SQLStore(abc.ABC):
         claim = Statement(
             CLAIM,
             {
-                **_key(key),
+                **self._key(key),
                 "tool_name": tool_name,
                 "owner": owner,
                 "now": now,
                 "takeover_before": now - margin,
                 "lease_expires_at": now + lease_seconds,
                 "delivery_id": delivery_id,
-                "namespace": self.namespace,
             },
         )
-        read = Statement(GET_CALL, _key(key))
+        read = Statement(GET_CALL, self._key(key))
         # Left alone, the row is read back only to report what the upsert decided: states
         # never return to "claimed", so that read classifies correctly (claim_status_for
         # has the one clock-skew case). It finds nothing only when prune() removed a
@@ -283,7 +298,7 @@ class SQLStore(abc.ABC):
         """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
         now = self._clock()
         params = {
-            **_key(key),
+            **self._key(key),
             "owner": owner,
             "attempt": attempt,
             "now": now,
@@ -302,7 +317,7 @@ class SQLStore(abc.ABC):
     ) -> CallRecord:
         """Fenced, first writer wins; see :meth:`Store.save_result`."""
         params = {
-            **_key(key),
+            **self._key(key),
             **_result_params(result),
             "owner": owner,
             "attempt": attempt,
@@ -310,7 +325,7 @@ class SQLStore(abc.ABC):
             "detail": saved_detail(result, duration),
         }
         save = Statement(SAVE_RESULT, params)
-        found = await self._first_row("save_result", save, Statement(GET_CALL, _key(key)))
+        found = await self._first_row("save_result", save, Statement(GET_CALL, self._key(key)))
         if found is None:
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
         saved_now, row = found[0] == 0, found[1]
@@ -322,17 +337,17 @@ class SQLStore(abc.ABC):
 
     async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
         """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
-        params = {**_key(key), "now": self._clock(), "detail": detail}
+        params = {**self._key(key), "now": self._clock(), "detail": detail}
         await self._count("mark submitted", Statement(MARK_SUBMITTED, params))
 
     async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
         """Record a failed submission; the sweep retries it at ``retry_at``."""
-        params = {**_key(key), "now": self._clock(), "detail": detail, "retry_at": retry_at}
+        params = {**self._key(key), "now": self._clock(), "detail": detail, "retry_at": retry_at}
         await self._count("submission_failed", Statement(SUBMISSION_FAILED, params))
 
     async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
         """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
-        params: dict[str, object] = {**_key(key), "now": self._clock()}
+        params: dict[str, object] = {**self._key(key), "now": self._clock()}
         template = MARK_STALE
         if unchanged_since is not None:
             template = MARK_STALE_UNCHANGED
@@ -342,7 +357,7 @@ class SQLStore(abc.ABC):
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """``claimed`` by ``(owner, attempt)`` → ``quarantined``, with ``reason`` kept."""
         params = {
-            **_key(key),
+            **self._key(key),
             "now": self._clock(),
             "owner": owner,
             "attempt": attempt,
@@ -356,7 +371,7 @@ class SQLStore(abc.ABC):
         """An operator's result for a quarantined or in-doubt call; see the protocol."""
         now = self._clock()
         params = {
-            **_key(key),
+            **self._key(key),
             **_result_params(result),
             "now": now,
             "takeover_before": now - margin,
@@ -371,7 +386,7 @@ class SQLStore(abc.ABC):
         """An operator's re-run: claimed by ``owner`` with the next attempt."""
         now = self._clock()
         params = {
-            **_key(key),
+            **self._key(key),
             "owner": owner,
             "now": now,
             "takeover_before": now - margin,
@@ -383,7 +398,7 @@ class SQLStore(abc.ABC):
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of ``key`` (with its history if asked), or None."""
         template = GET_CALL_DETAIL if history else GET_CALL
-        found = await self._first_row("get_call", Statement(template, _key(key)))
+        found = await self._first_row("get_call", Statement(template, self._key(key)))
         return None if found is None else _call_record(found[1])
 
     async def find_calls(self, call_id: str) -> list[CallRecord]:
@@ -393,7 +408,8 @@ class SQLStore(abc.ABC):
 
     async def calls_for_session(self, session_id: str) -> list[CallRecord]:
         """Every call of a session, oldest first."""
-        return await self._calls("calls_for_session", CALLS_FOR_SESSION, {"session_id": session_id})
+        params = {"namespace": self.namespace, "session_id": session_id}
+        return await self._calls("calls_for_session", CALLS_FOR_SESSION, params)
 
     async def list_calls(self, query: CallQuery) -> list[CallRecord]:
         """Calls matching ``query``, newest first."""

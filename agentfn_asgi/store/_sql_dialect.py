@@ -9,7 +9,9 @@ The statements of :mod:`agentfn_asgi.store._sql` are written once, with named pa
   boolean as an integer; ``true``/``false`` are literals in both);
 - ``{rowid}``, ``{skip_locked}``: how prune addresses small batches of rows;
 - ``{json_object}``: the function that builds a JSON object from key/value pairs (a call's
-  history events are built inside the statement that makes the change).
+  history events are built inside the statement that makes the change);
+- ``{strpos}``, ``{newline}``: where a text occurs in another (same argument order in both)
+  and a newline character, with which the statements keep a call's bounded history.
 
 Parameters: SQLite's driver takes ``:name`` with a mapping, so the text is left as it is;
 asyncpg takes ``$1, $2…`` with an ordered list, so :meth:`Dialect.render` numbers the names
@@ -37,6 +39,8 @@ WORDS: Final = (
     "rowid",
     "skip_locked",
     "json_object",
+    "strpos",
+    "newline",
 )
 
 
@@ -66,6 +70,11 @@ class Dialect:
     rowid: str  # the physical address of a row: prune deletes small batches by it
     skip_locked: str  # after prune's inner SELECT: leave rows another writer holds
     json_object: str  # json_object(k1, v1, ...) in SQLite, json_build_object in PostgreSQL
+    strpos: str  # strpos(text, sought): 1-based position, 0 when absent
+    newline: str  # a newline character, as an SQL expression
+    #: How the upgrade to schema 4 changes a table's primary key: ``rebuild`` the table
+    #: (SQLite cannot alter a primary key) or swap its ``constraint``.
+    rekey: str
     #: One column of names: the columns of table ``:table`` (in schema ``:schema``).
     columns_query: str
     # Rendered statements by template: a dict lookup on the hot path, nothing more.
@@ -91,6 +100,9 @@ SQLITE: Final = Dialect(
     rowid="rowid",
     skip_locked="",  # SQLite has one writer at a time: nothing to skip
     json_object="json_object",
+    strpos="instr",
+    newline="char(10)",
+    rekey="rebuild",
     columns_query="SELECT name FROM pragma_table_info(:table)",
 )
 
@@ -112,6 +124,9 @@ def postgres_dialect(schema: str) -> Dialect:
         rowid="ctid",
         skip_locked="FOR UPDATE SKIP LOCKED",
         json_object="json_build_object",
+        strpos="strpos",
+        newline="chr(10)",
+        rekey="constraint",
         columns_query=(
             "SELECT column_name FROM information_schema.columns"
             " WHERE table_schema = :schema AND table_name = :table"

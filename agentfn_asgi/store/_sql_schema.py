@@ -1,3 +1,4 @@
+# ruff: noqa: S608 - statements are built from constants of this module only, never input.
 """The schema of the SQL stores and the fragments their statements share.
 
 1. **Fragments**: the state predicates (``{claimed}``, ``{saved}``…), the key condition,
@@ -16,7 +17,9 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import CallState
+from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL, CallState, parse_history
+from agentfn_asgi.states import PRUNABLE, SAVED, TRANSITIONS
+from agentfn_asgi.store._guards import sql_guard, sql_states
 from agentfn_asgi.store._sql_dialect import WORDS
 
 __all__ = [
@@ -27,17 +30,23 @@ __all__ = [
     "DETAIL_COLUMN_LIST",
     "DETAIL_SQL",
     "FRAGMENTS",
+    "HISTORY_COLUMNS",
     "HOT_COLUMNS",
     "INDEXES",
+    "LONG_HISTORIES",
     "OWNER_SQL",
     "SCHEMA_VERSION",
+    "SPLIT_HISTORY",
     "TABLES",
     "UPGRADES",
+    "UPGRADE_PARAMS",
     "Row",
+    "append_sql",
     "check_schema_version",
     "event_sql",
     "fill",
     "schema_changes",
+    "split_history",
 ]
 
 #: One result row, by position (an ``sqlite3`` tuple or an ``asyncpg.Record``).
@@ -47,24 +56,35 @@ Row = Sequence[Any]
 
 
 def _state_in(*states: CallState) -> str:
-    # Always in CallState order, so a query and a partial index spell it identically.
-    listed = [state for state in CallState if state in states]
-    if len(listed) == 1:
-        return f"state = '{listed[0].value}'"
-    return "state IN ({})".format(", ".join(f"'{state.value}'" for state in listed))
+    return sql_states(frozenset(states))
 
 
-#: What ``{name}`` stands for in the statements below, in both dialects.
+def _guards() -> dict[str, str]:
+    """``{may_<row>}``: each row of the state table's condition, rendered from the table
+    (:mod:`agentfn_asgi.store._guards`); the upsert's take-over and retried claim see the
+    existing row as ``c.`` and the claimant as ``excluded.owner``."""
+    guards = {f"may_{name}": sql_guard(name) for name in TRANSITIONS if name != "claim"}
+    guards["may_mark_stale_unchanged"] = sql_guard("mark_stale", optional=True)
+    guards["may_take_over_upsert"] = sql_guard("take_over", alias="c.")
+    guards["may_reclaim_upsert"] = sql_guard("reclaim", alias="c.", owner="excluded.owner")
+    return guards
+
+
+#: What ``{name}`` stands for in the statements below, in both dialects. The state sets are
+#: the table's (:mod:`agentfn_asgi.states`), so partial indexes and queries agree with it.
 FRAGMENTS: Final[Mapping[str, str]] = {
-    "key": "session_id = :session_id AND turn_id = :turn_id AND call_id = :call_id",
+    # Every record lives in its store's namespace: every keyed statement names it.
+    "key": "namespace = :namespace AND session_id = :session_id AND turn_id = :turn_id"
+    " AND call_id = :call_id",
     "claimed": _state_in(CallState.CLAIMED),
-    "saved": _state_in(CallState.SUCCEEDED, CallState.FAILED),
+    "saved": sql_states(SAVED),
     "pending": _state_in(*(state for state in CallState if not state.terminal)),
     "terminal": _state_in(*(state for state in CallState if state.terminal)),
-    "finished": _state_in(CallState.SUBMITTED, CallState.STALE),
+    "finished": sql_states(PRUNABLE),
     "count_by_state": ", ".join(
         f"count(*) FILTER (WHERE {_state_in(state)})" for state in CallState
     ),
+    **_guards(),
 }
 
 
@@ -76,6 +96,41 @@ def event_sql(kind: str, attempt: str, *, owner: str = "NULL", detail: str = "NU
         "CAST({{json_object}}('at', CAST(:now AS {{real}}), 'kind', '" + kind + "', "
         "'attempt', " + attempt + ", 'owner', " + owner + ", 'detail', " + detail + ") "
         "AS {{text}})"
+    )
+
+
+def append_sql(event: str, *, row: str = "", unless: str | None = None) -> str:
+    """The ``SET`` assignments that append ``event`` (SQL from :func:`event_sql`) to a call's
+    bounded history, from the row's values before the change (``row``: its alias and a dot).
+
+    The first :data:`HISTORY_HEAD` events go to ``history`` (concatenated JSON objects); the
+    later ones to ``history_tail``, one per line, where past :data:`HISTORY_TAIL` each append
+    also cuts the oldest line off; ``history_count`` counts every event ever appended (those
+    dropped are ``history_count`` minus those kept). So an append costs one bounded string
+    operation however often the call was appended to. ``unless``: a condition under which
+    nothing is appended. JSON text never holds a raw newline, so lines split events safely.
+    """
+    head, kept = HISTORY_HEAD, HISTORY_HEAD + HISTORY_TAIL
+    count, history = f"{row}history_count", f"{row}history"
+    tail = f"coalesce({row}history_tail, '')"
+
+    # Under ``unless`` each column keeps its value (the first WHEN that holds wins).
+    def keep(column: str) -> str:
+        return "" if unless is None else f"WHEN {unless} THEN {column} "
+
+    return (
+        f"history = CASE {keep(history)}WHEN {count} < {head}"
+        f" THEN coalesce({history}, '') || {event} ELSE {history} END,\n"
+        f"        history_tail = CASE {keep(row + 'history_tail')}"
+        f"WHEN {count} < {head} THEN {row}history_tail\n"
+        f"            WHEN {count} < {kept} THEN {tail} || {event} || {{newline}}\n"
+        f"            ELSE substr({tail}, {{strpos}}({tail}, {{newline}}) + 1) || {event}"
+        " || {newline} END,\n"
+        + (
+            f"        history_count = {count} + 1"
+            if unless is None
+            else f"        history_count = CASE {keep(count)}ELSE {count} + 1 END"
+        )
     )
 
 
@@ -95,10 +150,10 @@ def fill(template: str) -> str:
 
 #: Bump with an entry in UPGRADES. SQLite keeps it in ``PRAGMA user_version``, PostgreSQL in
 #: the ``schema_version`` table of the store's schema.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 DELIVERY_COLUMNS: Final = (
-    ("delivery_id", "{text} PRIMARY KEY"),
+    ("delivery_id", "{text} NOT NULL"),
     ("session_id", "{text} NOT NULL"),
     ("received_at", "{real} NOT NULL"),
     ("resolved", "{boolean} NOT NULL DEFAULT false"),
@@ -139,17 +194,23 @@ CALL_COLUMNS: Final = (
     ("next_attempt_at", "{real} NOT NULL DEFAULT 0"),
     ("failures", "{integer} NOT NULL DEFAULT 0"),
     ("namespace", "{text} NOT NULL DEFAULT ''"),
+    # the bounded history (see append_sql): the first events, the last ones, how many in all
     ("history", "{text}"),
+    ("history_tail", "{text}"),
+    ("history_count", "{integer} NOT NULL DEFAULT 0"),
 )
-HOT_COLUMNS: Final = tuple(name for name, _ in CALL_COLUMNS if name not in ("namespace", "history"))
-DETAIL_COLUMNS: Final = (*HOT_COLUMNS, "history")
+HISTORY_COLUMNS: Final = ("history", "history_tail", "history_count")
+HOT_COLUMNS: Final = tuple(
+    name for name, _ in CALL_COLUMNS if name != "namespace" and name not in HISTORY_COLUMNS
+)
+DETAIL_COLUMNS: Final = (*HOT_COLUMNS, *HISTORY_COLUMNS)
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
 DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 
-#: table -> (columns, table constraint)
+#: table -> (columns, primary key). The namespace leads every key (schema 4).
 TABLES: Final = {
-    "deliveries": (DELIVERY_COLUMNS, ""),
-    "calls": (CALL_COLUMNS, "PRIMARY KEY (session_id, turn_id, call_id)"),
+    "deliveries": (DELIVERY_COLUMNS, ("namespace", "delivery_id")),
+    "calls": (CALL_COLUMNS, ("namespace", "session_id", "turn_id", "call_id")),
 }
 
 # Each one serves a query below, so recovery and pruning never scan the whole table; the
@@ -160,20 +221,23 @@ INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS deliveries_due"
     " ON {p}deliveries (namespace, next_attempt_at, delivery_id) WHERE NOT resolved",
     # prune, list_deliveries
-    "CREATE INDEX IF NOT EXISTS deliveries_received ON {p}deliveries (received_at)",
+    "CREATE INDEX IF NOT EXISTS deliveries_received ON {p}deliveries (namespace, received_at)",
     # expired_claims
-    "CREATE INDEX IF NOT EXISTS calls_claimed ON {p}calls (lease_expires_at) WHERE {claimed}",
+    "CREATE INDEX IF NOT EXISTS calls_claimed"
+    " ON {p}calls (namespace, lease_expires_at) WHERE {claimed}",
     # unsubmitted_results (the sweep's order and cursor)
     "CREATE INDEX IF NOT EXISTS calls_due"
     " ON {p}calls (namespace, next_attempt_at, session_id, turn_id, call_id) WHERE {saved}",
     # prune (quarantined calls wait for an operator: never pruned)
-    "CREATE INDEX IF NOT EXISTS calls_finished ON {p}calls (updated_at) WHERE {finished}",
+    "CREATE INDEX IF NOT EXISTS calls_finished"
+    " ON {p}calls (namespace, updated_at) WHERE {finished}",
 )
 
 #: version -> what brings the data of the version before to it, run once, after the tables
-#: got their missing columns and the indexes above exist. Each statement must also be
-#: harmless on a database that never had the old shape (a PostgreSQL schema made before
-#: versions were recorded counts as version 0 and runs every upgrade).
+#: got their missing columns and before the indexes above are made. Each statement must also
+#: be harmless on a database that never had the old shape (a PostgreSQL schema made before
+#: versions were recorded counts as version 0 and runs every upgrade). ``:namespace`` is the
+#: namespace of the store that opens (and so upgrades) the database.
 UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
     # SQLite files of version 1 kept a quarantine's reason in error_type (a quarantined call
     # has no result), and had other indexes. PostgreSQL always had the column, and an index
@@ -186,16 +250,58 @@ UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
         "DROP INDEX IF EXISTS {p}calls_state_updated",
         "DROP INDEX IF EXISTS {p}calls_pending",
     ),
-    # Version 3 added retry backoff (due now), namespaces (''), history (none before) and
-    # indexes in the sweep's order; quarantined calls are no longer pruned.
+    # Version 3 added retry backoff (due now), namespaces, history (none before) and
+    # indexes in the sweep's order; quarantined calls are no longer pruned. Rows written
+    # before namespaces existed are adopted by the namespace of the app that upgrades the
+    # database (the rows of one app, whose namespace is now that app's OPENAI_PROJECT_ID or
+    # AGENTFN_STORE_NAMESPACE): its sweep, listings and operators keep finding them.
     3: (
         "UPDATE {p}deliveries SET next_attempt_at = received_at WHERE next_attempt_at = 0",
         "UPDATE {p}calls SET next_attempt_at = updated_at WHERE next_attempt_at = 0",
+        "UPDATE {p}deliveries SET namespace = :namespace",
+        "UPDATE {p}calls SET namespace = :namespace",
         "DROP INDEX IF EXISTS {p}deliveries_unresolved",
         "DROP INDEX IF EXISTS {p}calls_unsubmitted",
         "DROP INDEX IF EXISTS {p}calls_terminal",
     ),
+    # Version 4 keys every record by its namespace (the primary keys change after these;
+    # see schema_changes), leads three indexes with it, and bounds the history: the events
+    # written so far are counted (each starts with '{"at"', which JSON text cannot hold
+    # inside a string), and longer ones split by split_history once the statements ran.
+    4: (
+        "DROP INDEX IF EXISTS {p}deliveries_received",
+        "DROP INDEX IF EXISTS {p}calls_claimed",
+        "DROP INDEX IF EXISTS {p}calls_finished",
+        "UPDATE {p}calls SET history_count = (length(history)"
+        " - length(replace(history, CAST(:event_start AS {text}), '')))"
+        " / length(CAST(:event_start AS {text})) WHERE history IS NOT NULL",
+    ),
 }
+
+#: The named parameters of the upgrade statements, but ``namespace``.
+UPGRADE_PARAMS: Final[Mapping[str, object]] = {"event_start": '{"at"'}
+
+#: Histories an upgrade from a version before 4 splits (see :func:`split_history`).
+LONG_HISTORIES: Final = fill(
+    "SELECT namespace, session_id, turn_id, call_id, history FROM {p}calls"
+    f" WHERE history_count > {HISTORY_HEAD}"
+)
+SPLIT_HISTORY: Final = fill(
+    "UPDATE {p}calls SET history = :head, history_tail = :tail, history_count = :count WHERE {key}"
+)
+
+
+def split_history(text: str | None) -> dict[str, object]:
+    """The parameters of :data:`SPLIT_HISTORY` for one history of the old, unbounded shape:
+    its first :data:`HISTORY_HEAD` events, its last :data:`HISTORY_TAIL` after them (one per
+    line), and how many it had."""
+    events = parse_history(text)
+    tail = events[HISTORY_HEAD:][-HISTORY_TAIL:]
+    return {
+        "head": "".join(event.to_json() for event in events[:HISTORY_HEAD]),
+        "tail": "".join(event.to_json() + "\n" for event in tail) or None,
+        "count": len(events),
+    }
 
 
 def check_schema_version(version: int, where: str) -> None:
@@ -207,21 +313,51 @@ def check_schema_version(version: int, where: str) -> None:
         )
 
 
-def schema_changes(version: int, existing: Mapping[str, Collection[str]]) -> list[str]:
+def _create_table(table: str, name: str | None = None) -> str:
+    columns, key = TABLES[table]
+    body = [f"{column} {definition}" for column, definition in columns]
+    body.append(f"CONSTRAINT {table}_pkey PRIMARY KEY ({', '.join(key)})")
+    return f"CREATE TABLE IF NOT EXISTS {{p}}{name or table} ({', '.join(body)})"
+
+
+def _rekey(table: str, how: str) -> list[str]:
+    """Give an existing ``table`` the primary key of schema 4: ``rebuild`` it (SQLite cannot
+    change a primary key: a copy under the new one replaces it; its indexes go with the old
+    table and are made again after) or swap the ``constraint`` (PostgreSQL)."""
+    columns = ", ".join(column for column, _ in TABLES[table][0])
+    if how == "rebuild":
+        return [
+            _create_table(table, f"{table}_v4"),
+            f"INSERT INTO {{p}}{table}_v4 ({columns}) SELECT {columns} FROM {{p}}{table}",
+            f"DROP TABLE {{p}}{table}",
+            f"ALTER TABLE {{p}}{table}_v4 RENAME TO {table}",
+        ]
+    key = ", ".join(TABLES[table][1])
+    return [
+        f"ALTER TABLE {{p}}{table} DROP CONSTRAINT {table}_pkey",
+        f"ALTER TABLE {{p}}{table} ADD CONSTRAINT {table}_pkey PRIMARY KEY ({key})",
+    ]
+
+
+def schema_changes(
+    version: int, existing: Mapping[str, Collection[str]], *, rekey: str
+) -> list[str]:
     """The statements that bring a database at ``version`` to :data:`SCHEMA_VERSION`.
 
-    ``existing`` maps each table name to the columns it has now (none: it does not exist).
+    ``existing`` maps each table name to the columns it has now (none: it does not exist);
+    ``rekey`` is the dialect's way of changing a primary key (``rebuild`` or ``constraint``).
     Missing tables are created, missing columns added (new columns are nullable or have a
-    default), then the data upgrades and the indexes follow (an upgrade may drop an index
-    that is recreated under the same name). Run them in one transaction.
+    default), then the data upgrades, the new primary keys of tables older than version 4
+    and the indexes follow (an upgrade may drop an index that is recreated under the same
+    name). Run them in one transaction, with ``:namespace`` (the opener's) and
+    :data:`UPGRADE_PARAMS`; then, from a version before 4, :data:`LONG_HISTORIES` each
+    through :func:`split_history` into :data:`SPLIT_HISTORY`.
     """
     changes: list[str] = []
-    for table, (columns, constraint) in TABLES.items():
+    for table, (columns, _) in TABLES.items():
         have = existing.get(table) or ()
         if not have:
-            body = [f"{name} {definition}" for name, definition in columns]
-            body += [constraint] if constraint else []
-            changes.append(f"CREATE TABLE IF NOT EXISTS {{p}}{table} ({', '.join(body)})")
+            changes.append(_create_table(table))
             continue
         changes += [
             f"ALTER TABLE {{p}}{table} ADD COLUMN {name} {definition}"
@@ -230,5 +366,9 @@ def schema_changes(version: int, existing: Mapping[str, Collection[str]]) -> lis
         ]
     for target in range(version + 1, SCHEMA_VERSION + 1):
         changes += UPGRADES.get(target, ())
+    if version < 4:
+        for table in TABLES:
+            if existing.get(table):
+                changes += _rekey(table, rekey)
     changes += INDEXES
     return [fill(change) for change in changes]

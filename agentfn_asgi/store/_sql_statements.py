@@ -20,6 +20,7 @@ from agentfn_asgi.store._sql_schema import (
     DETAIL_SQL,
     HOT_COLUMNS,
     OWNER_SQL,
+    append_sql,
     event_sql,
     fill,
 )
@@ -64,13 +65,15 @@ RECORD_DELIVERY: Final = fill("""
     INSERT INTO {p}deliveries AS d (delivery_id, session_id, received_at, resolved,
                                     namespace, next_attempt_at, nonce)
     VALUES (:delivery_id, :session_id, :now, false, :namespace, :now, :nonce)
-    ON CONFLICT (delivery_id) DO UPDATE SET nonce = d.nonce WHERE d.nonce = excluded.nonce""")
+    ON CONFLICT (namespace, delivery_id) DO UPDATE SET nonce = d.nonce
+    WHERE d.nonce = excluded.nonce""")
 RESOLVE_DELIVERY: Final = fill("""
-    UPDATE {p}deliveries SET resolved = true WHERE delivery_id = :delivery_id AND NOT resolved""")
+    UPDATE {p}deliveries SET resolved = true
+    WHERE namespace = :namespace AND delivery_id = :delivery_id AND NOT resolved""")
 DELIVERY_FAILED: Final = fill("""
     UPDATE {p}deliveries SET attempts = attempts + 1, last_error = :error,
         next_attempt_at = :retry_at
-    WHERE delivery_id = :delivery_id AND NOT resolved""")
+    WHERE namespace = :namespace AND delivery_id = :delivery_id AND NOT resolved""")
 _UNRESOLVED: Final = """
     SELECT {delivery_list} FROM {{p}}deliveries
     WHERE namespace = :namespace AND NOT resolved AND next_attempt_at <= :due_before {after}
@@ -99,24 +102,25 @@ CLAIM: Final = fill(
     """
     INSERT INTO {p}calls AS c (session_id, turn_id, call_id, tool_name, state, attempt, owner,
                                lease_expires_at, created_at, updated_at, delivery_id,
-                               next_attempt_at, namespace, history)
+                               next_attempt_at, namespace, history, history_count)
     VALUES (:session_id, :turn_id, :call_id, :tool_name, 'claimed', 1, :owner,
             :lease_expires_at, :now, :now, :delivery_id, :now, :namespace, """
     + event_sql("claimed", "1", owner=OWNER_SQL)
-    + """)
-    ON CONFLICT (session_id, turn_id, call_id) DO UPDATE SET
-        attempt = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
-                       THEN c.attempt ELSE c.attempt + 1 END,
-        history = CASE WHEN c.owner = excluded.owner AND c.lease_expires_at >= :now
-                       THEN c.history ELSE coalesce(c.history, '') || """
-    + event_sql("taken_over", "c.attempt + 1", owner=OWNER_SQL)
-    + """ END,
+    + """, 1)
+    ON CONFLICT (namespace, session_id, turn_id, call_id) DO UPDATE SET
+        attempt = CASE WHEN {may_reclaim_upsert} THEN c.attempt ELSE c.attempt + 1 END,
+        """
+    + append_sql(
+        event_sql("taken_over", "c.attempt + 1", owner=OWNER_SQL),
+        row="c.",
+        unless="{may_reclaim_upsert}",
+    )
+    + """,
         owner = excluded.owner,
         lease_expires_at = excluded.lease_expires_at,
         updated_at = excluded.updated_at,
         delivery_id = coalesce(c.delivery_id, excluded.delivery_id)
-    WHERE c.state = 'claimed' AND (c.lease_expires_at < :takeover_before
-                                   OR (c.owner = excluded.owner AND c.lease_expires_at >= :now))
+    WHERE {may_take_over_upsert} OR {may_reclaim_upsert}
     RETURNING {columns}"""
 )
 GET_CALL: Final = fill("SELECT {columns} FROM {p}calls WHERE {key}")
@@ -124,7 +128,7 @@ GET_CALL_DETAIL: Final = fill("SELECT {detail_columns} FROM {p}calls WHERE {key}
 # Fenced: only the holder of the claim's current attempt renews, saves or quarantines.
 RENEW_LEASE: Final = fill("""
     UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt""")
+    WHERE {key} AND {may_renew}""")
 # A row comes back only when this save wrote it, so its caller holds the result already: the
 # text columns come back empty rather than as a second copy of a (possibly 4 MiB) result.
 _SAVED_RETURNING: Final = ", ".join(
@@ -138,52 +142,53 @@ SAVE_RESULT: Final = fill(
     UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
         success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
         error_type = :error_type, source = :source, full_output = :full_output,
-        history = coalesce(history, '') || """
-    + event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("saved", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt
+    WHERE {key} AND {may_save}
     RETURNING """
     + _SAVED_RETURNING
 )
 MARK_SUBMITTED: Final = fill(
     """
     UPDATE {p}calls SET state = 'submitted', updated_at = :now,
-        history = coalesce(history, '') || """
-    + event_sql("submitted", "attempt", detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("submitted", "attempt", detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {saved}"""
+    WHERE {key} AND {may_mark_submitted}"""
 )
 SUBMISSION_FAILED: Final = fill(
     """
     UPDATE {p}calls SET failures = failures + 1, next_attempt_at = :retry_at,
-        history = coalesce(history, '') || """
-    + event_sql("submit_failed", "attempt", detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("submit_failed", "attempt", detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {saved}"""
+    WHERE {key} AND {may_submission_failed}"""
 )
-_STALE: Final = (
-    """
-    UPDATE {{p}}calls SET state = 'stale', updated_at = :now,
-        history = coalesce(history, '') || """
-    + event_sql("stale", "attempt")
-    + """
-    WHERE {{key}} AND {{pending}} {unchanged}"""
-)
-MARK_STALE: Final = fill(_STALE.format(unchanged=""))
-MARK_STALE_UNCHANGED: Final = fill(_STALE.format(unchanged="AND updated_at <= :since"))
+
+
+def _stale(guard: str) -> str:
+    return fill(
+        """
+    UPDATE {p}calls SET state = 'stale', updated_at = :now,
+        """
+        + append_sql(event_sql("stale", "attempt"))
+        + """
+    WHERE {key} AND """
+        + guard
+    )
+
+
+MARK_STALE: Final = _stale("{may_mark_stale}")
+MARK_STALE_UNCHANGED: Final = _stale("{may_mark_stale_unchanged}")
 # Only the claim's holder quarantines, and a saved result always wins over it.
 QUARANTINE: Final = fill(
     """
     UPDATE {p}calls SET state = 'quarantined', updated_at = :now, quarantine_reason = :detail,
-        history = coalesce(history, '') || """
-    + event_sql("quarantined", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("quarantined", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
     + """
-    WHERE {key} AND {claimed} AND owner = :owner AND attempt = :attempt"""
-)
-# What an operator may settle or re-run: held for them, or in doubt (claimed, lease expired
-# before :takeover_before).
-_SETTLEABLE: Final = (
-    "(state = 'quarantined' OR ({claimed} AND lease_expires_at < :takeover_before))"
+    WHERE {key} AND {may_quarantine}"""
 )
 SETTLE: Final = fill(
     """
@@ -191,29 +196,25 @@ SETTLE: Final = fill(
         success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
         error_type = :error_type, source = :source, full_output = :full_output,
         quarantine_reason = NULL,
-        history = coalesce(history, '') || """
-    + event_sql("settled", "attempt", detail=DETAIL_SQL)
+        """
+    + append_sql(event_sql("settled", "attempt", detail=DETAIL_SQL))
     + """
-    WHERE {key} AND """
-    + _SETTLEABLE
-    + """
+    WHERE {key} AND {may_settle}
     RETURNING {columns}"""
 )
 RELEASE: Final = fill(
     """
     UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
         lease_expires_at = :lease_expires_at, updated_at = :now, quarantine_reason = NULL,
-        history = coalesce(history, '') || """
-    + event_sql("released", "attempt + 1", owner=OWNER_SQL)
+        """
+    + append_sql(event_sql("released", "attempt + 1", owner=OWNER_SQL))
     + """
-    WHERE {key} AND """
-    + _SETTLEABLE
-    + """
+    WHERE {key} AND {may_release}
     RETURNING {columns}"""
 )
 
 CALLS_FOR_SESSION: Final = fill("""
-    SELECT {columns} FROM {p}calls WHERE session_id = :session_id
+    SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND session_id = :session_id
     ORDER BY created_at, turn_id, call_id""")
 FIND_CALLS: Final = fill("""
     SELECT {detail_columns} FROM {p}calls WHERE namespace = :namespace AND call_id = :call_id

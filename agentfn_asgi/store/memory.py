@@ -4,8 +4,13 @@ Nothing survives the process. Every method is atomic because it never awaits bet
 reading and writing its dicts: on one event loop no other coroutine can run in between.
 Do not share one instance across event loops running in different threads.
 
-It is also the reference the other backends are held to: the contract suite
-(``tests/store``) runs the same tests on all four.
+It is also the reference the other backends are held to: it executes the state table of
+:mod:`agentfn_asgi.states` row by row (every change to a call goes through :meth:`_apply`), the
+contract suite (``tests/store``) runs the same tests on all four backends, and the generated
+histories compare every backend with this one after every step.
+
+Every record is kept under its namespace: the data is shared by :meth:`MemoryStore.sharing`
+instances, and nothing one namespace does reads or changes another's records.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from dataclasses import dataclass, field
 
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
+    HISTORY_HEAD,
+    HISTORY_TAIL,
     CallEvent,
     CallKey,
     CallQuery,
@@ -28,6 +35,13 @@ from agentfn_asgi.records import (
     SavedResult,
     StoreStats,
 )
+from agentfn_asgi.states import (
+    SAVED,
+    TRANSITIONS,
+    Transition,
+    allows,
+    resulting_state,
+)
 from agentfn_asgi.store._codec import claim_status_for, saved_detail
 
 __all__ = ["MemoryStore"]
@@ -37,8 +51,12 @@ __all__ = ["MemoryStore"]
 class _Data:
     """What instances sharing one memory store share (see :meth:`MemoryStore.sharing`)."""
 
-    deliveries: dict[str, tuple[str, DeliveryRecord, str | None]] = field(default_factory=dict)
-    calls: dict[CallKey, tuple[str, CallRecord]] = field(default_factory=dict)
+    #: (namespace, delivery_id) -> (the delivery, the nonce that recorded it)
+    deliveries: dict[tuple[str, str], tuple[DeliveryRecord, str | None]] = field(
+        default_factory=dict
+    )
+    #: (namespace, key) -> the call, with its whole (bounded) history
+    calls: dict[tuple[str, CallKey], CallRecord] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -95,44 +113,41 @@ class MemoryStore:
     # -- deliveries ------------------------------------------------------------------------
     def _own_deliveries(self) -> list[DeliveryRecord]:
         ns = self.namespace
-        return [d for owner, d, _ in self._data.deliveries.values() if owner == ns]
+        return [d for (owner, _), (d, _) in self._data.deliveries.items() if owner == ns]
 
     async def record_delivery(
         self, delivery_id: str, session_id: str, *, nonce: str | None = None
     ) -> bool:
         """Record a delivery; True if new (or our own repeat, by ``nonce``)."""
         self._check_open()
-        found = self._data.deliveries.get(delivery_id)
+        found = self._data.deliveries.get((self.namespace, delivery_id))
         if found is not None:
-            return nonce is not None and nonce != "" and found[2] == nonce
+            return nonce is not None and nonce != "" and found[1] == nonce
         now = self._clock()
         record = DeliveryRecord(delivery_id, session_id, now, next_attempt_at=now)
-        self._data.deliveries[delivery_id] = (self.namespace, record, nonce)
+        self._data.deliveries[(self.namespace, delivery_id)] = (record, nonce)
         return True
 
-    def _update_delivery(self, delivery_id: str, **changes: object) -> None:
-        found = self._data.deliveries.get(delivery_id)
-        if found is not None:
-            ns, record, nonce = found
-            self._data.deliveries[delivery_id] = (
-                ns,
-                dataclasses.replace(record, **changes),  # type: ignore[arg-type]
-                nonce,
-            )
+    def _update_unresolved(self, delivery_id: str, **changes: object) -> None:
+        key = (self.namespace, delivery_id)
+        found = self._data.deliveries.get(key)
+        if found is not None and not found[0].resolved:
+            record, nonce = found
+            self._data.deliveries[key] = (dataclasses.replace(record, **changes), nonce)  # type: ignore[arg-type]
 
     async def mark_delivery_resolved(self, delivery_id: str) -> None:
         """Mark a delivery resolved; unknown ids are ignored."""
         self._check_open()
-        self._update_delivery(delivery_id, resolved=True)
+        self._update_unresolved(delivery_id, resolved=True)
 
     async def delivery_failed(self, delivery_id: str, *, error: str, retry_at: float) -> None:
         """Count a failed resolve, keep its error, retry at ``retry_at``."""
         self._check_open()
-        found = self._data.deliveries.get(delivery_id)
-        if found is not None and not found[1].resolved:
-            self._update_delivery(
+        found = self._data.deliveries.get((self.namespace, delivery_id))
+        if found is not None:
+            self._update_unresolved(
                 delivery_id,
-                attempts=found[1].attempts + 1,
+                attempts=found[0].attempts + 1,
                 last_error=error,
                 next_attempt_at=retry_at,
             )
@@ -168,39 +183,58 @@ class MemoryStore:
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
         """Drop deliveries received, and submitted or stale calls updated, before the times."""
         self._check_open()
-        data = self._data
+        data, ns = self._data, self.namespace
         old_deliveries = [
-            k
-            for k, (ns, d, _) in data.deliveries.items()
-            if ns == self.namespace and d.received_at < deliveries_before
+            key
+            for key, (d, _) in data.deliveries.items()
+            if key[0] == ns and d.received_at < deliveries_before
         ]
+        prune = TRANSITIONS["prune"]
+        now = self._clock()
         old_calls = [
-            k
-            for k, (ns, c) in data.calls.items()
-            if ns == self.namespace and c.state in _PRUNABLE and c.updated_at < calls_before
+            key
+            for key, c in data.calls.items()
+            if key[0] == ns and allows(prune, c, now=now) and c.updated_at < calls_before
         ]
-        for delivery_id in old_deliveries:
-            del data.deliveries[delivery_id]
-        for key in old_calls:
-            del data.calls[key]
+        for delivery_key in old_deliveries:
+            del data.deliveries[delivery_key]
+        for call_key in old_calls:
+            del data.calls[call_key]
         return len(old_deliveries) + len(old_calls)
 
-    # -- calls -----------------------------------------------------------------------------
+    # -- calls: every change is one row of the state table ---------------------------------
     def _get(self, key: CallKey) -> CallRecord | None:
-        found = self._data.calls.get(key)
-        return None if found is None else found[1]
+        return self._data.calls.get((self.namespace, key))
 
-    def _put(self, record: CallRecord, namespace: str | None = None) -> CallRecord:
-        found = self._data.calls.get(record.key)
-        ns = namespace if namespace is not None else (found[0] if found else self.namespace)
-        self._data.calls[record.key] = (ns, record)
-        return record
-
-    def _event(
-        self, record: CallRecord, kind: str, *, owner: str | None = None, detail: str = ""
-    ) -> tuple[CallEvent, ...]:
-        event = CallEvent(self._clock(), kind, record.attempt, owner, detail)
-        return (*record.history, event)
+    def _apply(
+        self,
+        row: Transition,
+        record: CallRecord,
+        *,
+        owner: str | None = None,
+        lease_seconds: float | None = None,
+        result: SavedResult | None = None,
+        detail: str = "",
+        **changes: object,
+    ) -> CallRecord:
+        """Make ``row`` happen to ``record`` (the caller checked :func:`allows`): its resulting
+        state, its next attempt, its history event; ``changes`` are the row's other fields."""
+        now = self._clock()
+        attempt = record.attempt + 1 if row.new_attempt else record.attempt
+        state = resulting_state(row, record, success=None if result is None else result.success)
+        fields: dict[str, object] = {"state": state, "attempt": attempt, "updated_at": now}
+        fields.update(changes)
+        updated = dataclasses.replace(record, **fields)  # type: ignore[arg-type]
+        if owner is not None and (row.new_attempt or result is not None):
+            updated = dataclasses.replace(updated, owner=owner)
+        if lease_seconds is not None:
+            updated = dataclasses.replace(updated, lease_expires_at=now + lease_seconds)
+        if result is not None:
+            updated = dataclasses.replace(updated, result=result, next_attempt_at=now)
+        if row.event is not None:
+            updated = _appended(updated, CallEvent(now, row.event, attempt, owner, detail))
+        self._data.calls[(self.namespace, record.key)] = updated
+        return updated
 
     async def claim_call(
         self,
@@ -230,44 +264,35 @@ class MemoryStore:
                 next_attempt_at=now,
                 history=(CallEvent(now, "claimed", 1, owner),),
             )
-            return ClaimOutcome(ClaimStatus.CLAIMED, self._plain(self._put(record, self.namespace)))
-        if record.state is CallState.CLAIMED:
-            if record.owner == owner and record.lease_expires_at >= now:
-                # Our own claim, retried: it is ours already.
-                status = ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
-                return ClaimOutcome(status, self._plain(record))
-            if record.lease_expires_at + margin < now:
-                attempt = record.attempt + 1
-                record = dataclasses.replace(
-                    record,
-                    attempt=attempt,
-                    owner=owner,
-                    lease_expires_at=now + lease_seconds,
-                    updated_at=now,
-                    delivery_id=record.delivery_id or delivery_id,
-                    history=(*record.history, CallEvent(now, "taken_over", attempt, owner)),
-                )
-                return ClaimOutcome(ClaimStatus.IN_DOUBT, self._plain(self._put(record)))
-        return ClaimOutcome(claim_status_for(record), self._plain(record))
-
-    def _holds(self, record: CallRecord | None, owner: str, attempt: int) -> bool:
-        return (
-            record is not None
-            and record.state is CallState.CLAIMED
-            and record.owner == owner
-            and record.attempt == attempt
-        )
+            self._data.calls[(self.namespace, key)] = record
+            return ClaimOutcome(ClaimStatus.CLAIMED, _plain(record))
+        if allows(TRANSITIONS["reclaim"], record, now=now, owner=owner):
+            # Our own claim, retried: it is ours already.
+            status = ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
+            return ClaimOutcome(status, _plain(record))
+        take_over = TRANSITIONS["take_over"]
+        if allows(take_over, record, now=now, margin=margin):
+            record = self._apply(
+                take_over,
+                record,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                delivery_id=record.delivery_id or delivery_id,
+            )
+            return ClaimOutcome(ClaimStatus.IN_DOUBT, _plain(record))
+        return ClaimOutcome(claim_status_for(record), _plain(record))
 
     async def renew_lease(
         self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
     ) -> bool:
         """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
         self._check_open()
-        record = self._get(key)
-        if record is None or not self._holds(record, owner, attempt):
+        record, renew = self._get(key), TRANSITIONS["renew"]
+        if record is None or not allows(
+            renew, record, now=self._clock(), owner=owner, attempt=attempt
+        ):
             return False
-        now = self._clock()
-        self._put(dataclasses.replace(record, lease_expires_at=now + lease_seconds, updated_at=now))
+        self._apply(renew, record, lease_seconds=lease_seconds)
         return True
 
     async def save_result(
@@ -281,147 +306,86 @@ class MemoryStore:
     ) -> CallRecord:
         """Fenced, first writer wins; see :meth:`Store.save_result`."""
         self._check_open()
-        record = self._get(key)
+        record, save = self._get(key), TRANSITIONS["save"]
         if record is None:
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
-        if not self._holds(record, owner, attempt):
-            return self._plain(record)
-        return self._plain(self._saved(record, result, "saved", owner, duration))
-
-    def _saved(
-        self,
-        record: CallRecord,
-        result: SavedResult,
-        kind: str,
-        owner: str | None,
-        duration: float | None,
-    ) -> CallRecord:
-        now = self._clock()
-        return self._put(
-            dataclasses.replace(
-                record,
-                state=CallState.SUCCEEDED if result.success else CallState.FAILED,
-                owner=owner if owner is not None else record.owner,
-                updated_at=now,
-                next_attempt_at=now,
-                result=result,
-                history=self._event(
-                    record, kind, owner=owner, detail=saved_detail(result, duration)
-                ),
-            )
-        )
-
-    def _transition(
-        self,
-        key: CallKey,
-        to: CallState,
-        *,
-        allowed: frozenset[CallState],
-        kind: str,
-        unchanged_since: float | None = None,
-        detail: str = "",
-    ) -> None:
-        record = self._get(key)
-        if record is None or record.state not in allowed:
-            return
-        if unchanged_since is not None and record.updated_at > unchanged_since:
-            return
-        history = self._event(record, kind, detail=detail)
-        self._put(dataclasses.replace(record, state=to, updated_at=self._clock(), history=history))
+        if not allows(save, record, now=self._clock(), owner=owner, attempt=attempt):
+            return _plain(record)
+        detail = saved_detail(result, duration)
+        return _plain(self._apply(save, record, owner=owner, result=result, detail=detail))
 
     async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
         """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
         self._check_open()
-        self._transition(key, CallState.SUBMITTED, allowed=_SAVED, kind="submitted", detail=detail)
+        record, row = self._get(key), TRANSITIONS["mark_submitted"]
+        if record is not None and allows(row, record, now=self._clock()):
+            self._apply(row, record, detail=detail)
 
     async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
         """Record a failed submission; the sweep retries it at ``retry_at``."""
         self._check_open()
-        record = self._get(key)
-        if record is None or record.state not in _SAVED:
-            return
-        self._put(
-            dataclasses.replace(
+        record, row = self._get(key), TRANSITIONS["submission_failed"]
+        if record is not None and allows(row, record, now=self._clock()):
+            # A failed submission changes when the sweep looks again, not the record's age:
+            # what another replica saved stays newer than it (mark_stale's unchanged_since).
+            self._apply(
+                row,
                 record,
+                detail=detail,
                 failures=record.failures + 1,
                 next_attempt_at=retry_at,
-                history=self._event(record, "submit_failed", detail=detail),
+                updated_at=record.updated_at,
             )
-        )
 
     async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
         """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
         self._check_open()
-        self._transition(
-            key,
-            CallState.STALE,
-            allowed=_NON_TERMINAL,
-            kind="stale",
-            unchanged_since=unchanged_since,
-        )
+        record, row = self._get(key), TRANSITIONS["mark_stale"]
+        if record is not None and allows(
+            row, record, now=self._clock(), unchanged_since=unchanged_since
+        ):
+            self._apply(row, record)
 
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """``claimed`` by ``(owner, attempt)`` → ``quarantined``; a saved result wins."""
         self._check_open()
-        record = self._get(key)
-        if record is not None and self._holds(record, owner, attempt):
-            self._put(
-                dataclasses.replace(
-                    record,
-                    state=CallState.QUARANTINED,
-                    updated_at=self._clock(),
-                    quarantine_reason=reason,
-                    history=self._event(record, "quarantined", owner=owner, detail=reason),
-                )
-            )
-
-    def _settleable(self, record: CallRecord | None, margin: float) -> bool:
-        if record is None:
-            return False
-        if record.state is CallState.QUARANTINED:
-            return True
-        return record.in_doubt(self._clock() - margin)
+        record, row = self._get(key), TRANSITIONS["quarantine"]
+        if record is not None and allows(
+            row, record, now=self._clock(), owner=owner, attempt=attempt
+        ):
+            self._apply(row, record, owner=owner, detail=reason, quarantine_reason=reason)
 
     async def settle(
         self, key: CallKey, *, result: SavedResult, margin: float = 0.0
     ) -> CallRecord | None:
         """An operator's result for a quarantined or in-doubt call; see the protocol."""
         self._check_open()
-        record = self._get(key)
-        if record is None or not self._settleable(record, margin):
+        record, row = self._get(key), TRANSITIONS["settle"]
+        if record is None or not allows(row, record, now=self._clock(), margin=margin):
             return None
-        record = dataclasses.replace(record, quarantine_reason=None)
-        return self._plain(self._saved(record, result, "settled", None, None))
+        detail = saved_detail(result, None)
+        return _plain(
+            self._apply(row, record, result=result, detail=detail, quarantine_reason=None)
+        )
 
     async def release(
         self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
     ) -> CallRecord | None:
         """An operator's re-run: claimed by ``owner`` with the next attempt."""
         self._check_open()
-        record = self._get(key)
-        if record is None or not self._settleable(record, margin):
+        record, row = self._get(key), TRANSITIONS["release"]
+        if record is None or not allows(row, record, now=self._clock(), margin=margin):
             return None
-        now = self._clock()
-        attempt = record.attempt + 1
-        return self._plain(
-            self._put(
-                dataclasses.replace(
-                    record,
-                    state=CallState.CLAIMED,
-                    attempt=attempt,
-                    owner=owner,
-                    lease_expires_at=now + lease_seconds,
-                    updated_at=now,
-                    quarantine_reason=None,
-                    history=(*record.history, CallEvent(now, "released", attempt, owner)),
-                )
+        return _plain(
+            self._apply(
+                row, record, owner=owner, lease_seconds=lease_seconds, quarantine_reason=None
             )
         )
 
-    @staticmethod
-    def _plain(record: CallRecord) -> CallRecord:
-        # Other backends read the history only when asked: so does this one, for parity.
-        return dataclasses.replace(record, history=())
+    # -- reading ---------------------------------------------------------------------------
+    def _own_calls(self) -> list[CallRecord]:
+        ns = self.namespace
+        return [c for (owner, _), c in self._data.calls.items() if owner == ns]
 
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of ``key`` (with its history if asked), or None."""
@@ -429,25 +393,19 @@ class MemoryStore:
         record = self._get(key)
         if record is None:
             return None
-        return record if history else self._plain(record)
+        return record if history else _plain(record)
 
     async def find_calls(self, call_id: str) -> list[CallRecord]:
         """Every call with ``call_id``, in any session of this namespace, with history."""
         self._check_open()
-        found = [
-            c
-            for ns, c in self._data.calls.values()
-            if ns == self.namespace and c.key.call_id == call_id
-        ]
+        found = [c for c in self._own_calls() if c.key.call_id == call_id]
         found.sort(key=lambda c: (c.created_at, c.key.session_id, c.key.turn_id))
         return found
 
     async def calls_for_session(self, session_id: str) -> list[CallRecord]:
-        """Every call of a session, oldest first."""
+        """Every call of a session in this namespace, oldest first."""
         self._check_open()
-        found = [
-            self._plain(c) for _, c in self._data.calls.values() if c.key.session_id == session_id
-        ]
+        found = [_plain(c) for c in self._own_calls() if c.key.session_id == session_id]
         found.sort(key=lambda c: (c.created_at, c.key.turn_id, c.key.call_id))
         return found
 
@@ -470,11 +428,7 @@ class MemoryStore:
                 return False
             return query.before is None or _position(record) < query.before
 
-        found = [
-            self._plain(c)
-            for ns, c in self._data.calls.values()
-            if ns == self.namespace and matches(c)
-        ]
+        found = [_plain(c) for c in self._own_calls() if matches(c)]
         found.sort(key=_position, reverse=True)
         return found[: max(0, query.limit)]
 
@@ -489,15 +443,13 @@ class MemoryStore:
         self._check_open()
 
         def order(record: CallRecord) -> tuple[float, str, str, str]:
-            key = record.key
-            return (record.next_attempt_at, key.session_id, key.turn_id, key.call_id)
+            return (record.next_attempt_at, *_key_tuple(record.key))
 
         start = None if after is None else (after[0], *_key_tuple(after[1]))
         found = [
-            self._plain(c)
-            for ns, c in self._data.calls.values()
-            if ns == self.namespace
-            and c.state in _SAVED
+            _plain(c)
+            for c in self._own_calls()
+            if c.state in SAVED
             and c.next_attempt_at <= due_before
             and (start is None or order(c) > start)
         ]
@@ -507,13 +459,9 @@ class MemoryStore:
     async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
         """Claims whose lease expired more than ``margin`` ago, earliest expiry first."""
         self._check_open()
-        now = self._clock()
+        now, take_over = self._clock(), TRANSITIONS["take_over"]
         found = [
-            self._plain(c)
-            for ns, c in self._data.calls.values()
-            if ns == self.namespace
-            and c.state is CallState.CLAIMED
-            and c.lease_expires_at + margin < now
+            _plain(c) for c in self._own_calls() if allows(take_over, c, now=now, margin=margin)
         ]
         found.sort(key=lambda c: c.lease_expires_at)
         return found[: max(0, limit)]
@@ -525,9 +473,7 @@ class MemoryStore:
         by_state = {state.value: 0 for state in CallState}
         in_doubt = successes = failures = 0
         oldest: float | None = None
-        for ns, call in self._data.calls.values():
-            if ns != self.namespace:
-                continue
+        for call in self._own_calls():
             by_state[call.state.value] += 1
             if call.in_doubt(now):
                 in_doubt += 1
@@ -551,14 +497,27 @@ class MemoryStore:
         )
 
 
+def _appended(record: CallRecord, event: CallEvent) -> CallRecord:
+    """``record`` with ``event`` at the end of its history, kept within the bound: the first
+    :data:`HISTORY_HEAD` events stay, the oldest of the rest is dropped and counted."""
+    history = (*record.history, event)
+    if len(history) <= HISTORY_HEAD + HISTORY_TAIL:
+        return dataclasses.replace(record, history=history)
+    return dataclasses.replace(
+        record,
+        history=history[:HISTORY_HEAD] + history[HISTORY_HEAD + 1 :],
+        history_dropped=record.history_dropped + 1,
+    )
+
+
+def _plain(record: CallRecord) -> CallRecord:
+    # Other backends read the history only when asked: so does this one, for parity.
+    return dataclasses.replace(record, history=(), history_dropped=0)
+
+
 def _key_tuple(key: CallKey) -> tuple[str, str, str]:
     return (key.session_id, key.turn_id, key.call_id)
 
 
 def _position(record: CallRecord) -> tuple[float, str, str, str]:
     return (record.created_at, *_key_tuple(record.key))
-
-
-_SAVED = frozenset({CallState.SUCCEEDED, CallState.FAILED})
-_NON_TERMINAL = frozenset(state for state in CallState if not state.terminal)
-_PRUNABLE = frozenset({CallState.SUBMITTED, CallState.STALE})

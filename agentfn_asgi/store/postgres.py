@@ -10,7 +10,9 @@ already decided. The statements and the store's methods are shared with SQLite
 
 Tables live in their own schema (``schema="agentfn"``), created or upgraded at
 :meth:`PostgresStore.open` under a transaction-level advisory lock so replicas starting
-together do not race on DDL. The schema's version is kept in its ``schema_version`` table.
+together do not race on DDL, in one transaction (rows from before namespaces existed are
+adopted by the namespace of the store that upgrades). The schema's version is kept in its
+``schema_version`` table.
 
 Time: every timestamp and lease comparison uses the injected ``clock`` (passed as a query
 parameter, never ``now()``), so leases are compared in the callers' time and tests can use a
@@ -29,11 +31,15 @@ from agentfn_asgi.store import redact_url
 from agentfn_asgi.store._sql import SQLStore, Statement
 from agentfn_asgi.store._sql_dialect import postgres_dialect, quote_identifier
 from agentfn_asgi.store._sql_schema import (
+    LONG_HISTORIES,
     SCHEMA_VERSION,
+    SPLIT_HISTORY,
     TABLES,
+    UPGRADE_PARAMS,
     Row,
     check_schema_version,
     schema_changes,
+    split_history,
 )
 
 try:
@@ -188,12 +194,25 @@ class PostgresStore(SQLStore):
         columns = self._dialect.render(self._dialect.columns_query)
         existing: dict[str, list[str]] = {}
         for table in TABLES:
-            params = {"schema": self._schema, "table": table}
+            where = {"schema": self._schema, "table": table}
             existing[table] = [
-                row[0] for row in await conn.fetch(columns.text, *columns.arguments(params))
+                row[0] for row in await conn.fetch(columns.text, *columns.arguments(where))
             ]
-        for template in schema_changes(version, existing):
-            await conn.execute(self._dialect.render(template).text)
+        # Rows written before namespaces existed are adopted by this store's namespace.
+        params: dict[str, object] = {**UPGRADE_PARAMS, "namespace": self.namespace}
+        for template in schema_changes(version, existing, rekey=self._dialect.rekey):
+            query = self._dialect.render(template)
+            await conn.execute(query.text, *query.arguments(params))
+        if version < 4:
+            split = self._dialect.render(SPLIT_HISTORY)
+            for row in await conn.fetch(self._dialect.render(LONG_HISTORIES).text):
+                *key, history = row
+                names = dict(
+                    zip(("namespace", "session_id", "turn_id", "call_id"), key, strict=True)
+                )
+                await conn.execute(
+                    split.text, *split.arguments({**names, **split_history(history)})
+                )
         await conn.execute(
             f"DELETE FROM {self._s}.schema_version;"
             f" INSERT INTO {self._s}.schema_version VALUES ({SCHEMA_VERSION})"

@@ -5,15 +5,19 @@ inside Redis: a record, its history and the indexes over it change together, and
 or concurrent step from another replica never falls into a gap.
 
 Keys, all under ``key_prefix`` ``{p}``; ``h()`` is SHA-1 in hex (Lua computes the same with
-``redis.sha1hex``), so identifiers of any length and content are safe::
+``redis.sha1hex``), so identifiers of any length and content are safe. Everything but the
+layout marker lives under its namespace's prefix ``{n}`` = ``{p}n:{h(namespace)}:``, so
+a namespace's records, histories, sets and indexes are apart from every other's by
+construction: every script is handed ``{n}`` and builds every key it touches on it::
 
-    {p}layout                    the key layout's version (older data is refused)
-    {p}d:{h(delivery_id)}        hash: one delivery (global: an id is recorded once)
-    {p}c:{h(member)}             hash: one call (global, like the SQL primary key)
-    {p}h:{h(member)}             list: the call's history, one CallEvent JSON per entry
-    {p}s:{h(session_id)}         set: the members of a session's calls
-    {p}k:{h(call_id)}            set: the members of the calls with that call id
-    {p}n:{h(namespace)}:{index}  sorted sets of one namespace (below)
+    {p}layout                    the key layout's version (3; 2 is migrated at open)
+    {n}d:{h(delivery_id)}        hash: one delivery
+    {n}c:{h(member)}             hash: one call
+    {n}h:{h(member)}             list: the call's history, one CallEvent JSON per entry
+                                 (bounded: the first 10 and the last 40 events)
+    {n}s:{h(session_id)}         set: the members of a session's calls
+    {n}k:{h(call_id)}            set: the members of the calls with that call id
+    {n}i:{index}                 sorted sets of the namespace (below)
 
 A call's *member* is its key ``(session_id, turn_id, call_id)`` joined by ``\\0\\0`` (a NUL
 inside an id is written ``\\0\\1``): sorted sets order equal scores by member bytes, which
@@ -32,9 +36,18 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
     finished            submitted and stale calls, by updated_at     (prune)
     submitted_failed    submitted failures, by created_at            (stats)
 
-A record belongs to the namespace of the store that created it: a step taken through
-another namespace's store (``get_call`` and ``calls_for_session`` see every namespace, like
-the other backends) still updates the record's own namespace's indexes.
+A store sees and changes only its own namespace's records: the same call key or delivery
+id in two namespaces are two independent records.
+
+Upgrade: data of layout 2 (records outside the namespaces, the namespace a field of each
+hash) is moved into layout 3 when a store first opens it, in batches of one script each
+(:meth:`RedisStore._migrate`); each record keeps the namespace it was written in, and a
+history longer than the bound keeps its first and last events. Replicas may open at once:
+a batch skips what another already moved, and the marker changes only after a whole
+pass. Replicas of the earlier release should be stopped first: a step of one still running
+fails afterwards (each layout-2 index key is left holding a string that says so) instead of
+writing a record no replica of this release would see. The first layout, which had no
+marker, is refused.
 
 Time: scores and record fields come from the injected ``clock``, passed into every script,
 never Redis' own ``TIME``. Nothing expires by TTL: :meth:`RedisStore.prune` is the
@@ -49,7 +62,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -82,6 +95,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 __all__ = ["RedisStore"]
 
 _PRUNE_BATCH = 500
+#: Records one migration script moves (one short script each, like prune's batches).
+_MIGRATE_BATCH = 200
 #: How many index entries one list_calls script looks at, so a filter that matches little
 #: never holds Redis for long; the listing continues where the last script stopped.
 _LIST_BUDGET = 500
@@ -108,14 +123,19 @@ def _pairs(flat: Sequence[Any]) -> dict[str, Any]:
     return {str(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
 
 
-def _record(reply: Sequence[Any]) -> CallRecord:
-    """A call from a script's ``{hash fields, history events}`` reply."""
+def _record(reply: Sequence[Any], *, history: bool = False) -> CallRecord:
+    """A call from a script's ``{hash fields, history events}`` reply; its history (and the
+    count of events dropped from it) only when the read asked for it, like every store."""
     flat, events = reply
+    if not history:
+        return _plain(flat)
     return record_from_mapping({**_pairs(flat), "history": "\n".join(events)})
 
 
 def _plain(flat: Sequence[Any]) -> CallRecord:
-    return record_from_mapping(_pairs(flat))
+    data = _pairs(flat)
+    data.pop("history_dropped", None)
+    return record_from_mapping(data)
 
 
 def _delivery(flat: Sequence[Any]) -> DeliveryRecord:
@@ -224,14 +244,19 @@ class RedisStore:
         return where + (f", namespace {self.namespace})" if self.namespace else ")")
 
     # -- keys ------------------------------------------------------------------------------
+    @property
+    def _space(self) -> str:
+        """The namespace's key prefix: every key of this store's work starts with it."""
+        return f"{self._prefix}n:{_h(self.namespace)}:"
+
     def _call_key(self, key: CallKey) -> str:
-        return f"{self._prefix}c:{_h(_member(key))}"
+        return f"{self._space}c:{_h(_member(key))}"
 
     def _delivery_key(self, delivery_id: str) -> str:
-        return f"{self._prefix}d:{_h(delivery_id)}"
+        return f"{self._space}d:{_h(delivery_id)}"
 
     def _index(self, name: str) -> str:
-        return f"{self._prefix}n:{_h(self.namespace)}:{name}"
+        return f"{self._space}i:{name}"
 
     # -- plumbing --------------------------------------------------------------------------
     def _redis(self) -> Any:
@@ -264,11 +289,12 @@ class RedisStore:
         return self._client
 
     async def _run(self, script: str, keys: Sequence[str], *args: object) -> Any:
-        """Run one script (its name says what failed); ``ARGV[1]`` is always the prefix."""
+        """Run one script (its name says what failed); ``ARGV[1]`` is always the namespace's
+        key prefix, the only keys the script can reach."""
         client = self._redis()
         if not self._layout_checked:
             await self._check_layout(client)
-        argv = [self._prefix, *(str(arg) for arg in args)]
+        argv = [self._space, *(str(arg) for arg in args)]
         with _translated(script):
             return await self._scripts[script](keys=list(keys), args=argv, client=client)
 
@@ -277,6 +303,8 @@ class RedisStore:
             found = await self._scripts["layout"](
                 keys=[], args=[self._prefix, str(scripts.LAYOUT_VERSION)], client=client
             )
+        if found == "2":
+            found = await self._migrate(client)
         if found not in ("", str(scripts.LAYOUT_VERSION)):
             raise StoreError(
                 f"Redis key prefix {self._prefix!r} holds data of another key layout "
@@ -285,8 +313,60 @@ class RedisStore:
             )
         self._layout_checked = True
 
-    async def _calls(self, script: str, keys: Sequence[str], *args: object) -> list[CallRecord]:
-        return [_record(reply) for reply in await self._run(script, keys, *args)]
+    async def _migrate(self, client: Any) -> str:
+        """Move layout 2's records into their namespaces; the layout marker found after.
+
+        One pass over the prefix's layout-2 keys (SCAN, so Redis serves others between
+        pages), each page moved by short scripts of :data:`_MIGRATE_BATCH` records. First
+        the indexes of every namespace found, whose old keys become strings that stop a
+        replica of the earlier release still running (its next step fails instead of
+        writing where no replica of this release looks); then the calls and deliveries,
+        each indexed again as it moves. The session and call-id sets of layout 2 are
+        rebuilt per namespace from the records, so the old ones are deleted. The marker
+        becomes 3 only after the whole pass; a replica opening meanwhile does the same
+        pass, and the scripts skip what is already moved.
+        """
+        prefix = self._prefix
+        with _translated("migrate"):
+            spaces: set[str] = set()
+            async for page in self._scan(client, "n:*"):
+                # {p}n:{40 hex}:... — the namespace's hashed name.
+                spaces.update(key[len(prefix) + 2 : len(prefix) + 42] for key in page)
+            ordered = sorted(spaces)
+            for at in range(0, len(ordered), _MIGRATE_BATCH):
+                batch = ordered[at : at + _MIGRATE_BATCH]
+                await self._scripts["migrate_indexes"](
+                    keys=[], args=[prefix, *batch], client=client
+                )
+            for kind, script in (("c", "migrate_calls"), ("d", "migrate_deliveries")):
+                start = len(prefix) + len(kind) + 1
+                async for page in self._scan(client, f"{kind}:*"):
+                    for at in range(0, len(page), _MIGRATE_BATCH):
+                        hashed = [key[start:] for key in page[at : at + _MIGRATE_BATCH]]
+                        await self._scripts[script](keys=[], args=[prefix, *hashed], client=client)
+            for kind in ("s", "k"):
+                async for page in self._scan(client, f"{kind}:*"):
+                    await client.unlink(*page)
+            found = await self._scripts["migrated"](
+                keys=[], args=[prefix, "2", str(scripts.LAYOUT_VERSION)], client=client
+            )
+        return str(found)
+
+    async def _scan(self, client: Any, pattern: str) -> AsyncIterator[list[str]]:
+        """Pages of the keys under the prefix matching ``pattern`` (a glob after it)."""
+        page: list[str] = []
+        async for key in client.scan_iter(match=_escape_glob(self._prefix) + pattern, count=500):
+            page.append(key)
+            if len(page) >= 500:
+                yield page
+                page = []
+        if page:
+            yield page
+
+    async def _calls(
+        self, script: str, keys: Sequence[str], *args: object, history: bool = False
+    ) -> list[CallRecord]:
+        return [_record(r, history=history) for r in await self._run(script, keys, *args)]
 
     async def _step(
         self, script: str, key: CallKey, *args: object, now: float | None = None
@@ -402,9 +482,7 @@ class RedisStore:
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
         """Delete old deliveries and old submitted or stale calls of this namespace, in
         batches of 500 (one short script each, so other clients get Redis in between)."""
-        deliveries = await self._drain(
-            "prune_deliveries", [], self.namespace, _num(deliveries_before)
-        )
+        deliveries = await self._drain("prune_deliveries", [], _num(deliveries_before))
         calls = await self._drain("prune_calls", [self._index("finished")], _num(calls_before))
         return deliveries + calls
 
@@ -504,19 +582,17 @@ class RedisStore:
         reply = await self._run(
             "get_call", [self._call_key(key)], _member(key), "1" if history else "0"
         )
-        return _record(reply) if reply else None
+        return _record(reply, history=history) if reply else None
 
     async def find_calls(self, call_id: str) -> list[CallRecord]:
         """Every call with ``call_id`` in this namespace, with its history."""
-        found = await self._calls(
-            "set_calls", [f"{self._prefix}k:{_h(call_id)}"], "1", "1", self.namespace
-        )
+        found = await self._calls("set_calls", [f"{self._space}k:{_h(call_id)}"], "1", history=True)
         found.sort(key=lambda c: (c.created_at, c.key.session_id, c.key.turn_id))
         return found
 
     async def calls_for_session(self, session_id: str) -> list[CallRecord]:
-        """Every call of a session, oldest first."""
-        found = await self._calls("set_calls", [f"{self._prefix}s:{_h(session_id)}"], "0", "0", "")
+        """Every call of a session in this namespace, oldest first."""
+        found = await self._calls("set_calls", [f"{self._space}s:{_h(session_id)}"], "0")
         found.sort(key=lambda c: (c.created_at, c.key.turn_id, c.key.call_id))
         return found
 
@@ -590,7 +666,7 @@ class RedisStore:
 
     async def stats(self) -> StoreStats:
         """Counts for operators, read in one script; every state is listed, zeros too."""
-        reply = await self._run("stats", [], self.namespace, _num(self._clock()))
+        reply = await self._run("stats", [], _num(self._clock()))
         deliveries, unresolved, failing, in_doubt, submitted_failed, *rest = reply
         counts = {
             state.value: int(count) for state, count in zip(CallState, rest[:-1], strict=True)

@@ -18,7 +18,8 @@ checkpoint. Pass ``synchronous="FULL"`` (or ``?synchronous=FULL`` in the URL) to
 every commit at a throughput cost.
 
 Lifecycle. The connection is opened, and the schema created or upgraded from an older
-version, by :meth:`SQLiteStore.open`, or automatically by the first operation. After
+version (in one transaction; rows from before namespaces existed are adopted by this
+store's namespace), by :meth:`SQLiteStore.open`, or automatically by the first operation. After
 :meth:`SQLiteStore.close` operations raise :class:`StoreUnavailableError` until ``open()``
 is called again.
 """
@@ -39,11 +40,15 @@ from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
 from agentfn_asgi.store._sql import SQLStore, Statement
 from agentfn_asgi.store._sql_dialect import SQLITE
 from agentfn_asgi.store._sql_schema import (
+    LONG_HISTORIES,
     SCHEMA_VERSION,
+    SPLIT_HISTORY,
     TABLES,
+    UPGRADE_PARAMS,
     Row,
     check_schema_version,
     schema_changes,
+    split_history,
 )
 from agentfn_asgi.store._sqlite_writer import STOP, Writer
 
@@ -54,7 +59,9 @@ T = TypeVar("T")
 _SYNCHRONOUS_MODES: Final = frozenset({"NORMAL", "FULL", "EXTRA"})
 
 
-def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:
+def _connect(
+    path: str, *, busy_timeout: float, synchronous: str, namespace: str
+) -> sqlite3.Connection:
     """Open the file, set the pragmas, create or upgrade the schema (on the writer thread)."""
     parent = Path(path).parent
     if not parent.exists():
@@ -75,7 +82,7 @@ def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Con
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute("BEGIN IMMEDIATE")  # one opener at a time creates or upgrades
         try:
-            _upgrade_schema(conn, path)
+            _upgrade_schema(conn, path, namespace)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -87,7 +94,9 @@ def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Con
     return conn
 
 
-def _upgrade_schema(conn: sqlite3.Connection, path: str) -> None:
+def _upgrade_schema(conn: sqlite3.Connection, path: str, namespace: str) -> None:
+    """Bring the file to :data:`SCHEMA_VERSION` (inside the opener's transaction); rows
+    written before namespaces existed are adopted by ``namespace``, the opener's."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     check_schema_version(version, f"SQLite store {path}")
     if version == SCHEMA_VERSION:
@@ -97,8 +106,14 @@ def _upgrade_schema(conn: sqlite3.Connection, path: str) -> None:
         table: [name for (name,) in conn.execute(columns_query, {"table": table})]
         for table in TABLES
     }
-    for template in schema_changes(version, existing):
-        conn.execute(SQLITE.render(template).text)
+    params: dict[str, object] = {**UPGRADE_PARAMS, "namespace": namespace}
+    for template in schema_changes(version, existing, rekey=SQLITE.rekey):
+        conn.execute(SQLITE.render(template).text, params)
+    if version < 4:
+        split = SQLITE.render(SPLIT_HISTORY).text
+        for *key, history in conn.execute(SQLITE.render(LONG_HISTORIES).text).fetchall():
+            names = dict(zip(("namespace", "session_id", "turn_id", "call_id"), key, strict=True))
+            conn.execute(split, {**names, **split_history(history)})
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
@@ -205,6 +220,7 @@ class SQLiteStore(SQLStore):
                     self.path,
                     busy_timeout=self.busy_timeout,
                     synchronous=self.synchronous,
+                    namespace=self.namespace,
                 )
                 self._writer = Writer(self.path, connect)
                 # Stops the thread when a store is forgotten without close().

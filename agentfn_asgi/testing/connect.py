@@ -18,7 +18,7 @@ run as in production.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -27,8 +27,10 @@ from starlette.types import Receive, Scope, Send
 from agentfn_asgi.app import AgentWebhookApp
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.errors import ConfigurationError
+from agentfn_asgi.records import CallKey
 from agentfn_asgi.store import Store
 from agentfn_asgi.testing.fake import FakeAgentsAPI
+from agentfn_asgi.testing.fake_state import FakeCall
 from agentfn_asgi.testing.server import serve_fake
 from agentfn_asgi.tools import FunctionTools
 from agentfn_asgi.tracing import Telemetry
@@ -38,6 +40,8 @@ __all__ = ["Connection", "connect"]
 #: The origin the app answers at in process (``http://app.test/openai/webhooks``).
 _APP_ORIGIN = "http://app.test"
 _API_ORIGIN = "http://fake.test"
+#: The owner of the claims :meth:`Connection.create_session_in_doubt` leaves behind.
+_GONE_OWNER = "agentfn-testing:replica-that-died"
 
 
 class Connection(tuple[AgentWebhookApp, FakeAgentsAPI]):
@@ -84,6 +88,40 @@ class Connection(tuple[AgentWebhookApp, FakeAgentsAPI]):
     def store(self) -> Store:
         """The app's store."""
         return self.app.store
+
+    async def create_session_in_doubt(
+        self,
+        steps: Sequence[Sequence[FakeCall]],
+        *,
+        session_id: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> str:
+        """Create a session whose first calls look as if the replica running them died
+        mid-call, and let the app find them; return the session id.
+
+        This is how a reconcile hook is tested. Before the app hears of the session, each of
+        its pending calls is claimed in the app's store by an owner that is gone, with a lease
+        that already ran out (past the fencing margin): exactly what a replica killed while
+        running the handler leaves behind. Then the app looks at the session
+        (:meth:`~agentfn_asgi.AgentWebhookApp.recover`) and finds each call in doubt: a
+        plain tool runs again, a side-effect tool's ``reconcile`` hook decides (``Ran``: its
+        result is submitted and the handler does not run; ``NotRun``: the handler runs;
+        ``Unknown``: the call is quarantined, or failed, by the in-doubt policy)::
+
+            sid = await conn.create_session_in_doubt([[FakeCall("refund", {"order": "o1"})]])
+            await fake.wait_idle(sid)
+        """
+        fake = self.fake
+        sid = fake.create_session(steps, session_id=session_id, metadata=metadata, deliver=False)
+        # Lapsed by more than the margin another replica waits before taking a claim over.
+        lapsed = -(self.app.dispatcher.settings.fence_margin + 1.0)
+        for action in fake.required_actions(sid):
+            key = CallKey(sid, str(action["turn_id"]), str(action["call_id"]))
+            await self.store.claim_call(
+                key, tool_name=str(action["name"]), owner=_GONE_OWNER, lease_seconds=lapsed
+            )
+        await self.app.recover(sid)
+        return sid
 
     async def post_webhook(self, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
         """POST a delivery of your own (see :func:`signed_delivery`) to the app's webhook URL."""

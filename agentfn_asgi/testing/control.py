@@ -49,7 +49,7 @@ ONE_STEP_SHAPE = '{"calls": [...]}'
 #: How long ``fake-api`` keeps retrying a webhook by default (OpenAI's sender: 72 hours).
 DEV_WEBHOOK_RETRY_WINDOW = 300.0
 
-_SCRIPT_KEYS = ("steps", "calls")
+_SCRIPT_KEYS = ("steps", "calls", "idle")
 _CALL_KEYS = ("name", "arguments", "call_id")
 _JSON_TYPES = {
     dict: "an object",
@@ -113,11 +113,17 @@ def parse_session_script(payload: object) -> list[list[FakeCall]]:
     """The steps of a session script (:data:`SESSION_SCRIPT_SHAPE`), decoded JSON.
 
     Raises :class:`SessionScriptError` naming the first thing that is wrong and where
-    (``steps[0][1].arguments must be an object ...``).
+    (``steps[0][1].arguments must be an object ...``). ``{"idle": true}`` is a session whose
+    one turn asks for nothing: idle at once, nothing pending (``agentfn-asgi send`` makes one
+    to name in its delivery); it has no steps.
     """
     if not isinstance(payload, dict):
         raise SessionScriptError(f"the body must be a JSON object, got {_json_type(payload)}")
     _unknown_keys(payload, _SCRIPT_KEYS, "the body")
+    if "idle" in payload:
+        if payload["idle"] is not True or len(payload) > 1:
+            raise SessionScriptError('"idle" comes alone, as {"idle": true}')
+        return []
     if "steps" in payload and "calls" in payload:
         raise SessionScriptError('give either "steps" or "calls", not both')
     if "calls" in payload:
@@ -139,7 +145,8 @@ class FakeControlApp:
 
     - ``POST /_fake/sessions`` with a session script (:data:`SESSION_SCRIPT_SHAPE`) creates a
       session and answers ``201 {"id": ...}``; a bad script answers ``400`` with
-      ``{"error": what is wrong, "expected": the shape}``.
+      ``{"error": what is wrong, "expected": the shape}``. ``{"idle": true}`` creates a
+      session with nothing pending.
     - ``POST /_fake/sessions/{id}/redeliver`` sends the session's ``action_required``
       webhook again (a new webhook-id), e.g. after the fake gave up on the app:
       ``202 {"webhook_id": ...}``; ``404`` for an unknown session, ``409`` when nothing is
@@ -283,8 +290,9 @@ async def serve_fake_api(
         print(f"  OPENAI_API_KEY={api_key}", file=stream)
         print(f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}", file=stream)
         targets = ", ".join(webhook_urls) or (
-            "nowhere (pass --webhook-url, or forward from the event streams with "
-            "agentfn-asgi listen --forward-to URL)"
+            "nowhere (pass --webhook-url, create an endpoint with agentfn-asgi webhooks "
+            "create --url URL, or forward from the event streams with agentfn-asgi listen "
+            "--forward-to URL)"
         )
         print(f"  webhooks go to {targets}", file=stream)
         print(
@@ -313,6 +321,8 @@ async def serve_fake_api(
 def _describe_attempt(attempt: DeliveryAttempt, root: str) -> list[str]:
     """The log lines of one delivery attempt (``root``: where the control API answers)."""
     answer = attempt.status if attempt.status is not None else attempt.error
+    if attempt.test:
+        return [f"test webhook {attempt.event_type} -> {attempt.url}: {answer}"]
     line = f"webhook {attempt.event_type} -> {attempt.url}: {answer}"
     if attempt.next_retry is not None:
         line += f" (attempt {attempt.attempt}, next in {attempt.next_retry:g} s)"

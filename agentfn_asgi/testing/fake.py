@@ -12,7 +12,9 @@ It also runs over loopback with :func:`~agentfn_asgi.testing.serve_fake`. It ser
 ``POST …/{id}/events``, ``GET …/{id}/events`` (SSE, until the session is idle) and
 ``DELETE …/{id}``, checks bearer auth and ``OpenAI-Beta: agents=v1``, sends signed webhooks,
 records what it accepted, and can inject the faults a real deployment meets (a stream cut
-mid-turn and repeated stream events among them).
+mid-turn and repeated stream events among them). It also serves the webhook endpoint API
+(``/v1/webhook_endpoints``..., :mod:`~agentfn_asgi.testing.fake_endpoints`): endpoints
+created there get the events they subscribe to, signed with their own secret.
 
 Scripted sessions: :meth:`FakeAgentsAPI.create_session` takes the *steps* of one turn; each
 step is a batch of parallel function calls that are pending together. When every call of a
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +43,8 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from agentfn_asgi.signing import parse_secrets
+from agentfn_asgi.testing.deliveries import new_webhook_id, webhook_event
+from agentfn_asgi.testing.fake_endpoints import FakeEndpoints, sample_data
 from agentfn_asgi.testing.fake_http import FaultPlan, InjectedFailure, RecordedRequest, handle_http
 from agentfn_asgi.testing.fake_state import FakeCall, FakeSession, Submission
 from agentfn_asgi.testing.fake_webhooks import (
@@ -50,8 +55,8 @@ from agentfn_asgi.testing.fake_webhooks import (
 
 __all__ = ["FakeAgentsAPI", "Route"]
 
-Route = Literal["list", "retrieve", "submit", "stream", "delete"]
-_ROUTES = frozenset({"list", "retrieve", "submit", "stream", "delete"})
+Route = Literal["list", "retrieve", "submit", "stream", "delete", "webhook_endpoints"]
+_ROUTES = frozenset({"list", "retrieve", "submit", "stream", "delete", "webhook_endpoints"})
 
 
 class FakeAgentsAPI:
@@ -101,6 +106,10 @@ class FakeAgentsAPI:
             concurrency=webhook_concurrency,
             clock=clock,
         )
+        self.endpoints = FakeEndpoints(clock)
+        """Webhook endpoints created through ``/webhook_endpoints`` (the SDK's
+        ``client.webhooks``); each gets the events it subscribes to, with its own secret."""
+        self.webhooks.endpoints = self.endpoints
         self.step_delay = step_delay
         self.sse_keepalive = sse_keepalive
         self.stream_duplicates = False
@@ -157,12 +166,15 @@ class FakeAgentsAPI:
         *,
         session_id: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        deliver: bool = True,
     ) -> str:
         """Create a session whose first turn runs ``steps``; return the session id.
 
         Each step is a batch of parallel calls, pending together; the session is
         ``requires_action`` on return (or ``idle`` if ``steps`` is empty). Emits
-        ``agent.session.created``, ``in_progress`` and ``action_required``.
+        ``agent.session.created``, ``in_progress`` and ``action_required``; with
+        ``deliver=False`` these first events are recorded but no webhook is sent (the app
+        learns of the session only when it looks: :meth:`redeliver`, a recovery, a stream).
         """
         sid = session_id or "sess_" + secrets.token_hex(12)
         if sid in self.sessions:
@@ -170,8 +182,13 @@ class FakeAgentsAPI:
         session = FakeSession(self, sid, dict(metadata or {}))
         turn = session.plan_turn(steps)  # a bad script raises before anything is announced
         self.sessions[sid] = session
-        session.announce_created()
-        session.begin_turn(turn)
+        if not deliver:
+            self.webhooks.muted.add(sid)
+        try:
+            session.announce_created()
+            session.begin_turn(turn)
+        finally:
+            self.webhooks.muted.discard(sid)
         return sid
 
     def start_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> str:
@@ -219,6 +236,37 @@ class FakeAgentsAPI:
             {"id": session_id, "required_action": {"type": "function_call"}},
             session_id=session_id,
         )
+
+    async def test_webhook_endpoint(self, endpoint_id: str, event_type: str) -> int | None:
+        """Sign a sample ``event_type`` event with the endpoint's secret(s) and post it once
+        (what ``POST /webhook_endpoints/{id}/test`` does); return the status it got, None
+        when no answer came (the attempt, with its error, is in :attr:`deliveries`).
+        KeyError for an unknown endpoint."""
+        endpoint = self.endpoints.by_id[endpoint_id]
+        event = webhook_event(event_type, sample_data(event_type), clock=self.clock)
+        body = json.dumps(event, separators=(",", ":")).encode()
+        webhook_id = new_webhook_id()
+        status, error = await self.webhooks.post_signed(
+            endpoint.url,
+            body,
+            secrets=endpoint.signing_secrets(self.clock()),
+            webhook_id=webhook_id,
+        )
+        self.webhooks.record(
+            DeliveryAttempt(
+                webhook_id=webhook_id,
+                event_id=event["id"],
+                event_type=event_type,
+                session_id=None,
+                url=endpoint.url,
+                attempt=1,
+                status=status,
+                error=error,
+                at=self.clock(),
+                test=True,
+            )
+        )
+        return status
 
     # -- faults -------------------------------------------------------------------------------
 

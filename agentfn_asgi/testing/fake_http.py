@@ -1,9 +1,11 @@
 """The HTTP side of :class:`~agentfn_asgi.testing.FakeAgentsAPI`: routing, faults, auth,
-the session endpoints (list, retrieve, submit, delete) and the SSE stream.
+the session endpoints (list, retrieve, submit, delete), the SSE stream and the webhook
+endpoint routes (served by :mod:`~agentfn_asgi.testing.fake_endpoints`).
 
 Order of checks per request, as a real deployment layers them: latency, a dropped
 connection, an injected failure (a load balancer answers before auth), bearer auth (401),
-``OpenAI-Beta`` (400 ``invalid_beta``), the session (404), then the endpoint itself.
+``OpenAI-Beta`` (400 ``invalid_beta``; not for ``/webhook_endpoints``, which takes none),
+the session (404), then the endpoint itself.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from urllib.parse import parse_qs
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from agentfn_asgi.testing.fake_endpoints import FakeEndpoints
 from agentfn_asgi.testing.fake_state import STREAM_CUT, FakeSession, RawJSON, StreamItem
 from agentfn_asgi.testing.fake_validation import (
     MAX_REQUEST_BYTES,
@@ -32,6 +35,7 @@ from agentfn_asgi.testing.fake_validation import (
     parse_events_body,
 )
 from agentfn_asgi.testing.fake_webhooks import WebhookSender
+from agentfn_asgi.wire import WEBHOOK_EVENT_TYPES
 
 __all__ = [
     "FakeConnectionDropped",
@@ -43,6 +47,9 @@ __all__ = [
 ]
 
 _PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events)?/?")
+_ENDPOINTS_PATH = re.compile(
+    r"(?:/v1)?/(webhook_endpoints|webhook_event_types)(?:/([^/]+))?(?:/([^/]+))?/?"
+)
 _LIST_PATH = re.compile(r"(?:/v1)?/agents/sessions/?")
 _ALNUM = string.ascii_letters + string.digits
 
@@ -95,8 +102,9 @@ class InjectedFailure:
 @dataclass(slots=True)
 class FaultPlan:
     """Faults waiting to happen, per route (``list``, ``retrieve``, ``submit``, ``stream``,
-    ``delete``); ``stream_cuts`` are (session id or None, event type) pairs: the next stream
-    (of that session) about to send an event of that type is cut instead."""
+    ``delete``, ``webhook_endpoints``); ``stream_cuts`` are (session id or None, event type)
+    pairs: the next stream (of that session) about to send an event of that type is cut
+    instead."""
 
     failures: dict[str, collections.deque[InjectedFailure]] = field(
         default_factory=lambda: collections.defaultdict(collections.deque)
@@ -119,12 +127,16 @@ class HTTPHost(Protocol):
     sessions: dict[str, FakeSession]
     idempotency: dict[str, tuple[str, bytes]]
     requests: list[RecordedRequest]
+    endpoints: FakeEndpoints
     sse_keepalive: float
     stream_duplicates: bool
     clock: Callable[[], float]
 
     def delete_session(self, session_id: str) -> None:
         """Forget a session (``DELETE``)."""
+
+    async def test_webhook_endpoint(self, endpoint_id: str, event_type: str) -> int | None:
+        """Post a signed sample to an endpoint once; the status it got."""
 
 
 @dataclass(slots=True)
@@ -135,6 +147,8 @@ class _Reply:
 
 
 def _route(method: str, path: str) -> tuple[str, str | None]:
+    if _ENDPOINTS_PATH.fullmatch(path):
+        return "webhook_endpoints", None
     if _LIST_PATH.fullmatch(path):
         return ("list" if method == "GET" else "unknown"), None
     match = _PATH.fullmatch(path)
@@ -169,7 +183,13 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
         drop_after = drops.popleft() if drops else None
         if drop_after is False or (drop_after and route == "stream"):
             await _drop(send)
-        if route == "stream" and session_id is not None:
+        reply: _Reply | None
+        if route == "webhook_endpoints":
+            reply = _check_request(fake, route, session_id, headers)
+            if reply is None:
+                reply = await _endpoints(fake, method, path, body, scope)
+                reply = _failure_after_processing(fake, route) or reply
+        elif route == "stream" and session_id is not None:
             reply = _check_request(fake, route, session_id, headers)
             if reply is None:
                 status = 200
@@ -180,6 +200,7 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
             if reply is None:
                 reply = _serve(fake, route, session_id, headers, body, scope)
                 reply = _failure_after_processing(fake, route) or reply
+        assert reply is not None
         if drop_after:
             await _drop(send)
         status = reply.status
@@ -195,13 +216,15 @@ def _check_request(
     failures = fake.faults.failures.get(route)
     if failures and not failures[0].after_processing:
         return _failure_reply(failures.popleft())
-    if route == "unknown" or (session_id is None and route != "list"):
+    if route == "unknown" or (session_id is None and route not in _SESSIONLESS):
         return _Reply(404, error_body("Invalid URL.", code=None))
     if headers.get("authorization") != f"Bearer {fake.api_key}":
         return _Reply(
             401,
             error_body("Incorrect API key provided.", code="invalid_api_key"),
         )
+    if route == "webhook_endpoints":
+        return None  # the management API takes no OpenAI-Beta header (agents-api.md §8.5)
     beta = [part.strip() for part in headers.get("openai-beta", "").split(",")]
     if "agents=v1" not in beta:
         return _Reply(
@@ -232,6 +255,71 @@ def _failure_after_processing(fake: HTTPHost, route: str) -> _Reply | None:
     if failures and failures[0].after_processing:
         return _failure_reply(failures.popleft())
     return None
+
+
+_SESSIONLESS = frozenset({"list", "webhook_endpoints"})
+
+
+async def _endpoints(fake: HTTPHost, method: str, path: str, body: bytes, scope: Scope) -> _Reply:
+    """The webhook endpoint routes (:mod:`~agentfn_asgi.testing.fake_endpoints`)."""
+    match = _ENDPOINTS_PATH.fullmatch(path)
+    assert match is not None
+    collection, endpoint_id, action = match.groups()
+    if collection == "webhook_event_types":
+        if method != "GET" or endpoint_id is not None:
+            return _Reply(404, error_body("Invalid URL.", code=None))
+        return _Reply(200, {"object": "list", "data": list(WEBHOOK_EVENT_TYPES)})
+    payload: Any = None
+    if body:
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return _Reply(400, error_body("The request body is not valid JSON."))
+    endpoints = fake.endpoints
+    answer: tuple[int, dict[str, Any]] | None = None
+    if endpoint_id is None:
+        if method == "POST":
+            answer = endpoints.create(payload)
+        elif method == "GET":
+            answer = endpoints.list(parse_qs(scope.get("query_string", b"").decode("latin-1")))
+    elif action is None:
+        if method == "GET":
+            answer = endpoints.retrieve(endpoint_id)
+        elif method == "POST":
+            answer = endpoints.update(endpoint_id, payload)
+        elif method == "DELETE":
+            answer = endpoints.delete(endpoint_id)
+    elif action == "rotate_secret" and method == "POST":
+        answer = endpoints.rotate(endpoint_id, payload)
+    elif action == "test" and method == "POST":
+        target = endpoints.test_target(endpoint_id, payload)
+        if isinstance(target, tuple):
+            answer = target
+        else:
+            event_type = payload["event_type"]
+            status = await fake.test_webhook_endpoint(endpoint_id, event_type)
+            if status is None:
+                error = fake.webhooks.attempts[-1].error
+                answer = (
+                    400,
+                    error_body(
+                        f"Could not deliver the test event to {target.url}: {error}", param="url"
+                    ),
+                )
+            else:
+                answer = (
+                    200,
+                    {
+                        "event_type": event_type,
+                        "object": "webhook_endpoint.test",
+                        "status_code": status,
+                        "success": True,
+                        "webhook_endpoint_id": endpoint_id,
+                    },
+                )
+    if answer is None:
+        return _Reply(404, error_body(f"Invalid URL ({method} {path}).", code=None))
+    return _Reply(*answer)
 
 
 def _serve(

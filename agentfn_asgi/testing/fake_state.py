@@ -206,6 +206,8 @@ class FakeSession:
             "error": None,
             "usage": None,
             "vault_ids": [],
+            # Unlimited, consumption unknown (newer API versions always send the object).
+            "spend_control": {"limit": None, "consumed": None},
         }
 
     # -- transitions --------------------------------------------------------------------------

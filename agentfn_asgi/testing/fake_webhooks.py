@@ -22,9 +22,9 @@ import collections
 import contextlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -75,7 +75,8 @@ class DeliveryAttempt:
     counts from 1 per delivery; ``webhook_id`` is the same on every attempt (and on a
     duplicate), while the body's ``event_id`` names the event. ``next_retry`` is the delay
     before the next attempt, None when no attempt follows (this one succeeded, or the
-    sender gave up: see :attr:`gave_up`).
+    sender gave up: see :attr:`gave_up`). ``test`` marks the one attempt of a
+    ``POST /webhook_endpoints/{id}/test`` sample (never retried, never "given up").
     """
 
     webhook_id: str
@@ -88,6 +89,7 @@ class DeliveryAttempt:
     error: str | None
     at: float
     next_retry: float | None = None
+    test: bool = False
 
     @property
     def ok(self) -> bool:
@@ -97,7 +99,7 @@ class DeliveryAttempt:
     @property
     def gave_up(self) -> bool:
         """True when this attempt failed and was the last: the webhook was not delivered."""
-        return not self.ok and self.next_retry is None
+        return not self.ok and self.next_retry is None and not self.test
 
 
 @dataclass(slots=True)
@@ -109,6 +111,22 @@ class _Delivery:
     url: str
     body: bytes
     attempt: int = 0
+    #: Set for an endpoint created through the API: its URL and secrets are looked up at
+    #: each attempt (a rotation or an update applies to retries; a deletion drops them).
+    endpoint_id: str | None = None
+
+
+class EndpointDirectory(Protocol):
+    """Endpoints created through the API (:class:`~.fake_endpoints.FakeEndpoints`)."""
+
+    clock: Callable[[], float]
+
+    def subscribed(self, event_type: str) -> Sequence[Any]:
+        """The endpoints (with ``id``, ``url``, ``signing_secrets(now)``) of a type."""
+
+    @property
+    def by_id(self) -> Mapping[str, Any]:
+        """Every endpoint by id."""
 
 
 class WebhookSender:
@@ -130,6 +148,9 @@ class WebhookSender:
         self._sending: set[asyncio.Task[None]] = set()
         self.secrets = tuple(secrets)
         self.urls = list(urls)
+        #: Sessions whose events are not delivered right now (:meth:`FakeAgentsAPI.create_session`
+        #: with ``deliver=False``).
+        self.muted: set[str] = set()
         """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
         self._url_clients: dict[str, httpx.AsyncClient] = {}
         self.retry_delays = tuple(retry_delays)
@@ -147,6 +168,9 @@ class WebhookSender:
         self._task: asyncio.Task[None] | None = None
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.endpoints: EndpointDirectory | None = None
+        """Endpoints created through the API: each gets the events it subscribes to,
+        signed with its own secret(s)."""
 
     def add_url(self, url: str, client: httpx.AsyncClient | None = None) -> None:
         """Send future events to ``url`` too, through ``client`` when given.
@@ -173,14 +197,22 @@ class WebhookSender:
     def emit(
         self, event_type: str, data: dict[str, Any], *, session_id: str | None = None
     ) -> str | None:
-        """Queue one event for every URL; return its ``webhook-id`` (None without URLs)."""
-        if not self.urls:
+        """Queue one event for every URL and every endpoint subscribed to ``event_type``;
+        return its ``webhook-id`` (None when it goes nowhere, or for a muted session)."""
+        if session_id is not None and session_id in self.muted:
+            return None
+        subscribed = self.endpoints.subscribed(event_type) if self.endpoints else []
+        if not self.urls and not subscribed:
             return None
         event = webhook_event(event_type, data, clock=self._clock)
         body = json.dumps(event, separators=(",", ":")).encode()
         webhook_id = new_webhook_id()
-        for url in self.urls:
-            delivery = _Delivery(webhook_id, event["id"], event_type, session_id, url, body)
+        targets: list[tuple[str, str | None]] = [(url, None) for url in self.urls]
+        targets += [(endpoint.url, endpoint.id) for endpoint in subscribed]
+        for url, endpoint_id in targets:
+            delivery = _Delivery(
+                webhook_id, event["id"], event_type, session_id, url, body, 0, endpoint_id
+            )
             self._enqueue(delivery)
             if self.duplicate:
                 self._enqueue(replace(delivery))
@@ -308,31 +340,20 @@ class WebhookSender:
 
     async def _send(self, delivery: _Delivery) -> float | None:
         """Make one attempt; return the delay before a retry, or None if none follows."""
-        if delivery.url not in self.urls:
-            return None  # the endpoint was removed: nothing is sent there any more
-        client = self._client_for(delivery.url)
+        secrets = self.secrets
+        if delivery.endpoint_id is not None:
+            endpoint = self.endpoints.by_id.get(delivery.endpoint_id) if self.endpoints else None
+            if endpoint is None:
+                return None  # the endpoint was deleted: nothing is sent there any more
+            delivery.url = endpoint.url
+            secrets = endpoint.signing_secrets(self._clock())
+        elif delivery.url not in self.urls:
+            return None  # the URL was removed: nothing is sent there any more
         delivery.attempt += 1
-        headers = {
-            "content-type": "application/json",
-            "user-agent": WEBHOOK_USER_AGENT,
-            **signed_headers(
-                self.secrets,
-                delivery.body,
-                msg_id=delivery.webhook_id,
-                timestamp=int(self._clock()),
-            ),
-        }
-        status: int | None = None
-        error: str | None = None
+        status, error = await self.post_signed(
+            delivery.url, delivery.body, secrets=secrets, webhook_id=delivery.webhook_id
+        )
         retry_in: float | None = None
-        try:
-            # Redirects are not followed: a sender counts a 3xx as a failed delivery.
-            response = await client.post(
-                delivery.url, content=delivery.body, headers=headers, follow_redirects=False
-            )
-            status = response.status_code
-        except Exception as exc:  # the fake must survive any receiver, even a crashing one
-            error = f"{type(exc).__name__}: {exc}"
         ok = status is not None and 200 <= status < 300
         if not ok and delivery.attempt < self.max_attempts:
             retry_in = self.retry_delays[delivery.attempt - 1]
@@ -351,6 +372,29 @@ class WebhookSender:
             )
         )
         return retry_in
+
+    async def post_signed(
+        self, url: str, body: bytes, *, secrets: Sequence[str], webhook_id: str
+    ) -> tuple[int | None, str | None]:
+        """POST ``body`` to ``url`` once, signed with every one of ``secrets`` (one ``v1,``
+        signature each); return the status, or None and what went wrong."""
+        headers = {
+            "content-type": "application/json",
+            "user-agent": WEBHOOK_USER_AGENT,
+            **signed_headers(secrets, body, msg_id=webhook_id, timestamp=int(self._clock())),
+        }
+        try:
+            # Redirects are not followed: a sender counts a 3xx as a failed delivery.
+            response = await self._client_for(url).post(
+                url, content=body, headers=headers, follow_redirects=False
+            )
+        except Exception as exc:  # the fake must survive any receiver, even a crashing one
+            return None, f"{type(exc).__name__}: {exc}"
+        return response.status_code, None
+
+    def record(self, attempt: DeliveryAttempt) -> None:
+        """Add an attempt made outside the queue (a test delivery) to :attr:`attempts`."""
+        self.attempts.append(attempt)
 
     def _schedule_retry(self, delivery: _Delivery, delay: float) -> None:
         assert self._loop is not None

@@ -37,6 +37,17 @@ class _Entry:
     output: str | None = None
 
 
+# A seeded state's outcome; ``submitted`` is succeeded or failed by its error type.
+_OUTCOME_OF_STATE = {
+    "claimed": "running",
+    "in_doubt": "in_doubt",
+    "succeeded": "submitting",
+    "failed": "submitting",
+    "stale": "stale",
+    "quarantined": "held",
+}
+
+
 class MemoryOperatorView:
     """Calls and deliveries in memory; ``down = True`` makes every method raise
     :class:`StoreUnavailableError` (the store outage the page must show as a 503)."""
@@ -79,6 +90,8 @@ class MemoryOperatorView:
             updated_at=events[-1].at,
             error_type=error_type,
             reason=reason,
+            outcome=_OUTCOME_OF_STATE.get(state, "")
+            or ("failed" if error_type is not None else "succeeded"),
         )
         self.entries[(session_id, call_id)] = _Entry(summary, events, arguments, output)
         return summary
@@ -98,8 +111,10 @@ class MemoryOperatorView:
         self._check()
         summaries = [e.summary for e in self.entries.values()]
         by_state: dict[str, int] = {}
+        outcomes: dict[str, int] = {}
         for s in summaries:
             by_state[s.state] = by_state.get(s.state, 0) + 1
+            outcomes[s.outcome] = outcomes.get(s.outcome, 0) + 1
         pending = [s.created_at for s in summaries if s.state in {"claimed", "in_doubt"}]
         return Overview(
             store=self.store,
@@ -107,8 +122,9 @@ class MemoryOperatorView:
             deliveries=len(self.delivery_list),
             unresolved_deliveries=sum(not d.resolved for d in self.delivery_list),
             calls_by_state=by_state,
-            successes=sum(s.state == "submitted" and s.error_type is None for s in summaries),
-            failures=sum(s.error_type is not None for s in summaries),
+            successes=outcomes.get("succeeded", 0),
+            failures=outcomes.get("failed", 0),
+            outcomes=outcomes,
             needs_attention=tuple(
                 sorted(
                     (s for s in summaries if s.state in SETTLEABLE),
@@ -210,7 +226,12 @@ class MemoryOperatorView:
                 CallEventView(at=at, kind="claimed", attempt=summary.attempt + 1, owner="operator"),
             ]
             entry.summary = replace(
-                summary, state="claimed", attempt=summary.attempt + 1, updated_at=at, reason=None
+                summary,
+                state="claimed",
+                attempt=summary.attempt + 1,
+                updated_at=at,
+                reason=None,
+                outcome="running",
             )
             return SettleOutcome(status="running", message="re-run started")
         how = "error" if error is not None else "output"
@@ -228,6 +249,7 @@ class MemoryOperatorView:
             updated_at=at,
             reason=None,
             error_type="OperatorError" if error is not None else None,
+            outcome="failed" if error is not None else "succeeded",
         )
         return SettleOutcome(status="submitted", message="saved and submitted")
 

@@ -234,7 +234,7 @@ async def test_settling_is_confirmed_then_submitted(
     assert done.headers["location"] == call_url(held, settled="submitted")
     after = await logged_in.get(done.headers["location"])
     assert "Settled: the result was saved and submitted" in after.text
-    assert 'state-submitted">submitted' in after.text
+    assert 'outcome-succeeded">succeeded' in after.text
     assert "Settle this call" not in after.text
 
 
@@ -370,9 +370,12 @@ async def test_the_page_answers_at_the_exact_mount_path(client: httpx.AsyncClien
 async def test_overview_shows_health_counts_and_what_needs_attention(
     client: httpx.AsyncClient, admin_scenario: AdminScenario
 ) -> None:
-    """Store health, each state with its count, and the held and in-doubt calls by id."""
+    """Store health, each outcome with its count and the filters that list it, and the held
+    and in-doubt calls by id."""
     html = (await client.get(admin_url("/"), headers=BEARER)).text
     assert "Healthy" in html
+    for outcome in ["running", "in doubt", "submitting", "succeeded", "failed", "stale", "held"]:
+        assert f">{outcome}</span>" in html
     for state in [
         "claimed",
         "in_doubt",

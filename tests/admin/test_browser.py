@@ -126,13 +126,13 @@ async def test_an_operator_logs_in_filters_opens_and_settles_a_held_call(
         wait_title(driver, f"Call {held.call_id}")
 
         def submitted(d: WebDriver) -> bool:
-            if d.find_element(By.CSS_SELECTOR, "dl.summary .state").text == "submitted":
+            if d.find_element(By.CSS_SELECTOR, "dl.summary .state").text == "succeeded":
                 return True
             time.sleep(0.2)  # the real view may submit a moment later: look again
             d.refresh()
             return False
 
-        wait_until(driver, "the call shown submitted", submitted)
+        wait_until(driver, "the call shown succeeded (submitted)", submitted)
         assert not driver.find_elements(By.CSS_SELECTOR, "form.settle")
 
     await in_browser(browser, steps, javascript=False)

@@ -52,8 +52,9 @@ async def test_150_failing_deliveries_do_not_hide_a_healthy_one(
     """150 recorded deliveries whose sessions always fail to read (404 within the grace),
     all older than one healthy delivery whose process crashed before resolving it: the
     first sweep pass answers the healthy call; each failing delivery is counted, keeps its
-    error, and waits out its backoff (the next pass reads none of them again); the failures
-    are logged and the store's stats count them."""
+    error, and waits out its backoff (the next pass reads none of them again); each is told
+    once at INFO (a session not found yet is expected: a webhooks test sample, a webhook
+    ahead of its session), not as a warning, and the store's stats count them."""
     async with fault_stack(registry(), settings=BY_HAND, webhooks=False) as stack:
         store, dispatcher = stack.store, stack.app.dispatcher
         for n in range(FAILING):
@@ -63,7 +64,7 @@ async def test_150_failing_deliveries_do_not_hide_a_healthy_one(
         )
         await store.record_delivery("wh_healthy", healthy)  # recorded, then the process died
 
-        with caplog.at_level(logging.WARNING, logger="agentfn_asgi"):
+        with caplog.at_level(logging.INFO, logger="agentfn_asgi"):
             await dispatcher.sweep()
             await stack.fake.wait_for_submissions(1, timeout=10)
         assert [s.call_id for s in stack.fake.submissions] == ["call_ok"]
@@ -74,9 +75,10 @@ async def test_150_failing_deliveries_do_not_hide_a_healthy_one(
         assert all(d.last_error and "not found" in d.last_error for d in failing)
         assert all(d.next_attempt_at > stack.fake.clock() + 20 for d in failing)
         assert (await store.stats()).failing_deliveries == FAILING
-        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(warnings) == FAILING  # one line per failing delivery, not one per read
-        assert all("has failed 1 times" in line for line in warnings)
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        told = [r.getMessage() for r in caplog.records if "not found" in r.getMessage()]
+        assert len(told) == FAILING  # one line per failing delivery, not one per read
+        assert all(r.levelno == logging.INFO for r in caplog.records if "not found" in r.msg)
 
         reads_before = len([r for r in stack.fake.requests if r.route == "retrieve"])
         await dispatcher.sweep()

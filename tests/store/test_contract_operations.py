@@ -300,12 +300,15 @@ async def test_namespaces_share_a_store_without_seeing_each_other(
     store_factory: StoreFactory, clock: FakeClock
 ) -> None:
     """Two apps (two OpenAI projects) on one store: each sweeps, lists and counts only its
-    own deliveries and calls; delivery ids stay unique across both."""
+    own deliveries and calls; a delivery id is deduplicated within its namespace only (a
+    delivery of one project never hides the other's)."""
     one = await store_factory(namespace="proj_1")
     two = await store_factory(namespace="proj_2")
     assert await one.record_delivery("msg_1", "s1") is True
     assert await two.record_delivery("msg_2", "s2") is True
+    assert await two.record_delivery("msg_1", "s1") is True
     assert await two.record_delivery("msg_1", "s1") is False
+    await two.mark_delivery_resolved("msg_1")
     await one.claim_call(KEY, tool_name="t", owner="a", lease_seconds=LEASE)
     other = CallKey("s2", "t", "c")
     await two.claim_call(other, tool_name="t", owner="b", lease_seconds=LEASE)
@@ -321,6 +324,7 @@ async def test_namespaces_share_a_store_without_seeing_each_other(
     assert [r.key for r in await one.list_calls(CallQuery())] == [KEY]
     assert (await one.stats()).calls_by_state["claimed"] == 1
     assert (await two.stats()).calls_by_state["claimed"] == 0
-    assert [d.delivery_id for d in await two.list_deliveries()] == ["msg_2"]
+    assert [d.delivery_id for d in await two.list_deliveries()] == ["msg_2", "msg_1"]
+    assert [d.delivery_id for d in await one.list_deliveries()] == ["msg_1"]
     await one.prune(deliveries_before=clock.now + 1, calls_before=clock.now + 1)
-    assert [d.delivery_id for d in await two.list_deliveries()] == ["msg_2"]
+    assert [d.delivery_id for d in await two.list_deliveries()] == ["msg_2", "msg_1"]

@@ -17,6 +17,8 @@ import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
+    HISTORY_HEAD,
+    HISTORY_TAIL,
     CallEvent,
     CallKey,
     CallQuery,
@@ -108,8 +110,19 @@ async def test_keys_stay_under_the_prefix_and_destroy_removes_only_them(
     assert await mine.get_call(key) is not None
 
 
-async def test_a_namespace_keeps_its_indexes_under_its_own_prefix(make_store: StoreMaker) -> None:
-    """Each namespace's indexes live under ``{p}n:{h(namespace)}:``; records are global."""
+async def _snapshot(prefix: str) -> dict[str, bytes]:
+    """Every key under ``prefix`` and its DUMP (type, value and encoding; no TTL)."""
+    client = redis_asyncio.Redis.from_url(REDIS_URL)
+    try:
+        keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=1000)]
+        return {key.decode(): await client.dump(key) for key in keys}
+    finally:
+        await client.aclose()
+
+
+async def test_every_key_of_a_namespace_lives_under_its_prefix(make_store: StoreMaker) -> None:
+    """Records, histories, sets and indexes (``i:``) of a namespace all live under
+    ``{p}n:{h(namespace)}:``; only the layout marker is outside."""
     clock = Clock()
     one = await make_store(clock=clock, namespace="proj_1")
     two = await make_store(clock=clock, namespace="proj_2")
@@ -117,42 +130,92 @@ async def test_a_namespace_keeps_its_indexes_under_its_own_prefix(make_store: St
     await one.claim_call(CallKey("s1", "t", "c"), tool_name="t", owner="a", lease_seconds=30)
     await two.claim_call(CallKey("s2", "t", "c"), tool_name="t", owner="b", lease_seconds=30)
     prefix = one._prefix
-    indexes = [k[len(prefix) :] for k in await _keys(f"{prefix}n:*")]
-    one_part, two_part = one._index("")[len(prefix) :], two._index("")[len(prefix) :]
-    assert one_part != two_part
-    assert {k.removeprefix(one_part) for k in indexes if k.startswith(one_part)} == {
-        "deliveries",
-        "unresolved",
-        "deliveries_due",
-        "calls",
-        "state:claimed",
-        "lease",
+    one_space, two_space = one._space, two._space
+    assert one_space != two_space
+    keys = set(await _keys(f"{prefix}*"))
+    assert keys - {f"{prefix}layout"} == {k for k in keys if k.startswith((one_space, two_space))}
+
+    def kinds(space: str) -> set[str]:
+        found = {k.removeprefix(space) for k in keys if k.startswith(space)}
+        return {k if k.startswith("i:") else k[:2] for k in found}
+
+    assert kinds(one_space) == {
+        "d:",
+        "c:",
+        "h:",
+        "s:",
+        "k:",
+        "i:deliveries",
+        "i:unresolved",
+        "i:deliveries_due",
+        "i:calls",
+        "i:state:claimed",
+        "i:lease",
     }
-    assert {k.removeprefix(two_part) for k in indexes if k.startswith(two_part)} == {
-        "calls",
-        "state:claimed",
-        "lease",
-    }
+    assert kinds(two_space) == {"c:", "h:", "s:", "k:", "i:calls", "i:state:claimed", "i:lease"}
 
 
-async def test_a_step_through_another_namespace_indexes_the_record_where_it_lives(
+async def test_nothing_done_in_one_namespace_touches_another_s_keys(
     make_store: StoreMaker,
 ) -> None:
-    """Records are global (get_call sees them from any namespace, like SQL's primary key):
-    a step taken through another namespace's store updates the owning namespace's indexes."""
+    """Every operation of a store of namespace B, on the very ids namespace A has (a claim,
+    a saved result, a quarantined call, deliveries), leaves every key of A byte for byte as
+    it was, and writes only under B's prefix: the scripts can reach no other namespace."""
     clock = Clock()
-    one = await make_store(clock=clock, namespace="proj_1")
-    two = await make_store(clock=clock, namespace="proj_2")
-    key = CallKey("s", "t", "c")
-    await one.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
-    await two.save_result(key, owner="a", attempt=1, result=_result())
-    await two.record_delivery("d", "s")
-    await one.mark_delivery_resolved("d")
-    assert [r.key for r in await one.unsubmitted_results(due_before=clock.now)] == [key]
-    assert await two.unsubmitted_results(due_before=clock.now) == []
-    assert (await one.stats()).calls_by_state[CallState.SUCCEEDED] == 1
-    assert (await two.stats()).calls_by_state[CallState.SUCCEEDED] == 0
-    assert (await two.stats()).unresolved_deliveries == 0
+    a = await make_store(clock=clock, namespace="proj_a")
+    b = await make_store(clock=clock, namespace="proj_b")
+    claimed, saved, held = (CallKey("s", "t", f"c{n}") for n in range(3))
+    await a.record_delivery("d1", "s", nonce="n")
+    await a.record_delivery("d2", "s")
+    await a.mark_delivery_resolved("d2")
+    for key in (claimed, saved, held):
+        await a.claim_call(key, tool_name="t", owner="o", lease_seconds=30)
+    await a.save_result(saved, owner="o", attempt=1, result=_result())
+    await a.quarantine(held, owner="o", attempt=1, reason="unknown")
+    before = await _snapshot(a._space)
+    assert len(before) > 15
+
+    clock.advance(60)  # A's claim is in doubt: B must not take it over, settle or release it
+    assert await b.record_delivery("d1", "s", nonce="n") is True
+    await b.mark_delivery_resolved("d2")
+    await b.delivery_failed("d1", error="x", retry_at=clock.now)
+    await b.delivery_failed("d2", error="x", retry_at=clock.now)
+    await b.mark_delivery_resolved("d1")
+    assert await b.renew_lease(claimed, owner="o", attempt=1, lease_seconds=30) is False
+    with pytest.raises(StoreError, match="never claimed"):
+        await b.save_result(saved, owner="o", attempt=1, result=_result())
+    await b.mark_submitted(saved)
+    await b.submission_failed(saved, detail="503", retry_at=clock.now)
+    await b.mark_stale(claimed)
+    await b.mark_stale(saved)
+    await b.quarantine(claimed, owner="o", attempt=1, reason="no")
+    assert await b.settle(held, result=_result()) is None
+    assert await b.settle(claimed, result=_result()) is None
+    assert await b.release(held, owner="op", lease_seconds=30) is None
+    assert await b.release(claimed, owner="op", lease_seconds=30) is None
+    for key in (claimed, saved, held):
+        assert await b.get_call(key, history=True) is None
+    assert await b.calls_for_session("s") == []
+    assert await b.find_calls("c0") == []
+    assert await b.expired_claims() == []
+    assert await b.unsubmitted_results(due_before=clock.now + 1000) == []
+    assert await b.list_calls(CallQuery()) == []
+    assert [(d.delivery_id, d.resolved) for d in await b.list_deliveries()] == [("d1", True)]
+    assert await b.unresolved_deliveries(due_before=clock.now + 1000) == []
+    await b.prune(deliveries_before=clock.now + 1000, calls_before=clock.now + 1000)
+    assert (await b.stats()).calls_by_state == {state.value: 0 for state in CallState}
+    # B's own records of the same keys are new and independent.
+    outcome = await b.claim_call(claimed, tool_name="t", owner="b", lease_seconds=30)
+    assert (outcome.status, outcome.record.attempt) == (ClaimStatus.CLAIMED, 1)
+    await b.save_result(claimed, owner="b", attempt=1, result=_result("b"))
+    await b.mark_submitted(claimed)
+
+    assert await _snapshot(a._space) == before
+    outside = set(await _keys(f"{a._prefix}*")) - set(before) - {f"{a._prefix}layout"}
+    assert outside
+    assert all(k.startswith(b._space) for k in outside)
+    assert (await a.get_call(claimed)) is not None
+    assert [r.key for r in await a.expired_claims()] == [claimed]
 
 
 async def test_nothing_expires_by_ttl(make_store: StoreMaker) -> None:
@@ -199,7 +262,7 @@ async def test_history_is_a_list_of_call_events(make_store: StoreMaker) -> None:
     key = CallKey("s", "t", "c")
     await store.claim_call(key, tool_name="t", owner="o ☃", lease_seconds=30)
     await store.quarantine(key, owner="o ☃", attempt=1, reason='said "maybe" / ☃')
-    [history_key] = await _keys(f"{store._prefix}h:*")
+    [history_key] = await _keys(f"{store._space}h:*")
     client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
         raw = await client.lrange(history_key, 0, -1)
@@ -211,6 +274,38 @@ async def test_history_is_a_list_of_call_events(make_store: StoreMaker) -> None:
         ("claimed", 1, "o ☃", ""),
         ("quarantined", 1, "o ☃", 'said "maybe" / ☃'),
     ]
+
+
+async def test_a_long_history_keeps_its_first_and_last_events(make_store: StoreMaker) -> None:
+    """2,000 refused submissions of one call: the history list stays at 50 entries (the
+    first 10 events and the last 40) and the hash counts the 1,952 dropped; every read
+    (get_call, find_calls) returns exactly those, in order. Regression: the list grew by
+    one entry per refusal, without bound."""
+    clock = Clock()
+    store = await make_store(clock=clock)
+    key = CallKey("s", "t", "c")
+    await store.claim_call(key, tool_name="t", owner="o", lease_seconds=30)
+    await store.save_result(key, owner="o", attempt=1, result=_result())
+    for n in range(2000):
+        clock.advance(1)
+        await store.submission_failed(key, detail=f"429 #{n}", retry_at=clock.now + 1)
+    expected = ["claimed", "saved"] + [f"429 #{n}" for n in range(8)]
+    expected += [f"429 #{n}" for n in range(1960, 2000)]
+    record = await store.get_call(key, history=True)
+    assert record is not None
+    assert [e.detail if e.kind == "submit_failed" else e.kind for e in record.history] == expected
+    assert record.history_dropped == 2002 - HISTORY_HEAD - HISTORY_TAIL
+    assert record.failures == 2000
+    [found] = await store.find_calls("c")
+    assert (found.history, found.history_dropped) == (record.history, record.history_dropped)
+    plain = await store.get_call(key)  # without its history: none of it, like every store
+    assert plain is not None and (plain.history, plain.history_dropped) == ((), 0)
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        [history_key] = await _keys(f"{store._space}h:*")
+        assert await client.llen(history_key) == HISTORY_HEAD + HISTORY_TAIL
+    finally:
+        await client.aclose()
 
 
 async def test_cursors_order_ties_by_bytes_not_locale(make_store: StoreMaker) -> None:

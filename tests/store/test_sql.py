@@ -48,14 +48,14 @@ def test_the_claim_says_what_it_does_to_which_state() -> None:
     assert "'claimed', 1," in text
     assert "THEN c.attempt ELSE c.attempt + 1 END" in text
     assert (
-        "WHERE c.state = 'claimed' AND (c.lease_expires_at < :takeover_before"
-        " OR (c.owner = excluded.owner AND c.lease_expires_at >= :now))"
+        "WHERE ((c.state = 'claimed' AND c.lease_expires_at < :takeover_before))"
+        " OR ((c.state = 'claimed' AND c.owner = excluded.owner AND c.lease_expires_at >= :now))"
     ) in text
 
 
 def test_a_fresh_database_gets_tables_and_indexes_only() -> None:
     """Version 0 with no tables: CREATE TABLE for each, the indexes, the (harmless) upgrades."""
-    changes = schema_changes(0, {})
+    changes = schema_changes(0, {}, rekey="rebuild")
     creates = [c for c in changes if c.startswith("CREATE TABLE")]
     assert [c.split()[5] for c in creates] == [f"{{p}}{table}" for table in TABLES]
     assert not [c for c in changes if c.startswith("ALTER")]
@@ -67,14 +67,44 @@ def test_an_older_database_gets_only_its_missing_columns() -> None:
     """Existing tables are altered, never re-created, and only by the columns they lack."""
     calls = [name for name, _ in CALL_COLUMNS if name != "quarantine_reason"]
     deliveries = [name for name, _ in TABLES["deliveries"][0]]
-    changes = schema_changes(1, {"calls": calls, "deliveries": deliveries})
-    assert [c for c in changes if c.startswith(("CREATE TABLE", "ALTER"))] == [
+    changes = schema_changes(1, {"calls": calls, "deliveries": deliveries}, rekey="constraint")
+    assert [c for c in changes if c.startswith("CREATE TABLE") or " ADD COLUMN " in c] == [
         "ALTER TABLE {p}calls ADD COLUMN quarantine_reason {text}"
     ]
     current = schema_changes(
-        SCHEMA_VERSION, {"calls": [*calls, "quarantine_reason"], "deliveries": deliveries}
+        SCHEMA_VERSION,
+        {"calls": [*calls, "quarantine_reason"], "deliveries": deliveries},
+        rekey="constraint",
     )
     assert all(c.startswith("CREATE INDEX IF NOT EXISTS") for c in current)
+
+
+def test_a_database_before_version_4_gets_the_namespace_into_its_keys() -> None:
+    """The primary keys lead with the namespace from version 4: PostgreSQL swaps the
+    constraint, SQLite (which cannot alter a primary key) copies the table under the new one
+    and replaces it, after the data upgrades and before the indexes are made again."""
+    existing = {table: [name for name, _ in columns] for table, (columns, _) in TABLES.items()}
+    swapped = schema_changes(3, existing, rekey="constraint")
+    assert [c for c in swapped if "pkey" in c] == [
+        "ALTER TABLE {p}deliveries DROP CONSTRAINT deliveries_pkey",
+        "ALTER TABLE {p}deliveries ADD CONSTRAINT deliveries_pkey"
+        " PRIMARY KEY (namespace, delivery_id)",
+        "ALTER TABLE {p}calls DROP CONSTRAINT calls_pkey",
+        "ALTER TABLE {p}calls ADD CONSTRAINT calls_pkey"
+        " PRIMARY KEY (namespace, session_id, turn_id, call_id)",
+    ]
+    rebuilt = schema_changes(3, existing, rekey="rebuild")
+    calls = [c for c in rebuilt if "calls_v4" in c or c == "DROP TABLE {p}calls"]
+    assert [" ".join(c.split()[:3]) for c in calls] == [
+        "CREATE TABLE IF",
+        "INSERT INTO {p}calls_v4",
+        "DROP TABLE {p}calls",
+        "ALTER TABLE {p}calls_v4",
+    ]
+    assert "PRIMARY KEY (namespace, session_id, turn_id, call_id)" in calls[0]
+    first_index = rebuilt.index(next(c for c in rebuilt if c.startswith("CREATE INDEX")))
+    assert rebuilt.index(calls[-1]) < first_index
+    assert [c for c in schema_changes(4, existing, rekey="rebuild") if "pkey" in c] == []
 
 
 class _Recording(dict[str, Any]):

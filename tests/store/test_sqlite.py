@@ -332,12 +332,14 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
             )
         }
         names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
-        assert names[-5:] == [
+        assert names[-7:] == [
             "quarantine_reason",
             "next_attempt_at",
             "failures",
             "namespace",
             "history",
+            "history_tail",
+            "history_count",
         ]
     assert indexes == {
         "deliveries_due",

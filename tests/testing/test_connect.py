@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from agentfn_asgi import AgentWebhookApp, FunctionTools
+from agentfn_asgi import AgentWebhookApp, FunctionTools, NotRun, Ran, ToolContext, Unknown
 from agentfn_asgi.testing import (
     FakeAgentsAPI,
     FakeCall,
@@ -122,3 +122,68 @@ async def test_loopback_serves_the_fake_over_real_sockets() -> None:
         session = fake.create_session(lookup())
         await fake.wait_idle(session)
     assert [s.output for s in fake.submissions] == ['{"found":true}']
+
+
+# -- a call in doubt: how a reconcile hook is tested ----------------------------------------
+
+
+def refund_tools(decision: str, ran: list[str]) -> FunctionTools:
+    """A side-effect tool whose reconcile hook answers ``decision`` (ran, not_run, unknown);
+    ``ran`` records each real execution of the handler."""
+    tools = FunctionTools()
+
+    def reconcile(ctx: ToolContext, arguments: dict[str, object]) -> Ran | NotRun | Unknown:
+        if decision == "ran":
+            return Ran({"refunded": arguments["order_id"], "found_by": "reconcile"})
+        if decision == "not_run":
+            return NotRun()
+        return Unknown("the payment provider does not say")
+
+    @tools.function(side_effects=True, reconcile=reconcile)
+    def refund(order_id: str) -> dict[str, str]:
+        """Refund an order."""
+        ran.append(order_id)
+        return {"refunded": order_id, "found_by": "handler"}
+
+    return tools
+
+
+@pytest.mark.parametrize(
+    ("decision", "handler_runs", "success", "output"),
+    [
+        ("ran", [], True, '{"refunded":"o1","found_by":"reconcile"}'),
+        ("not_run", ["o1"], True, '{"refunded":"o1","found_by":"handler"}'),
+        ("unknown", [], False, None),
+    ],
+)
+async def test_a_call_in_doubt_is_decided_by_the_reconcile_hook(
+    decision: str, handler_runs: list[str], success: bool, output: str | None
+) -> None:
+    """``create_session_in_doubt`` leaves each call as a replica that died mid-call would:
+    the app finds it in doubt and asks the reconcile hook, which decides whether the
+    handler runs; the session gets one result either way."""
+    ran: list[str] = []
+    async with connect(refund_tools(decision, ran)) as connection:
+        fake = connection.fake
+        session = await connection.create_session_in_doubt(
+            [[FakeCall("refund", {"order_id": "o1"}, call_id="call_1")]]
+        )
+        await fake.wait_idle(session)
+        [record] = await connection.store.find_calls("call_1")
+    assert ran == handler_runs
+    [result] = fake.submissions
+    assert result.success is success
+    if output is not None:
+        assert result.output == output
+    assert [e.kind for e in record.history][:2] == ["claimed", "taken_over"]
+    assert record.history[0].owner != record.history[1].owner
+    assert not [d for d in fake.deliveries if d.event_type.endswith("action_required")]
+
+
+async def test_a_plain_tool_in_doubt_runs_again() -> None:
+    """A tool without side effects is simply run again from in doubt."""
+    async with connect(customer_tools()) as connection:
+        session = await connection.create_session_in_doubt(lookup(call_id="call_1"))
+        await connection.fake.wait_idle(session)
+    [result] = connection.fake.submissions
+    assert result.success and result.output == '{"found":true}'

@@ -1,0 +1,59 @@
+"""The package's log lines are visible where the host configured no logging.
+
+Every logger of the package is under ``agentfn_asgi``. A host that configures logging (a
+handler on the root logger: ``logging.basicConfig``, ``dictConfig``, ``uvicorn --log-config``,
+Django's ``LOGGING``, gunicorn) decides where they go, and this module stays out of the way.
+A host that configured nothing (plain ``uvicorn myservice:app`` configures only uvicorn's own
+loggers) would otherwise see nothing of the start-up line, refused deliveries or ``call
+finished``, and its warnings would reach Python's last-resort handler without level,
+logger or time. :func:`show_by_default`, called at start-up, then gives the
+``agentfn_asgi`` logger a handler of its own, at INFO, printing to standard error::
+
+    2026-12-03 13:02:11,532 INFO agentfn_asgi.app: agentfn-asgi started: 3 tools, store ...
+
+That handler defers to the host the moment the host configures logging after all: from then
+on it hands each line to the root logger's handlers (at the root logger's level) and prints
+nothing itself, so no line is ever printed twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+__all__ = ["PACKAGE_LOGGER", "show_by_default"]
+
+#: The parent of every logger of the package.
+PACKAGE_LOGGER = "agentfn_asgi"
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _UntilConfigured(logging.StreamHandler):  # type: ignore[type-arg]
+    """Prints to standard error while the root logger has no handler; afterwards passes each
+    record to the root logger's handlers, as propagation would have."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        root = logging.getLogger()
+        if root.handlers:
+            if record.levelno >= root.getEffectiveLevel():
+                root.handle(record)
+            return
+        super().emit(record)
+
+
+def show_by_default() -> bool:
+    """Make the package's INFO lines visible when the host configured no logging at all.
+
+    Does nothing (returns False) when the root logger has a handler, or when the host
+    configured the ``agentfn_asgi`` logger itself (a handler or a level on it). Idempotent.
+    """
+    package = logging.getLogger(PACKAGE_LOGGER)
+    if logging.getLogger().handlers or package.handlers or package.level != logging.NOTSET:
+        return False
+    handler = _UntilConfigured(sys.stderr)
+    handler.setFormatter(logging.Formatter(_FORMAT))
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+    # The handler hands records to the root logger itself once it has handlers.
+    package.propagate = False
+    return True

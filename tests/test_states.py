@@ -1,0 +1,114 @@
+"""The call state machine's table (agentfn_asgi.states): consistent with itself and with the
+states it names. The stores are held to it in tests/store/test_state_table.py and by the
+generated histories."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agentfn_asgi.records import CallKey, CallRecord, CallState
+from agentfn_asgi.states import (
+    PRUNABLE,
+    SAVED,
+    TRANSITIONS,
+    Guard,
+    Target,
+    allows,
+    resulting_state,
+    settleable,
+)
+
+NOW = 1_000.0
+
+
+def record(
+    state: CallState, *, owner: str = "a", attempt: int = 1, lease: float = NOW + 30
+) -> CallRecord:
+    return CallRecord(
+        key=CallKey("s", "t", "c"),
+        tool_name="tool",
+        state=state,
+        attempt=attempt,
+        owner=owner,
+        lease_expires_at=lease,
+        created_at=NOW - 60,
+        updated_at=NOW - 10,
+    )
+
+
+def test_every_state_is_reached_and_every_non_terminal_state_can_be_left() -> None:
+    """No state is unreachable and none but the terminal ones is a dead end."""
+    reached = {t.target for t in TRANSITIONS.values() if isinstance(t.target, CallState)}
+    reached |= SAVED  # by_result
+    assert reached == set(CallState)
+    for state in CallState:
+        leaving = [
+            t
+            for t in TRANSITIONS.values()
+            if state in t.sources and t.target not in (Target.SAME, state)
+        ]
+        assert leaving, state
+    for state in (CallState.SUBMITTED, CallState.STALE):
+        assert [t.name for t in TRANSITIONS.values() if state in t.sources] == ["prune"]
+
+
+def test_terminal_states_are_only_left_by_an_operator_or_the_pruner() -> None:
+    """Submitted and stale are final; quarantined waits for an operator's settle/release."""
+    for state in (s for s in CallState if s.terminal):
+        names = {t.name for t in TRANSITIONS.values() if state in t.sources}
+        assert names <= {"settle", "release", "prune"}, (state, names)
+    assert {CallState.SUBMITTED, CallState.STALE} == PRUNABLE
+
+
+@pytest.mark.parametrize("state", list(CallState))
+def test_settleable_is_quarantined_or_a_lapsed_claim(state: CallState) -> None:
+    """The one rule: held for an operator, or claimed with a lease lapsed past the margin."""
+    live, lapsed = record(state), record(state, lease=NOW - 5)
+    assert settleable(live, now=NOW) is (state is CallState.QUARANTINED)
+    assert settleable(lapsed, now=NOW, margin=1.0) is (
+        state in (CallState.QUARANTINED, CallState.CLAIMED)
+    )
+    # Within the margin, a lapsed claim is not settleable yet: its holder may still save.
+    assert settleable(lapsed, now=NOW, margin=10.0) is (state is CallState.QUARANTINED)
+    assert settleable(None, now=NOW) is False
+
+
+def test_fenced_rows_need_the_holder_and_takeover_needs_a_lapsed_lease() -> None:
+    """Save, renew and quarantine need (owner, attempt); take-over needs the lease to have
+    run out past the margin; a retried claim needs the same owner and a live lease."""
+    for name in ("save", "renew", "quarantine"):
+        assert {g for w in TRANSITIONS[name].ways for g in w.guards} == {Guard.HOLDER}
+        row = TRANSITIONS[name]
+        assert allows(row, record(CallState.CLAIMED), now=NOW, owner="a", attempt=1)
+        assert not allows(row, record(CallState.CLAIMED), now=NOW, owner="b", attempt=1)
+        assert not allows(row, record(CallState.CLAIMED), now=NOW, owner="a", attempt=2)
+        for state in set(CallState) - {CallState.CLAIMED}:
+            assert not allows(row, record(state), now=NOW, owner="a", attempt=1)
+    take_over, reclaim = TRANSITIONS["take_over"], TRANSITIONS["reclaim"]
+    assert allows(take_over, record(CallState.CLAIMED, lease=NOW - 5), now=NOW, margin=1)
+    assert not allows(take_over, record(CallState.CLAIMED, lease=NOW - 5), now=NOW, margin=10)
+    assert allows(reclaim, record(CallState.CLAIMED), now=NOW, owner="a")
+    assert not allows(reclaim, record(CallState.CLAIMED, lease=NOW - 1), now=NOW, owner="a")
+    assert allows(TRANSITIONS["claim"], None, now=NOW)
+    assert not any(allows(t, None, now=NOW) for t in TRANSITIONS.values() if t.name != "claim")
+
+
+def test_mark_stale_applies_to_pending_calls_unchanged_since_the_read() -> None:
+    """Stale: any pending call, unless (when asked) it changed after the caller's read."""
+    row = TRANSITIONS["mark_stale"]
+    for state, since in itertools.product(CallState, (None, NOW - 20, NOW)):
+        expected = not state.terminal and (since is None or since >= NOW - 10)
+        assert allows(row, record(state), now=NOW, unchanged_since=since) is expected
+
+
+def test_resulting_states() -> None:
+    """by_result follows the saved result; same keeps the state."""
+    claimed = record(CallState.CLAIMED)
+    assert resulting_state(TRANSITIONS["save"], claimed, success=True) is CallState.SUCCEEDED
+    assert resulting_state(TRANSITIONS["save"], claimed, success=False) is CallState.FAILED
+    assert resulting_state(TRANSITIONS["renew"], claimed, success=None) is CallState.CLAIMED
+    assert resulting_state(TRANSITIONS["release"], claimed, success=None) is CallState.CLAIMED
+    with pytest.raises(ValueError, match="removed"):
+        resulting_state(TRANSITIONS["prune"], record(CallState.STALE), success=None)

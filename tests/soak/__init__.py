@@ -14,6 +14,12 @@ Run it with ``make soak`` or ``python -m tests.soak`` from the repository root::
 - :mod:`.checker`: what must hold over everything recorded, and the one final line;
 - :mod:`.run`: the run itself.
 
+The run's folder (``SOAK_DIR``, else a temporary one, printed) keeps what a post-mortem
+needs: each replica's log per start (``replicaN-M.log``), the example ledger, the fault
+schedule (``schedule.txt``), the faults as applied (``faults.txt``), the SQLite store, and
+for every call still waited for after the drain its store record, history, requests and
+webhooks (``waiting.txt``).
+
 New kinds of turns (approval, flow control) are entries of ``workload.TURN_KINDS``; new
 faults are entries of ``nemesis.FAULT_KINDS``.
 """

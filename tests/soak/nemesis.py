@@ -41,7 +41,7 @@ class Fault:
     status: int = 0
 
     def describe(self) -> str:
-        """One short line (the schedule is printed with ``SOAK_VERBOSE``)."""
+        """One short line (``schedule.txt`` and ``faults.txt`` in the run's folder)."""
         return (
             f"{self.at:7.2f}s {self.kind} replica={self.replica} duration={self.duration:.2f} "
             f"route={self.route or '-'} n={self.n} status={self.status}"
@@ -69,6 +69,8 @@ class Nemesis:
     injected: collections.Counter[str] = field(default_factory=collections.Counter)
     outages: list[Outage] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+    """One line per fault: when it began (wall clock), what, and whether it applied."""
     _locks: dict[int, asyncio.Lock] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -95,11 +97,14 @@ class Nemesis:
         self.fake.duplicate_webhooks(False)
 
     async def _apply(self, fault: Fault) -> None:
+        began = time.time()
         try:
             applied = await FAULT_KINDS[fault.kind].apply(self, fault)
         except Exception as exc:  # a nemesis failure is reported, not a reason to stop
             self.errors.append(f"fault {fault.describe()}: {type(exc).__name__}: {exc}")
+            self.log.append(f"{began:.3f} {fault.describe()} FAILED {exc!r}")
             return
+        self.log.append(f"{began:.3f} {fault.describe()} {'applied' if applied else 'skipped'}")
         if applied:
             self.injected[fault.kind] += 1
 

@@ -60,6 +60,9 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         connections=config.store != "sqlite",
     )
     planned = collections.Counter(fault.kind for fault in faults)
+    await asyncio.to_thread(
+        (workdir / "schedule.txt").write_text, "".join(f.describe() + "\n" for f in faults)
+    )
     print(f"soak: {len(faults)} faults planned {dict(sorted(planned.items()))}", file=out)
     sessions = plans(config.seed, config.seconds, config.rate)
     ledger = Ledger(workdir / "ledger.jsonl")
@@ -137,6 +140,9 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         waiting_at_end=waiting,
         drain_seconds=drain_seconds,
         nemesis_errors=list(nemesis.errors),
+    )
+    await asyncio.to_thread(
+        (workdir / "faults.txt").write_text, "".join(line + "\n" for line in nemesis.log)
     )
     report = check(history)
     for violation in report.violations:

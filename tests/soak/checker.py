@@ -87,6 +87,9 @@ class Report:
     duplicate_effects: list[str] = field(default_factory=list)
     quarantined_with_effects: list[str] = field(default_factory=list)
     duplicate_submissions: int = 0
+    failed_results: list[str] = field(default_factory=list)
+    """Calls whose one result is a failure (the model was told it failed): not a violation
+    (an in-doubt call without a reconcile answer fails by design), but worth a look."""
     webhook_5xx: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
     injected: dict[str, int] = field(default_factory=dict)
@@ -108,6 +111,7 @@ class Report:
             f"calls={self.calls} answered={self.answered} faults={faults} [{kinds}] "
             f"lost={len(self.lost)} duplicate_effects={len(self.duplicate_effects)} "
             f"duplicate_submissions={self.duplicate_submissions} conflicts={self.conflicts} "
+            f"failed_results={len(self.failed_results)} "
             f"webhook_5xx={len(self.webhook_5xx)} tracebacks={len(self.tracebacks)} "
             f"quarantined={len(self.quarantined_with_effects)} "
             f"p99_to_result={self.p99:.2f}s drain={self.drain_seconds:.1f}s {verdict}"
@@ -162,6 +166,9 @@ def check(history: History) -> Report:
     report.duplicate_results = sorted(c for c, n in per_call.items() if n > 1)
     report.conflicts = sum(1 for r in history.requests if r.route == "submit" and r.status == 409)
     report.duplicate_submissions = len(history.duplicate_submissions)
+    report.failed_results = [
+        f"{s.call_id}: {(s.error or '')[:100]}" for s in history.submissions if not s.success
+    ]
 
     tools = {c.call_id: c.tool for c in history.calls}
     effects = collections.Counter(str(entry.get("call_id")) for entry in history.ledger)

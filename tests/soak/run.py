@@ -145,6 +145,8 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         (workdir / "faults.txt").write_text, "".join(line + "\n" for line in nemesis.log)
     )
     report = check(history)
+    for failed in report.failed_results[:10]:
+        print(f"soak: failed result {failed}", file=out)
     for violation in report.violations:
         print(f"soak: VIOLATION {violation}", file=out)
     print(

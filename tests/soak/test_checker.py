@@ -79,6 +79,14 @@ def test_two_accepted_results_or_a_conflicting_one_are_violations() -> None:
     assert report.conflicts == 1 and not report.ok
 
 
+def test_a_failed_result_is_listed_not_blamed() -> None:
+    failed = Submission("sess_1", "turn_1", "c_lookup", False, None, "in doubt", "k", 101.0)
+    submissions = [failed, *_history().submissions[1:]]
+    report = check(_history(submissions=submissions))
+    assert report.ok and report.failed_results == ["c_lookup: in doubt"]
+    assert "failed_results=1" in report.final_line()
+
+
 def test_identical_resubmissions_are_counted_not_blamed() -> None:
     report = check(_history(duplicate_submissions=[_submission("c_lookup", 103.0)]))
     assert report.ok and report.duplicate_submissions == 1

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit browser screenshots reliability fuzz-long bench bench-quick clean
+.PHONY: demo test check lint types unit browser screenshots reliability fuzz-long bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,6 +35,10 @@ screenshots: $(STAMP) browser
 	$(BIN)/python -m tests.admin.screenshots docs/screenshots
 
 test: lint types unit
+
+# The fast subset while coding (about half a minute of CPU): no process spawned, no backend service, no property tests.
+check: $(STAMP)
+	$(BIN)/pytest -q -x -m "not slow and not reliability and not backends and not hypothesis"
 
 reliability: $(STAMP)
 	$(BIN)/pytest -q -m reliability

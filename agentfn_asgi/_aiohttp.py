@@ -1,4 +1,4 @@
-"""The HTTP client the package builds when aiohttp is installed (extra ``fast``).
+"""The HTTP client the package builds on aiohttp (a dependency of the package).
 
 :class:`~agentfn_asgi.client.AgentsClient` uses a handful of ``httpx.AsyncClient`` features:
 ``build_request``, ``send`` (buffered or streamed), ``aclose``/``is_closed``, and of the

@@ -95,6 +95,21 @@ def settle_options(
         raise ToolDefinitionError(f"{label}: enqueue must be callable")
     if not _positive(deadline):
         raise ToolDefinitionError(f"{label}: job_deadline must be a positive number of seconds")
+    approval = options.get("approval", False)
+    approval_timeout = options.get("approval_timeout")
+    if not isinstance(approval, bool) and not callable(approval):
+        raise ToolDefinitionError(
+            f"{label}: approval must be True, False or a callable (ctx, arguments) -> bool"
+        )
+    if approval_timeout is not None and not _positive(approval_timeout):
+        raise ToolDefinitionError(f"{label}: approval_timeout must be a positive number of seconds")
+    if approval_timeout is not None and approval is False:
+        raise ToolDefinitionError(f"{label}: approval_timeout= only applies with approval=")
+    check_deadline = getattr(enqueue, "check_job_deadline", None)
+    if callable(check_deadline):
+        # An enqueue that knows its queue's limits (the Celery integration's) refuses a
+        # deadline the queue cannot keep at registration, not at the first call.
+        check_deadline(float(deadline), label)
     return {
         "defer_loading": bool(options.get("defer_loading", False)),
         "side_effects": side_effects,
@@ -104,6 +119,8 @@ def settle_options(
         "enqueue": enqueue,
         "job_deadline": float(deadline),
         "background": bool(options.get("background", False)),
+        "approval": approval,
+        "approval_timeout": None if approval_timeout is None else float(approval_timeout),
     }
 
 

@@ -6,14 +6,16 @@ returns an :class:`EventStream`; :mod:`agentfn_asgi.stream` follows sessions wit
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator
 from types import TracebackType
 from typing import Self
 
 import httpx
+from pydantic import ValidationError
 
 from .errors import APIConnectionError, APIError, APITimeoutError
-from .session_events import SessionEvent, parse_session_event
+from .session_events import SessionEvent, UnreadableEvent, parse_session_event
 
 __all__ = ["EventStream", "iter_sse_data"]
 
@@ -53,10 +55,12 @@ class EventStream:
     subscription; iterate for typed events, and close it (``async with`` or :meth:`aclose`).
 
     A streamed ``error`` is yielded as :class:`~agentfn_asgi.session_events.ErrorEvent`; ``data:
-    [DONE]`` or the end of the body ends iteration; a malformed event raises
-    :class:`~agentfn_asgi.errors.APIError`; a cut connection raises
+    [DONE]`` or the end of the body ends iteration; a cut connection raises
     :class:`~agentfn_asgi.errors.APIConnectionError` (a read timeout
-    :class:`~agentfn_asgi.errors.APITimeoutError`).
+    :class:`~agentfn_asgi.errors.APITimeoutError`). An event that cannot be parsed, whatever
+    the parser raised (a ``RecursionError`` for data nested too deeply included), raises
+    :class:`~agentfn_asgi.errors.APIError` when iterating the stream itself, and is yielded
+    as an :class:`~agentfn_asgi.session_events.UnreadableEvent` by :meth:`tolerant`.
     """
 
     def __init__(
@@ -72,19 +76,31 @@ class EventStream:
         self.request_id = response.headers.get("x-request-id")
 
     def __aiter__(self) -> AsyncIterator[SessionEvent]:
-        return self._events()
+        return self._strict()
 
-    async def _events(self) -> AsyncIterator[SessionEvent]:
+    async def _strict(self) -> AsyncIterator[SessionEvent]:
+        async with contextlib.aclosing(self.tolerant()) as events:
+            async for event in events:
+                if isinstance(event, UnreadableEvent):
+                    raise APIError(
+                        f"malformed event in stream: {event.reason}", request_id=self.request_id
+                    )
+                yield event
+
+    async def tolerant(self) -> AsyncGenerator[SessionEvent | UnreadableEvent, None]:
+        """Iterate like the stream itself, except that an event that cannot be parsed is
+        yielded as an :class:`~agentfn_asgi.session_events.UnreadableEvent` and iteration
+        goes on: what follows a stream must not stop for one strange event (a model can
+        write arguments nested 100,000 levels deep, and the snapshot quotes them)."""
         try:
             async for data in iter_sse_data(self._response.aiter_lines()):
                 if data == "[DONE]":
                     return
                 try:
-                    yield parse_session_event(data)
-                except ValueError as exc:
-                    raise APIError(
-                        f"malformed event in stream: {exc}", request_id=self.request_id
-                    ) from exc
+                    event: SessionEvent | UnreadableEvent = parse_session_event(data)
+                except Exception as exc:  # whatever the parser raised: one bad event, not the end
+                    event = UnreadableEvent(reason=_unreadable_reason(exc), size=len(data))
+                yield event
         except self._timeout_errors as exc:
             raise APITimeoutError(f"stream read timed out: {exc}") from exc
         except self._transport_errors as exc:
@@ -104,3 +120,19 @@ class EventStream:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _unreadable_reason(exc: Exception) -> str:
+    """Why an event could not be parsed, without quoting it (it may hold arguments)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to parse"
+    if isinstance(exc, ValidationError):
+        problems = exc.errors(include_url=False, include_input=False, include_context=False)
+        where = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'event'}: {problem['msg']}"
+            for problem in problems[:3]
+        )
+        return f"not a valid event ({where})"
+    if isinstance(exc, ValueError):
+        return f"not a readable JSON object ({type(exc).__name__}: {str(exc)[:160]})"
+    return f"the parser failed ({type(exc).__name__})"

@@ -33,7 +33,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -43,6 +43,7 @@ from ._crash import crash_point
 from .client import AgentsClient
 from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
+from .dispatch.approvals import ApprovalView
 from .errors import (
     ConfigurationError,
     StoreError,
@@ -120,6 +121,10 @@ class AgentWebhookApp:
         public_url: this app's public URL (where it is mounted), so that jobs carry
             ``complete_url``; default ``AGENTFN_PUBLIC_URL``.
         config: the environment's configuration, when you read it yourself.
+        on_approval_request: an async callable receiving each new approval request (an
+            :class:`~agentfn_asgi.dispatch.approvals.ApprovalView`) once, from the replica
+            that made it, to post it to chat or email; retried with backoff when it raises,
+            never holding up any call.
     """
 
     def __init__(
@@ -140,6 +145,7 @@ class AgentWebhookApp:
         completion_secret: str | Sequence[str] | None = None,
         public_url: str | None = None,
         config: Config | None = None,
+        on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None = None,
     ) -> None:
         env = config if config is not None else Config.from_env()
         secrets = parse_secrets(webhook_secret) if webhook_secret is not None else ()
@@ -157,7 +163,13 @@ class AgentWebhookApp:
         )
         completion_secrets = completion_secrets or env.completion_secrets
         public_url = public_url if public_url is not None else env.public_url
-        self.jobs = worker_jobs(tools, completion_secrets, public_url=public_url, clock=clock)
+        # Completion tokens are bound to this app: its store's namespace and its mount.
+        namespace = (
+            env.store_namespace if store is None or isinstance(store, str) else store.namespace
+        )
+        self.jobs = worker_jobs(
+            tools, completion_secrets, public_url=public_url, namespace=namespace, clock=clock
+        )
         _check_configuration(tools, secrets, completion_secrets, public_url)
         self.telemetry = (
             telemetry if telemetry is not None else Telemetry(capture_content=env.capture_content)
@@ -190,6 +202,7 @@ class AgentWebhookApp:
             telemetry=self.telemetry,
             handoff=self.jobs,
         )
+        self.dispatcher.approvals.notify = on_approval_request
         self._start_lock = asyncio.Lock()
         self._draining = False
         self._rejections = _Throttle()
@@ -244,6 +257,21 @@ class AgentWebhookApp:
         """What an operator sees and does for this app (the CLI's ``calls`` and the operator
         page, :mod:`agentfn_asgi.admin`, read through it)."""
         return Operator(self.store, dispatcher=self.dispatcher, location=self.store_location)
+
+    async def approve(self, approval_id: str, *, by: str) -> ApprovalView:
+        """A person (``by``: who, for the history and the log) approves the waiting request
+        ``approval_id``: the call runs once, on whichever replica claims it first, within
+        about a second. Raises :class:`~agentfn_asgi.errors.ApprovalNotFoundError`,
+        :class:`~agentfn_asgi.errors.ApprovalExpiredError` or
+        :class:`~agentfn_asgi.errors.ApprovalDecidedError` (decided already: once only)."""
+        await self.startup()
+        return await self.dispatcher.approve(approval_id, by=by, via="api")
+
+    async def deny(self, approval_id: str, *, reason: str | None = None, by: str) -> ApprovalView:
+        """A person denies the waiting request ``approval_id``: the call fails at once with
+        ``reason``, which the model sees. Raises as :meth:`approve`."""
+        await self.startup()
+        return await self.dispatcher.deny(approval_id, by=by, reason=reason, via="api")
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: object = None) -> AsyncIterator[None]:

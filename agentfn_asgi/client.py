@@ -4,7 +4,7 @@ One long-lived HTTP client carries every request: an injected :class:`httpx.Asyn
 (or ``httpx2.AsyncClient``, API-compatible for what this client needs), used as is and left
 open, or one the client owns and closes in ``aclose``. The owned one is the cheapest
 installed, by CPU per request measured with ``benchmarks/http_clients.py`` (64 in flight,
-relative to httpx2): with ``aiohttp`` (extra ``fast``) a small adapter onto an aiohttp
+relative to httpx2): with ``aiohttp`` (a dependency) a small adapter onto an aiohttp
 session (:mod:`agentfn_asgi._aiohttp`, 0.17×; httpx on the ``httpx-aiohttp`` transport
 measured 0.52×), else httpx2 (1×), else httpx 0.29/httpcore 1.0.9 (3.3×: its pool
 bookkeeping grows with concurrency). ``sniffio`` is a dependency because httpx retries a
@@ -99,7 +99,8 @@ USER_AGENT = f"agentfn-asgi/{__version__} httpx/{httpx.__version__}"
 
 
 def _optional_httpx2() -> ModuleType | None:
-    """httpx2 if installed (optional extra ``fast``); see the module docstring."""
+    """httpx2 if installed (the fallback where aiohttp cannot be imported); see the module
+    docstring."""
     try:
         return importlib.import_module("httpx2")
     except ImportError:  # pragma: no cover - depends on the environment

@@ -47,6 +47,7 @@ DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
     "AGENTFN_UNKNOWN_TOOLS": ("unknown_tools", str, ("fail", "ignore")),
     "AGENTFN_IN_DOUBT": ("in_doubt", str, ("fail", "hold")),
     "AGENTFN_MAX_ATTEMPTS": ("max_attempts", int, None),
+    "AGENTFN_APPROVAL_TIMEOUT": ("approval_timeout", float, None),
 }
 _CAPTURE_VALUES: Final = frozenset({"true", "1", "span_only", "span_and_event"})
 

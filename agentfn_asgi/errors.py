@@ -26,8 +26,22 @@ translated at the boundary with ``raise ... from exc``. Every warning derives fr
     ├── StoreError                      the durable store failed
     │   └── StoreUnavailableError       cannot reach the store now (webhook answers 503)
     ├── CompletionTokenError            a worker's completion token is refused      → 401
-    │   └── CompletionTokenExpiredError the token was authentic but has expired     → 401
+    │   ├── CompletionTokenExpiredError the token was authentic but has expired     → 401
+    │   └── CompletionMismatchError     it names another tool than its call (also a
+    │                                   LookupError)                                → 401
+    ├── OperatorError                   an operator's request (CLI, page, Operator) cannot be
+    │   │                               done as asked
+    │   ├── CallNotFoundError           no such call in the store (also a LookupError) → 404
+    │   ├── OperatorInputError          an ambiguous call id, a cursor or duration not
+    │   │                               understood, settle asked wrongly (also a
+    │   │                               ValueError)                                 → 400
+    │   └── ApprovalError               a decision on an approval request was refused
+    │       ├── ApprovalNotFoundError   no such request in the store               (exit 1)
+    │       └── ApprovalDecidedError    decided already, or the call stopped waiting
+    │           └── ApprovalExpiredError  it expired first: the call failed saying so
     └── APIError                        talking to the Agents API failed
+        ├── SessionNotFoundYetError     a session whose webhook just arrived is not found
+        │                               (yet): the sweep reads it again within the grace
         ├── APIConnectionError          no HTTP response (connect/read error)
         │   └── APITimeoutError         the request or the total deadline timed out
         └── APIStatusError              a non-2xx response (status, code, message, param,
@@ -55,11 +69,17 @@ __all__ = [
     "APITimeoutError",
     "AgentFnError",
     "AgentFnWarning",
+    "ApprovalDecidedError",
+    "ApprovalError",
+    "ApprovalExpiredError",
+    "ApprovalNotFoundError",
     "ArgumentValidationError",
     "AuthenticationError",
     "BadRequestError",
     "CLIError",
     "CLIUsageError",
+    "CallNotFoundError",
+    "CompletionMismatchError",
     "CompletionTokenError",
     "CompletionTokenExpiredError",
     "ConfigurationError",
@@ -67,11 +87,14 @@ __all__ = [
     "DemoError",
     "InternalServerError",
     "NotFoundError",
+    "OperatorError",
+    "OperatorInputError",
     "PermissionDeniedError",
     "RateLimitError",
     "ResultEncodingError",
     "ResultError",
     "ResultTooLargeError",
+    "SessionNotFoundYetError",
     "StoreError",
     "StoreUnavailableError",
     "ToolDefinitionError",
@@ -205,6 +228,55 @@ class CompletionTokenExpiredError(CompletionTokenError):
     """A completion token was authentic but is past its lifetime."""
 
 
+class CompletionMismatchError(CompletionTokenError, LookupError):
+    """An authentic completion names another tool than the call it is for: refused like a
+    token bound to another call. Also a ``LookupError``."""
+
+
+class OperatorError(AgentFnError):
+    """An operator's request (``agentfn-asgi calls``, the operator page,
+    :class:`~agentfn_asgi.operator.Operator`) cannot be done as asked; the message says why."""
+
+
+class CallNotFoundError(OperatorError, LookupError):
+    """No call of that id (in that session) is in the store. Also a ``LookupError``, as a
+    missing key is (the page answers 404)."""
+
+
+class OperatorInputError(OperatorError, ValueError):
+    """An operator's input is not understood: a call id that names calls of several
+    sessions (give the session), a listing cursor that is not ours, a duration not in the
+    ``15m``/``2h``/``3d`` form, a settle with not exactly one of output, error or re-run.
+    Also a ``ValueError`` (the page answers 400; the CLI names the fix)."""
+
+
+class ApprovalError(OperatorError):
+    """A decision on an approval request was refused (``approve``/``deny``: the CLI's exit 1).
+    ``approval_id`` names the request."""
+
+    def __init__(self, message: str, *, approval_id: str) -> None:
+        super().__init__(message)
+        self.approval_id = approval_id
+
+
+class ApprovalNotFoundError(ApprovalError):
+    """No call in this store (and namespace) has an approval request with this id."""
+
+
+class ApprovalDecidedError(ApprovalError):
+    """The request was decided already (``decision``: ``approved``, ``denied`` or
+    ``expired``), or the call stopped waiting (stale): a decision is taken once."""
+
+    def __init__(self, message: str, *, approval_id: str, decision: str | None) -> None:
+        super().__init__(message, approval_id=approval_id)
+        self.decision = decision
+
+
+class ApprovalExpiredError(ApprovalDecidedError):
+    """The request expired before this decision: the call fails, saying nobody approved it
+    in time."""
+
+
 class APIError(AgentFnError):
     """A request to the Agents API failed.
 
@@ -242,6 +314,16 @@ class APIError(AgentFnError):
         if self.request_id:
             parts.append(f"request_id={self.request_id}")
         return " ".join(parts)
+
+
+class SessionNotFoundYetError(APIError):
+    """The API does not find a session whose webhook arrived less than ``not_found_grace``
+    ago (a webhook may outrun the session becoming readable): its delivery stays unresolved
+    and the recovery sweep reads the session again."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id} not found (yet); the sweep reads it again")
+        self.session_id = session_id
 
 
 class APIConnectionError(APIError):

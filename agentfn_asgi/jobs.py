@@ -22,6 +22,14 @@ exactly one call (session, turn, call), the tool name and the claim's owner, exp
 the job's deadline. It carries no secret: anyone can read it, nobody can forge or alter it
 without ``AGENTFN_COMPLETION_SECRET`` (a secret of its own, never the webhook secret).
 
+A token is also bound to the app that minted it: the store namespace and the mount (the
+path of ``AGENTFN_PUBLIC_URL``) are part of the signature's salt. Two apps sharing one
+completion secret (two projects in one service, one store) refuse each other's tokens with
+401, so a worker that posts to the wrong app can never complete, submit or mark stale a
+call of the other project. Every replica, and the CLI's ``recover`` and ``calls settle``,
+read the same namespace and public URL, so they mint tokens the app accepts. Changing the
+namespace or the public URL's path refuses the tokens of jobs still outstanding.
+
 Answers of the completion endpoint:
 
 ========================================================  ======  ==========================
@@ -54,6 +62,7 @@ import json
 import logging
 import math
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -88,6 +97,7 @@ __all__ = [
     "bearer_token",
     "build_job",
     "call_enqueue",
+    "mount_of",
     "parse_completion",
     "worker_jobs",
 ]
@@ -95,7 +105,6 @@ __all__ = [
 logger = logging.getLogger("agentfn_asgi.jobs")
 
 #: Where the completion endpoint lives below the webhook mount.
-COMPLETE_PATH = "/calls/complete"
 COMPLETE_PATH = "/calls/complete"
 #: Completion bodies may exceed the webhook cap: a result may be up to 4 MiB, JSON-escaped.
 COMPLETION_BODY_LIMIT = 8 * 1024 * 1024
@@ -155,6 +164,9 @@ class CompletionTokens:
             spaces or commas), **newest last**: tokens are signed with the last one and
             verified against all. Each must be at least 16 characters; generate one with
             ``python -c "import secrets; print(secrets.token_urlsafe(32))"``.
+        namespace: the store namespace of the app the tokens complete calls in.
+        mount: the path the app is mounted at (see :func:`mount_of`); with ``namespace``
+            it binds the tokens to one app: another app refuses them, whatever its secret.
         max_age: a cap on any token's life in seconds, whatever the job deadline.
         clock: Unix time source (tests inject one; replicas should share real time).
     """
@@ -163,6 +175,8 @@ class CompletionTokens:
         self,
         secrets: str | Sequence[str],
         *,
+        namespace: str = "",
+        mount: str = "",
         max_age: float = DEFAULT_TOKEN_MAX_AGE,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -180,7 +194,10 @@ class CompletionTokens:
         self.max_age = float(max_age)
         self._clock = clock
         self._serializer = URLSafeTimedSerializer(
-            keys, salt=TOKEN_SALT, signer=_ClockedSigner, signer_kwargs={"clock": clock}
+            keys,
+            salt=_salt(namespace, mount),
+            signer=_ClockedSigner,
+            signer_kwargs={"clock": clock},
         )
 
     def issue(
@@ -229,6 +246,23 @@ class CompletionTokens:
         if age > self.max_age or now > claims.expires_at:
             raise CompletionTokenExpiredError("completion token has expired")
         return claims
+
+
+def _salt(namespace: str, mount: str) -> str:
+    # An app with neither keeps the salt of tokens minted before they were bound; JSON keeps
+    # the pair unambiguous whatever characters a namespace or path holds.
+    if not namespace and not mount:
+        return TOKEN_SALT
+    return TOKEN_SALT + ":" + json.dumps([namespace, mount], ensure_ascii=True)
+
+
+def mount_of(public_url: str | None) -> str:
+    """The mount path in ``public_url`` (``https://api.example.com/openai/a/`` →
+    ``/openai/a``); ``""`` without one. Only the path binds tokens: moving the app to another
+    host or scheme keeps the tokens of outstanding jobs valid."""
+    if not public_url:
+        return ""
+    return urllib.parse.urlsplit(public_url.strip()).path.rstrip("/")
 
 
 def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
@@ -432,10 +466,12 @@ def worker_jobs(
     secrets: Sequence[str],
     *,
     public_url: str | None = None,
+    namespace: str = "",
     clock: Callable[[], float] = time.time,
 ) -> WorkerJobs | None:
     """The worker lane of an app (or of ``agentfn-asgi recover``) when ``secrets`` are given,
-    else None. Raises ConfigurationError when a tool enqueues jobs but no secret is set."""
+    else None; its tokens are bound to ``namespace`` (the store's) and the path of
+    ``public_url``. Raises ConfigurationError when a tool enqueues jobs but no secret is set."""
     queued = sorted(tool.name for tool in tools if tool.enqueue is not None)
     if not secrets:
         if queued:
@@ -446,9 +482,8 @@ def worker_jobs(
             )
         return None
     complete_url = public_url.rstrip("/") + COMPLETE_PATH if public_url else None
-    return WorkerJobs(
-        CompletionTokens(secrets, clock=clock), complete_url=complete_url, clock=clock
-    )
+    tokens = CompletionTokens(secrets, namespace=namespace, mount=mount_of(public_url), clock=clock)
+    return WorkerJobs(tokens, complete_url=complete_url, clock=clock)
 
 
 # -- completion bodies -----------------------------------------------------------------------

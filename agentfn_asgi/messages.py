@@ -21,6 +21,10 @@ from pydantic_core.core_schema import ErrorType
 from .errors import ArgumentValidationError, ResultEncodingError, ResultTooLargeError, ToolError
 
 __all__ = [
+    "APPROVAL_ARGUMENTS_CHANGED_MESSAGE",
+    "APPROVAL_DENIED_MESSAGE",
+    "APPROVAL_EXPIRED_MESSAGE",
+    "APPROVAL_UNSUPPORTED_MESSAGE",
     "ENQUEUE_FAILED_MESSAGE",
     "INTERNAL_ERROR_MESSAGE",
     "INTERNAL_FAILURE_MESSAGE",
@@ -43,6 +47,24 @@ __all__ = [
 INTERNAL_ERROR_MESSAGE = (
     "The tool failed with an internal error. "
     "Do not retry with the same arguments unless the user asks."
+)
+
+#: What the model is told when a person denied the call (``{reason}``: theirs, or a default).
+APPROVAL_DENIED_MESSAGE = "A person reviewed this call of '{name}' and denied it: {reason}"
+#: What the model is told when nobody decided on the call before its request expired.
+APPROVAL_EXPIRED_MESSAGE = (
+    "This call of '{name}' needed a person's approval and nobody approved it in time; it "
+    "did not run. Tell the user, and only call it again if they ask."
+)
+#: The arguments of an approved call differ from those the person approved (never expected:
+#: the API does not change a pending call's arguments).
+APPROVAL_ARGUMENTS_CHANGED_MESSAGE = (
+    "This call of '{name}' was approved for other arguments than it carries; it did not run."
+)
+#: A tool needing approval over a store that cannot hold a call for a person.
+APPROVAL_UNSUPPORTED_MESSAGE = (
+    "This call of '{name}' needs a person's approval, which this service cannot ask for "
+    "right now; it did not run."
 )
 
 #: What the model is told when a side-effect call is in doubt and cannot be reconciled.

@@ -22,16 +22,25 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 from .dispatch import Dispatcher
-from .errors import APIError, ConfigurationError, StoreError
+from .dispatch.approvals import ApprovalView, approval_view
+from .errors import (
+    APIError,
+    CallNotFoundError,
+    ConfigurationError,
+    OperatorInputError,
+    StoreError,
+)
 from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
 from .states import settleable
-from .store.base import Store
+from .store.base import ApprovalStore, Store
 
 __all__ = [
     "OUTCOMES",
+    "ApprovalView",
+    "ApprovalsView",
     "CallDetail",
     "CallEventView",
     "CallFilter",
@@ -50,14 +59,33 @@ __all__ = [
 
 #: Display states, in the order an operator reads them.
 DisplayState = Literal[
-    "claimed", "in_doubt", "succeeded", "failed", "submitted", "stale", "quarantined"
+    "claimed",
+    "in_doubt",
+    "succeeded",
+    "failed",
+    "submitted",
+    "stale",
+    "quarantined",
+    "awaiting_approval",
+    "approved",
 ]
 
 #: What became of a call, in an operator's words (the page's badges and counts): ``running``
 #: (claimed, lease live), ``in_doubt`` (claimed, lease ran out), ``submitting`` (a result is
 #: saved, not yet accepted), ``succeeded`` / ``failed`` (the API accepted a success / a
-#: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator).
-Outcome = Literal["running", "in_doubt", "submitting", "succeeded", "failed", "stale", "held"]
+#: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator),
+#: ``awaiting_approval`` (waiting for a person), ``approved`` (approved, about to run).
+Outcome = Literal[
+    "running",
+    "in_doubt",
+    "submitting",
+    "succeeded",
+    "failed",
+    "stale",
+    "held",
+    "awaiting_approval",
+    "approved",
+]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 
@@ -72,6 +100,10 @@ def outcome_of(record: CallRecord, now: float) -> Outcome:
         return "succeeded" if record.result is not None and record.result.success else "failed"
     if state is CallState.STALE:
         return "stale"
+    if state is CallState.AWAITING_APPROVAL:
+        return "awaiting_approval"
+    if state is CallState.APPROVED:
+        return "approved"
     return "held"
 
 
@@ -128,6 +160,8 @@ class CallDetail:
     arguments: str | None = None
     output: str | None = None
     settleable: bool = False
+    #: The call's approval request (waiting or decided), when it has one.
+    approval: ApprovalView | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +201,7 @@ class Overview:
     needs_attention: tuple[CallSummary, ...] = ()  # in doubt and quarantined, by id
     failing_deliveries: tuple[DeliveryView, ...] = ()  # the sweep keeps failing on these
     oldest_pending_at: float | None = None
+    approvals_waiting: int = 0  # calls waiting for a person's approval
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,8 +214,10 @@ class SettleOutcome:
 
 
 class OperatorView(Protocol):
-    """What the CLI and the operator page read and do. Raises ``LookupError`` for an unknown
-    call, ``ValueError`` when ``call_id`` alone names calls of several sessions."""
+    """What the CLI and the operator page read and do. Raises
+    :class:`~agentfn_asgi.errors.CallNotFoundError` (a ``LookupError``) for an unknown call,
+    :class:`~agentfn_asgi.errors.OperatorInputError` (a ``ValueError``) when ``call_id`` alone
+    names calls of several sessions or a cursor is not of the listing."""
 
     async def overview(self) -> Overview: ...
 
@@ -204,6 +241,34 @@ class OperatorView(Protocol):
         rerun: bool = False,
     ) -> SettleOutcome: ...
 
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End the operator-page login ``login_id`` (its cookie's random id) for every
+        replica, durably, until ``expires_at`` (when its cookie expires anyway)."""
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether the login ``login_id`` was ended by :meth:`revoke_login`."""
+
+
+@runtime_checkable
+class ApprovalsView(Protocol):
+    """What the CLI and the operator page read and do about approval requests (the real
+    :class:`Operator` is one). Decisions raise :class:`~agentfn_asgi.errors.ApprovalError`."""
+
+    async def approvals(self, *, limit: int = 200) -> list[ApprovalView]: ...
+
+    async def approval(self, approval_id: str) -> tuple[ApprovalView, CallDetail] | None: ...
+
+    async def decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        digest: str | None = None,
+    ) -> ApprovalView: ...
+
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
@@ -211,24 +276,53 @@ _DURATION = re.compile(r"(\d{1,9})([smhdw])")
 
 def parse_duration(text: str) -> float:
     """``15m``, ``2h``, ``3d`` (also ``s`` and ``w``) → seconds (the ``since`` filter of the
-    CLI and the page). ValueError, saying the expected form, for anything else."""
+    CLI and the page). :class:`~agentfn_asgi.errors.OperatorInputError` (a ``ValueError``),
+    saying the expected form, for anything else."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
-        raise ValueError(
+        raise OperatorInputError(
             "'since' must be a number and a unit (s, m, h, d or w), like 15m, 2h or 3d; "
             f"got {text!r}"
         )
     return float(int(match.group(1)) * _DURATION_UNITS[match.group(2)])
 
 
+#: Deepest JSON an operator's output may nest (the limit of the webhook's own JSON reader):
+#: deeper values would fail later, when the result is encoded, or exhaust the stack.
+MAX_OUTPUT_DEPTH = 200
+
+
 def json_or_text(text: str) -> tuple[bool, Any]:
     """An operator's output, as the CLI's ``--output`` and the page read it: ``(True,
     value)`` when the text is JSON (not NaN or Infinity, which the API does not take),
-    else ``(False, text)``."""
+    else ``(False, text)``. ValueError, saying why, for JSON that nests more than
+    :data:`MAX_OUTPUT_DEPTH` levels: it is meant as JSON but cannot be sent as it is."""
     try:
-        return True, json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError(_too_deep()) from None
     except ValueError:
         return False, text
+    if _depth_exceeds(value, MAX_OUTPUT_DEPTH):
+        raise ValueError(_too_deep())
+    return True, value
+
+
+def _too_deep() -> str:
+    return f"the output is JSON nested more than {MAX_OUTPUT_DEPTH} levels deep"
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    # Iterative: the value may be as deep as the parser allowed, near the recursion limit.
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _refuse_constant(name: str) -> Any:
@@ -292,6 +386,8 @@ class Operator:
             "failed": stats.failures,
             "stale": counts.get("stale", 0),
             "held": counts.get("quarantined", 0),
+            "awaiting_approval": counts.get("awaiting_approval", 0),
+            "approved": counts.get("approved", 0),
         }
         return Overview(
             store=self._location,
@@ -305,10 +401,11 @@ class Operator:
             needs_attention=tuple(attention),
             failing_deliveries=tuple(failing[:ATTENTION_LIMIT]),
             oldest_pending_at=stats.oldest_pending_at,
+            approvals_waiting=counts.get("awaiting_approval", 0),
         )
 
     async def calls(self, query: CallFilter) -> CallPage:
-        """A page of calls, newest first (``ValueError`` for a cursor that is not ours)."""
+        """A page of calls, newest first (``OperatorInputError`` for a cursor not ours)."""
         before = None if query.cursor is None else _decode_cursor(query.cursor)
         found = await self._store.list_calls(
             CallQuery(
@@ -328,9 +425,10 @@ class Operator:
     async def call(
         self, call_id: str, *, session_id: str | None = None, content: bool = False
     ) -> CallDetail:
-        """One call with its history (``LookupError``: unknown; ``ValueError``: the id names
-        calls of several sessions, give ``session_id``). With ``content``, the saved output
-        and, while the call is still pending, its arguments read from the live session."""
+        """One call with its history (``CallNotFoundError``: unknown;
+        ``OperatorInputError``: the id names calls of several sessions, give ``session_id``).
+        With ``content``, the saved output and, while the call is still pending, its
+        arguments read from the live session."""
         record = await self._find(call_id, session_id)
         arguments = output = None
         if content:
@@ -342,6 +440,7 @@ class Operator:
             arguments=arguments,
             output=output,
             settleable=self._settleable(record),
+            approval=None if record.approval is None else approval_view(record),
         )
 
     async def deliveries(self, *, unresolved: bool = False, limit: int = 50) -> list[DeliveryView]:
@@ -374,6 +473,69 @@ class Operator:
             )
         return SettleOutcome(status=status, message=message)
 
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """End an operator-page login, in the store (so every replica, and a restart, knows)."""
+        await self._store.revoke_token(login_id, expires_at=expires_at)
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether an operator-page login was ended (read from the store)."""
+        return await self._store.token_revoked(login_id)
+
+    # -- approval --------------------------------------------------------------------------
+    async def approvals(self, *, limit: int = 200) -> list[ApprovalView]:
+        """The requests waiting for a person, soonest expiry first (none when the store
+        cannot hold approvals)."""
+        store = self._store
+        if not isinstance(store, ApprovalStore):
+            return []
+        return [approval_view(r) for r in await store.waiting_approvals(limit=limit)]
+
+    async def approval(self, approval_id: str) -> tuple[ApprovalView, CallDetail] | None:
+        """One request (waiting or decided) and its call, with the call's arguments while it
+        waits (read from the live session: what the person decides on), or None."""
+        store = self._store
+        if not isinstance(store, ApprovalStore):
+            return None
+        record = await store.find_approval(approval_id)
+        if record is None or record.approval is None:
+            return None
+        waiting = record.state is CallState.AWAITING_APPROVAL
+        arguments = await self._arguments(record.key) if waiting else None
+        detail = CallDetail(
+            summary=self._summary(record),
+            history=tuple(_event_view(e) for e in record.history),
+            arguments=arguments,
+            approval=approval_view(record),
+        )
+        return approval_view(record), detail
+
+    async def decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        digest: str | None = None,
+    ) -> ApprovalView:
+        """A person's decision through the dispatcher's rules (see
+        :meth:`~agentfn_asgi.dispatch.approvals.Approvals.decide`; raises its
+        :class:`~agentfn_asgi.errors.ApprovalError`)."""
+        if self._dispatcher is None:
+            raise ConfigurationError(
+                "deciding an approval may submit a result: it needs the Agents API (OPENAI_API_KEY)"
+            )
+        return await self._dispatcher.approvals.decide(
+            approval_id, approve=approve, by=by, via=via, reason=reason, digest=digest
+        )
+
+    def link_approvals(self, links: Callable[[ApprovalView], dict[str, str]]) -> None:
+        """Have each new approval request carry ``links(request)`` (the operator page's
+        signed link) when it reaches ``on_approval_request``."""
+        if self._dispatcher is not None:
+            self._dispatcher.approvals.links = links
+
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:
         found = await self._store.find_calls(call_id)
@@ -381,10 +543,10 @@ class Operator:
             found = [r for r in found if r.key.session_id == session_id]
         if not found:
             where = f" in session {session_id}" if session_id else ""
-            raise LookupError(f"no call {call_id}{where} in the store")
+            raise CallNotFoundError(f"no call {call_id}{where} in the store")
         if len(found) > 1:
             sessions = ", ".join(sorted({r.key.session_id for r in found})[:5])
-            raise ValueError(
+            raise OperatorInputError(
                 f"call id {call_id} names calls of several sessions ({sessions}): give the session"
             )
         return found[0]
@@ -469,4 +631,4 @@ def _decode_cursor(cursor: str) -> tuple[float, str, str, str]:
         at, session_id, turn_id, call_id = json.loads(raw)
         return float(at), str(session_id), str(turn_id), str(call_id)
     except (ValueError, TypeError, binascii.Error):
-        raise ValueError("not a cursor of this listing") from None
+        raise OperatorInputError("not a cursor of this listing") from None

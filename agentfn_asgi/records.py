@@ -8,6 +8,9 @@ Calls are keyed by :class:`CallKey` ``(session_id, turn_id, call_id)``. Their st
        └─ lease expired, no saved result ──▶ in doubt (a re-claim returns IN_DOUBT)
     quarantined: an in-doubt side-effect call whose reconcile hook could not decide, held
                  for an operator (with ``hold``) instead of being answered.
+    awaiting_approval: a call of a tool declared with ``approval=`` that waits for a person
+                 (its :class:`ApprovalRequest` is on the record); nothing has run.
+    approved:    a person approved it; any replica claims it and runs it as a fresh attempt.
 
 Also here: :class:`Job` (one call handed to a worker) and :class:`Completion` (a worker's
 outcome for it), the two values the app's side (:mod:`agentfn_asgi.jobs`) and the worker's
@@ -19,6 +22,7 @@ This module imports nothing of the package: every other module may depend on it.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +35,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 __all__ = [
     "HISTORY_HEAD",
     "HISTORY_TAIL",
+    "ApprovalRequest",
     "CallEvent",
     "CallKey",
     "CallQuery",
@@ -43,6 +48,7 @@ __all__ = [
     "Job",
     "SavedResult",
     "StoreStats",
+    "arguments_digest",
     "parse_history",
 ]
 
@@ -55,7 +61,8 @@ HISTORY_TAIL = 40
 
 
 class CallState(enum.StrEnum):
-    """Where one call is in its life. Terminal: ``submitted``, ``stale``, ``quarantined``."""
+    """Where one call is in its life. Terminal: ``submitted``, ``stale``, ``quarantined``.
+    ``awaiting_approval`` and ``approved`` are pending: the API still waits for the call."""
 
     CLAIMED = "claimed"
     SUCCEEDED = "succeeded"
@@ -63,6 +70,8 @@ class CallState(enum.StrEnum):
     SUBMITTED = "submitted"
     STALE = "stale"
     QUARANTINED = "quarantined"
+    AWAITING_APPROVAL = "awaiting_approval"
+    APPROVED = "approved"
 
     @property
     def terminal(self) -> bool:
@@ -167,6 +176,70 @@ def parse_history(text: str | None) -> tuple[CallEvent, ...]:
     return tuple(events)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalRequest:
+    """A call's request for a person's approval, kept on its record (and so durable).
+
+    ``digest`` is the SHA-256 of the call's canonical arguments (:func:`arguments_digest`):
+    an approval is bound to the exact arguments the person saw. ``expires_at`` is when the
+    request lapses into a failure (also the waiting record's ``lease_expires_at``, which the
+    state table's approval guards read). Once decided, ``decision`` is ``approved``,
+    ``denied`` or ``expired``, with who (``decided_by``), how (``decided_via``: ``cli``,
+    ``api``, ``page``, ``link``, ``sweep``), when and why (``reason``, what the model sees on
+    a denial).
+    """
+
+    approval_id: str
+    tool_name: str
+    digest: str
+    requested_at: float
+    expires_at: float
+    decision: str | None = None
+    decided_by: str | None = None
+    decided_via: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+
+    @property
+    def decided(self) -> bool:
+        return self.decision is not None
+
+    def to_json(self) -> str:
+        """Compact JSON of every field (what the durable stores keep)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> ApprovalRequest | None:
+        """Rebuild a request from :meth:`to_json` output (None for None or unreadable)."""
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(
+                approval_id=str(data["approval_id"]),
+                tool_name=str(data["tool_name"]),
+                digest=str(data["digest"]),
+                requested_at=float(data["requested_at"]),
+                expires_at=float(data["expires_at"]),
+                decision=data.get("decision"),
+                decided_by=data.get("decided_by"),
+                decided_via=data.get("decided_via"),
+                decided_at=None if data.get("decided_at") is None else float(data["decided_at"]),
+                reason=data.get("reason"),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def arguments_digest(arguments: Any) -> str:
+    """SHA-256 (hex) of ``arguments`` as canonical JSON: keys sorted, no spaces, UTF-8."""
+    canonical = json.dumps(
+        arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class CallRecord:
     """A snapshot of one call as the store holds it.
@@ -177,6 +250,7 @@ class CallRecord:
     ``next_attempt_at`` is when the recovery sweep may next retry a saved result that failed
     to submit (``failures`` times so far). ``history_dropped`` counts the events left out of
     a long history between its first :data:`HISTORY_HEAD` and last :data:`HISTORY_TAIL`.
+    ``approval`` is the call's approval request, once one was made (kept after the decision).
     """
 
     key: CallKey
@@ -194,6 +268,7 @@ class CallRecord:
     next_attempt_at: float = 0.0
     failures: int = 0
     history_dropped: int = 0
+    approval: ApprovalRequest | None = None
 
     def in_doubt(self, now: float) -> bool:
         """Claimed, but its lease ran out with no saved result: the handler may have run."""

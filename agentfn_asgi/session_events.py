@@ -9,6 +9,7 @@ this version does not model parses as :class:`GenericSessionEvent`. The stream's
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Tag, TypeAdapter
@@ -34,6 +35,7 @@ __all__ = [
     "TurnInProgressEvent",
     "TurnItemAddedEvent",
     "TurnItemDoneEvent",
+    "UnreadableEvent",
     "parse_session_event",
 ]
 
@@ -184,6 +186,24 @@ class GenericSessionEvent(WireModel):
     type: str
     event_id: str | None = None
     obfuscation: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableEvent:
+    """Stands for a streamed event that could not be parsed (not JSON, nested too deeply for
+    the parser, a known type with missing fields...), where a follower must not stop.
+
+    :meth:`EventStream.tolerant <agentfn_asgi._sse.EventStream.tolerant>` yields it in the
+    event's place. Nothing of the event is kept (it may quote model-written arguments):
+    ``reason`` says what was wrong, ``size`` how many characters its data had. Whatever it
+    announced is unknown, so the follower re-reads the session. ``event_id`` is always None
+    (an unreadable event is never taken for a repeat).
+    """
+
+    reason: str
+    size: int
+    type: Literal["unreadable"] = "unreadable"
+    event_id: None = None
 
 
 _EVENT_CLASSES: dict[str, type[BaseModel]] = {

@@ -16,6 +16,18 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
     claimed ──quarantine──▶ quarantined ──settle──▶ succeeded | failed
     claimed (lease lapsed) ──settle / release──▶ …     submitted | stale ──prune──▶ (gone)
 
+    claimed ──request_approval──▶ awaiting_approval ──approve──▶ approved ──run_approved──▶ claimed
+                                    │  └─deny (open) / expire_approval (lapsed)──▶ failed
+                                    └─mark_stale──▶ stale     (the session stopped waiting)
+
+A call of a tool declared with ``approval=`` is held in ``awaiting_approval`` by the holder
+of its claim, after its arguments were validated: nothing runs, and a redelivery, the sweep
+or another replica leaves it alone (a claim of it is ``DONE``). While it waits, its
+``lease_expires_at`` is the request's expiry, which the approval guards read. A decision is
+taken once: ``approve`` makes it ``approved`` (the replicas poll for those and one of them
+claims it with ``run_approved``: a fresh attempt under the usual rules, not in doubt);
+``deny`` and ``expire_approval`` save a failure the model sees, submitted as any result.
+
 Guards (:class:`Guard`) are the conditions beyond the source state: who holds the claim,
 whether its lease lapsed, whether the record changed since it was read. The one rule of what
 an operator may settle or re-run is :func:`settleable`.
@@ -37,6 +49,7 @@ __all__ = [
     "SAVED",
     "SETTLEABLE",
     "TRANSITIONS",
+    "WAITING",
     "Guard",
     "Target",
     "Transition",
@@ -57,12 +70,17 @@ class Guard(enum.StrEnum):
       doubt: taking it over, settling or re-running it is safe).
     - ``unchanged_since``: the record was not updated after the time the caller read the
       session (optional: only when the caller passes that time).
+    - ``approval_open``: the approval request has not expired yet (``now`` is before the
+      waiting record's ``lease_expires_at``, its request's ``expires_at``).
+    - ``approval_lapsed``: the approval request expired (``now`` at or past it).
     """
 
     HOLDER = "holder"
     OWN_LIVE_LEASE = "own_live_lease"
     LEASE_LAPSED = "lease_lapsed"
     UNCHANGED_SINCE = "unchanged_since"
+    APPROVAL_OPEN = "approval_open"
+    APPROVAL_LAPSED = "approval_lapsed"
 
 
 class Target(enum.StrEnum):
@@ -116,6 +134,8 @@ SAVED: Final = frozenset({CallState.SUCCEEDED, CallState.FAILED})
 #: Submitted or stale calls are finished: pruning may remove them. Quarantined calls wait for
 #: an operator, never for a pruner.
 PRUNABLE: Final = frozenset({CallState.SUBMITTED, CallState.STALE})
+#: A person decides these: waiting for approval, or approved and not yet run.
+WAITING: Final = frozenset({CallState.AWAITING_APPROVAL, CallState.APPROVED})
 _PENDING: Final = tuple(state for state in CallState if not state.terminal)
 _HELD: Final = frozenset({Guard.HOLDER})
 #: What an operator may settle or re-run (:func:`settleable`): held for them, or in doubt.
@@ -189,6 +209,42 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             new_attempt=True,
         ),
         Transition("prune", "prune", (_from(*PRUNABLE),), Target.REMOVED),
+        Transition(
+            "request_approval",
+            "request_approval",
+            (_from(CallState.CLAIMED, guards=_HELD),),
+            CallState.AWAITING_APPROVAL,
+            event="approval_requested",
+        ),
+        Transition(
+            "approve",
+            "decide_approval",
+            (_from(CallState.AWAITING_APPROVAL, guards=frozenset({Guard.APPROVAL_OPEN})),),
+            CallState.APPROVED,
+            event="approved",
+        ),
+        Transition(
+            "deny",
+            "decide_approval",
+            (_from(CallState.AWAITING_APPROVAL, guards=frozenset({Guard.APPROVAL_OPEN})),),
+            Target.BY_RESULT,
+            event="denied",
+        ),
+        Transition(
+            "expire_approval",
+            "decide_approval",
+            (_from(CallState.AWAITING_APPROVAL, guards=frozenset({Guard.APPROVAL_LAPSED})),),
+            Target.BY_RESULT,
+            event="approval_expired",
+        ),
+        Transition(
+            "run_approved",
+            "claim_approved",
+            (_from(CallState.APPROVED),),
+            CallState.CLAIMED,
+            event="claimed_approved",
+            new_attempt=True,
+        ),
     )
 }
 
@@ -209,6 +265,10 @@ def _guard_holds(
         return record.owner == owner and record.lease_expires_at >= now
     if guard is Guard.LEASE_LAPSED:
         return record.lease_expires_at < now - margin
+    if guard is Guard.APPROVAL_OPEN:
+        return now < record.lease_expires_at
+    if guard is Guard.APPROVAL_LAPSED:
+        return now >= record.lease_expires_at
     # UNCHANGED_SINCE is asked for by the caller; without a time it does not apply.
     return unchanged_since is None or record.updated_at <= unchanged_since
 

@@ -16,6 +16,9 @@ The rules both inherit from :func:`follow_session`:
 - **What is owed comes from ``required_actions`` of a fresh read**, never from a streamed
   item: a ``requires_action`` event only triggers the read.
 - **Duplicates by ``event_id`` are dropped** (the official helper does the same).
+- **No single event stops a follower**: one that cannot be parsed (a snapshot whose
+  model-written arguments nest 100,000 levels deep, say) is logged and skipped, and the
+  session is read again in its place, since it may have announced anything.
 - **A dropped stream is reconnected with backoff**; a session that is gone (404) ends the
   follow; an auth or request error (401, 403, 400) is raised, since retrying cannot help.
 
@@ -30,6 +33,7 @@ import collections
 import contextlib
 import hashlib
 import json
+import logging
 import random as _random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +49,7 @@ from .session_events import (
     SessionRequiresActionEvent,
     TurnCancelledEvent,
     TurnCreatedEvent,
+    UnreadableEvent,
 )
 from .wire import AgentSession
 
@@ -60,6 +65,8 @@ __all__ = [
     "follow_session",
     "stream_delivery_id",
 ]
+
+logger = logging.getLogger("agentfn_asgi.stream")
 
 #: Statuses in which a session may come to require action: it is followed while in one.
 ACTIVE_STATUSES = frozenset({"in_progress", "requires_action"})
@@ -182,7 +189,8 @@ async def follow_session(
     """Follow ``session_id``'s event stream until the session is idle, failed or gone.
 
     ``on_action`` gets a freshly read session whenever it has ``required_actions``: after
-    each (re)connect, and after each ``requires_action`` event. It may be called again for
+    each (re)connect, after each ``requires_action`` event, and after each event that
+    cannot be parsed (logged on ``agentfn_asgi.stream`` and skipped). It may be called again for
     the same pending actions (a reconnect re-reads); :func:`stream_delivery_id` names them
     stably. ``notice`` receives one line per reconnect or streamed error. Raises
     :class:`~agentfn_asgi.errors.APIStatusError` for 400/401/403/422 (retrying cannot help);
@@ -226,12 +234,21 @@ async def follow_session(
                 failures = 0
                 if session.status not in ACTIVE_STATUSES:
                     return end(session.status)
-                async for event in stream:
+                async for event in stream.tolerant():
                     if event.event_id is not None and seen.repeat(event.event_id):
                         duplicates += 1
                         continue
                     events += 1
-                    if isinstance(event, SessionRequiresActionEvent):
+                    if isinstance(event, UnreadableEvent):
+                        logger.warning(
+                            "session %s: a streamed event of %d characters cannot be read "
+                            "(%s); skipped, reading the session instead",
+                            session_id,
+                            event.size,
+                            event.reason,
+                        )
+                        say(f"session {session_id}: skipped an unreadable event ({event.reason})")
+                    if isinstance(event, SessionRequiresActionEvent | UnreadableEvent):
                         session = await read()
                         if session.status not in ACTIVE_STATUSES:
                             return end(session.status)

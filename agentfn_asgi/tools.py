@@ -124,6 +124,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: ``approval(ctx, arguments) -> bool``, sync or async: does this call need a person's yes?
+ApprovalPredicate: TypeAlias = Callable[[ToolContext, dict[str, Any]], Any]
+
 #: ``enqueue(job)``, sync or async: hands a call to the host's queue (agentfn_asgi.jobs).
 EnqueueHook: TypeAlias = Callable[[Job], Any]
 
@@ -144,6 +147,8 @@ class ToolOptions(TypedDict, total=False):
     enqueue: EnqueueHook | None
     job_deadline: float
     background: bool
+    approval: bool | ApprovalPredicate
+    approval_timeout: float | None
 
 
 _OPTION_NAMES = frozenset(ToolOptions.__optional_keys__)
@@ -168,6 +173,8 @@ class FunctionTool:
     enqueue: EnqueueHook | None = None
     job_deadline: float = DEFAULT_JOB_DEADLINE
     background: bool = False
+    approval: bool | ApprovalPredicate = False
+    approval_timeout: float | None = None
     _spec: ArgumentSpec | MappingArguments | None = field(default=None, repr=False, compare=False)
     # The exact definition of a tool adopted from the openai SDK, sent as it is.
     _source: dict[str, Any] | None = field(default=None, repr=False, compare=False)
@@ -371,6 +378,25 @@ class FunctionTool:
                 result = await result
         return result
 
+    async def needs_approval(self, context: ToolContext, arguments: dict[str, Any]) -> bool:
+        """Does this call need a person's approval? ``approval=True`` always, a predicate
+        when it says so. A predicate that raises asks for approval (the safe answer)."""
+        rule = self.approval
+        if isinstance(rule, bool):
+            return rule
+        try:
+            verdict = rule(context, arguments)
+            if inspect.isawaitable(verdict):
+                verdict = await verdict
+        except Exception:
+            logger.warning(
+                "approval predicate of tool %r failed; asking for approval",
+                self.name,
+                exc_info=True,
+            )
+            return True
+        return bool(verdict)
+
     async def run_reconcile(
         self,
         arguments: Mapping[str, Any],
@@ -482,8 +508,12 @@ class FunctionTools:
         as a :class:`~agentfn_asgi.worker.Job` instead of running it here, and the call fails
         if no worker completes it within ``job_deadline`` seconds; ``background`` marks the
         tool ``"async": true``: the agent goes on without waiting for its result (natural
-        for a tool handed to a worker). Stacked on openai's ``@function_tool``, it adopts
-        that tool as it is (:meth:`FunctionTool.from_sdk`).
+        for a tool handed to a worker). ``approval=True`` (or a callable ``(ctx, arguments)
+        -> bool``, sync or async, for calls that need it only sometimes) holds each call,
+        once its arguments are valid, until a person approves or denies it (see
+        ``AgentWebhookApp.approve``), for at most ``approval_timeout`` seconds (default
+        ``AGENTFN_APPROVAL_TIMEOUT``, 24 h), after which it fails. Stacked on openai's
+        ``@function_tool``, it adopts that tool as it is (:meth:`FunctionTool.from_sdk`).
         """
         if fn is not None and not callable(fn):
             hint = f"@tools.function(name={fn!r})" if isinstance(fn, str) else "keyword options"

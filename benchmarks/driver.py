@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from agentfn_asgi.demo import free_port
 from benchmarks.bench_api import BenchAPI, CallId
 from benchmarks.handlers import BIG_RESULT_SIZE
 from benchmarks.sender import Delivery, Sender
@@ -54,19 +54,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class TargetProcess:
     """One target app under uvicorn in a child process, with its CPU and memory readings."""
 
     def __init__(self, name: str, args: list[str], *, api_url: str, secret: str, store_dir: str):
         self.name = name
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/webhooks"
         self._argv = [
             sys.executable,

@@ -1,1 +1,1 @@
-"""Runnable example apps (Starlette, FastAPI, Django) serving the same three tools."""
+"""Runnable example apps (Starlette, FastAPI, Django) serving the same tools."""

@@ -1,4 +1,4 @@
-"""The three example tools served from a FastAPI app at ``POST /openai/webhooks``.
+"""The example tools served from a FastAPI app at ``POST /openai/webhooks``.
 
 Run it (from the repository root)::
 

@@ -4,7 +4,6 @@ against the fake Agents API: the same requests, answers and errors as on httpx."
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +15,8 @@ from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.errors import APIConnectionError, NotFoundError, RateLimitError
 from agentfn_asgi.session_events import SessionIdleEvent
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
+
+from .support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -93,9 +94,7 @@ async def test_error_answers_are_mapped_and_retried(served: tuple[FakeAgentsAPI,
 
 async def test_a_refused_connection_is_retried_then_a_connection_error() -> None:
     """aiohttp's connector error becomes httpx's class, then our APIConnectionError."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again below: nothing listens there
+    port = free_port()  # nothing listens there
     retries: list[str] = []
     async with AgentsClient(
         api_key="k",

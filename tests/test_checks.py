@@ -255,6 +255,7 @@ def test_only_parameters_whose_schema_says_nothing_warn() -> None:
     assert issubclass(ToolDefinitionWarning, UserWarning)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_warning_works_for_a_script_run_with_python_c() -> None:
     """Regression: the warning points at the tool's ``def`` line; for a ``python -c`` (or
     REPL) ``__main__`` that used to raise ImportError from the loader instead of warning."""

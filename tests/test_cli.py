@@ -24,7 +24,6 @@ from agentfn_asgi.cli import build_parser, main
 from agentfn_asgi.cli.common import load_tools
 from agentfn_asgi.cli.dev import parse_call_spec
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import tools as example_tools
 from agentfn_asgi.errors import CLIError, CLIUsageError
 from agentfn_asgi.integrations.starlette import webhook_routes
@@ -33,6 +32,8 @@ from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, serve_fake_api
 from agentfn_asgi.tools import FunctionTools
+
+from .support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -106,6 +107,7 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     assert "error" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # starts a Python process
 def test_python_dash_m_runs_the_same_cli() -> None:
     """``python -m agentfn_asgi`` is the same command line."""
     done = subprocess.run(

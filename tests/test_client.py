@@ -44,25 +44,14 @@ from agentfn_asgi.session_events import (
     SessionIdleEvent,
     SessionInProgressEvent,
     SessionRequiresActionEvent,
+    UnreadableEvent,
 )
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
+from .support.clock import FakeClock
+from .support.ports import free_port
+
 pytestmark = pytest.mark.anyio
-
-
-class Clock:
-    """A fake monotonic clock that the recording sleep advances."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 @pytest.fixture
@@ -72,13 +61,13 @@ async def fake() -> AsyncIterator[FakeAgentsAPI]:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture
 async def make_client(
-    fake: FakeAgentsAPI, clock: Clock
+    fake: FakeAgentsAPI, clock: FakeClock
 ) -> AsyncIterator[Callable[..., AgentsClient]]:
     """Build clients on the fake with instant, recorded sleeps; options override."""
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=fake))
@@ -226,7 +215,7 @@ def test_configuration_is_explicit(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_non_retryable_statuses_raise_at_once(
     fake: FakeAgentsAPI,
     make_client: Callable[..., AgentsClient],
-    clock: Clock,
+    clock: FakeClock,
     status: int,
     cls: type[APIStatusError],
 ) -> None:
@@ -288,7 +277,7 @@ async def test_real_fake_errors_map(
 
 @pytest.mark.parametrize("status", [408, 409, 429, 500, 502, 503, 504])
 async def test_retryable_statuses_are_retried(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock, status: int
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock, status: int
 ) -> None:
     """408, 409, 429 and 5xx are retried after the first backoff step (0.25 s)."""
     sid, _ = one_call_session(fake)
@@ -301,7 +290,7 @@ async def test_retryable_statuses_are_retried(
 
 
 async def test_backoff_doubles_up_to_the_cap_with_jitter(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """Backoff doubles from the base, is capped, and jitter scales it into [0.75, 1.0]."""
     sid, _ = one_call_session(fake)
@@ -315,7 +304,7 @@ async def test_backoff_doubles_up_to_the_cap_with_jitter(
 
 
 async def test_max_retries_then_the_last_error(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """After ``max_retries`` retries the last failure is raised as our error type."""
     sid, _ = one_call_session(fake)
@@ -328,7 +317,7 @@ async def test_max_retries_then_the_last_error(
 
 
 async def test_retry_after_seconds_and_ms_are_honoured(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """``Retry-After`` seconds, and ``retry-after-ms`` in preference, set the delay."""
     sid, _ = one_call_session(fake)
@@ -341,7 +330,7 @@ async def test_retry_after_seconds_and_ms_are_honoured(
 
 
 async def test_retry_after_http_date(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """An HTTP-date ``Retry-After`` becomes the seconds until that date."""
     import time
@@ -354,7 +343,7 @@ async def test_retry_after_http_date(
 
 
 async def test_retry_after_over_the_cap_gives_up(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """A server asking for more than ``max_retry_after`` (60 s) is not retried at all."""
     sid, _ = one_call_session(fake)
@@ -368,7 +357,7 @@ async def test_retry_after_over_the_cap_gives_up(
 
 
 async def test_x_should_retry_overrides_the_status_rule(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """``x-should-retry: true`` retries a 400; ``false`` stops a 503 from being retried."""
     sid, _ = one_call_session(fake)
@@ -382,7 +371,7 @@ async def test_x_should_retry_overrides_the_status_rule(
 
 
 async def test_total_deadline_is_never_slept_past(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """Retries stop when the next sleep would pass the total deadline."""
     sid, _ = one_call_session(fake)
@@ -425,7 +414,7 @@ async def test_same_idempotency_key_on_every_retry(
 
 
 async def test_registration_race_is_retried_briefly(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """The race 400 is retried after 0.1 s with the same key and then succeeds."""
     sid, event = one_call_session(fake)
@@ -439,7 +428,7 @@ async def test_registration_race_is_retried_briefly(
 
 
 async def test_persistent_race_becomes_unknown_pending_tool_call(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """A call that never becomes pending: 0.1, 0.3, 0.6 s, then UnknownPendingToolCallError."""
     sid, event = one_call_session(fake)
@@ -454,7 +443,7 @@ async def test_persistent_race_becomes_unknown_pending_tool_call(
 
 
 async def test_other_400_is_not_treated_as_the_race(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """A validation 400 is raised at once as BadRequestError with its param."""
     sid, event = one_call_session(fake)
@@ -466,7 +455,7 @@ async def test_other_400_is_not_treated_as_the_race(
 
 
 async def test_connection_drops_are_retried(
-    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: Clock
+    fake: FakeAgentsAPI, make_client: Callable[..., AgentsClient], clock: FakeClock
 ) -> None:
     """A dropped connection is retried; exhausting retries raises APIConnectionError."""
     sid, _ = one_call_session(fake)
@@ -499,7 +488,7 @@ async def test_timeouts_over_loopback_are_retried_then_raised(fake: FakeAgentsAP
     sid, _ = one_call_session(fake)
     fake.set_latency("retrieve", 0.5)
     events: list[RetryEvent] = []
-    clock = Clock()
+    clock = FakeClock()
     async with serve_fake(fake) as base_url:
         client = AgentsClient(
             api_key="sk-test",
@@ -526,7 +515,7 @@ async def test_timeout_then_success() -> None:
             raise httpx.ReadTimeout("slow", request=request)
         return httpx.Response(200, json={"id": "s", "status": "idle"})
 
-    clock = Clock()
+    clock = FakeClock()
     client = AgentsClient(
         api_key="k",
         base_url="http://api/v1",
@@ -650,6 +639,41 @@ async def test_sse_malformed_data_raises_api_error() -> None:
         await collect(sse_client([b"data: {oops\n\n"]))
 
 
+async def test_sse_an_event_nested_too_deeply_raises_api_error() -> None:
+    """Data nested 100,000 levels deep makes json raise RecursionError, not ValueError: the
+    stream still raises its APIError (before, the RecursionError escaped as it was)."""
+    deep = '{"type":"agent.session.idle","x":' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(APIError, match="malformed event in stream: nested too deeply"):
+        await collect(sse_client([f"data: {deep}\n\n".encode()]))
+
+
+async def test_sse_tolerant_iteration_marks_an_unreadable_event_and_goes_on() -> None:
+    """``EventStream.tolerant()`` yields an UnreadableEvent in a bad event's place (its
+    reason and size, none of its text) and goes on to the next event."""
+    deep = '{"type":"agent.session.idle","x":' + "[" * 100_000 + "]" * 100_000 + "}"
+    chunks = [
+        f"data: {deep}\n\n".encode(),
+        b'data: {"type":"agent.session.idle","secret":"hunter2"}\n\n',
+        b"data: {oops\n\n",
+        f"data: {json.dumps(idle_event())}\n\n".encode(),
+    ]
+    async with sse_client(chunks) as client:
+        stream = await client.open_event_stream("s")
+        async with stream:
+            events = [event async for event in stream.tolerant()]
+    assert [type(e) for e in events] == [
+        UnreadableEvent,
+        UnreadableEvent,
+        UnreadableEvent,
+        SessionIdleEvent,
+    ]
+    first, second, third = events[:3]
+    assert isinstance(first, UnreadableEvent) and first.reason == "nested too deeply to parse"
+    assert first.size == len(deep) and first.event_id is None
+    assert isinstance(second, UnreadableEvent) and "hunter2" not in second.reason
+    assert isinstance(third, UnreadableEvent) and "JSON" in third.reason
+
+
 async def test_sse_error_status_is_mapped() -> None:
     """A failed stream request maps to our error class like any other request."""
     client = sse_client([b'{"error":{"message":"gone"}}'], status=404)
@@ -695,13 +719,9 @@ async def collect_session(client: AgentsClient, sid: str) -> list[Any]:
 async def test_an_httpx2_client_maps_its_errors_like_httpx() -> None:
     """An injected httpx2 client (what the owned client is when httpx2 is installed):
     a refused connection is retried, then raised as our APIConnectionError."""
-    import socket
-
     import httpx2
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again below: nothing listens there
+    port = free_port()  # nothing listens there
     async with httpx2.AsyncClient() as http:
         client = AgentsClient(
             api_key="sk-test",

@@ -42,6 +42,7 @@ def test_every_variable_is_read() -> None:
             "AGENTFN_RECOVERY_INTERVAL": "2",
             "AGENTFN_UNKNOWN_TOOLS": "ignore",
             "AGENTFN_IN_DOUBT": "hold",
+            "AGENTFN_APPROVAL_TIMEOUT": "600",
         }
     )
     assert (config.api_key, config.base_url) == ("sk-1", "http://fake/v1")
@@ -60,6 +61,7 @@ def test_every_variable_is_read() -> None:
         recovery_interval=2.0,
         unknown_tools="ignore",
         in_doubt="hold",
+        approval_timeout=600.0,
     )
 
 

@@ -11,6 +11,9 @@ import pytest
 
 from agentfn_asgi._crash import ARMING_VALUE, ARMING_VARIABLE
 
+# Every test starts a Python process: not for ``make check``.
+pytestmark = pytest.mark.slow
+
 _PROBE = "from agentfn_asgi._crash import crash_point; crash_point('after_save', 'refund')"
 
 

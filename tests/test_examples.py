@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentfn_asgi.demo import free_port, run_example
+from agentfn_asgi.demo import run_example
 from agentfn_asgi.testing import (
     FakeAgentsAPI,
     FakeCall,
@@ -27,6 +27,8 @@ from agentfn_asgi.testing import (
     signed_delivery,
     webhook_event,
 )
+
+from .support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_SECRET = "whsec_b2xkLXNlY3JldC1vbGQtc2VjcmV0LW9sZA=="

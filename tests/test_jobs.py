@@ -30,6 +30,7 @@ from agentfn_asgi.jobs import (
     CompletionTokens,
     bearer_token,
     build_job,
+    mount_of,
     parse_completion,
 )
 from agentfn_asgi.messages import ENQUEUE_FAILED_MESSAGE, JOB_DEADLINE_MESSAGE
@@ -46,12 +47,12 @@ from agentfn_asgi.worker import (
     run_job,
 )
 
+from .support.clock import FakeClock
 from .support.jobs import (
     COMPLETE_URL,
     COMPLETION_SECRET,
     KEY,
     OTHER_SECRET,
-    Clock,
     app_options,
     first_call,
     next_job,
@@ -122,7 +123,7 @@ def test_any_string_is_refused_with_a_completion_token_error(text: str) -> None:
 def test_tokens_expire_at_their_deadline_and_at_max_age() -> None:
     """expires_at is honoured to the second, max_age caps every token; both raise the
     distinct CompletionTokenExpiredError."""
-    clock = Clock()
+    clock = FakeClock()
     tokens = CompletionTokens(COMPLETION_SECRET, max_age=100, clock=clock)
     token = tokens.issue(KEY, owner="o", tool_name="report", expires_at=clock.now + 60)
     clock.now += 59
@@ -156,6 +157,44 @@ def test_secret_rotation_verifies_old_and_new_and_signs_with_the_newest() -> Non
     assert CompletionTokens([new_secret]).verify(issued).key == KEY
     with pytest.raises(CompletionTokenError):
         CompletionTokens(old_secret).verify(issued)
+
+
+def test_a_token_is_bound_to_its_namespace_and_mount() -> None:
+    """A token verifies at any instance with the same secret, namespace and mount (another
+    replica, the CLI); a different namespace or mount refuses it as not authentic, even
+    with the same secret. Without either, the salt is the unbound one of older tokens."""
+    mine = CompletionTokens(COMPLETION_SECRET, namespace="proj_a", mount="/openai/a")
+    token = mine.issue(KEY, owner="o", tool_name="report")
+    replica = CompletionTokens(COMPLETION_SECRET, namespace="proj_a", mount="/openai/a")
+    assert replica.verify(token).key == KEY
+    for other in (
+        CompletionTokens(COMPLETION_SECRET, namespace="proj_b", mount="/openai/a"),
+        CompletionTokens(COMPLETION_SECRET, namespace="proj_a", mount="/openai/b"),
+        CompletionTokens(COMPLETION_SECRET),
+        # no ambiguity between the two parts
+        CompletionTokens(COMPLETION_SECRET, namespace='proj_a", "/openai/a', mount=""),
+    ):
+        with pytest.raises(CompletionTokenError) as caught:
+            other.verify(token)
+        assert not isinstance(caught.value, CompletionTokenExpiredError)
+    unbound = URLSafeTimedSerializer(COMPLETION_SECRET, salt=TOKEN_SALT)
+    old = unbound.dumps({"s": "sess_1", "t": "turn_1", "c": "call_1", "o": "o", "n": "r", "x": 9e9})
+    assert CompletionTokens(COMPLETION_SECRET).verify(old).key == KEY
+
+
+@pytest.mark.parametrize(
+    ("public_url", "mount"),
+    [
+        (None, ""),
+        ("https://api.example.com", ""),
+        ("https://api.example.com/", ""),
+        ("https://api.example.com/openai/a/webhooks/", "/openai/a/webhooks"),
+        ("http://10.0.0.5:8000/openai/a/webhooks", "/openai/a/webhooks"),
+    ],
+)
+def test_the_mount_is_the_path_of_the_public_url(public_url: str | None, mount: str) -> None:
+    """Only the path binds: a new host or scheme keeps outstanding tokens valid."""
+    assert mount_of(public_url) == mount
 
 
 @pytest.mark.parametrize("secret", ["", " , ", "short", ["ok-secret-0123456789abcdef", "tiny"]])
@@ -417,9 +456,12 @@ async def test_forged_altered_and_expired_tokens_change_nothing() -> None:
         altered = job.completion_token[:-3] + (
             "AAA" if job.completion_token[-3:] != "AAA" else "BBB"
         )
-        expired = CompletionTokens(COMPLETION_SECRET, clock=lambda: 1000.0).issue(
-            key, owner=owner, tool_name=job.tool_name, expires_at=1060.0
-        )
+        expired = CompletionTokens(
+            COMPLETION_SECRET,
+            namespace=stack.app.store.namespace,
+            mount=mount_of(COMPLETE_URL.removesuffix("/calls/complete")),
+            clock=lambda: 1000.0,
+        ).issue(key, owner=owner, tool_name=job.tool_name, expires_at=1060.0)
         body = json.dumps({"success": True, "output": "forged"})
         answers = {}
         for name, headers in {

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from agentfn_asgi.operator import OUTCOMES, CallFilter, Operator, outcome_of
+from agentfn_asgi.errors import AgentFnError, CallNotFoundError, OperatorError, OperatorInputError
+from agentfn_asgi.operator import OUTCOMES, CallFilter, Operator, outcome_of, parse_duration
 from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store.memory import MemoryStore
 
-from .store.conftest import FakeClock
+from .support.clock import FakeClock
 
 LEASE = 30.0
 
@@ -79,3 +80,28 @@ async def test_each_call_has_one_outcome_and_the_counts_add_up() -> None:
     for call_id in expected:
         [record] = await store.find_calls(call_id)
         assert outcome_of(record, clock()) == expected[call_id]
+
+
+@pytest.mark.anyio
+async def test_what_an_operator_asks_wrongly_raises_the_trees_errors() -> None:
+    """An unknown call is a CallNotFoundError, an id naming calls of two sessions, a cursor
+    not of the listing and a duration not understood are OperatorInputErrors: in the one
+    tree, and still the LookupError and ValueError the CLI and the page catch."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    for session_id in ("sess_a", "sess_b"):
+        key = CallKey(session_id, "turn", "c_twice")
+        await store.claim_call(key, tool_name="t", owner="o", lease_seconds=LEASE)
+    operator = Operator(store, location="memory://", clock=clock)
+    with pytest.raises(CallNotFoundError, match="no call c_missing") as missing:
+        await operator.call("c_missing")
+    assert isinstance(missing.value, AgentFnError)
+    assert isinstance(missing.value, LookupError) and isinstance(missing.value, OperatorError)
+    with pytest.raises(OperatorInputError, match="several sessions") as ambiguous:
+        await operator.call("c_twice")
+    assert isinstance(ambiguous.value, ValueError) and isinstance(ambiguous.value, OperatorError)
+    assert (await operator.call("c_twice", session_id="sess_b")).summary.session_id == "sess_b"
+    with pytest.raises(OperatorInputError, match="not a cursor"):
+        await operator.calls(CallFilter(cursor="not-ours"))
+    with pytest.raises(OperatorInputError, match="like 15m"):
+        parse_duration("fortnight")

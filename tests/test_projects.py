@@ -7,6 +7,7 @@ The set-up is the one the README's "Two projects in one service" section shows.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from agentfn_asgi import AgentWebhookApp, DispatchSettings
 from agentfn_asgi.cli import main
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.integrations.starlette import webhook_routes
+from agentfn_asgi.records import CallState, Job
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.testing.deliveries import action_required_event, signed_delivery
@@ -199,3 +201,80 @@ async def test_recover_with_another_projects_settings_leaves_the_call_alone(
         await fake_a.wait_idle(session, timeout=20)
         [answer] = fake_a.submissions
         assert answer.output == "proj_a" and ran == ["proj_a"]
+
+
+COMPLETION_SECRET = "one-completion-secret-for-both-0123456789"
+
+
+@pytest.mark.parametrize("backend", DURABLE)
+async def test_a_completion_token_is_refused_by_the_other_project(
+    backend: str, tmp_path: Path
+) -> None:
+    """Both projects hand their tool to workers and share one completion secret and one
+    store: project A's token posted to B's ``/calls/complete`` is a 401 that changes nothing
+    (A's call stays claimed, B submits nothing), and A's worker then completes A's call at
+    A's path, submitted to A's session."""
+    fakes = {
+        p: FakeAgentsAPI(webhook_secret=secret, api_key=key)
+        for p, (secret, key) in PROJECTS.items()
+    }
+    queues: dict[str, asyncio.Queue[Job]] = {p: asyncio.Queue() for p in PROJECTS}
+
+    def queued_registry(project: str) -> FunctionTools:
+        tools = FunctionTools()
+
+        async def enqueue(job: Job) -> None:
+            await queues[project].put(job)
+
+        @tools.function(enqueue=enqueue)
+        def whoami(project: str) -> str:
+            """Say which project asked (in a worker)."""
+            return project
+
+        return tools
+
+    async with contextlib.AsyncExitStack() as stack:
+        url = await stack.enter_async_context(store_url_for(backend, tmp_path))
+        bases = {p: await stack.enter_async_context(serve_fake(f)) for p, f in fakes.items()}
+        for fake in fakes.values():
+            await stack.enter_async_context(fake)
+        paths = {"proj_a": "/openai/a/webhooks", "proj_b": "/openai/b/webhooks"}
+        apps = {}
+        for p, (secret, api_key) in PROJECTS.items():
+            apps[p] = AgentWebhookApp(
+                queued_registry(p),
+                webhook_secret=secret,
+                client=AgentsClient(api_key=api_key, base_url=bases[p], project=p),
+                store=open_store(url, namespace=p),
+                settings=SETTINGS,
+                completion_secret=COMPLETION_SECRET,
+                public_url="https://api.example.com" + paths[p],
+            )
+        host = Starlette(
+            routes=[r for p in PROJECTS for r in webhook_routes(apps[p], paths[p])],
+            lifespan=lambda _host: both_lifespans(list(apps.values())),
+        )
+        root = await stack.enter_async_context(serve_app(host))
+        for p in PROJECTS:
+            fakes[p].add_webhook_url(root + paths[p])
+        session_a = fakes["proj_a"].create_session(
+            [[FakeCall("whoami", {"project": "proj_a"}, call_id="call_1")]]
+        )
+        with anyio.fail_after(20):
+            job = await queues["proj_a"].get()
+        body = {"success": True, "output": "answered by a worker"}
+        auth = {"authorization": f"Bearer {job.completion_token}"}
+        async with httpx.AsyncClient(base_url=root) as http:
+            refused = await http.post(paths["proj_b"] + "/calls/complete", json=body, headers=auth)
+            assert refused.status_code == 401
+            assert refused.json() == {"error": "invalid_token"}
+            (record,) = await apps["proj_a"].store.find_calls("call_1")
+            assert record.state is CallState.CLAIMED and record.result is None
+            assert fakes["proj_b"].submissions == [] and fakes["proj_a"].submissions == []
+
+            accepted = await http.post(paths["proj_a"] + "/calls/complete", json=body, headers=auth)
+            assert accepted.json() == {"status": "accepted"}
+        await fakes["proj_a"].wait_idle(session_a, timeout=20)
+        (answer,) = fakes["proj_a"].submissions
+        assert answer.session_id == session_a and answer.output == "answered by a worker"
+        assert fakes["proj_b"].submissions == []

@@ -19,11 +19,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 from .support.backends import SHARED, store_url_for
+from .support.ports import free_port
 from .support.replicas import replicas
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]

@@ -462,6 +462,7 @@ def test_a_look_alike_with_a_definition_that_is_not_json_is_refused() -> None:
         FunctionTools().add(odd)
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_runtime_never_imports_openai() -> None:
     """Adopting SDK-shaped tools and plain handlers, and running them (sync and async),
     imports no ``openai``: it stays a dev-only dependency."""

@@ -13,6 +13,7 @@ from agentfn_asgi.states import (
     PRUNABLE,
     SAVED,
     TRANSITIONS,
+    WAITING,
     Guard,
     Target,
     allows,
@@ -78,7 +79,7 @@ def test_settleable_is_quarantined_or_a_lapsed_claim(state: CallState) -> None:
 def test_fenced_rows_need_the_holder_and_takeover_needs_a_lapsed_lease() -> None:
     """Save, renew and quarantine need (owner, attempt); take-over needs the lease to have
     run out past the margin; a retried claim needs the same owner and a live lease."""
-    for name in ("save", "renew", "quarantine"):
+    for name in ("save", "renew", "quarantine", "request_approval"):
         assert {g for w in TRANSITIONS[name].ways for g in w.guards} == {Guard.HOLDER}
         row = TRANSITIONS[name]
         assert allows(row, record(CallState.CLAIMED), now=NOW, owner="a", attempt=1)
@@ -112,3 +113,50 @@ def test_resulting_states() -> None:
     assert resulting_state(TRANSITIONS["release"], claimed, success=None) is CallState.CLAIMED
     with pytest.raises(ValueError, match="removed"):
         resulting_state(TRANSITIONS["prune"], record(CallState.STALE), success=None)
+
+
+def test_a_call_waiting_for_approval_is_decided_once_by_its_expiry() -> None:
+    """Approve and deny need the request open (before its expiry, which the waiting record
+    keeps as its lease); expiry needs it lapsed; each applies only to a waiting call, so a
+    second decision finds nothing to decide."""
+    approve, deny, expire = (TRANSITIONS[n] for n in ("approve", "deny", "expire_approval"))
+    open_request = record(CallState.AWAITING_APPROVAL, lease=NOW + 60)
+    lapsed = record(CallState.AWAITING_APPROVAL, lease=NOW)
+    assert allows(approve, open_request, now=NOW) and allows(deny, open_request, now=NOW)
+    assert not allows(expire, open_request, now=NOW)
+    assert not allows(approve, lapsed, now=NOW) and not allows(deny, lapsed, now=NOW)
+    assert allows(expire, lapsed, now=NOW)
+    for state in set(CallState) - {CallState.AWAITING_APPROVAL}:
+        for row in (approve, deny, expire):
+            assert not allows(row, record(state, lease=NOW + 60), now=NOW), (row.name, state)
+            assert not allows(row, record(state, lease=NOW - 60), now=NOW), (row.name, state)
+    assert resulting_state(approve, open_request, success=None) is CallState.APPROVED
+    assert resulting_state(deny, open_request, success=False) is CallState.FAILED
+    assert resulting_state(expire, lapsed, success=False) is CallState.FAILED
+
+
+def test_an_approved_call_is_claimed_as_a_fresh_attempt_by_anyone() -> None:
+    """run_approved: only from approved, no holder needed (any replica), next attempt;
+    nothing else leads out of approved but the session no longer waiting (stale)."""
+    row = TRANSITIONS["run_approved"]
+    assert (
+        row.new_attempt and row.target is CallState.CLAIMED and row.sources == {CallState.APPROVED}
+    )
+    assert allows(row, record(CallState.APPROVED, owner="someone else"), now=NOW)
+    for state in set(CallState) - {CallState.APPROVED}:
+        assert not allows(row, record(state), now=NOW)
+    leaving = {t.name for t in TRANSITIONS.values() if CallState.APPROVED in t.sources}
+    assert leaving == {"run_approved", "mark_stale"}
+    waiting = {t.name for t in TRANSITIONS.values() if CallState.AWAITING_APPROVAL in t.sources}
+    assert waiting == {"approve", "deny", "expire_approval", "mark_stale"}
+
+
+def test_waiting_calls_are_pending_and_never_settleable_or_prunable() -> None:
+    """A person decides a waiting call, not an operator's settle, a take-over or a pruner."""
+    for state in WAITING:
+        assert not state.terminal and not state.has_result
+        for lease in (NOW + 60, NOW - 60):
+            waiting = record(state, lease=lease)
+            assert not settleable(waiting, now=NOW)
+            for name in ("take_over", "reclaim", "prune", "save", "renew", "release"):
+                assert not allows(TRANSITIONS[name], waiting, now=NOW, owner="a", attempt=1)

@@ -15,7 +15,7 @@ from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.errors import AuthenticationError
 from agentfn_asgi.records import CallState
 from agentfn_asgi.stream import Backoff, FollowSummary, follow_session, stream_delivery_id
-from agentfn_asgi.testing import Connection, FakeAgentsAPI, FakeCall, serve_fake
+from agentfn_asgi.testing import Connection, FakeAgentsAPI, FakeCall, RawJSON, serve_fake
 from agentfn_asgi.wire import AgentSession
 from tests.support.stack import API_KEY, SECRET, running_stack
 
@@ -25,6 +25,15 @@ FAST_BACKOFF = Backoff(base=0.01, cap=0.05)
 TWO_STEPS = [
     [FakeCall("lookup", {"key": "a"}), FakeCall("lookup", {"key": "b"})],
     [FakeCall("lookup", {"key": "c"})],
+]
+#: Arguments a model could write: nested 100,000 levels deep (Python's json parser raises
+#: RecursionError on them, not ValueError).
+DEEP = RawJSON('{"key": ' + "[" * 100_000 + "]" * 100_000 + "}")
+#: Step 2's calls are pending only after the follower subscribed: the deep arguments reach
+#: it in the streamed snapshots (``requires_action``, the turn's items), not in its first read.
+DEEP_SECOND_STEP = [
+    [FakeCall("lookup", {"key": "a"})],
+    [FakeCall("lookup", DEEP, call_id="deep"), FakeCall("lookup", {"key": "c"})],
 ]
 
 
@@ -123,6 +132,43 @@ async def test_a_stream_cut_while_a_call_runs_does_not_run_it_again() -> None:
         assert summary.reconnects >= 1
         assert runs == {"x": 1}
         assert len(conn.fake.submissions) == 1
+
+
+async def test_an_event_too_deeply_nested_to_parse_is_skipped_and_the_session_read() -> None:
+    """Issue 22: step 2's snapshot quotes arguments nested 100,000 levels deep. Before, the
+    stream's parser raised RecursionError out of ``follow`` (and ``listen``'s watcher, for
+    every session it followed). Now the event is logged and skipped, the session is read
+    again instead, and the turn completes: the deep call fails saying why, its sibling runs."""
+    tools, runs = counting_tools()
+    async for conn in stack(tools):
+        session_id = conn.fake.create_session(DEEP_SECOND_STEP)
+        async with asyncio.timeout(20):
+            summary = await conn.app.follow(session_id, backoff=FAST_BACKOFF)
+        assert summary.status == "idle"
+        assert (summary.calls_owed, summary.results_submitted) == (3, 3)
+        assert summary.reconnects == 0  # skipped in place: the stream was never dropped
+    assert runs == {"a": 1, "c": 1}
+    by_call = {s.call_id: s for s in conn.fake.submissions}
+    assert by_call["deep"].success is False
+    assert "could not be read" in (by_call["deep"].error or "")
+
+
+async def test_an_unreadable_event_is_logged_without_its_content(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The skipped event is one WARNING on ``agentfn_asgi.stream`` naming the session and
+    why, never the event's text (it quotes model-written arguments)."""
+    tools, _ = counting_tools()
+    async for conn in stack(tools):
+        session_id = conn.fake.create_session(DEEP_SECOND_STEP)
+        with caplog.at_level("WARNING", logger="agentfn_asgi.stream"):
+            async with asyncio.timeout(20):
+                await conn.app.follow(session_id, backoff=FAST_BACKOFF)
+    skipped = [r for r in caplog.records if r.name == "agentfn_asgi.stream"]
+    assert skipped, "the unreadable event was not logged"
+    message = skipped[0].getMessage()
+    assert session_id in message and "nested too deeply" in message
+    assert "[[[" not in message
 
 
 async def test_repeated_events_are_dropped_by_event_id() -> None:

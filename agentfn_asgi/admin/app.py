@@ -12,17 +12,20 @@ import dataclasses
 import importlib.resources
 import logging
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..errors import StoreError
-from ..operator import OperatorView
-from .auth import SESSION_COOKIE, Authorizer, Gate, Session
+from ..errors import ApprovalError, StoreError
+from ..operator import ApprovalsView, ApprovalView, Operator, OperatorView
+from .approval_links import ApprovalLinks
+from .approval_pages import link_done_page, link_page
+from .auth import SESSION_COOKIE, Authorizer, Gate, LoginThrottle, Session
 from .forms import FormError, parse_pairs
-from .handlers import GET_PAGES, html_page, see_other, settle
+from .handlers import GET_PAGES, decide, html_page, see_other, settle
 from .html import Safe
 from .layout import Context
 from .pages import login_page, message_page
@@ -66,6 +69,16 @@ class AdminApp:
     the token alone); changing it logs everybody out. Several processes serving the page
     with only an ``authorizer`` need the same ``secret`` (it signs the CSRF cookie).
     ``session_max_age`` is in seconds; ``refresh_seconds`` is the auto-refresh period.
+
+    Logging out revokes the session through ``view`` (the app's store), so a copy of its
+    cookie is refused by every replica, also after a restart; failed logins are throttled
+    per client address (429 with ``Retry-After``). See :mod:`agentfn_asgi.admin.auth`.
+
+    ``public_url`` is where this page is reachable (``https://ops.example.com/openai/admin``):
+    with it, each new approval request of an app's :class:`~agentfn_asgi.operator.Operator`
+    carries a signed link (``links["approve"]``) to ``on_approval_request``. Opening the
+    link needs no login (it decides that one request, once); it is signed with ``secret``
+    (else the first token), so every process serving the page must share it.
     """
 
     def __init__(
@@ -78,6 +91,7 @@ class AdminApp:
         session_max_age: float = 8 * 3600,
         refresh_seconds: int = 10,
         clock: Callable[[], float] = time.time,
+        public_url: str | None = None,
     ) -> None:
         self.view = view
         self.gate = Gate(
@@ -89,6 +103,21 @@ class AdminApp:
         )
         self.refresh_seconds = refresh_seconds
         self.clock = clock
+        self.throttle = LoginThrottle(clock=clock)
+        #: Makes and reads the signed approval links (see ``public_url``).
+        self.links = ApprovalLinks(self.gate.link_key, base_url=public_url or "", clock=clock)
+        if public_url and isinstance(view, Operator):
+            view.link_approvals(self.approval_links)
+
+    def approval_links(self, request: ApprovalView) -> dict[str, str]:
+        """The links of one approval request: ``approve`` (signed, decides it once) and
+        ``call`` (the call's page, behind the login)."""
+        base = self.links.base_url
+        call = f"{base}/call?" + urllib.parse.urlencode(
+            {"id": request.call_id, "session": request.session_id}
+        )
+        signed = self.links.url(request.approval_id, request.digest, request.expires_at)
+        return {"approve": signed, "call": call}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -102,6 +131,17 @@ class AdminApp:
             response = await self._respond(request)
         except ClientDisconnect:
             return
+        except StoreError as exc:
+            # Checking a session's revocation needs the store: without it, nobody gets in.
+            logger.warning("operator page: the store failed: %s", type(exc).__name__)
+            root, route = _split_path(scope)
+            ctx = Context(root=root, route=route, refresh_seconds=self.refresh_seconds)
+            response = self._message(
+                ctx,
+                503,
+                "Store unavailable",
+                f"The store cannot answer right now ({type(exc).__name__}). Try again shortly.",
+            )
         except Exception:
             # A bug (ours or the view's), never the input: log it, show nothing of it.
             logger.exception("operator page: unexpected error")
@@ -131,7 +171,9 @@ class AdminApp:
             return Response(_STYLESHEET, media_type="text/css; charset=utf-8")
         if route == "/login" and self.gate.tokens:
             return await self._login(request, ctx, method)
-        post = route in ("/settle", "/logout")
+        if route == "/approval":
+            return await self._signed_link(request, ctx, method)
+        post = route in ("/settle", "/logout", "/decide")
         if route not in GET_PAGES and not post:
             return self._message(ctx, 404, "Not found", "There is no such page here.")
         if method != ("POST" if post else "GET"):
@@ -169,9 +211,15 @@ class AdminApp:
                     signed_in=True,
                 )
             if route == "/logout":
+                if access.session is not None:
+                    # Ended on the server: a copy of the cookie is refused from now on.
+                    expires_at = self.gate.expires_at(access.session)
+                    await self.view.revoke_login(access.session.sid, expires_at=expires_at)
                 response = see_other(ctx.url("/login" if self.gate.tokens else "/"))
                 response.delete_cookie(SESSION_COOKIE, path=ctx.root or "/")
                 return response
+            if route == "/decide":
+                return await decide(self.view, ctx, fields)
             return await settle(self.view, ctx, fields)
         except FormError as exc:
             return self._message(ctx, exc.status, "Bad request", exc.message, signed_in=True)
@@ -189,10 +237,77 @@ class AdminApp:
         except ValueError as exc:
             return self._message(ctx, 400, "Bad request", _text(exc, "refused"), signed_in=True)
 
+    # -- signed approval links ---------------------------------------------------------------
+
+    async def _signed_link(self, request: Request, ctx: Context, method: str) -> Response:
+        """``GET /approval?t=``: the request and a form; ``POST /approval``: the decision.
+        No login: the signed token is the permission, for its one request."""
+        if method not in ("GET", "POST"):
+            response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
+            response.headers["allow"] = "GET, HEAD, POST"
+            return response
+        try:
+            fields = ctx.query if method == "GET" else await _read_form(request, _LOGIN_LIMIT)
+        except FormError as exc:
+            return self._message(ctx, exc.status, "Bad request", exc.message)
+        try:
+            link = self.links.read(fields.get("t", ""))
+        except ValueError as exc:
+            return self._link_refused(ctx, 403, str(exc))
+        view = self.view
+        if not isinstance(view, ApprovalsView):
+            return self._link_refused(ctx, 404, "this page's view holds no approval requests")
+        found = await view.approval(link.approval_id)
+        if found is None or found[0].digest != link.digest:
+            return self._link_refused(ctx, 404, "this link names no request of this app")
+        approval, detail = found
+        if approval.decision is not None or approval.state != "awaiting_approval":
+            decided = approval.decision or approval.state
+            return self._link_refused(
+                ctx, 409, f"this request was already decided ({decided}): the link is used up"
+            )
+        if method == "GET":
+            return html_page(link_page(ctx, approval, detail, token=fields["t"]))
+        choice = fields.get("decision", "")
+        if choice not in ("approve", "deny"):
+            return self._message(ctx, 400, "Bad request", "choose approve or deny")
+        reason = fields.get("reason", "").strip() or None
+        try:
+            decided_view = await view.decide(
+                link.approval_id,
+                approve=choice == "approve",
+                by="signed link",
+                via="link",
+                reason=None if choice == "approve" else reason,
+                digest=link.digest,
+            )
+        except ApprovalError as exc:
+            return self._link_refused(ctx, 409, str(exc))
+        title = "Approved" if decided_view.decision == "approved" else "Denied"
+        return html_page(
+            link_done_page(
+                ctx,
+                title=title,
+                message=f"Call {decided_view.call_id} ({decided_view.tool_name}): "
+                f"{decided_view.decision}. This link is now used up.",
+            )
+        )
+
+    def _link_refused(self, ctx: Context, status: int, message: str) -> Response:
+        body = link_done_page(ctx, title="This approval link cannot be used", message=message)
+        return html_page(body, status=status)
+
     # -- authentication --------------------------------------------------------------------
 
-    async def _access(self, request: Request) -> _Access | None:
+    async def _session(self, request: Request) -> Session | None:
+        """The session the request's cookie proves, unless it was logged out."""
         session = self.gate.read_session(request.cookies.get(SESSION_COOKIE))
+        if session is not None and await self.view.login_revoked(session.sid):
+            return None
+        return session
+
+    async def _access(self, request: Request) -> _Access | None:
+        session = await self._session(request)
         if session is not None and session.via == "token":
             return _Access(session=session, bearer=False)
         presented = self.gate.bearer(request)
@@ -228,7 +343,7 @@ class AdminApp:
     async def _login(self, request: Request, ctx: Context, method: str) -> Response:
         next_route = _safe_next(ctx.query.get("next"))
         if method == "GET":
-            session = self.gate.read_session(request.cookies.get(SESSION_COOKIE))
+            session = await self._session(request)
             if session is not None and session.via == "token":
                 return see_other(ctx.root + next_route)
             return html_page(self._login_form(ctx, next_route, failed=False))
@@ -236,6 +351,13 @@ class AdminApp:
             response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
             response.headers["allow"] = "GET, HEAD, POST"
             return response
+        client = LoginThrottle.client_of(request)
+        wait = self.throttle.retry_after(client)
+        if wait:  # the token is not even looked at
+            return self._too_many(ctx, wait)
+        # Counted as failed before the form is read (an await): concurrent tries cannot slip
+        # past the limit together. A good token clears the count.
+        wait = self.throttle.failed(client)
         try:
             fields = await _read_form(request, _LOGIN_LIMIT)
         except FormError as exc:
@@ -244,10 +366,28 @@ class AdminApp:
         key = self.gate.match_token(fields.get("token", "").encode("utf-8"))
         if key is None:
             logger.warning("operator page: a login with an invalid token was refused")
+            if wait:
+                logger.warning(
+                    "operator page: %d failed logins from %s: its logins are refused for %d s",
+                    self.throttle.failures,
+                    client,
+                    wait,
+                )
             return html_page(self._login_form(ctx, next_route, failed=True), status=401)
+        self.throttle.succeeded(client)
         _session, cookie = self.gate.open_session(key)
         response = see_other(ctx.root + next_route)
         self._set_cookie(response, request, ctx, cookie)
+        return response
+
+    def _too_many(self, ctx: Context, wait: int) -> Response:
+        response = self._message(
+            ctx,
+            429,
+            "Too many failed logins",
+            f"Too many failed logins from your address: try again in {wait} seconds.",
+        )
+        response.headers["retry-after"] = str(wait)
         return response
 
     def _login_form(self, ctx: Context, next_route: str, *, failed: bool) -> Safe:

@@ -15,6 +15,27 @@ A POST authenticated by a cookie (ours or the host's) carries a synchronizer tok
 our session cookie's random id; a bearer POST needs none (a browser never adds that header
 on its own). When the host's authorizer lets a browser in, the page gives it a cookie that
 only carries that id (it grants nothing by itself).
+
+**Logout ends the session on the server.** A cookie is self-contained (nothing is stored at
+login), so deleting it in the browser would leave a copy valid until it expires. Logging out
+therefore records the cookie's random id as revoked, through the view, in the app's store
+(:meth:`~agentfn_asgi.store.base.Store.revoke_token`), until the moment the cookie would
+expire anyway; every request with a cookie checks that list. Why this design: it needs no
+state at login and one small row per logout (forgotten at the cookie's expiry), holds for
+every replica sharing the store and across restarts, and ends exactly the session that
+logged out (an epoch per token would log out everybody sharing the token). A cookie is
+checked against ``session_max_age`` as configured now: after raising it, log out again any
+session ended before, whose revocation ends at the old expiry.
+
+**Failed logins are throttled per client address** (:class:`LoginThrottle`): after
+:data:`LOGIN_FAILURES` (5) failures within :data:`LOGIN_WINDOW` (5 minutes), the login form
+answers 429 with ``Retry-After`` until the oldest of them is 5 minutes old, without checking
+the token. IPv6 addresses count per /64. At most :data:`LOGIN_CLIENTS` (10,000) addresses
+are remembered, at most 5 timestamps each; past that the least recently failed is
+forgotten. The count is per process (N replicas allow N times as many tries), and behind a
+proxy the address is the proxy's unless the server reads ``X-Forwarded-For`` (uvicorn
+``--proxy-headers --forwarded-allow-ips``). Tokens have at least 16 characters, so the
+throttle is a second line: it keeps a guesser slow and visible in the log.
 """
 
 from __future__ import annotations
@@ -23,19 +44,31 @@ import base64
 import hashlib
 import hmac
 import inspect
+import ipaddress
 import logging
 import math
 import secrets
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from itsdangerous import BadData, TimestampSigner, URLSafeTimedSerializer
 from starlette.requests import Request
 
 from ..errors import ConfigurationError
 
-__all__ = ["MIN_TOKEN_LENGTH", "SESSION_COOKIE", "Authorizer", "Gate", "Session"]
+__all__ = [
+    "LOGIN_CLIENTS",
+    "LOGIN_FAILURES",
+    "LOGIN_WINDOW",
+    "MIN_TOKEN_LENGTH",
+    "SESSION_COOKIE",
+    "Authorizer",
+    "Gate",
+    "LoginThrottle",
+    "Session",
+]
 
 logger = logging.getLogger("agentfn_asgi.admin")
 
@@ -45,6 +78,11 @@ Authorizer = Callable[[Request], bool | Awaitable[bool]]
 #: Shorter tokens are refused at start: the page can settle calls, so it needs a real secret.
 MIN_TOKEN_LENGTH = 16
 SESSION_COOKIE = "agentfn_admin"
+#: Failed logins from one client address within LOGIN_WINDOW seconds before a 429.
+LOGIN_FAILURES = 5
+LOGIN_WINDOW = 300.0
+#: How many client addresses the login throttle remembers (least recently failed dropped).
+LOGIN_CLIENTS = 10_000
 
 # Keys are derived, never used raw: one purpose per key (sessions, CSRF-only cookies).
 _TOKEN_BASE = b"agentfn-asgi admin session"
@@ -53,11 +91,13 @@ _SALT = "agentfn-asgi.admin.session"
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A verified cookie: its random id, how it was issued, and the key that signed it."""
+    """A verified cookie: its random id, how it was issued, the key that signed it, and
+    when (Unix time; the cookie expires ``max_age`` after)."""
 
     sid: str
     via: Literal["token", "host"]
     key: bytes
+    issued_at: float = 0.0
 
 
 def _derive(base: bytes, purpose: bytes, material: bytes) -> bytes:
@@ -128,6 +168,7 @@ class Gate:
                 f"the operator page secret must be at least {MIN_TOKEN_LENGTH} bytes"
             )
         self.max_age = max_age
+        self._now = clock
         signer = _clocked_signer(clock)
         token_base = secret or _TOKEN_BASE
         # Without secret=, CSRF-only cookies (host logins) are signed with a per-process key:
@@ -141,6 +182,10 @@ class Gate:
             key: URLSafeTimedSerializer(key, salt=_SALT, signer=signer)
             for key in [*self._token_keys, self._host_key]
         }
+        # Signed approval links (admin/approval_links.py): keyed by secret=, else by the
+        # first token (a rotation then invalidates links made before it), else per process.
+        link_material = self.tokens[0] if self.tokens else host_base
+        self.link_key = _derive(token_base, b"approval-link", link_material)
 
     # -- tokens ----------------------------------------------------------------------------
 
@@ -172,7 +217,7 @@ class Gate:
         :meth:`match_token`) is given, else a CSRF-only session for a host login."""
         via: Literal["token", "host"] = "token" if key is not None else "host"
         key = key if key is not None else self._host_key
-        session = Session(sid=secrets.token_urlsafe(16), via=via, key=key)
+        session = Session(sid=secrets.token_urlsafe(16), via=via, key=key, issued_at=self._now())
         value = self._serializers[key].dumps({"sid": session.sid, "via": via})
         return session, value
 
@@ -182,9 +227,12 @@ class Gate:
             return None
         for key, serializer in self._serializers.items():
             try:
-                payload: Any = serializer.loads(cookie, max_age=math.ceil(self.max_age))
+                payload, signed = serializer.loads(
+                    cookie, max_age=math.ceil(self.max_age), return_timestamp=True
+                )
             except BadData:
                 continue
+            issued_at = signed.timestamp()
             if not isinstance(payload, dict):
                 return None
             sid, via = payload.get("sid"), payload.get("via")
@@ -193,11 +241,15 @@ class Gate:
             # A cookie signed with a token's key is a login; one signed with the host key
             # only ever binds CSRF tokens, whatever its payload claims.
             if via == "token" and key != self._host_key:
-                return Session(sid=sid, via="token", key=key)
+                return Session(sid=sid, via="token", key=key, issued_at=issued_at)
             if via == "host" and key == self._host_key:
-                return Session(sid=sid, via="host", key=key)
+                return Session(sid=sid, via="host", key=key, issued_at=issued_at)
             return None
         return None
+
+    def expires_at(self, session: Session) -> float:
+        """When ``session``'s cookie stops being accepted (what a revocation must outlive)."""
+        return session.issued_at + math.ceil(self.max_age) + 1
 
     # -- CSRF ------------------------------------------------------------------------------
 
@@ -228,3 +280,77 @@ class Gate:
             logger.exception("operator page: the authorizer raised; request denied")
             return False
         return verdict is True
+
+
+class LoginThrottle:
+    """Failed logins per client address, in memory (see the module docstring for the
+    numbers). :meth:`retry_after` says whether an address must wait; :meth:`failed` and
+    :meth:`succeeded` keep count."""
+
+    def __init__(
+        self,
+        *,
+        failures: int = LOGIN_FAILURES,
+        window: float = LOGIN_WINDOW,
+        clients: int = LOGIN_CLIENTS,
+        clock: Callable[[], float],
+    ) -> None:
+        self.failures = failures
+        self.window = window
+        self.clients = clients
+        self._clock = clock
+        # address -> times of its recent failures (at most `failures`), least recent first
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    @staticmethod
+    def client_of(request: Request) -> str:
+        """The address failures are counted under: the client's IP, an IPv6 one by /64."""
+        host = request.client.host if request.client is not None else ""
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host or "unknown"
+        if isinstance(address, ipaddress.IPv6Address):
+            if address.ipv4_mapped is not None:
+                return str(address.ipv4_mapped)
+            # One host usually holds a whole /64: count it as one client.
+            return str(ipaddress.ip_network(f"{address}/64", strict=False))
+        return str(address)
+
+    def retry_after(self, client: str) -> int:
+        """Seconds ``client`` must wait before its next try (0: it may try now)."""
+        times = self._recent(client)
+        if times is None or len(times) < self.failures:
+            return 0
+        return max(1, math.ceil(times[0] + self.window - self._clock()))
+
+    def failed(self, client: str) -> int:
+        """Count a failed login; the seconds it must now wait (0 if it may try again)."""
+        times = self._recent(client)
+        if times is None:
+            times = deque(maxlen=self.failures)
+            self._seen[client] = times
+            while len(self._seen) > self.clients:
+                self._seen.popitem(last=False)
+        times.append(self._clock())
+        self._seen.move_to_end(client)
+        return self.retry_after(client)
+
+    def succeeded(self, client: str) -> None:
+        """A good login clears the address's count."""
+        self._seen.pop(client, None)
+
+    def _recent(self, client: str) -> deque[float] | None:
+        times = self._seen.get(client)
+        if times is None:
+            return None
+        cutoff = self._clock() - self.window
+        while times and times[0] <= cutoff:
+            times.popleft()
+        if not times:
+            del self._seen[client]
+            return None
+        return times

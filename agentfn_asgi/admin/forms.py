@@ -170,11 +170,18 @@ class SettleRequest:
     def output(self) -> Any:
         """The output to save: JSON when the text parses as JSON, the text itself otherwise
         (the CLI's ``--output JSON_OR_TEXT`` rule). JSON ``null`` stays the text ``null``:
-        the view reads ``output=None`` as "no output given"."""
-        value = json_or_text(self.value)[1]
+        the view reads ``output=None`` as "no output given". FormError for JSON nested too
+        deeply to send."""
+        value = self._read()[1]
         return self.value if value is None else value
 
     @property
     def output_is_json(self) -> bool:
         """Whether :meth:`output` reads the value as JSON (shown on the confirmation step)."""
-        return json_or_text(self.value)[0]
+        return self._read()[0]
+
+    def _read(self) -> tuple[bool, Any]:
+        try:
+            return json_or_text(self.value)
+        except ValueError as exc:
+            raise FormError(str(exc)) from None

@@ -12,7 +12,9 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 
-from ..operator import CallFilter, OperatorView
+from ..errors import ApprovalError
+from ..operator import ApprovalsView, CallFilter, OperatorView
+from .approval_pages import DECIDED_NOTICES, approvals_page, decide_confirm_page
 from .forms import MAX_LIMIT, CallQuery, FormError, SettleRequest
 from .html import Safe
 from .layout import Context
@@ -27,7 +29,7 @@ from .pages import (
     overview_page,
 )
 
-__all__ = ["GET_PAGES", "Handler", "html_page", "see_other", "settle"]
+__all__ = ["GET_PAGES", "Handler", "decide", "html_page", "see_other", "settle"]
 
 Handler = Callable[[OperatorView, Context, Mapping[str, str]], Awaitable[Response]]
 # How many held and in-doubt calls the attention page lists (the rest: on the calls list).
@@ -72,7 +74,12 @@ async def call(view: OperatorView, ctx: Context, fields: Mapping[str, str]) -> R
     call_id, session_id = _call_params(fields)
     content = fields.get("content") == "1"
     detail = await view.call(call_id, session_id=session_id, content=content)
-    notice = SETTLED_NOTICES.get(fields.get("settled", ""))
+    if not content and detail.approval is not None and detail.approval.decision is None:
+        # A person deciding sees the arguments they decide on (read from the live session).
+        detail = await view.call(call_id, session_id=session_id, content=True)
+    notice = SETTLED_NOTICES.get(fields.get("settled", "")) or DECIDED_NOTICES.get(
+        fields.get("decided", "")
+    )
     return html_page(call_page(ctx, detail, content=content, notice=notice))
 
 
@@ -110,12 +117,19 @@ async def settle(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
             ),
             status=409,
         )
+    try:
+        output = request.output() if request.mode == "output" else None
+    except FormError as exc:  # JSON too deep to send: the form again, with why
+        page = call_page(
+            ctx, detail, content=False, notice=None, refused=request, error=exc.message
+        )
+        return html_page(page, status=400)
     if not request.confirmed:
         return html_page(confirm_page(ctx, detail, request))
     outcome = await view.settle(
         request.call_id,
         session_id=request.session_id,
-        output=request.output() if request.mode == "output" else None,
+        output=output,
         error=request.value if request.mode == "error" else None,
         rerun=request.mode == "rerun",
     )
@@ -138,11 +152,62 @@ async def settle(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
     )
 
 
+async def approvals(view: OperatorView, ctx: Context, fields: Mapping[str, str]) -> Response:
+    """``GET /approvals``: the calls waiting for a person."""
+    waiting = await view.approvals() if isinstance(view, ApprovalsView) else []
+    return html_page(approvals_page(ctx, waiting))
+
+
+#: Who decided, as the history and the log name a decision taken on the page.
+PAGE_DECIDER = "operator page"
+
+
+async def decide(view: OperatorView, ctx: Context, fields: Mapping[str, str]) -> Response:
+    """``POST /decide``: first the confirmation page, then (``confirm=yes``) the decision."""
+    approval_id = fields.get("approval", "").strip()
+    decision = fields.get("decision", "")
+    if not approval_id or decision not in ("approve", "deny"):
+        raise FormError("the decision form needs the request and approve or deny")
+    if not isinstance(view, ApprovalsView):
+        raise LookupError("this page's view holds no approval requests")
+    found = await view.approval(approval_id)
+    if found is None:
+        raise LookupError(f"no approval request {approval_id}")
+    request, detail = found
+    approve, reason = decision == "approve", fields.get("reason", "").strip()
+    back = ctx.url("/call", {"id": request.call_id, "session": request.session_id})
+    if fields.get("confirm") != "yes":
+        return html_page(decide_confirm_page(ctx, request, detail, approve=approve, reason=reason))
+    try:
+        decided = await view.decide(
+            approval_id,
+            approve=approve,
+            by=PAGE_DECIDER,
+            via="page",
+            reason=None if approve else (reason or None),
+            digest=request.digest,
+        )
+    except ApprovalError as exc:
+        return html_page(
+            message_page(
+                ctx,
+                title="The decision was refused",
+                message=str(exc),
+                signed_in=True,
+                links=[(back, "Back to the call")],
+            ),
+            status=409,
+        )
+    params = {"id": decided.call_id, "session": decided.session_id}
+    return see_other(ctx.url("/call", {**params, "decided": decided.decision or ""}))
+
+
 #: The GET pages, by route below the mount point.
 GET_PAGES: dict[str, Handler] = {
     "/": overview,
     "/calls": calls,
     "/call": call,
     "/attention": attention,
+    "/approvals": approvals,
     "/deliveries": deliveries,
 }

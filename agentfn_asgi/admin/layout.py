@@ -27,7 +27,12 @@ __all__ = [
     "timestamp",
 ]
 
-_NAV = (("/", "Overview"), ("/calls", "Calls"), ("/attention", "Needs attention"))
+_NAV = (
+    ("/", "Overview"),
+    ("/calls", "Calls"),
+    ("/attention", "Needs attention"),
+    ("/approvals", "Waiting for approval"),
+)
 _NAV_TAIL = (("/deliveries", "Deliveries"),)
 
 
@@ -107,6 +112,8 @@ OUTCOME_LABELS = {
     "failed": "failed",
     "stale": "stale",
     "held": "held",
+    "awaiting_approval": "waiting for approval",
+    "approved": "approved",
 }
 
 

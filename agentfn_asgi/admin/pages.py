@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..operator import OUTCOMES, CallDetail, CallPage, DeliveryView, Overview
+from .approval_pages import approval_section
 from .forms import DISPLAY_STATES, MAX_LIMIT, CallQuery, SettleRequest
 from .html import Safe, join, render
 from .layout import (
@@ -115,6 +116,8 @@ _OUTCOME_FILTERS = {
     "failed": (("submitted", "submitted (succeeded and failed)"),),
     "stale": (("stale", "stale"),),
     "held": (("quarantined", "quarantined"),),
+    "awaiting_approval": (("awaiting_approval", "waiting for approval"),),
+    "approved": (("approved", "approved, about to run"),),
 }
 
 
@@ -230,8 +233,17 @@ def _content(ctx: Context, detail: CallDetail, shown: bool) -> Safe:
     )
 
 
-def call_page(ctx: Context, detail: CallDetail, *, content: bool, notice: str | None) -> Safe:
-    """One call: its summary, its history as a timeline, content on request, settling."""
+def call_page(
+    ctx: Context,
+    detail: CallDetail,
+    *,
+    content: bool,
+    notice: str | None,
+    refused: SettleRequest | None = None,
+    error: str | None = None,
+) -> Safe:
+    """One call: its summary, its history as a timeline, content on request, settling; a
+    ``refused`` settle request is shown again in the form, with the ``error`` saying why."""
     call = detail.summary
     first = detail.history[0].at if detail.history else call.created_at
     steps = join(
@@ -257,16 +269,22 @@ def call_page(ctx: Context, detail: CallDetail, *, content: bool, notice: str | 
         if detail.history
         else Safe('<p class="empty">No history recorded.</p>')
     )
+    refill = {} if refused is None else {"mode": refused.mode, "value": refused.value}
     settle = (
-        render("<section><h2>Settle this call</h2>{form}</section>", form=settle_form(ctx, call))
+        render(
+            '<section id="settle"><h2>Settle this call</h2>{error}{form}</section>',
+            error=render('<p class="error" role="alert">{e}</p>', e=error) if error else "",
+            form=settle_form(ctx, call, **refill),
+        )
         if detail.settleable
         else Safe("")
     )
     body = render(
-        "{notice}{summary}<section><h2>Timeline</h2>{timeline}</section>"
+        "{notice}{summary}{approval}<section><h2>Timeline</h2>{timeline}</section>"
         "<section><h2>Content</h2>{content}</section>{settle}",
         notice=render('<p class="notice" role="status">{n}</p>', n=notice) if notice else "",
         summary=call_summary(ctx, call),
+        approval=approval_section(ctx, detail),
         timeline=timeline,
         content=_content(ctx, detail, content),
         settle=settle,

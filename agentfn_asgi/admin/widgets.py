@@ -95,25 +95,29 @@ def deliveries_table(ctx: Context, deliveries: Sequence[DeliveryView], *, empty:
     )
 
 
-def settle_form(ctx: Context, call: CallSummary) -> Safe:
-    """The first step of settling ``call``: choose output, error or re-run (then confirm)."""
+def settle_form(ctx: Context, call: CallSummary, *, mode: str = "output", value: str = "") -> Safe:
+    """The first step of settling ``call``: choose output, error or re-run (then confirm);
+    ``mode`` and ``value`` refill it when it is shown again after a refusal."""
+    checked = {m: Safe(" checked") if m == mode else "" for m in ("output", "error", "rerun")}
     return render(
         '<form method="post" action="{action}" class="settle">'
         '<input type="hidden" name="csrf" value="{csrf}">'
         '<input type="hidden" name="call" value="{call}">'
         '<input type="hidden" name="session" value="{session}">'
         "<fieldset><legend>Settle</legend>"
-        '<label><input type="radio" name="mode" value="output" checked> Save this output</label>'
-        '<label><input type="radio" name="mode" value="error"> Fail it with this error text'
-        "</label>"
-        '<label><input type="radio" name="mode" value="rerun"> Re-run the handler</label>'
+        '<label><input type="radio" name="mode" value="output"{output}> Save this output</label>'
+        '<label><input type="radio" name="mode" value="error"{error}> Fail it with this error '
+        "text</label>"
+        '<label><input type="radio" name="mode" value="rerun"{rerun}> Re-run the handler</label>'
         '<label class="value">Output (JSON or text) or error text'
-        '<textarea name="value" rows="3"></textarea></label>'
+        '<textarea name="value" rows="3">{value}</textarea></label>'
         '<button type="submit">Review…</button></fieldset></form>',
         action=ctx.url("/settle"),
         csrf=ctx.csrf,
         call=call.call_id,
         session=call.session_id,
+        value=value,
+        **checked,
     )
 
 

@@ -1,7 +1,8 @@
 """``agentfn-asgi``: the command line (also ``python -m agentfn_asgi``).
 
 Modules: :mod:`.common` (shared helpers, the parser class), :mod:`.dev` (developer
-commands), :mod:`.listen` (stream mode), :mod:`.ops` and :mod:`.calls` (operator commands),
+commands), :mod:`.listen` (stream mode), :mod:`.ops`, :mod:`.calls` and :mod:`.approvals` (operator
+commands),
 :mod:`.webhooks` (webhook endpoints); each adds its commands to the parser with ``register``.
 
 Subcommands::
@@ -14,6 +15,7 @@ Subcommands::
     status      what the store holds: deliveries, calls by state, in-doubt, oldest pending
     recover     re-read a session (or sweep everything) and finish what is owed
     calls       list calls; show one's history; settle a held or in-doubt one
+    approvals   calls waiting for a person's approval; approve or deny one
     deliveries  recorded webhook deliveries
     webhooks    create, list, update, delete, rotate and test the project's webhook endpoints
 
@@ -33,7 +35,7 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import AgentFnError, CLIUsageError, ConfigurationError
-from . import calls, dev, listen, ops, webhooks
+from . import approvals, calls, dev, listen, ops, webhooks
 from .common import EXIT_FAILURE, EXIT_USAGE, Parser
 
 __all__ = ["build_parser", "main"]
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     listen.register(sub)
     ops.register(sub)
     calls.register(sub)
+    approvals.register(sub)
     webhooks.register(sub)
     return parser
 

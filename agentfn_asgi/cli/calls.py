@@ -77,7 +77,12 @@ async def operator(
             await the_store.close()
         return
     registry = load_tools(tools) if tools else FunctionTools()
-    handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
+    handoff = worker_jobs(
+        registry,
+        config.completion_secrets,
+        public_url=config.public_url,
+        namespace=the_store.namespace,
+    )
     async with api_client(config, "settling submits the result through the Agents API") as client:
         dispatcher = Dispatcher(
             registry, client, the_store, settings=config.dispatch, handoff=handoff
@@ -139,6 +144,8 @@ def format_call(detail: CallDetail, *, now: float) -> str:
         lines.append(f"error     {c.error_type}")
     if c.reason:
         lines.append(f"held      {c.reason}")
+    if detail.approval is not None:
+        lines += _approval_lines(detail)
     lines.append("")
     for event in detail.history:
         who = f" by {event.owner}" if event.owner else ""
@@ -157,6 +164,28 @@ def format_call(detail: CallDetail, *, now: float) -> str:
     if detail.output is not None:
         lines += ["", f"output    {detail.output}"]
     return "\n".join(lines)
+
+
+def _approval_lines(detail: CallDetail) -> list[str]:
+    """The call's approval request: id, argument digest, asked and expiry, the decision."""
+    a = detail.approval
+    assert a is not None
+    lines = [
+        f"approval  {a.approval_id} (arguments sha256 {a.digest[:16]}...)",
+        f"asked     {_stamp(a.requested_at)} UTC, expires {_stamp(a.expires_at)} UTC",
+    ]
+    if a.decision is None:
+        lines.append(
+            f"decide it: agentfn-asgi approvals approve {a.approval_id}"
+            f" | agentfn-asgi approvals deny {a.approval_id} --reason TEXT"
+        )
+    else:
+        at = f" at {_stamp(a.decided_at)} UTC" if a.decided_at is not None else ""
+        by = f" by {a.decided_by}" if a.decided_by else ""
+        via = f" via {a.decided_via}" if a.decided_via else ""
+        why = f": {a.reason}" if a.reason else ""
+        lines.append(f"decided   {a.decision}{by}{via}{at}{why}")
+    return lines
 
 
 def _delivery_line(d: DeliveryView, now: float) -> str:
@@ -211,7 +240,10 @@ async def _settle(args: argparse.Namespace) -> int:
         raise CLIUsageError("--rerun runs the handler: name its registry with --tools MODULE:ATTR")
     output: Any = None
     if args.output is not None:
-        output = json_or_text(args.output)[1]
+        try:
+            output = json_or_text(args.output)[1]
+        except ValueError as exc:  # JSON nested too deeply to send
+            raise CLIUsageError(f"--output: {exc}") from None
     async with operator(args.store, api="required", tools=args.tools) as view:
         outcome = await _looked_up(
             view.settle(

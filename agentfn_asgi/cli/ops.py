@@ -44,6 +44,7 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
         ("results", f"{overview.successes} succeeded, {overview.failures} failed (submitted)"),
         ("in doubt", str(overview.calls_by_state.get("in_doubt", 0))),
         ("quarantined", str(overview.calls_by_state.get("quarantined", 0))),
+        ("approvals", f"{overview.approvals_waiting} waiting (agentfn-asgi approvals)"),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)
@@ -90,7 +91,9 @@ async def _recover(args: argparse.Namespace) -> int:
     # No webhook app is needed to recover (nothing is received), hence no webhook secret:
     # the dispatcher alone reads sessions, runs what is owed and submits saved results,
     # with the same AGENTFN_* settings and worker lane as the app.
-    handoff = worker_jobs(registry, config.completion_secrets, public_url=config.public_url)
+    handoff = worker_jobs(
+        registry, config.completion_secrets, public_url=config.public_url, namespace=store.namespace
+    )
     client = api_client(config, "recover reads the sessions through the Agents API")
     progress(f"store {store_location(store, url)}")
     async with client:

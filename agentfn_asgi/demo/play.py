@@ -5,9 +5,11 @@ the demo's app (:mod:`agentfn_asgi.demo.app`, the tools of :mod:`agentfn_asgi.de
 under uvicorn in a child process, both on free loopback ports, with a SQLite store in a
 temporary folder. It plays one session whose first step asks for six calls at once (a
 customer lookup, a refund, two slow echoes, an unknown tool, a refund that fails) and whose
-second step asks for one more, and prints what happens as it happens: signed deliveries,
-session reads, handlers (read from the app's store), submitted results, the turn
-completing. Then a summary, and everything is stopped.
+second step asks for one more, and a third one for ``close_account``, which needs a
+person's approval: the demo itself approves it (as ``agentfn-asgi approvals approve`` would)
+once it waits, and the app runs it. It prints what happens as it happens: signed
+deliveries, session reads, handlers (read from the app's store), the approval, submitted
+results, the turn completing. Then a summary, and everything is stopped.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agentfn_asgi.demo.process import WEBHOOK_PATH, free_port, run_example
 from agentfn_asgi.errors import AgentFnError, DemoError
 from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.store import Store, open_store
+from agentfn_asgi.store.base import ApprovalStore
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 #: What the child process serves (``uvicorn agentfn_asgi.demo.app:app``).
@@ -94,6 +97,16 @@ DEMO_STEPS: tuple[tuple[_Expect, ...], ...] = (
             2,
             True,
             '{"found":false,"customer":null}',
+        ),
+    ),
+    (
+        _Expect(
+            "call_close",
+            "close_account",
+            {"account_id": "acc_42"},
+            3,
+            True,
+            '{"closed":true,"account_id":"acc_42"}',
         ),
     ),
 )
@@ -205,6 +218,7 @@ async def _play(
     session_id = fake.create_session(steps)
     timeline.add(t0, f"session    {session_id} created")
     announced: set[str] = set()
+    approved: set[str] = set()
     seen_deliveries = seen_requests = seen_submissions = seen_events = 0
     status = ""
     deadline = t0 + time_limit
@@ -248,6 +262,9 @@ async def _play(
         # from its submission.
         for record in records:
             _observe(views, record, timeline)
+            if record.state is CallState.AWAITING_APPROVAL and record.key.call_id not in approved:
+                approved.add(record.key.call_id)
+                await _approve(store, record, timeline)
         # From the session's own events, not a look at it now: a step the app answers
         # between two looks would otherwise never be shown.
         for event in fake.events(session_id)[seen_events:]:
@@ -280,6 +297,29 @@ async def _play(
         _observe(views, record, timeline)
     timeline.flush(final=True)
     return views
+
+
+async def _approve(store: Store, record: CallRecord, timeline: _Timeline) -> None:
+    """The demo is the person: it approves the request it sees waiting (in the store, as
+    ``agentfn-asgi approvals approve`` does); the app's replica polls and runs the call."""
+    request = record.approval
+    if request is None or not isinstance(store, ApprovalStore):
+        raise DemoError(f"{record.key.call_id} waits for approval without a request")
+    timeline.add(
+        record.updated_at,
+        f"approval   {record.tool_name:<15} {record.key.call_id:<16} waits for a person "
+        f"({request.approval_id})",
+    )
+    decided = await store.decide_approval(
+        record.key, approval_id=request.approval_id, decision="approved", by="demo", via="demo"
+    )
+    if decided is None:
+        raise DemoError(f"the demo could not approve {request.approval_id}")
+    timeline.add(
+        decided.updated_at,
+        f"approval   {record.tool_name:<15} {record.key.call_id:<16} approved by the demo; "
+        "the app runs it",
+    )
 
 
 def _observe(views: dict[str, _CallView], record: CallRecord, timeline: _Timeline) -> None:
@@ -358,9 +398,14 @@ def _summary(
         file=out,
     )
     lines = [line for line in _read_lines(ledger) if line]
-    print(f"  ledger: {len(lines)} refund line(s) written", file=out)
-    if len(lines) != 1:
-        problems.append(f"expected exactly one refund in the ledger, found {len(lines)}")
+    closures = [line for line in lines if '"tool":"close_account"' in line]
+    refunds = len(lines) - len(closures)
+    print(f"  ledger: {refunds} refund line(s) written", file=out)
+    print(f"  ledger: {len(closures)} account closure line(s) written, after approval", file=out)
+    if refunds != 1:
+        problems.append(f"expected exactly one refund in the ledger, found {refunds}")
+    if len(closures) != 1:
+        problems.append(f"expected exactly one closure in the ledger, found {len(closures)}")
     if views:
         first = min(v.started or float("inf") for v in views.values())
         last = max(v.submitted or 0.0 for v in views.values())

@@ -1,11 +1,14 @@
-"""The demo's three tools, which the examples serve too (one definition for both).
+"""The demo's tools, which the examples serve too (one definition for both).
 
 - ``get_customer(customer_id)``: the lookup from OpenAI's function-tools guide;
 - ``create_refund(order_id, amount_cents, delay_ms=0)``: a side effect, written to an
   append-only JSON lines ledger (``EXAMPLE_LEDGER``, default ``ledger.jsonl``) after an
   optional wait, with a reconcile hook that reads the ledger to tell whether an in-doubt
   call already ran (``delay_ms`` makes it slower than a lease: the crash matrix uses it);
-- ``slow_echo(text, delay_ms)``: waits without blocking other calls, then echoes.
+- ``slow_echo(text, delay_ms)``: waits without blocking other calls, then echoes;
+- ``close_account(account_id)``: a side effect that needs a person's approval
+  (``approval=True``): each real execution appends ``{"call_id", "account_id", "tool":
+  "close_account"}`` to the same ledger, and its reconcile hook reads it back.
 
 They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
 the examples (``examples/``) import them from here rather than keep a copy. It is user code:
@@ -107,7 +110,7 @@ def _refund_result(ctx: ToolContext, order_id: str, amount_cents: int) -> dict[s
 
 
 def build_tools() -> FunctionTools:
-    """A fresh registry holding the three example tools."""
+    """A fresh registry holding the example tools."""
     registry = FunctionTools()
 
     @registry.function
@@ -159,6 +162,23 @@ def build_tools() -> FunctionTools:
         """
         await anyio.sleep(max(delay_ms, 0) / 1000)
         return text
+
+    def reconcile_close(ctx: ToolContext, arguments: dict[str, Any]) -> Ran | NotRun:
+        entry = _ledger(ctx).find(ctx.call_id)
+        if entry is None or entry.get("tool") != "close_account":
+            return NotRun()
+        return Ran({"closed": True, "account_id": entry["account_id"]})
+
+    @registry.function(side_effects=True, reconcile=reconcile_close, approval=True, timeout=30)
+    async def close_account(ctx: ToolContext, account_id: str) -> dict[str, Any]:
+        """Close a customer's account. A person approves each call before it runs.
+
+        Args:
+            account_id: The account to close.
+        """
+        entry = {"call_id": ctx.call_id, "account_id": account_id, "tool": "close_account"}
+        await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
+        return {"closed": True, "account_id": account_id}
 
     return registry
 

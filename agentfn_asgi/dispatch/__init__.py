@@ -10,6 +10,7 @@ Steps 6-11 of DESIGN.md "One delivery, end to end", cut by responsibility:
 - :mod:`.leases`: renewing a claim's lease while work on it runs, and fencing the holder
   that could not renew it;
 - :mod:`.settling`: an operator's answer or re-run for a held or in-doubt call;
+- :mod:`.approvals`: a person's decision on a call held for approval, and running it;
 - :mod:`.alarms`: configuration problems (401/403) reported once per cause;
 - :mod:`.settings`: :class:`DispatchSettings`.
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,8 +28,17 @@ import anyio
 
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
-from ..errors import APIError, ArgumentValidationError, StoreError, ToolError
+from ..errors import (
+    APIError,
+    ArgumentValidationError,
+    CompletionMismatchError,
+    ConfigurationError,
+    StoreError,
+    ToolError,
+)
 from ..messages import (
+    APPROVAL_ARGUMENTS_CHANGED_MESSAGE,
+    APPROVAL_UNSUPPORTED_MESSAGE,
     ENQUEUE_FAILED_MESSAGE,
     IN_DOUBT_MESSAGE,
     INTERNAL_FAILURE_MESSAGE,
@@ -41,9 +51,17 @@ from ..messages import (
     model_error_message,
     timeout_message,
 )
-from ..records import CallKey, CallRecord, CallState, ClaimStatus, SavedResult
+from ..records import (
+    ApprovalRequest,
+    CallKey,
+    CallRecord,
+    CallState,
+    ClaimStatus,
+    SavedResult,
+    arguments_digest,
+)
 from ..results import encode_result, failure_result
-from ..store.base import Store
+from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
@@ -87,6 +105,12 @@ class _Attempt:
     in_doubt: bool
     delivery_id: str | None
     lease: Lease
+    #: The call's approval request, when it has one (decided ``approved`` for a run).
+    approval: ApprovalRequest | None = None
+
+    @property
+    def approved(self) -> bool:
+        return self.approval is not None and self.approval.decision == "approved"
 
 
 class Executor:
@@ -117,6 +141,10 @@ class Executor:
         self._slots: asyncio.Semaphore | None = None
         self._threads = ThreadPool(settings.thread_pool_size)
         self._running_since: dict[CallKey, float] = {}
+        #: Calls this process just held for a person (their span's source is ``approval``).
+        self._held_for_approval: set[CallKey] = set()
+        #: Called with each new approval request (the app's notifier), never awaited here.
+        self.on_approval_request: Callable[[CallRecord], None] | None = None
         self._closing = False
 
     def close(self) -> None:
@@ -183,6 +211,7 @@ class Executor:
                         lease=self._leases.lease(
                             key, attempt=outcome.record.attempt, claimed_at=sent
                         ),
+                        approval=outcome.record.approval,
                     )
                     await self._execute(attempt)
                 elif outcome.status is ClaimStatus.SAVED:
@@ -199,9 +228,9 @@ class Executor:
         *,
         claimed_at: float,
     ) -> None:
-        """Run a call an operator released (claimed for us, next attempt) as a fresh
-        attempt: no reconcile hook is asked, the operator decided. ``claimed_at`` is the
-        monotonic time the release was sent."""
+        """Run a call an operator released, or a person approved (claimed for us, next
+        attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
+        ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
         async with self._slots:
             attempt = _Attempt(
@@ -212,6 +241,7 @@ class Executor:
                 in_doubt=False,
                 delivery_id=None,
                 lease=self._leases.lease(record.key, attempt=record.attempt, claimed_at=claimed_at),
+                approval=record.approval,
             )
             await self._execute(attempt)
 
@@ -230,6 +260,8 @@ class Executor:
         try:
             with span_scope as span:
                 span.set_arguments(action.arguments)
+                if attempt.approval is not None:
+                    span.note_approval(attempt.approval)
                 try:
                     result = await self._obtain_result_safely(attempt)
                     if result is not None:
@@ -240,9 +272,14 @@ class Executor:
                     span.set_error("lease_lost")
                     return
                 if result is None:
-                    # Handed to a worker queue, or held for an operator: no result yet.
-                    queued = tool is not None and tool.enqueue is not None
-                    span.set_source("queued" if queued else "held")
+                    # Handed to a worker queue, held for an operator or for a person's
+                    # approval: no result yet.
+                    if key in self._held_for_approval:
+                        self._held_for_approval.discard(key)
+                        span.set_source("approval")
+                    else:
+                        queued = tool is not None and tool.enqueue is not None
+                        span.set_source("queued" if queued else "held")
                     return
                 crash_point("after_handler", action.name)
                 record = await self._store.save_result(
@@ -322,6 +359,14 @@ class Executor:
             return failure_result(
                 key, model_error_message(exc, tool_name=tool.name), "validation_error"
             )
+        if attempt.approved:
+            assert attempt.approval is not None
+            if arguments_digest(action.arguments) != attempt.approval.digest:
+                message = APPROVAL_ARGUMENTS_CHANGED_MESSAGE.format(name=tool.name)
+                return failure_result(key, message, "approval_mismatch", source="approval")
+        elif tool.approval is not False and await tool.needs_approval(context, arguments):
+            # Before any in-doubt reconcile: a call never approved never ran.
+            return await self._request_approval(attempt, tool)
         if attempt.in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
             # Its job may still be running: fail the call rather than queue it again.
             return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
@@ -343,6 +388,50 @@ class Executor:
         if tool.enqueue is not None:
             return await self._hand_off(attempt, tool, arguments, context)
         return await self._run(attempt, tool, arguments, context)
+
+    async def _request_approval(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
+        """Hold the call for a person (``awaiting_approval``) if our claim still stands."""
+        key, store = attempt.key, self._store
+        if not isinstance(store, ApprovalStore):  # the app refuses this set-up at start
+            message = APPROVAL_UNSUPPORTED_MESSAGE.format(name=tool.name)
+            return failure_result(key, message, "approval_unsupported")
+        now = self._clock()
+        timeout = tool.approval_timeout or self._settings.approval_timeout
+        request = ApprovalRequest(
+            approval_id="apr_" + secrets.token_hex(12),
+            tool_name=tool.name,
+            digest=arguments_digest(attempt.action.arguments),
+            requested_at=now,
+            expires_at=now + timeout,
+        )
+        self._leases.check(attempt.lease)
+        record = await store.request_approval(
+            key, owner=self._owner, attempt=attempt.number, request=request
+        )
+        if record.approval != request:
+            return None  # our claim was taken over meanwhile: its holder decides
+        self._held_for_approval.add(key)
+        logger.info(
+            "call waiting for approval: tool=%s session=%s call=%s approval_id=%s expires_in=%.0fs",
+            tool.name,
+            key.session_id,
+            key.call_id,
+            request.approval_id,
+            timeout,
+            extra={
+                "agentfn": {
+                    "tool": tool.name,
+                    "session_id": key.session_id,
+                    "turn_id": key.turn_id,
+                    "call_id": key.call_id,
+                    "approval_id": request.approval_id,
+                    "approval": "requested",
+                }
+            },
+        )
+        if self.on_approval_request is not None:
+            self.on_approval_request(record)
+        return None
 
     def _context(self, attempt: _Attempt, tool: FunctionTool) -> ToolContext:
         key = attempt.key
@@ -474,7 +563,7 @@ class Executor:
         await self._leases.extend(attempt.lease, tool.job_deadline)
         try:
             if self._handoff is None:  # the app refuses such a registry; recover may not
-                raise RuntimeError("no completion secret is configured to issue job tokens")
+                raise ConfigurationError("no completion secret is configured to issue job tokens")
             with anyio.fail_after(self._timeout(tool)):
                 await self._handoff.hand_off(
                     key, tool, arguments, context, owner=self._owner, threads=self._threads
@@ -510,13 +599,14 @@ class Executor:
         ``duplicate``: this same result was already saved. ``conflict``: another one was
         (another completion, the deadline failure) or the call was quarantined. ``stale``:
         the API no longer waits for it. ``unknown_tool``: this app does not register it.
-        Raises StoreError, or LookupError when ``tool_name`` is not the call's tool.
+        Raises StoreError, or :class:`~agentfn_asgi.errors.CompletionMismatchError` (a
+        ``LookupError``) when ``tool_name`` is not the call's tool.
         """
         record = await self._store.get_call(key)
         if record is None or record.state is CallState.STALE:
             return "stale", None
         if record.tool_name != tool_name:
-            raise LookupError("the completion names another tool than its call")
+            raise CompletionMismatchError("the completion names another tool than its call")
         if tool is None:
             return "unknown_tool", None
         if success:

@@ -24,18 +24,25 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..client import AgentsClient
-from ..errors import APIError, APIStatusError, NotFoundError, StoreError
+from ..errors import (
+    APIError,
+    APIStatusError,
+    NotFoundError,
+    SessionNotFoundYetError,
+    StoreError,
+)
 from ..records import CallKey, DeliveryRecord
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
 from ..wire import AgentSession
 from .alarms import ConfigurationAlarm, is_configuration_error
+from .approvals import Approvals, ApprovalView
 from .execution import CompletionStatus, Executor, JobHandoff
 from .leases import LeaseKeeper
 from .settings import DispatchSettings
 from .settling import Settler, SettleStatus
-from .submission import Submitter
+from .submission import Submitter, read_session
 
 __all__ = ["Dispatcher"]
 
@@ -84,13 +91,6 @@ def _describe(failure: Exception) -> str:
     if isinstance(failure, APIStatusError):
         return f"HTTP {failure.status} {failure.code or ''}".strip()
     return f"{type(failure).__name__}: {str(failure)[:160]}"
-
-
-class SessionNotFoundYetError(APIError):
-    """The API does not find a session whose webhook arrived moments ago: retried later."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id} not found (yet); the sweep reads it again")
 
 
 async def _claimed(claims: list[asyncio.Future[None]]) -> None:
@@ -162,6 +162,8 @@ class Dispatcher:
             self.telemetry,
             alarm=self.alarm,
             retry_delay=self.settings.retry_delay,
+            not_found_grace=self.settings.not_found_grace,
+            not_found_pauses=self.settings.not_found_retries,
             clock=clock,
         )
         leases = LeaseKeeper(
@@ -183,6 +185,20 @@ class Dispatcher:
             handoff=handoff,
         )
 
+        self.approvals = Approvals(
+            store,
+            client,
+            self._submitter,
+            self._executor,
+            tools=tools,
+            settings=self.settings,
+            owner=self.owner,
+            clock=clock,
+            telemetry=self.telemetry,
+            track=self._track,
+            busy=lambda key: key in self._inflight,
+            spawn=self._spawn,
+        )
         self._settler = Settler(
             store,
             client,
@@ -210,6 +226,16 @@ class Dispatcher:
         self._executor.start()
         self._workers = [self._spawn(self._resolver_loop()) for _ in range(RESOLVERS)]
         self._workers.append(self._spawn(self._sweep_loop(immediate=recover)))
+        gated = sorted(tool.name for tool in self.tools if tool.approval is not False)
+        if gated and self.approvals.enabled:
+            self._workers.append(self._spawn(self.approvals.loop()))
+        elif gated:
+            logger.error(
+                "tools %s need a person's approval, but the store %s cannot hold calls for "
+                "approval yet: their calls fail, telling the model so",
+                gated,
+                self.store.location,
+            )
         self.telemetry.observe_pending(self._executor.oldest_running_age)
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:
@@ -368,8 +394,8 @@ class Dispatcher:
         A session the API does not find (404) is read again after short pauses; if it is
         still missing and its delivery arrived less than ``not_found_grace`` ago (the webhook
         may outrun the session becoming readable), the delivery stays for the sweep
-        (:class:`SessionNotFoundYetError`); past that, or without a delivery, the session is
-        treated as deleted: its recorded calls become stale.
+        (:class:`~agentfn_asgi.errors.SessionNotFoundYetError`); past that, or without a
+        delivery, the session is treated as deleted: its recorded calls become stale.
         """
         link = self.telemetry.link_for_delivery(delivery_id)
         # Anything saved after this moment (less the clock-skew margin) may be newer than
@@ -377,7 +403,9 @@ class Dispatcher:
         read_at = self._clock() - self.settings.fence_margin
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
-                session = await self._read_session(session_id)
+                session = await read_session(
+                    self.client, session_id, pauses=self.settings.not_found_retries
+                )
                 span.set_pending_calls(len(session.function_calls))
         except NotFoundError:
             if received_at is None and delivery_id is not None:
@@ -403,16 +431,6 @@ class Dispatcher:
         if delivery_id is not None:
             await self.store.mark_delivery_resolved(delivery_id)
             self._missing_told.discard(delivery_id)
-
-    async def _read_session(self, session_id: str) -> AgentSession:
-        """``GET`` the session; a 404 is tried again after each pause of
-        ``settings.not_found_retries``."""
-        for delay in self.settings.not_found_retries:
-            try:
-                return await self.client.retrieve_session(session_id)
-            except NotFoundError:
-                await asyncio.sleep(delay)
-        return await self.client.retrieve_session(session_id)
 
     def _start_calls(
         self, session: AgentSession, delivery_id: str | None
@@ -491,6 +509,18 @@ class Dispatcher:
         """An operator settles a held or in-doubt call (see :meth:`Settler.settle`)."""
         return await self._settler.settle(
             key, tools=self.tools, output=output, error=error, rerun=rerun
+        )
+
+    async def approve(self, approval_id: str, *, by: str, via: str = "api") -> ApprovalView:
+        """A person approves the waiting request ``approval_id`` (see :class:`Approvals`)."""
+        return await self.approvals.decide(approval_id, approve=True, by=by, via=via)
+
+    async def deny(
+        self, approval_id: str, *, by: str, reason: str | None = None, via: str = "api"
+    ) -> ApprovalView:
+        """A person denies the waiting request ``approval_id``; the model sees ``reason``."""
+        return await self.approvals.decide(
+            approval_id, approve=False, by=by, via=via, reason=reason
         )
 
     # -- recovery ------------------------------------------------------------------------

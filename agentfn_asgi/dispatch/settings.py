@@ -27,7 +27,9 @@ class DispatchSettings:
     process dies every time it runs) is then answered with a failure, or held for an
     operator when it has side effects and ``in_doubt="hold"``. ``not_found_grace``: how long
     after its webhook a session the API does not find (404) is read again before it is
-    treated as deleted; ``not_found_retries`` are the pauses before reading it again at once.
+    treated as deleted, and how long after a result was saved a refused submission (404
+    included) leaves the result for the sweep while the session cannot be read: only past it
+    is the call stale; ``not_found_retries`` are the pauses before reading it again at once.
     ``retry_base``/``retry_cap``: the recovery sweep retries a record that failed (a
     session read, a submission) after ``retry_base`` seconds, doubling per failure up to
     ``retry_cap``; ``sweep_budget`` bounds the records one pass takes.
@@ -57,6 +59,8 @@ class DispatchSettings:
     result_limit: int = TOOL_RESULT_LIMIT
     result_margin: int = DEFAULT_SAFETY_MARGIN
     max_queued_sessions: int = 10_000
+    approval_timeout: float = 24 * 3600.0
+    approval_poll_interval: float = 1.0
 
     @property
     def fence_margin(self) -> float:

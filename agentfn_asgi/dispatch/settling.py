@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
 from ..client import AgentsClient
+from ..errors import CallNotFoundError, OperatorInputError
 from ..records import CallKey, CallRecord, CallState, SavedResult
 from ..results import encode_result, failure_result
 from ..states import settleable
@@ -87,7 +88,7 @@ class Settler:
         """
         record = await self._store.get_call(key)
         if record is None:
-            raise LookupError(f"no call {key} in the store")
+            raise CallNotFoundError(f"no call {key} in the store")
         refusal = _not_settleable(record, now=self._clock(), margin=self._settings.fence_margin)
         if refusal is not None:
             return "refused", refusal
@@ -95,7 +96,7 @@ class Settler:
         if rerun:
             return await self._rerun(record, tool)
         if (output is None) == (error is None):
-            raise ValueError("settle needs exactly one of output, error or rerun")
+            raise OperatorInputError("settle needs exactly one of output, error or rerun")
         result = self._operator_result(record, tool, output=output, error=error)
         saved = await self._store.settle(key, result=result, margin=self._settings.fence_margin)
         if saved is None:  # it changed since we looked

@@ -1,17 +1,21 @@
 """Submitting a saved result to the Agents API, and settling a refusal.
 
 The result's bytes and idempotency key were fixed when it was saved, so a submission from any
-replica, at any time, is the same request. A call the API no longer waits for (400 "Unknown
-pending tool call", 409, 404) is checked against a fresh read of the session and becomes
-``stale``. Also here: when each delivery arrived, for the delivery-to-result latency metric.
+replica, at any time, is the same request. A refused submission (400 "Unknown pending tool
+call", 409, 404) is checked against a fresh read of the session: the call becomes ``stale``
+only when the session no longer waits for it, or is gone (404) ``not_found_grace`` after the
+result was saved; otherwise the saved result stays and the recovery sweep resubmits it, with
+backoff. A single 404 (the API not seeing a session for a moment) never discards a result.
+Also here: when each delivery arrived, for the delivery-to-result latency metric.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from .._crash import crash_point
@@ -23,13 +27,14 @@ from ..errors import (
     NotFoundError,
     UnknownPendingToolCallError,
 )
-from ..records import CallKey, CallRecord
+from ..records import CallRecord
 from ..results import event_json, events_body, failure_event, submission_key
 from ..store.base import Store
 from ..tracing import Telemetry
+from ..wire import AgentSession
 from .alarms import ConfigurationAlarm, is_configuration_error
 
-__all__ = ["REFUSED_MESSAGE", "SubmitOutcome", "Submitter"]
+__all__ = ["REFUSED_MESSAGE", "SubmitOutcome", "Submitter", "read_session"]
 
 #: What became of one submission (see :meth:`Submitter.submit`).
 SubmitOutcome = Literal["submitted", "stale", "failed", "skipped"]
@@ -46,9 +51,28 @@ _REFUSING_STATUSES = frozenset({400, 413, 422})
 logger = logging.getLogger("agentfn_asgi.dispatch.submission")
 
 
+async def read_session(
+    client: AgentsClient, session_id: str, *, pauses: Sequence[float]
+) -> AgentSession:
+    """``GET`` the session; a 404 is tried again after each of ``pauses`` (seconds) before
+    it is raised: a session may be unreadable for a moment (``not_found_retries``)."""
+    for delay in pauses:
+        try:
+            return await client.retrieve_session(session_id)
+        except NotFoundError:
+            await asyncio.sleep(delay)
+    return await client.retrieve_session(session_id)
+
+
 class Submitter:
     """Submits saved results for one dispatcher. Raises StoreError; API errors are settled
-    here (logged, or the call marked stale) and left to the recovery sweep."""
+    here (logged, or the call marked stale) and left to the recovery sweep.
+
+    ``not_found_grace`` and ``not_found_pauses`` are the session read's
+    (:class:`~agentfn_asgi.dispatch.DispatchSettings` ``not_found_grace`` and
+    ``not_found_retries``): a session the API does not find is only treated as gone once it
+    is still missing that long after the result was saved.
+    """
 
     def __init__(
         self,
@@ -58,10 +82,14 @@ class Submitter:
         *,
         alarm: ConfigurationAlarm | None = None,
         retry_delay: Callable[[int], float] = lambda failures: 5.0,
+        not_found_grace: float = 60.0,
+        not_found_pauses: Sequence[float] = (),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._client = client
         self._retry_delay = retry_delay
+        self._not_found_grace = not_found_grace
+        self._not_found_pauses = tuple(not_found_pauses)
         self._clock = clock
         self._alarm = alarm if alarm is not None else ConfigurationAlarm()
         self._store = store
@@ -120,7 +148,7 @@ class Submitter:
                 key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
             )
         except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
-            stale = await self._after_rejection(key, exc)
+            stale = await self._after_rejection(record, exc)
             return ("stale" if stale else "failed"), _answer(exc)
         except APIStatusError as exc:
             if is_configuration_error(exc):
@@ -149,31 +177,50 @@ class Submitter:
                 key.session_id, events_body(text), idempotency_key=submission_key(key, text)
             )
         except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
-            await self._after_rejection(key, exc)
+            await self._after_rejection(record, exc)
             return False
         except APIError as exc:
             logger.warning("submitting the refusal of %s failed; will retry: %s", key, exc)
             return False
         return True
 
-    async def _after_rejection(self, key: CallKey, exc: APIError) -> bool:
-        """The API refused our result: only a fresh read of the session says what that means."""
-        if not isinstance(exc, NotFoundError):
-            try:
-                session = await self._client.retrieve_session(key.session_id)
-            except NotFoundError:
-                pass
-            else:
-                still_pending = any(
-                    a.turn_id == key.turn_id and a.call_id == key.call_id
-                    for a in session.function_calls
+    async def _after_rejection(self, record: CallRecord, exc: APIError) -> bool:
+        """The API refused our result: only a fresh read of the session says what that means.
+
+        True (the call is now stale) when the session no longer waits for the call, or when
+        it is gone (404) and the result was saved ``not_found_grace`` ago or more. Otherwise
+        the saved result stays for the sweep to resubmit (same bytes, same key): the
+        registration race outlived the client's short retries, or the API did not see the
+        session for a moment (a 404 on the submission, or on the read, inside the grace).
+        """
+        key = record.key
+        try:
+            session = await read_session(
+                self._client, key.session_id, pauses=self._not_found_pauses
+            )
+        except NotFoundError:
+            missing_for = self._clock() - record.updated_at
+            if missing_for < self._not_found_grace:
+                logger.info(
+                    "session of call %s not found (%s); keeping its result for %.0f s more",
+                    key,
+                    exc.message,
+                    self._not_found_grace - missing_for,
                 )
-                if still_pending:
-                    # The registration race outlived the client's short retries: keep the
-                    # saved result; the sweep resubmits it (same bytes, same key).
-                    logger.info("call %s still pending after %s; will resubmit", key, exc)
-                    return False
-        logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
+                return False
+            logger.info("session of call %s no longer exists; marking the call stale", key)
+        except APIError as failure:
+            logger.warning("call %s: the session cannot be read (%s); will resubmit", key, failure)
+            return False
+        else:
+            still_pending = any(
+                a.turn_id == key.turn_id and a.call_id == key.call_id
+                for a in session.function_calls
+            )
+            if still_pending:
+                logger.info("call %s still pending after %s; will resubmit", key, exc)
+                return False
+            logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
         await self._store.mark_stale(key)
         return True
 

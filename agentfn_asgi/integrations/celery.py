@@ -48,6 +48,20 @@ for in-doubt calls (``Ran``: its result completes the call; ``NotRun``: the hand
 (``job.idempotency_key``, the same on every delivery) downstream: it also covers the window
 a reconcile hook cannot see.
 
+**A job's deadline must be shorter than the broker's redelivery timeout**, or a job still
+running is delivered to a second worker and runs twice, side by side. Redis and SQS deliver
+again a message unacknowledged for ``visibility_timeout`` (kombu's defaults: 1 hour on
+Redis, 30 minutes on SQS; ``broker_transport_options["visibility_timeout"]``); RabbitMQ
+closes the channel of a delivery unacknowledged for its ``consumer_timeout`` (30 minutes by
+default, set in ``rabbitmq.conf``, or per queue) and delivers the message again. The default
+``job_deadline`` (1 hour) is too long for all three. The check runs when a tool is
+registered with ``enqueue=celery_enqueue(...)`` and again in :func:`register_task` (the
+workers' start): a deadline not shorter than the timeout is a ConfigurationError, in one
+line naming the setting to change. The broker is not asked: RabbitMQ does not tell its
+``consumer_timeout`` to clients, so one raised on the server is given as
+``celery_enqueue(..., consumer_timeout=seconds)``. Other transports (``memory://``,
+``filesystem://``, databases) are not checked.
+
 Celery is imported only when these helpers are called; it is the ``celery`` extra:
 ``pip install 'agentfn-asgi[celery]'``.
 """
@@ -60,6 +74,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -83,11 +98,15 @@ if TYPE_CHECKING:
     from celery import Celery, Task
 
 __all__ = [
+    "RABBITMQ_CONSUMER_TIMEOUT",
     "TASK_NAME",
     "TASK_OPTIONS",
     "CeleryEnqueue",
     "CeleryJobRunner",
+    "RedeliveryTimeout",
     "celery_enqueue",
+    "check_job_deadlines",
+    "redelivery_timeout",
     "register_task",
 ]
 
@@ -116,6 +135,22 @@ TASK_OPTIONS: Final[Mapping[str, Any]] = {
     "ignore_result": True,
 }
 
+#: RabbitMQ's default ``consumer_timeout`` in seconds (30 minutes, since RabbitMQ 3.8.15).
+RABBITMQ_CONSUMER_TIMEOUT: Final = 1800.0
+# kombu's defaults of broker_transport_options["visibility_timeout"].
+_VISIBILITY_TIMEOUTS: Final = {"Redis": 3600.0, "SQS": 1800.0}
+# URL schemes (the part before any "+") by broker; other transports are not checked.
+_BROKERS: Final = {
+    "redis": "Redis",
+    "rediss": "Redis",
+    "sentinel": "Redis",
+    "sqs": "SQS",
+    "amqp": "RabbitMQ",
+    "amqps": "RabbitMQ",
+    "pyamqp": "RabbitMQ",
+    "librabbitmq": "RabbitMQ",
+}
+
 # What the job message itself decides: not overridable per enqueue.
 _FIXED_SEND_OPTIONS: Final = frozenset({"args", "kwargs", "serializer", "expires", "argsrepr"})
 
@@ -138,6 +173,73 @@ def _check_app(celery_app: object) -> None:
         raise ConfigurationError(f"expected a celery.Celery app, got {type(celery_app).__name__}")
 
 
+# -- the broker's redelivery timeout ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RedeliveryTimeout:
+    """After ``seconds`` without an acknowledgement, ``broker`` delivers a message again (to
+    any worker, even while the first one still runs it); ``setting`` is what raises it."""
+
+    broker: str
+    seconds: float
+    setting: str
+
+
+def redelivery_timeout(
+    celery_app: Celery, *, consumer_timeout: float | None = None
+) -> RedeliveryTimeout | None:
+    """The redelivery timeout of ``celery_app``'s broker (the one it sends to), read from its
+    configuration without connecting; None for a transport that has none we know.
+
+    Redis and SQS: ``broker_transport_options["visibility_timeout"]`` (kombu's default when
+    unset). RabbitMQ: ``consumer_timeout`` when given (seconds; ``math.inf`` if the server has
+    none), else the broker's default, :data:`RABBITMQ_CONSUMER_TIMEOUT`.
+    """
+    conf = celery_app.conf
+    url: Any = conf.broker_write_url or conf.broker_url or "amqp://"
+    if isinstance(url, list | tuple):  # a failover list: the first is used first
+        url = url[0] if url else "amqp://"
+    scheme = str(url).split(";", 1)[0].split("://", 1)[0].split("+", 1)[0].strip().lower()
+    broker = _BROKERS.get(scheme)
+    if broker is None:
+        return None
+    if broker == "RabbitMQ":
+        seconds = RABBITMQ_CONSUMER_TIMEOUT if consumer_timeout is None else consumer_timeout
+        return RedeliveryTimeout(
+            broker,
+            float(seconds),
+            "consumer_timeout (in rabbitmq.conf, then celery_enqueue(..., consumer_timeout=))",
+        )
+    options = conf.broker_transport_options or {}
+    seconds = options.get("visibility_timeout", _VISIBILITY_TIMEOUTS[broker])
+    return RedeliveryTimeout(
+        broker, float(seconds), "broker_transport_options['visibility_timeout']"
+    )
+
+
+def _check_deadline(timeout: RedeliveryTimeout | None, job_deadline: float, label: str) -> None:
+    if timeout is None or job_deadline < timeout.seconds:
+        return
+    raise ConfigurationError(
+        f"{label}: job_deadline={job_deadline:g} s is not shorter than {timeout.broker}'s "
+        f"redelivery timeout ({timeout.seconds:g} s), so a running job could be delivered "
+        f"again and run twice: raise {timeout.setting} above {job_deadline:g} s, or lower "
+        "job_deadline"
+    )
+
+
+def check_job_deadlines(tools: FunctionTools | FunctionTool) -> None:
+    """Refuse (ConfigurationError, one line naming the setting to change) a tool sent to
+    Celery by :func:`celery_enqueue` whose ``job_deadline`` is not shorter than its broker's
+    redelivery timeout (:func:`redelivery_timeout`). Registration already checks each tool;
+    this checks again against the configuration as it is now (:func:`register_task` does)."""
+    listed = [tools] if isinstance(tools, FunctionTool) else list(tools)
+    for tool in listed:
+        if isinstance(tool.enqueue, CeleryEnqueue):
+            tool.enqueue.check_job_deadline(tool.job_deadline, f"tool {tool.name!r}")
+
+
 # -- the web app's side ----------------------------------------------------------------------
 
 
@@ -150,10 +252,24 @@ class CeleryEnqueue:
     "could not be queued".
     """
 
-    def __init__(self, celery_app: Celery, *, task_name: str, options: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        celery_app: Celery,
+        *,
+        task_name: str,
+        options: Mapping[str, Any],
+        consumer_timeout: float | None = None,
+    ) -> None:
         self.celery_app = celery_app
         self.task_name = task_name
         self.options = dict(options)
+        self.consumer_timeout = consumer_timeout
+
+    def check_job_deadline(self, job_deadline: float, label: str) -> None:
+        """Refuse a ``job_deadline`` not shorter than the broker's redelivery timeout (called
+        when a tool is registered with this ``enqueue=``; see the module docstring)."""
+        timeout = redelivery_timeout(self.celery_app, consumer_timeout=self.consumer_timeout)
+        _check_deadline(timeout, job_deadline, label)
 
     def __call__(self, job: Job) -> None:
         """Send ``job`` (JSON) with its deadline as the message's expiry."""
@@ -173,7 +289,11 @@ class CeleryEnqueue:
 
 
 def celery_enqueue(
-    celery_app: Celery, *, task_name: str = TASK_NAME, **options: Any
+    celery_app: Celery,
+    *,
+    task_name: str = TASK_NAME,
+    consumer_timeout: float | None = None,
+    **options: Any,
 ) -> CeleryEnqueue:
     """The ``enqueue=`` of a worker tool, sending its jobs to ``task_name`` on Celery.
 
@@ -181,12 +301,22 @@ def celery_enqueue(
     ``routing_key``), ``priority``, ``headers``, ``retry_policy``... (``task_routes`` in the
     app's configuration works too). The message's ``args``, ``serializer`` (JSON) and
     ``expires`` (the job deadline) are fixed: passing them is a ConfigurationError.
+
+    Registering a tool with it checks that the tool's ``job_deadline`` is shorter than the
+    broker's redelivery timeout (module docstring); ``consumer_timeout`` is RabbitMQ's, in
+    seconds, when the server's differs from the default 30 minutes.
     """
     _check_app(celery_app)
     fixed = sorted(_FIXED_SEND_OPTIONS.intersection(options))
     if fixed:
         raise ConfigurationError(f"celery_enqueue sets {fixed} itself: leave them out")
-    return CeleryEnqueue(celery_app, task_name=task_name, options=options)
+    if consumer_timeout is not None and not (
+        isinstance(consumer_timeout, int | float) and consumer_timeout > 0
+    ):
+        raise ConfigurationError("consumer_timeout must be a positive number of seconds")
+    return CeleryEnqueue(
+        celery_app, task_name=task_name, options=options, consumer_timeout=consumer_timeout
+    )
 
 
 # -- the worker's side -----------------------------------------------------------------------
@@ -360,8 +490,13 @@ def register_task(
     Configured by :data:`TASK_OPTIONS`; ``task_options`` (``rate_limit``, ``time_limit``...)
     are added, and override those at your own risk. Runs in the default prefork pool and in
     the threads pool (each job gets its own event loop).
+
+    Refuses (ConfigurationError) a tool of ``tools`` sent by :func:`celery_enqueue` whose
+    ``job_deadline`` is not shorter than the broker's redelivery timeout, with the
+    configuration as it is now (:func:`check_job_deadlines`).
     """
     _check_app(celery_app)
+    check_job_deadlines(tools)
     from celery import signals
     from celery.exceptions import Reject
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentfn_asgi.records import (
+    ApprovalRequest,
     CallKey,
     CallRecord,
     CallState,
@@ -18,7 +19,7 @@ from agentfn_asgi.records import (
     parse_history,
 )
 
-__all__ = ["claim_status_for", "record_from_mapping", "saved_detail"]
+__all__ = ["approval_detail", "claim_status_for", "record_from_mapping", "saved_detail"]
 
 
 def claim_status_for(record: CallRecord) -> ClaimStatus:
@@ -33,6 +34,21 @@ def claim_status_for(record: CallRecord) -> ClaimStatus:
     if record.state.has_result and record.state is not CallState.SUBMITTED:
         return ClaimStatus.SAVED
     return ClaimStatus.DONE
+
+
+def approval_detail(request: ApprovalRequest) -> str:
+    """The history's ``detail`` of an approval step: the request, or who decided, how and
+    why (an approver's reason is theirs to write, never the call's content)."""
+    if request.decision is None:
+        return f"approval_id={request.approval_id} expires_at={request.expires_at:.3f}"
+    parts = [f"approval_id={request.approval_id}", f"decision={request.decision}"]
+    if request.decided_by:
+        parts.append(f"by={request.decided_by}")
+    if request.decided_via:
+        parts.append(f"via={request.decided_via}")
+    if request.reason:
+        parts.append(f"reason={request.reason}")
+    return " ".join(parts)
 
 
 def saved_detail(result: SavedResult, duration: float | None) -> str:
@@ -89,4 +105,6 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         next_attempt_at=float(row.get("next_attempt_at") or 0.0),
         failures=int(row.get("failures") or 0),
         history_dropped=dropped,
+        # A request is kept whole as JSON; its id has a column of its own to be found by.
+        approval=ApprovalRequest.from_json(row.get("approval")) if row.get("approval_id") else None,
     )

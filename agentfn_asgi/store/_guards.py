@@ -40,6 +40,10 @@ def _sql_guard_term(guard: Guard, alias: str, owner: str) -> str:
         return f"{alias}owner = {owner} AND {alias}lease_expires_at >= :now"
     if guard is Guard.LEASE_LAPSED:
         return f"{alias}lease_expires_at < :takeover_before"
+    if guard is Guard.APPROVAL_OPEN:
+        return f":now < {alias}lease_expires_at"
+    if guard is Guard.APPROVAL_LAPSED:
+        return f":now >= {alias}lease_expires_at"
     return f"{alias}updated_at <= :since"
 
 
@@ -77,6 +81,8 @@ _LUA_GUARD_TERMS: Final = {
     Guard.OWN_LIVE_LEASE: "c.owner == a.owner and tonumber(c.lease) >= tonumber(a.now)",
     Guard.LEASE_LAPSED: "tonumber(c.lease) < tonumber(a.takeover_before)",
     Guard.UNCHANGED_SINCE: "(a.since == '' or tonumber(c.updated) <= tonumber(a.since))",
+    Guard.APPROVAL_OPEN: "tonumber(a.now) < tonumber(c.lease)",
+    Guard.APPROVAL_LAPSED: "tonumber(a.now) >= tonumber(c.lease)",
 }
 
 

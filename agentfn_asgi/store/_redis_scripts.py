@@ -24,12 +24,18 @@ Three rules the helpers keep:
 from __future__ import annotations
 
 from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL, CallState
+from agentfn_asgi.states import SAVED
+from agentfn_asgi.store._guards import LUA_GUARDS
 
 __all__ = [
+    "APPROVED_CALLS",
     "CLAIM",
+    "CLAIM_APPROVED",
+    "DECIDE_APPROVAL",
     "DELIVERY_FAILED",
     "DUE_DELIVERIES",
     "EXPIRED_CLAIMS",
+    "FIND_APPROVAL",
     "GET_CALL",
     "LAYOUT",
     "LIST_CALLS",
@@ -46,6 +52,7 @@ __all__ = [
     "RECORD_DELIVERY",
     "RELEASE",
     "RENEW",
+    "REQUEST_APPROVAL",
     "RESOLVE_DELIVERY",
     "SAVE",
     "SETTLE",
@@ -53,6 +60,7 @@ __all__ = [
     "STATS",
     "SUBMISSION_FAILED",
     "UNSUBMITTED",
+    "WAITING_APPROVALS",
 ]
 
 #: Bump when the key layout changes; :data:`LAYOUT` refuses data of another layout.
@@ -62,6 +70,17 @@ LAYOUT_VERSION = 3
 _HISTORY = f"""
 local HISTORY_HEAD, HISTORY_TAIL = {HISTORY_HEAD}, {HISTORY_TAIL}
 """
+
+#: The state table's sets (:mod:`agentfn_asgi.states`), as Lua tables.
+_STATE_SETS = (
+    "local STATES = {"
+    + ", ".join(f"'{state.value}'" for state in CallState)
+    + "}\nlocal SAVED = {"
+    + ", ".join(f"{state.value} = true" for state in CallState if state in SAVED)
+    + "}\nlocal PENDING = {"
+    + ", ".join(f"{state.value} = true" for state in CallState if not state.terminal)
+    + "}\n"
+)
 
 _PRELUDE = (
     _HISTORY
@@ -73,24 +92,28 @@ local function h(text) return redis.sha1hex(text) end
 local function call_key(member) return N .. 'c:' .. h(member) end
 local function history_key(member) return N .. 'h:' .. h(member) end
 local function delivery_key(id) return N .. 'd:' .. h(id) end
-
-local STATES = {'claimed', 'succeeded', 'failed', 'submitted', 'stale', 'quarantined'}
-local SAVED = {succeeded = true, failed = true}
-local PENDING = {claimed = true, succeeded = true, failed = true}
-
+local function approval_key(id) return N .. 'a:' .. h(id) end
+"""
+    + _STATE_SETS
+    + """
 -- The namespace's call indexes agree with the call's hash as it is now.
 local function reindex_call(key, member)
   local r = redis.call('HMGET', key, 'state', 'created_at', 'lease_expires_at',
                        'next_attempt_at', 'updated_at', 'success')
   local state, created = r[1], r[2]
   for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
-  for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed'}) do
+  for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed', 'waiting',
+                         'approved'}) do
     redis.call('ZREM', I .. name, member)
   end
   redis.call('ZADD', I .. 'calls', created, member)
   redis.call('ZADD', I .. 'state:' .. state, created, member)
   if state == 'claimed' then
     redis.call('ZADD', I .. 'lease', r[3], member)
+  elseif state == 'awaiting_approval' then
+    redis.call('ZADD', I .. 'waiting', r[3], member)
+  elseif state == 'approved' then
+    redis.call('ZADD', I .. 'approved', r[5], member)
   elseif SAVED[state] then
     redis.call('ZADD', I .. 'due', r[4], member)
   elseif state == 'submitted' or state == 'stale' then
@@ -182,16 +205,13 @@ local function read_calls(members)
   return out
 end
 
--- Does (owner, attempt) hold the call's claim? (cur: state, owner, attempt)
-local function holds(cur, owner, attempt)
-  return cur[1] == 'claimed' and cur[2] == owner and cur[3] == attempt
-end
 """
 )
 
 
 def _script(body: str) -> str:
-    return _PRELUDE + body
+    # Every script may ask the state table's rows (may_<row>, rendered by store/_guards.py).
+    return _PRELUDE + LUA_GUARDS + body
 
 
 # -- layout --------------------------------------------------------------------------------
@@ -231,6 +251,8 @@ INDEXES = (
     "due",
     "finished",
     "submitted_failed",
+    "waiting",
+    "approved",
 )
 
 #: What a layout-2 index key holds after the upgrade: a string, so that a replica of the
@@ -450,8 +472,9 @@ return #ids
 # Returns {status, hash fields}.
 CLAIM = _script("""
 local key, now, member, owner = KEYS[1], ARGV[2], ARGV[3], ARGV[5]
-local cur = redis.call('HMGET', key, 'state', 'owner', 'lease_expires_at', 'attempt')
-if not cur[1] then
+local c = guard_fields(key)
+local a = {owner = owner, now = now, takeover_before = ARGV[7]}
+if may_claim(c, a) then
   redis.call('HSET', key, 'session_id', ARGV[9], 'turn_id', ARGV[10], 'call_id', ARGV[11],
              'tool_name', ARGV[8], 'state', 'claimed', 'attempt', '1', 'owner', owner,
              'lease_expires_at', ARGV[6], 'created_at', now, 'updated_at', now,
@@ -463,32 +486,28 @@ if not cur[1] then
   reindex_call(key, member)
   return {'claimed', redis.call('HGETALL', key)}
 end
-if cur[1] == 'claimed' then
-  local lease = tonumber(cur[3])
-  if cur[2] == owner and lease >= tonumber(now) then
-    local status = 'in_doubt'
-    if cur[4] == '1' then status = 'claimed' end
-    return {status, redis.call('HGETALL', key)}
-  end
-  if lease < tonumber(ARGV[7]) then
-    local attempt = redis.call('HINCRBY', key, 'attempt', 1)
-    redis.call('HSET', key, 'owner', owner, 'lease_expires_at', ARGV[6], 'updated_at', now)
-    if ARGV[12] ~= '' then redis.call('HSETNX', key, 'delivery_id', ARGV[12]) end
-    add_event(member, now, 'taken_over', attempt, owner)
-    reindex_call(key, member)
-    return {'in_doubt', redis.call('HGETALL', key)}
-  end
-  return {'busy', redis.call('HGETALL', key)}
+if may_reclaim(c, a) then
+  local status = 'in_doubt'
+  if c.attempt == '1' then status = 'claimed' end
+  return {status, redis.call('HGETALL', key)}
 end
-if SAVED[cur[1]] then return {'saved', redis.call('HGETALL', key)} end
+if may_take_over(c, a) then
+  local attempt = redis.call('HINCRBY', key, 'attempt', 1)
+  redis.call('HSET', key, 'owner', owner, 'lease_expires_at', ARGV[6], 'updated_at', now)
+  if ARGV[12] ~= '' then redis.call('HSETNX', key, 'delivery_id', ARGV[12]) end
+  add_event(member, now, 'taken_over', attempt, owner)
+  reindex_call(key, member)
+  return {'in_doubt', redis.call('HGETALL', key)}
+end
+if c.state == 'claimed' then return {'busy', redis.call('HGETALL', key)} end
+if SAVED[c.state] then return {'saved', redis.call('HGETALL', key)} end
 return {'done', redis.call('HGETALL', key)}
 """)
 
 # Guarantees: only the holder of the claim's current attempt extends its lease.
 # KEYS: the call's hash. ARGV: N, now, member, owner, attempt, lease_expires_at.
 RENEW = _script("""
-local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
-if not holds(cur, ARGV[4], ARGV[5]) then return 0 end
+if not may_renew(guard_fields(KEYS[1]), {owner = ARGV[4], attempt = ARGV[5]}) then return 0 end
 redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[6], 'updated_at', ARGV[2])
 reindex_call(KEYS[1], ARGV[3])
 return 1
@@ -512,9 +531,9 @@ end
 SAVE = _script(
     _STORE_RESULT
     + """
-local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
-if not cur[1] then return false end
-if holds(cur, ARGV[4], ARGV[5]) then
+local c = guard_fields(KEYS[1])
+if not c.state then return false end
+if may_save(c, {owner = ARGV[4], attempt = ARGV[5]}) then
   store_result(KEYS[1], ARGV[2], ARGV[6], 8)
   redis.call('HSET', KEYS[1], 'owner', ARGV[4])
   add_event(ARGV[3], ARGV[2], 'saved', ARGV[5], ARGV[4], ARGV[7])
@@ -527,10 +546,10 @@ return redis.call('HGETALL', KEYS[1])
 # Guarantees: a saved result (succeeded/failed) becomes submitted; nothing else changes.
 # KEYS: the call's hash. ARGV: N, now, member, detail.
 MARK_SUBMITTED = _script("""
-local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt')
-if not SAVED[cur[1]] then return 0 end
+local c = guard_fields(KEYS[1])
+if not may_mark_submitted(c, {}) then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'submitted', 'updated_at', ARGV[2])
-add_event(ARGV[3], ARGV[2], 'submitted', cur[2], nil, ARGV[4])
+add_event(ARGV[3], ARGV[2], 'submitted', c.attempt, nil, ARGV[4])
 reindex_call(KEYS[1], ARGV[3])
 return 1
 """)
@@ -539,11 +558,11 @@ return 1
 # result is due again at retry_at. KEYS: the call's hash. ARGV: N, now, member, detail,
 # retry_at.
 SUBMISSION_FAILED = _script("""
-local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt')
-if not SAVED[cur[1]] then return 0 end
+local c = guard_fields(KEYS[1])
+if not may_submission_failed(c, {}) then return 0 end
 redis.call('HINCRBY', KEYS[1], 'failures', 1)
 redis.call('HSET', KEYS[1], 'next_attempt_at', ARGV[5])
-add_event(ARGV[3], ARGV[2], 'submit_failed', cur[2], nil, ARGV[4])
+add_event(ARGV[3], ARGV[2], 'submit_failed', c.attempt, nil, ARGV[4])
 reindex_call(KEYS[1], ARGV[3])
 return 1
 """)
@@ -552,11 +571,10 @@ return 1
 # updated after that time. KEYS: the call's hash. ARGV: N, now, member, unchanged_since
 # ('' = unconditional).
 MARK_STALE = _script("""
-local cur = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'updated_at')
-if not PENDING[cur[1]] then return 0 end
-if ARGV[4] ~= '' and tonumber(cur[3]) > tonumber(ARGV[4]) then return 0 end
+local c = guard_fields(KEYS[1])
+if not may_mark_stale(c, {since = ARGV[4]}) then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'stale', 'updated_at', ARGV[2])
-add_event(ARGV[3], ARGV[2], 'stale', cur[2])
+add_event(ARGV[3], ARGV[2], 'stale', c.attempt)
 reindex_call(KEYS[1], ARGV[3])
 return 1
 """)
@@ -565,8 +583,9 @@ return 1
 # always wins); the reason is kept on the record and in the history.
 # KEYS: the call's hash. ARGV: N, now, member, owner, attempt, reason.
 QUARANTINE = _script("""
-local cur = redis.call('HMGET', KEYS[1], 'state', 'owner', 'attempt')
-if not holds(cur, ARGV[4], ARGV[5]) then return 0 end
+if not may_quarantine(guard_fields(KEYS[1]), {owner = ARGV[4], attempt = ARGV[5]}) then
+  return 0
+end
 redis.call('HSET', KEYS[1], 'state', 'quarantined', 'updated_at', ARGV[2],
            'quarantine_reason', ARGV[6])
 add_event(ARGV[3], ARGV[2], 'quarantined', ARGV[5], ARGV[4], ARGV[6])
@@ -574,26 +593,16 @@ reindex_call(KEYS[1], ARGV[3])
 return 1
 """)
 
-# What an operator may settle or release: quarantined, or claimed with a lease expired
-# before takeover_before (in doubt).
-_SETTLEABLE = """
-local function settleable(cur, takeover_before)
-  if cur[1] == 'quarantined' then return true end
-  return cur[1] == 'claimed' and tonumber(cur[2]) < tonumber(takeover_before)
-end
-"""
-
 # Guarantees: an operator's result is saved only for a quarantined or in-doubt call, as
 # `settled` in the history. False otherwise. KEYS: the call's hash. ARGV: N, now, member,
 # takeover_before, state, detail, then the result's field/value pairs.
 SETTLE = _script(
     _STORE_RESULT
-    + _SETTLEABLE
     + """
-local cur = redis.call('HMGET', KEYS[1], 'state', 'lease_expires_at', 'attempt')
-if not settleable(cur, ARGV[4]) then return false end
+local c = guard_fields(KEYS[1])
+if not may_settle(c, {takeover_before = ARGV[4]}) then return false end
 store_result(KEYS[1], ARGV[2], ARGV[5], 7)
-add_event(ARGV[3], ARGV[2], 'settled', cur[3], nil, ARGV[6])
+add_event(ARGV[3], ARGV[2], 'settled', c.attempt, nil, ARGV[6])
 reindex_call(KEYS[1], ARGV[3])
 return redis.call('HGETALL', KEYS[1])
 """
@@ -604,10 +613,8 @@ return redis.call('HGETALL', KEYS[1])
 # history. False otherwise. KEYS: the call's hash. ARGV: N, now, member, takeover_before,
 # owner, lease_expires_at.
 RELEASE = _script(
-    _SETTLEABLE
-    + """
-local cur = redis.call('HMGET', KEYS[1], 'state', 'lease_expires_at')
-if not settleable(cur, ARGV[4]) then return false end
+    """
+if not may_release(guard_fields(KEYS[1]), {takeover_before = ARGV[4]}) then return false end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HDEL', KEYS[1], 'quarantine_reason')
 redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[5],
@@ -627,7 +634,7 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LI
                            tonumber(ARGV[3]))
 for _, m in ipairs(members) do
   local key = call_key(m)
-  local ids = redis.call('HMGET', key, 'session_id', 'call_id')
+  local ids = redis.call('HMGET', key, 'session_id', 'call_id', 'approval_id')
   redis.call('ZREM', I .. 'calls', m)
   redis.call('ZREM', I .. 'finished', m)
   redis.call('ZREM', I .. 'state:submitted', m)
@@ -635,9 +642,110 @@ for _, m in ipairs(members) do
   redis.call('ZREM', I .. 'submitted_failed', m)
   redis.call('SREM', N .. 's:' .. h(ids[1]), m)
   redis.call('SREM', N .. 'k:' .. h(ids[2]), m)
+  if ids[3] then redis.call('DEL', approval_key(ids[3])) end
   redis.call('DEL', key, history_key(m))
 end
 return #members
+""")
+
+# -- calls: approval -----------------------------------------------------------------------
+# Each script's condition is the state table's row, rendered by store/_guards.py
+# (``may_<row>(c, a)`` over the call as ``guard_fields`` reads it).
+
+_APPROVAL = """
+local function args(now, owner, attempt)
+  return {now = now, owner = owner or '', attempt = attempt or '', takeover_before = '',
+          since = ''}
+end
+"""
+
+# Guarantees: only the holder of the claim's current attempt holds the call for a person:
+# awaiting_approval, its lease the request's expiry, the request kept whole (JSON) and its
+# id findable ({n}a:{h(approval_id)} -> member). Returns the call's hash as it is now, or
+# false when unknown. KEYS: the call's hash. ARGV: N, now, member, owner, attempt,
+# expires_at, approval_id, approval (JSON), detail.
+REQUEST_APPROVAL = _script(
+    _APPROVAL
+    + """
+local c = guard_fields(KEYS[1])
+if not c.state then return false end
+if may_request_approval(c, args(ARGV[2], ARGV[4], ARGV[5])) then
+  redis.call('HSET', KEYS[1], 'state', 'awaiting_approval', 'updated_at', ARGV[2],
+             'lease_expires_at', ARGV[6], 'approval_id', ARGV[7], 'approval', ARGV[8])
+  redis.call('SET', approval_key(ARGV[7]), ARGV[3])
+  add_event(ARGV[3], ARGV[2], 'approval_requested', ARGV[5], ARGV[4], ARGV[9])
+  reindex_call(KEYS[1], ARGV[3])
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Guarantees: a decision on the waiting request approval_id of the call, taken once:
+# 'approved' (the request open) makes it approved; 'denied' (open) and 'expired' (lapsed)
+# save the failure given. The decided request (JSON) replaces the waiting one. Returns the
+# call's hash, or false when refused. KEYS: the call's hash. ARGV: N, now, member,
+# approval_id, decision, approval (JSON), detail, then for a failure its state and the
+# result's field/value pairs.
+DECIDE_APPROVAL = _script(
+    _APPROVAL
+    + _STORE_RESULT
+    + """
+local c = guard_fields(KEYS[1])
+if not c.state or redis.call('HGET', KEYS[1], 'approval_id') ~= ARGV[4] then return false end
+local a, decision = args(ARGV[2]), ARGV[5]
+local allowed, event
+if decision == 'approved' then allowed, event = may_approve(c, a), 'approved'
+elseif decision == 'denied' then allowed, event = may_deny(c, a), 'denied'
+else allowed, event = may_expire_approval(c, a), 'approval_expired' end
+if not allowed then return false end
+if decision == 'approved' then
+  redis.call('HSET', KEYS[1], 'state', 'approved', 'updated_at', ARGV[2])
+else
+  store_result(KEYS[1], ARGV[2], ARGV[8], 9)
+end
+redis.call('HSET', KEYS[1], 'approval', ARGV[6])
+add_event(ARGV[3], ARGV[2], event, c.attempt, nil, ARGV[7])
+reindex_call(KEYS[1], ARGV[3])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Guarantees: an approved call is claimed by one replica, `owner`, as the next attempt.
+# Returns the call's hash, or false when it is not approved (another replica claimed it).
+# KEYS: the call's hash. ARGV: N, now, member, owner, lease_expires_at.
+CLAIM_APPROVED = _script(
+    _APPROVAL
+    + """
+local c = guard_fields(KEYS[1])
+if not c.state or not may_run_approved(c, args(ARGV[2])) then return false end
+local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[4],
+           'lease_expires_at', ARGV[5], 'updated_at', ARGV[2])
+add_event(ARGV[3], ARGV[2], 'claimed_approved', attempt, ARGV[4])
+reindex_call(KEYS[1], ARGV[3])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Read: the call whose request is approval_id, with its history, or false.
+# ARGV: N, approval_id.
+FIND_APPROVAL = _script("""
+local member = redis.call('GET', approval_key(ARGV[2]))
+if not member then return false end
+return read_call(member, '1') or false
+""")
+
+# Read: waiting calls whose request expires at or before max ('+inf': all), soonest first.
+# KEYS: the namespace's waiting index. ARGV: N, max, limit.
+WAITING_APPROVALS = _script("""
+return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0,
+                             tonumber(ARGV[3])))
+""")
+
+# Read: approved calls not yet claimed to run, oldest decision first.
+# KEYS: the namespace's approved index. ARGV: N, limit.
+APPROVED_CALLS = _script("""
+return read_calls(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1))
 """)
 
 # -- calls: reads --------------------------------------------------------------------------
@@ -712,8 +820,8 @@ return {out, last[1], last[2]}
 """)
 
 # Read, in one step: the counts of stats(). ARGV: N, now. Returns deliveries, unresolved,
-# failing, in doubt, submitted failures, the six state counts, then the oldest pending
-# call's created_at ('' when none).
+# failing, in doubt, submitted failures, the count of each state (CallState order), then
+# the oldest pending call's created_at ('' when none).
 STATS = _script("""
 local out = {
   redis.call('ZCARD', I .. 'deliveries'),
@@ -735,3 +843,29 @@ end
 table.insert(out, oldest_text)
 return out
 """)
+
+
+#: (Not in ``__all__``: the store registers every name there as a script.)
+#: Which scripts carry out each row of the state table (:mod:`agentfn_asgi.states`), by
+#: name; ``tests/store/test_state_table.py`` holds each to its row, and refuses a script that
+#: changes a call's state without being listed here (the migration's scripts move records
+#: as they are: they are no transition).
+ROWS: dict[str, tuple[str, ...]] = {
+    "claim": ("CLAIM",),
+    "reclaim": ("CLAIM",),
+    "take_over": ("CLAIM",),
+    "renew": ("RENEW",),
+    "save": ("SAVE",),
+    "mark_submitted": ("MARK_SUBMITTED",),
+    "submission_failed": ("SUBMISSION_FAILED",),
+    "mark_stale": ("MARK_STALE",),
+    "quarantine": ("QUARANTINE",),
+    "settle": ("SETTLE",),
+    "release": ("RELEASE",),
+    "prune": ("PRUNE_CALLS",),
+    "request_approval": ("REQUEST_APPROVAL",),
+    "approve": ("DECIDE_APPROVAL",),
+    "deny": ("DECIDE_APPROVAL",),
+    "expire_approval": ("DECIDE_APPROVAL",),
+    "run_approved": ("CLAIM_APPROVED",),
+}

@@ -38,11 +38,13 @@ path: claims, saves, the sweep) leaves them out; ``{detail_columns}`` adds them.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import (
+    ApprovalRequest,
     CallKey,
     CallQuery,
     CallRecord,
@@ -53,13 +55,24 @@ from agentfn_asgi.records import (
     SavedResult,
     StoreStats,
 )
-from agentfn_asgi.store._codec import claim_status_for, record_from_mapping, saved_detail
+from agentfn_asgi.store._codec import (
+    approval_detail,
+    claim_status_for,
+    record_from_mapping,
+    saved_detail,
+)
 from agentfn_asgi.store._sql_schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
 from agentfn_asgi.store._sql_statements import (
+    APPROVE,
+    APPROVED_CALLS,
     CALLS_FOR_SESSION,
     CLAIM,
+    CLAIM_APPROVED,
     DELIVERY_FAILED,
+    DENY,
+    EXPIRE_APPROVAL,
     EXPIRED_CLAIMS,
+    FIND_APPROVAL,
     FIND_CALLS,
     GET_CALL,
     GET_CALL_DETAIL,
@@ -75,19 +88,28 @@ from agentfn_asgi.store._sql_statements import (
     RECORD_DELIVERY,
     RELEASE,
     RENEW_LEASE,
+    REQUEST_APPROVAL,
     RESOLVE_DELIVERY,
+    REVOKE_TOKEN,
     SAVE_RESULT,
     SETTLE,
     STATS,
     SUBMISSION_FAILED,
+    TOKEN_REVOKED,
+    TOKENS_EXPIRED,
     UNRESOLVED_DELIVERIES,
     UNRESOLVED_DELIVERIES_AFTER,
     UNSUBMITTED_RESULTS,
     UNSUBMITTED_RESULTS_AFTER,
+    WAITING_APPROVALS,
+    WAITING_APPROVALS_EXPIRED,
     list_calls_statement,
 )
 
 __all__ = ["SQLStore", "Statement"]
+
+#: The statement of each decision on an approval request (rows of the state table).
+_DECISIONS = {"approved": APPROVE, "denied": DENY, "expired": EXPIRE_APPROVAL}
 
 
 # -- 4. the store, over three primitives ---------------------------------------------------
@@ -395,6 +417,105 @@ class SQLStore(abc.ABC):
         found = await self._first_row("release", Statement(RELEASE, params))
         return None if found is None else _call_record(found[1])
 
+    # -- approval ------------------------------------------------------------------------
+    async def request_approval(
+        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
+    ) -> CallRecord:
+        """Hold ``key`` for a person; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
+        params = {
+            **self._key(key),
+            "owner": owner,
+            "attempt": attempt,
+            "now": self._clock(),
+            "expires_at": request.expires_at,
+            "approval_id": request.approval_id,
+            "approval": request.to_json(),
+            "detail": approval_detail(request),
+        }
+        found = await self._first_row(
+            "request_approval",
+            Statement(REQUEST_APPROVAL, params),
+            Statement(GET_CALL, self._key(key)),
+        )
+        if found is None:
+            raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
+        return _call_record(found[1])
+
+    async def decide_approval(
+        self,
+        key: CallKey,
+        *,
+        approval_id: str,
+        decision: str,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        result: SavedResult | None = None,
+    ) -> CallRecord | None:
+        """Decide a waiting request once; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
+        template = _DECISIONS[decision]
+        current = await self.get_call(key)
+        if current is None or current.approval is None:
+            return None
+        now = self._clock()
+        decided = dataclasses.replace(
+            current.approval,
+            decision=decision,
+            decided_by=by,
+            decided_via=via,
+            decided_at=now,
+            reason=reason,
+        )
+        # The statement's guard (still waiting, this request, its expiry) decides; the
+        # request read above only supplies the fields a decision does not change.
+        params: dict[str, object] = {
+            **self._key(key),
+            "now": now,
+            "approval_id": approval_id,
+            "approval": decided.to_json(),
+            "detail": approval_detail(decided),
+        }
+        if result is not None:
+            params.update(_result_params(result))
+        found = await self._first_row("decide_approval", Statement(template, params))
+        return None if found is None else _call_record(found[1])
+
+    async def claim_approved(
+        self, key: CallKey, *, owner: str, lease_seconds: float
+    ) -> CallRecord | None:
+        """An approved call, claimed by ``owner`` to run as the next attempt."""
+        now = self._clock()
+        params = {
+            **self._key(key),
+            "owner": owner,
+            "now": now,
+            "lease_expires_at": now + lease_seconds,
+        }
+        found = await self._first_row("claim_approved", Statement(CLAIM_APPROVED, params))
+        return None if found is None else _call_record(found[1])
+
+    async def find_approval(self, approval_id: str) -> CallRecord | None:
+        """The call whose approval request is ``approval_id``, with its history."""
+        params = {"namespace": self.namespace, "approval_id": approval_id}
+        found = await self._first_row("find_approval", Statement(FIND_APPROVAL, params))
+        return None if found is None else _call_record(found[1])
+
+    async def waiting_approvals(
+        self, *, expired_by: float | None = None, limit: int = 100
+    ) -> list[CallRecord]:
+        """Calls waiting for a person, soonest expiry first."""
+        params: dict[str, object] = {"namespace": self.namespace, "limit": max(0, limit)}
+        template = WAITING_APPROVALS
+        if expired_by is not None:
+            template = WAITING_APPROVALS_EXPIRED
+            params["expired_by"] = expired_by
+        return await self._calls("waiting_approvals", template, params)
+
+    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
+        """Approved calls not yet claimed to run, oldest decision first."""
+        params = {"namespace": self.namespace, "limit": max(0, limit)}
+        return await self._calls("approved_calls", APPROVED_CALLS, params)
+
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of ``key`` (with its history if asked), or None."""
         template = GET_CALL_DETAIL if history else GET_CALL
@@ -487,3 +608,17 @@ class SQLStore(abc.ABC):
             failures=int(failures),
             failing_deliveries=int(failing),
         )
+
+    # -- revocations -----------------------------------------------------------------------
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Revoke ``token_id`` until ``expires_at``; expired entries are dropped here."""
+        now = self._clock()
+        await self._count("revoke_token", Statement(TOKENS_EXPIRED, {"now": now}))
+        if expires_at > now:
+            params = {"token_id": token_id, "expires_at": expires_at}
+            await self._count("revoke_token", Statement(REVOKE_TOKEN, params))
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` is revoked and its entry not expired."""
+        params = {"token_id": token_id, "now": self._clock()}
+        return bool(await self._rows("token_revoked", Statement(TOKEN_REVOKED, params)))

@@ -77,6 +77,8 @@ FRAGMENTS: Final[Mapping[str, str]] = {
     "key": "namespace = :namespace AND session_id = :session_id AND turn_id = :turn_id"
     " AND call_id = :call_id",
     "claimed": _state_in(CallState.CLAIMED),
+    "awaiting_approval": _state_in(CallState.AWAITING_APPROVAL),
+    "approved": _state_in(CallState.APPROVED),
     "saved": sql_states(SAVED),
     "pending": _state_in(*(state for state in CallState if not state.terminal)),
     "terminal": _state_in(*(state for state in CallState if state.terminal)),
@@ -150,7 +152,7 @@ def fill(template: str) -> str:
 
 #: Bump with an entry in UPGRADES. SQLite keeps it in ``PRAGMA user_version``, PostgreSQL in
 #: the ``schema_version`` table of the store's schema.
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 
 DELIVERY_COLUMNS: Final = (
     ("delivery_id", "{text} NOT NULL"),
@@ -194,6 +196,10 @@ CALL_COLUMNS: Final = (
     ("next_attempt_at", "{real} NOT NULL DEFAULT 0"),
     ("failures", "{integer} NOT NULL DEFAULT 0"),
     ("namespace", "{text} NOT NULL DEFAULT ''"),
+    # the call's approval request (schema 5): its id, to find it, and the whole request as
+    # JSON (ApprovalRequest.to_json), decided or not; NULL for calls that never asked
+    ("approval_id", "{text}"),
+    ("approval", "{text}"),
     # the bounded history (see append_sql): the first events, the last ones, how many in all
     ("history", "{text}"),
     ("history_tail", "{text}"),
@@ -204,6 +210,11 @@ HOT_COLUMNS: Final = tuple(
     name for name, _ in CALL_COLUMNS if name != "namespace" and name not in HISTORY_COLUMNS
 )
 DETAIL_COLUMNS: Final = (*HOT_COLUMNS, *HISTORY_COLUMNS)
+#: Revoked credentials (operator-page sessions), one store-wide list (see Store).
+REVOKED_TOKEN_COLUMNS: Final = (
+    ("token_id", "{text} NOT NULL"),
+    ("expires_at", "{real} NOT NULL"),
+)
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
 DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 
@@ -211,6 +222,7 @@ DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 TABLES: Final = {
     "deliveries": (DELIVERY_COLUMNS, ("namespace", "delivery_id")),
     "calls": (CALL_COLUMNS, ("namespace", "session_id", "turn_id", "call_id")),
+    "revoked_tokens": (REVOKED_TOKEN_COLUMNS, ("token_id",)),
 }
 
 # Each one serves a query below, so recovery and pruning never scan the whole table; the
@@ -231,6 +243,14 @@ INDEXES: Final = (
     # prune (quarantined calls wait for an operator: never pruned)
     "CREATE INDEX IF NOT EXISTS calls_finished"
     " ON {p}calls (namespace, updated_at) WHERE {finished}",
+    # find_approval (a person's decision names the request)
+    "CREATE INDEX IF NOT EXISTS calls_approval"
+    " ON {p}calls (namespace, approval_id) WHERE approval_id IS NOT NULL",
+    # waiting_approvals (expiry, listings) and approved_calls (every replica's 1 s poll)
+    "CREATE INDEX IF NOT EXISTS calls_waiting"
+    " ON {p}calls (namespace, lease_expires_at) WHERE {awaiting_approval}",
+    "CREATE INDEX IF NOT EXISTS calls_approved"
+    " ON {p}calls (namespace, updated_at) WHERE {approved}",
 )
 
 #: version -> what brings the data of the version before to it, run once, after the tables
@@ -276,6 +296,10 @@ UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
         " - length(replace(history, CAST(:event_start AS {text}), '')))"
         " / length(CAST(:event_start AS {text})) WHERE history IS NOT NULL",
     ),
+    # Version 5 holds calls for a person's approval: two new columns (added above, NULL for
+    # every existing call, which never asked) and three partial indexes (made below). The
+    # "oldest pending" statistic now counts the two new pending states; no row changes.
+    5: (),
 }
 
 #: The named parameters of the upgrade statements, but ``namespace``.
@@ -367,7 +391,8 @@ def schema_changes(
     for target in range(version + 1, SCHEMA_VERSION + 1):
         changes += UPGRADES.get(target, ())
     if version < 4:
-        for table in TABLES:
+        # Only the tables keyed before version 4 change keys; a newer table is made right.
+        for table in ("deliveries", "calls"):
             if existing.get(table):
                 changes += _rekey(table, rekey)
     changes += INDEXES

@@ -12,7 +12,7 @@ shared fragments (``{key}``, ``{columns}``, ``{claimed}``...) by
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from agentfn_asgi.store._sql_schema import (
@@ -26,10 +26,16 @@ from agentfn_asgi.store._sql_schema import (
 )
 
 __all__ = [
+    "APPROVE",
+    "APPROVED_CALLS",
     "CALLS_FOR_SESSION",
     "CLAIM",
+    "CLAIM_APPROVED",
     "DELIVERY_FAILED",
+    "DENY",
     "EXPIRED_CLAIMS",
+    "EXPIRE_APPROVAL",
+    "FIND_APPROVAL",
     "FIND_CALLS",
     "GET_CALL",
     "GET_CALL_DETAIL",
@@ -46,15 +52,22 @@ __all__ = [
     "RECORD_DELIVERY",
     "RELEASE",
     "RENEW_LEASE",
+    "REQUEST_APPROVAL",
     "RESOLVE_DELIVERY",
+    "REVOKE_TOKEN",
+    "ROWS",
     "SAVE_RESULT",
     "SETTLE",
     "STATS",
     "SUBMISSION_FAILED",
+    "TOKENS_EXPIRED",
+    "TOKEN_REVOKED",
     "UNRESOLVED_DELIVERIES",
     "UNRESOLVED_DELIVERIES_AFTER",
     "UNSUBMITTED_RESULTS",
     "UNSUBMITTED_RESULTS_AFTER",
+    "WAITING_APPROVALS",
+    "WAITING_APPROVALS_EXPIRED",
     "list_calls_statement",
 ]
 
@@ -213,6 +226,75 @@ RELEASE: Final = fill(
     RETURNING {columns}"""
 )
 
+# Approval (schema 5). Only the claim's holder asks, after validating the arguments; the
+# waiting call's lease becomes the request's expiry, which the approval guards read. Every
+# decision names the request (approval_id) and is taken once: its guard needs the call to
+# be waiting still.
+REQUEST_APPROVAL: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'awaiting_approval', updated_at = :now,
+        lease_expires_at = :expires_at, approval_id = :approval_id, approval = :approval,
+        """
+    + append_sql(event_sql("approval_requested", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
+    + """
+    WHERE {key} AND {may_request_approval}
+    RETURNING {columns}"""
+)
+APPROVE: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'approved', updated_at = :now, approval = :approval,
+        """
+    + append_sql(event_sql("approved", "attempt", detail=DETAIL_SQL))
+    + """
+    WHERE {key} AND approval_id = :approval_id AND {may_approve}
+    RETURNING {columns}"""
+)
+
+
+def _decided_failure(event: str, guard: str) -> str:
+    return fill(
+        """
+    UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
+        success = :success, event_json = :event_json, idempotency_key = :idempotency_key,
+        error_type = :error_type, source = :source, full_output = :full_output,
+        approval = :approval,
+        """
+        + append_sql(event_sql(event, "attempt", detail=DETAIL_SQL))
+        + """
+    WHERE {key} AND approval_id = :approval_id AND """
+        + guard
+        + """
+    RETURNING {columns}"""
+    )
+
+
+DENY: Final = _decided_failure("denied", "{may_deny}")
+EXPIRE_APPROVAL: Final = _decided_failure("approval_expired", "{may_expire_approval}")
+# Any replica: the first claim of an approved call wins, as a fresh attempt.
+CLAIM_APPROVED: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
+        lease_expires_at = :lease_expires_at, updated_at = :now,
+        """
+    + append_sql(event_sql("claimed_approved", "attempt + 1", owner=OWNER_SQL))
+    + """
+    WHERE {key} AND {may_run_approved}
+    RETURNING {columns}"""
+)
+FIND_APPROVAL: Final = fill("""
+    SELECT {detail_columns} FROM {p}calls
+    WHERE namespace = :namespace AND approval_id = :approval_id""")
+_WAITING: Final = """
+    SELECT {{columns}} FROM {{p}}calls WHERE namespace = :namespace AND {{awaiting_approval}}
+    {expired} ORDER BY lease_expires_at, session_id, turn_id, call_id LIMIT :limit"""
+WAITING_APPROVALS: Final = fill(_WAITING.format(expired=""))
+WAITING_APPROVALS_EXPIRED: Final = fill(
+    _WAITING.format(expired="AND lease_expires_at <= :expired_by")
+)
+APPROVED_CALLS: Final = fill("""
+    SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND {approved}
+    ORDER BY updated_at, session_id, turn_id, call_id LIMIT :limit""")
+
 CALLS_FOR_SESSION: Final = fill("""
     SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND session_id = :session_id
     ORDER BY created_at, turn_id, call_id""")
@@ -282,3 +364,35 @@ PRUNE_CALLS: Final = fill("""
         WHERE {finished} AND updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
+
+# Revoked credentials: a short store-wide list; each revocation drops the expired ones.
+REVOKE_TOKEN: Final = fill("""
+    INSERT INTO {p}revoked_tokens AS r (token_id, expires_at) VALUES (:token_id, :expires_at)
+    ON CONFLICT (token_id) DO UPDATE SET expires_at = excluded.expires_at""")
+TOKENS_EXPIRED: Final = fill("DELETE FROM {p}revoked_tokens WHERE expires_at <= :now")
+TOKEN_REVOKED: Final = fill("""
+    SELECT 1 FROM {p}revoked_tokens WHERE token_id = :token_id AND expires_at > :now""")
+
+
+#: Which statements carry out each row of the state table (:mod:`agentfn_asgi.states`), by
+#: name; ``tests/store/test_state_table.py`` holds each to its row's guard, state and event,
+#: and refuses a statement that changes a call without being listed here.
+ROWS: Final[Mapping[str, tuple[str, ...]]] = {
+    "claim": ("CLAIM",),
+    "reclaim": ("CLAIM",),
+    "take_over": ("CLAIM",),
+    "renew": ("RENEW_LEASE",),
+    "save": ("SAVE_RESULT",),
+    "mark_submitted": ("MARK_SUBMITTED",),
+    "submission_failed": ("SUBMISSION_FAILED",),
+    "mark_stale": ("MARK_STALE", "MARK_STALE_UNCHANGED"),
+    "quarantine": ("QUARANTINE",),
+    "settle": ("SETTLE",),
+    "release": ("RELEASE",),
+    "prune": ("PRUNE_CALLS",),
+    "request_approval": ("REQUEST_APPROVAL",),
+    "approve": ("APPROVE",),
+    "deny": ("DENY",),
+    "expire_approval": ("EXPIRE_APPROVAL",),
+    "run_approved": ("CLAIM_APPROVED",),
+}

@@ -20,11 +20,24 @@ connection dropped after the commit) finds the call claimed by its own owner and
 it as taken, not busy; a delivery recorded again with the same ``nonce`` is new again.
 
 **Namespaces.** A store instance works in its ``namespace`` (default ``""``): several apps
-(one per OpenAI project) can share one database, each sweeping and listing only its own.
+(one per OpenAI project) can share one database. The namespace is part of every key: nothing
+done through one namespace reads, claims, saves, settles, marks, deduplicates against,
+lists, counts or prunes a record of another (the same delivery id or call key in two
+namespaces are two independent records).
+
+**The state machine.** Which operation may change a call, from which state, under which
+guard, to which state, is declared once in :mod:`agentfn_asgi.states`; every backend
+carries out that table (the memory store executes it and is the reference).
 
 **History.** Every step of a call is appended to its history in the same atomic step that
 makes it (:class:`~agentfn_asgi.records.CallEvent`); content (arguments, output) is never
-part of it.
+part of it. The history is bounded: its first ``HISTORY_HEAD`` and last ``HISTORY_TAIL``
+events are kept, with a count of those dropped between them.
+
+**Revocations.** A short list of revoked credentials that are otherwise self-contained
+(signed, expiring cookies of the operator page): an id and the time it would expire anyway,
+after which its entry may be forgotten. Ids are random, so the list is one for the whole
+store, not per namespace: a logout holds for every app that shares the store.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from agentfn_asgi.records import (
+    ApprovalRequest,
     CallKey,
     CallQuery,
     CallRecord,
@@ -41,7 +55,7 @@ from agentfn_asgi.records import (
     StoreStats,
 )
 
-__all__ = ["Store"]
+__all__ = ["ApprovalStore", "Store", "supports_approval"]
 
 
 @runtime_checkable
@@ -211,3 +225,73 @@ class Store(Protocol):
 
     async def stats(self) -> StoreStats:
         """Counts for operators."""
+
+    # -- revocations -----------------------------------------------------------------------
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Record that the credential ``token_id`` is revoked; ``expires_at`` (Unix time) is
+        when it would expire anyway, after which the entry may be dropped. Idempotent."""
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` was revoked (and its entry has not expired yet)."""
+
+
+@runtime_checkable
+class ApprovalStore(Protocol):
+    """The operations of durable human approval (``approval=`` tools), rows
+    ``request_approval`` … ``run_approved`` of :mod:`agentfn_asgi.states`.
+
+    Every backend of the package (memory, SQLite, PostgreSQL, Redis) is one. It is kept
+    apart from :class:`Store` so that a store of your own without them still works: the
+    dispatcher then says at start-up that its ``approval=`` tools cannot ask, and their
+    calls fail telling the model so (:func:`supports_approval`).
+    """
+
+    async def request_approval(
+        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
+    ) -> CallRecord:
+        """``claimed`` by ``(owner, attempt)`` → ``awaiting_approval`` with ``request`` (its
+        lease becomes the request's expiry; ``approval_requested`` in the history). Returns
+        the record as it stands: unchanged when the claim is not theirs (compare its
+        ``approval``). StoreError if the call was never claimed."""
+
+    async def decide_approval(
+        self,
+        key: CallKey,
+        *,
+        approval_id: str,
+        decision: str,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        result: SavedResult | None = None,
+    ) -> CallRecord | None:
+        """Take the decision on the waiting request ``approval_id`` of ``key``, once.
+
+        ``decision`` ``approved`` (→ ``approved``; the request must be open), ``denied``
+        (→ ``failed`` with ``result``; open) or ``expired`` (→ ``failed`` with ``result``;
+        lapsed). Who (``by``), how (``via``) and why (``reason``) go on the request and in
+        the history. None when refused: not waiting, another request, already decided, or
+        the expiry does not allow it."""
+
+    async def claim_approved(
+        self, key: CallKey, *, owner: str, lease_seconds: float
+    ) -> CallRecord | None:
+        """``approved`` → ``claimed`` by ``owner`` with the next attempt (a fresh run). None
+        when it is not ``approved`` (another replica claimed it first)."""
+
+    async def find_approval(self, approval_id: str) -> CallRecord | None:
+        """The call whose request is ``approval_id`` (decided or not), with its history."""
+
+    async def waiting_approvals(
+        self, *, expired_by: float | None = None, limit: int = 100
+    ) -> list[CallRecord]:
+        """Calls in ``awaiting_approval`` (with ``expired_by``: only those whose request
+        expired at or before it), soonest expiry first."""
+
+    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
+        """Calls in ``approved`` (decided, not yet claimed to run), oldest decision first."""
+
+
+def supports_approval(store: object) -> bool:
+    """Does ``store`` carry out the approval rows (:class:`ApprovalStore`)?"""
+    return isinstance(store, ApprovalStore)

@@ -24,6 +24,7 @@ from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
     HISTORY_HEAD,
     HISTORY_TAIL,
+    ApprovalRequest,
     CallEvent,
     CallKey,
     CallQuery,
@@ -42,7 +43,7 @@ from agentfn_asgi.states import (
     allows,
     resulting_state,
 )
-from agentfn_asgi.store._codec import claim_status_for, saved_detail
+from agentfn_asgi.store._codec import approval_detail, claim_status_for, saved_detail
 
 __all__ = ["MemoryStore"]
 
@@ -57,6 +58,8 @@ class _Data:
     )
     #: (namespace, key) -> the call, with its whole (bounded) history
     calls: dict[tuple[str, CallKey], CallRecord] = field(default_factory=dict)
+    #: revoked token id -> expires_at (store-wide, see Store)
+    revoked: dict[str, float] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -382,6 +385,103 @@ class MemoryStore:
             )
         )
 
+    # -- approval ---------------------------------------------------------------------------
+    async def request_approval(
+        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
+    ) -> CallRecord:
+        """Hold ``key`` for a person; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
+        self._check_open()
+        record, row = self._get(key), TRANSITIONS["request_approval"]
+        if record is None:
+            raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
+        if not allows(row, record, now=self._clock(), owner=owner, attempt=attempt):
+            return _plain(record)
+        return _plain(
+            self._apply(
+                row,
+                record,
+                owner=owner,
+                detail=approval_detail(request),
+                approval=request,
+                lease_expires_at=request.expires_at,
+            )
+        )
+
+    async def decide_approval(
+        self,
+        key: CallKey,
+        *,
+        approval_id: str,
+        decision: str,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        result: SavedResult | None = None,
+    ) -> CallRecord | None:
+        """Decide a waiting request once; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
+        self._check_open()
+        record, row = self._get(key), TRANSITIONS[_DECISION_ROWS[decision]]
+        if (
+            record is None
+            or record.approval is None
+            or record.approval.approval_id != approval_id
+            or not allows(row, record, now=self._clock())
+        ):
+            return None
+        now = self._clock()
+        decided = dataclasses.replace(
+            record.approval,
+            decision=decision,
+            decided_by=by,
+            decided_via=via,
+            decided_at=now,
+            reason=reason,
+        )
+        return _plain(
+            self._apply(
+                row, record, result=result, detail=approval_detail(decided), approval=decided
+            )
+        )
+
+    async def claim_approved(
+        self, key: CallKey, *, owner: str, lease_seconds: float
+    ) -> CallRecord | None:
+        """An approved call, claimed by ``owner`` to run as the next attempt."""
+        self._check_open()
+        record, row = self._get(key), TRANSITIONS["run_approved"]
+        if record is None or not allows(row, record, now=self._clock()):
+            return None
+        return _plain(self._apply(row, record, owner=owner, lease_seconds=lease_seconds))
+
+    async def find_approval(self, approval_id: str) -> CallRecord | None:
+        """The call whose approval request is ``approval_id``, with its history."""
+        self._check_open()
+        for record in self._own_calls():
+            if record.approval is not None and record.approval.approval_id == approval_id:
+                return record
+        return None
+
+    async def waiting_approvals(
+        self, *, expired_by: float | None = None, limit: int = 100
+    ) -> list[CallRecord]:
+        """Calls waiting for a person, soonest expiry first."""
+        self._check_open()
+        found = [
+            _plain(c)
+            for c in self._own_calls()
+            if c.state is CallState.AWAITING_APPROVAL
+            and (expired_by is None or c.lease_expires_at <= expired_by)
+        ]
+        found.sort(key=lambda c: (c.lease_expires_at, *_key_tuple(c.key)))
+        return found[: max(0, limit)]
+
+    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
+        """Approved calls not yet claimed to run, oldest decision first."""
+        self._check_open()
+        found = [_plain(c) for c in self._own_calls() if c.state is CallState.APPROVED]
+        found.sort(key=lambda c: (c.updated_at, *_key_tuple(c.key)))
+        return found[: max(0, limit)]
+
     # -- reading ---------------------------------------------------------------------------
     def _own_calls(self) -> list[CallRecord]:
         ns = self.namespace
@@ -495,6 +595,26 @@ class MemoryStore:
             failures=failures,
             failing_deliveries=sum(1 for d in deliveries if not d.resolved and d.attempts),
         )
+
+    # -- revocations -----------------------------------------------------------------------
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Revoke ``token_id`` until ``expires_at``; expired entries are dropped here."""
+        self._check_open()
+        now = self._clock()
+        revoked = self._data.revoked
+        for gone in [t for t, until in revoked.items() if until <= now]:
+            del revoked[gone]
+        if expires_at > now:
+            revoked[token_id] = expires_at
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` is revoked and its entry not expired."""
+        self._check_open()
+        return self._data.revoked.get(token_id, 0.0) > self._clock()
+
+
+#: The row of the state table each decision makes.
+_DECISION_ROWS = {"approved": "approve", "denied": "deny", "expired": "expire_approval"}
 
 
 def _appended(record: CallRecord, event: CallEvent) -> CallRecord:

@@ -18,6 +18,8 @@ construction: every script is handed ``{n}`` and builds every key it touches on 
     {n}s:{h(session_id)}         set: the members of a session's calls
     {n}k:{h(call_id)}            set: the members of the calls with that call id
     {n}i:{index}                 sorted sets of the namespace (below)
+    {p}r:{h(token_id)}           string: a revoked credential's expires_at (store-wide,
+                                 random ids: no namespace needed)
 
 A call's *member* is its key ``(session_id, turn_id, call_id)`` joined by ``\\0\\0`` (a NUL
 inside an id is written ``\\0\\1``): sorted sets order equal scores by member bytes, which
@@ -35,6 +37,11 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
     due                 saved, unsubmitted results, by next_attempt_at (the sweep)
     finished            submitted and stale calls, by updated_at     (prune)
     submitted_failed    submitted failures, by created_at            (stats)
+    waiting             calls awaiting approval, by the request's expiry (expiry, lists)
+    approved            approved calls not yet run, by updated_at    (every replica's poll)
+
+and ``{n}a:{h(approval_id)}`` (a string: the member of the call whose approval request it
+is), so a person's decision finds its call.
 
 A store sees and changes only its own namespace's records: the same call key or delivery
 id in two namespaces are two independent records.
@@ -50,8 +57,9 @@ writing a record no replica of this release would see. The first layout, which h
 marker, is refused.
 
 Time: scores and record fields come from the injected ``clock``, passed into every script,
-never Redis' own ``TIME``. Nothing expires by TTL: :meth:`RedisStore.prune` is the
-retention (quarantined and pending calls are never pruned).
+never Redis' own ``TIME``. Nothing expires by TTL but revocations (their entry is compared
+with the clock too, and outlives its ``expires_at`` by a second): :meth:`RedisStore.prune`
+is the retention (quarantined and pending calls are never pruned).
 
 Redis Cluster: scripts compute most keys they touch from the prefix, so all keys must live
 in one slot; give the prefix a hash tag (``key_prefix="{agentfn}:"``).
@@ -60,7 +68,9 @@ in one slot; give the prefix a hash tag (``key_prefix="{agentfn}:"``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -68,6 +78,7 @@ from typing import Any
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
+    ApprovalRequest,
     CallKey,
     CallQuery,
     CallRecord,
@@ -80,7 +91,7 @@ from agentfn_asgi.records import (
 )
 from agentfn_asgi.store import _redis_scripts as scripts
 from agentfn_asgi.store import redact_url
-from agentfn_asgi.store._codec import record_from_mapping, saved_detail
+from agentfn_asgi.store._codec import approval_detail, record_from_mapping, saved_detail
 
 try:
     import redis.asyncio as aioredis
@@ -577,6 +588,92 @@ class RedisStore:
         )
         return _plain(flat) if flat else None
 
+    # -- approval ------------------------------------------------------------------------
+    async def request_approval(
+        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
+    ) -> CallRecord:
+        """Hold ``key`` for a person; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
+        flat = await self._step(
+            "request_approval",
+            key,
+            owner,
+            attempt,
+            _num(request.expires_at),
+            request.approval_id,
+            request.to_json(),
+            approval_detail(request),
+        )
+        if not flat:
+            raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
+        return _plain(flat)
+
+    async def decide_approval(
+        self,
+        key: CallKey,
+        *,
+        approval_id: str,
+        decision: str,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        result: SavedResult | None = None,
+    ) -> CallRecord | None:
+        """Decide a waiting request once; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
+        current = await self.get_call(key)
+        if current is None or current.approval is None:
+            return None
+        now = self._clock()
+        decided = dataclasses.replace(
+            current.approval,
+            decision=decision,
+            decided_by=by,
+            decided_via=via,
+            decided_at=now,
+            reason=reason,
+        )
+        # The script's guard (still waiting, this request, its expiry) decides; the request
+        # read above only supplies the fields a decision does not change.
+        fields = [] if result is None else _result_args(result)
+        flat = await self._step(
+            "decide_approval",
+            key,
+            approval_id,
+            decision,
+            decided.to_json(),
+            approval_detail(decided),
+            *fields,
+            now=now,
+        )
+        return _plain(flat) if flat else None
+
+    async def claim_approved(
+        self, key: CallKey, *, owner: str, lease_seconds: float
+    ) -> CallRecord | None:
+        """An approved call, claimed by ``owner`` to run as the next attempt."""
+        now = self._clock()
+        flat = await self._step("claim_approved", key, owner, _num(now + lease_seconds), now=now)
+        return _plain(flat) if flat else None
+
+    async def find_approval(self, approval_id: str) -> CallRecord | None:
+        """The call whose approval request is ``approval_id``, with its history."""
+        reply = await self._run("find_approval", [], approval_id)
+        return _record(reply, history=True) if reply else None
+
+    async def waiting_approvals(
+        self, *, expired_by: float | None = None, limit: int = 100
+    ) -> list[CallRecord]:
+        """Calls waiting for a person, soonest expiry first."""
+        if limit <= 0:
+            return []
+        most = "+inf" if expired_by is None else _num(expired_by)
+        return await self._calls("waiting_approvals", [self._index("waiting")], most, limit)
+
+    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
+        """Approved calls not yet claimed to run, oldest decision first."""
+        if limit <= 0:
+            return []
+        return await self._calls("approved_calls", [self._index("approved")], limit)
+
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of ``key`` (with its history if asked), or None."""
         reply = await self._run(
@@ -682,3 +779,25 @@ class RedisStore:
             failures=int(submitted_failed),
             failing_deliveries=int(failing),
         )
+
+    # -- revocations -----------------------------------------------------------------------
+    def _revoked_key(self, token_id: str) -> str:
+        return f"{self._prefix}r:{_h(token_id)}"
+
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Revoke ``token_id`` until ``expires_at``; Redis drops the entry after it."""
+        seconds = expires_at - self._clock()
+        if seconds <= 0:
+            return
+        client = self._redis()
+        with _translated("revoke_token"):
+            await client.set(
+                self._revoked_key(token_id), _num(expires_at), ex=math.ceil(seconds) + 1
+            )
+
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` is revoked and its entry not expired."""
+        client = self._redis()
+        with _translated("token_revoked"):
+            found = await client.get(self._revoked_key(token_id))
+        return found is not None and float(found) > self._clock()

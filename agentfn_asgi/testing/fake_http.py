@@ -399,6 +399,13 @@ def _list(fake: HTTPHost, query: dict[str, list[str]]) -> _Reply:
 
 def _with_raw_json(document: dict[str, Any]) -> dict[str, Any] | bytes:
     """``document``, or its bytes with each :class:`RawJSON` value spliced in as written."""
+    text, spliced = _dumps_raw(document)
+    return text.encode() if spliced else document
+
+
+def _dumps_raw(document: dict[str, Any], **options: Any) -> tuple[str, bool]:
+    """``json.dumps(document, **options)`` with each :class:`RawJSON` value spliced in as
+    written (the session body and the stream's snapshots alike); whether any was."""
     raws: list[str] = []
 
     def placeholder(value: object) -> str:
@@ -407,19 +414,10 @@ def _with_raw_json(document: dict[str, Any]) -> dict[str, Any] | bytes:
         raws.append(value.text)
         return f"\x00raw{len(raws) - 1}\x00"
 
-    text = json.dumps(document, default=placeholder)
-    if not raws:
-        return document
+    text = json.dumps(document, default=placeholder, **options)
     for index, raw in enumerate(raws):
         text = text.replace(json.dumps(f"\x00raw{index}\x00"), raw)
-    return text.encode()
-
-
-def _raw_text(value: object) -> str:
-    # The stream carries session snapshots too; raw arguments travel there as their text.
-    if isinstance(value, RawJSON):
-        return value.text
-    raise TypeError(f"cannot serialise {type(value).__name__}")
+    return text, bool(raws)
 
 
 def _submit(fake: HTTPHost, session_id: str, key: str | None, body: bytes) -> None:
@@ -538,8 +536,12 @@ async def _stream(
             assert isinstance(event, dict)
             if obfuscate:
                 event = {**event, "obfuscation": _padding()}
-            data = json.dumps(event, separators=(",", ":"), default=_raw_text)
-            frame = f"event: {event['type']}\ndata: {data}\n\n".encode()
+            # Raw arguments travel as written here too: a client reads the same strange
+            # values in a streamed snapshot as in the session body.
+            data, _ = _dumps_raw(event, separators=(",", ":"))
+            # Raw JSON may span lines: each line is its own data field (SSE joins them).
+            lines = "".join(f"data: {line}\n" for line in data.split("\n"))
+            frame = f"event: {event['type']}\n{lines}\n".encode()
             # A repeat carries the same event_id, as the real stream's rare duplicates do.
             await chunk(frame * 2 if fake.stream_duplicates else frame)
             live = event["type"] not in ("agent.session.idle", "agent.session.failed")

@@ -41,6 +41,11 @@ TURN_ID: Final = "openai.agents.turn_id"
 CALL_ATTEMPT: Final = "agentfn.call.attempt"
 CALL_SOURCE: Final = "agentfn.call.source"
 CALL_OUTCOME: Final = "agentfn.call.outcome"
+APPROVAL_ID: Final = "agentfn.approval.id"
+APPROVAL_DECISION: Final = "agentfn.approval.decision"
+APPROVAL_DECIDED_BY: Final = "agentfn.approval.decided_by"
+APPROVAL_DECIDED_VIA: Final = "agentfn.approval.decided_via"
+APPROVAL_WAITED: Final = "agentfn.approval.waited_s"
 WEBHOOK_ID: Final = "agentfn.webhook.id"
 WEBHOOK_EVENT_TYPE: Final = "agentfn.webhook.event_type"
 DELIVERY_OUTCOME: Final = "agentfn.delivery.outcome"
@@ -67,6 +72,10 @@ METRIC_SUBMISSION_ATTEMPTS: Final = "agentfn.submission.attempts"
 METRIC_DELIVERY_TO_RESULT: Final = "agentfn.delivery_to_result.duration"
 METRIC_OLDEST_PENDING: Final = "agentfn.calls.oldest_pending.age"
 METRIC_RECOVERY_FAILURES: Final = "agentfn.recovery.failures"
+METRIC_APPROVALS_WAITING: Final = "agentfn.approvals.waiting"
+METRIC_APPROVAL_DECISION: Final = "agentfn.approval.time_to_decision"
+#: Seconds from an approval request to its decision: a person decides in minutes to a day.
+DECISION_BUCKETS: Final = (1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
 RECOVERY_KIND: Final = "agentfn.recovery.kind"
 
 # The GenAI conventions' advised buckets for operation durations (10 ms .. ~82 s).

@@ -35,8 +35,13 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from ..records import SavedResult
+from ..records import ApprovalRequest, SavedResult
 from .names import (
+    APPROVAL_DECIDED_BY,
+    APPROVAL_DECIDED_VIA,
+    APPROVAL_DECISION,
+    APPROVAL_ID,
+    APPROVAL_WAITED,
     CALL_SOURCE,
     CONTENT_LIMIT,
     DELIVERY_OUTCOME,
@@ -375,6 +380,20 @@ class CallSpan(_SpanScope):
         ``quarantined`` or ``worker``."""
         self._source = source
         self.span.set_attribute(CALL_SOURCE, source)
+
+    def note_approval(self, request: ApprovalRequest) -> None:
+        """Note on the span the approval request of the call: its id and, once decided, the
+        decision, who took it, how, and how long the call waited for it."""
+        self.span.set_attribute(APPROVAL_ID, request.approval_id)
+        if request.decision is not None:
+            self.span.set_attribute(APPROVAL_DECISION, request.decision)
+            if request.decided_by:
+                self.span.set_attribute(APPROVAL_DECIDED_BY, request.decided_by)
+            if request.decided_via:
+                self.span.set_attribute(APPROVAL_DECIDED_VIA, request.decided_via)
+            if request.decided_at is not None:
+                waited = max(0.0, request.decided_at - request.requested_at)
+                self.span.set_attribute(APPROVAL_WAITED, round(waited, 3))
 
     def set_error(
         self, error_type: str, message: str | None = None, exc: BaseException | None = None

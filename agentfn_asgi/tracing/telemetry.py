@@ -16,10 +16,12 @@ from opentelemetry.util.types import AttributeValue
 
 from .._version import __version__
 from .names import (
+    APPROVAL_DECISION,
     ATTEMPT_BUCKETS,
     CALL_ATTEMPT,
     CALL_OUTCOME,
     CALL_SOURCE,
+    DECISION_BUCKETS,
     DELIVERY_OUTCOME,
     DELIVERY_REASON,
     DURATION_BUCKETS,
@@ -34,6 +36,8 @@ from .names import (
     INSTRUMENTATION_NAME,
     LATENCY_BUCKETS,
     LINK_CACHE_SIZE,
+    METRIC_APPROVAL_DECISION,
+    METRIC_APPROVALS_WAITING,
     METRIC_DELIVERIES,
     METRIC_DELIVERY_TO_RESULT,
     METRIC_OLDEST_PENDING,
@@ -136,6 +140,14 @@ class Telemetry:
             METRIC_RECOVERY_FAILURES,
             unit="{failure}",
             description="Records the recovery sweep failed on (retried later with backoff).",
+        )
+        self._approvals_waiting: int | None = None
+        self._approval_gauge: object | None = None
+        self._approval_decision = meter.create_histogram(
+            METRIC_APPROVAL_DECISION,
+            unit="s",
+            description="Time from an approval request to its decision, by decision.",
+            explicit_bucket_boundaries_advisory=DECISION_BUCKETS,
         )
         self._delivery_to_result = meter.create_histogram(
             METRIC_DELIVERY_TO_RESULT,
@@ -264,6 +276,27 @@ class Telemetry:
     def record_recovery_failure(self, kind: str) -> None:
         """Count one record the sweep could not finish (``delivery`` or ``submission``)."""
         self._recovery_failures.add(1, {RECOVERY_KIND: kind})
+
+    def set_approvals_waiting(self, count: int) -> None:
+        """The number of approval requests waiting for a person (the store's count, as the
+        dispatcher last read it), reported as the gauge ``agentfn.approvals.waiting``."""
+        self._approvals_waiting = count
+        if self._approval_gauge is None:
+            self._approval_gauge = self.meter.create_observable_gauge(
+                METRIC_APPROVALS_WAITING,
+                callbacks=[self._observe_approvals],
+                unit="{request}",
+                description="Approval requests waiting for a person's decision.",
+            )
+
+    def _observe_approvals(self, _options: CallbackOptions) -> Iterable[Observation]:
+        count = self._approvals_waiting
+        return [] if count is None else [Observation(count)]
+
+    def record_approval_decision(self, decision: str, seconds: float) -> None:
+        """One decision (``approved``, ``denied``, ``expired``) taken ``seconds`` after the
+        request, into the histogram ``agentfn.approval.time_to_decision``."""
+        self._approval_decision.record(max(0.0, seconds), {APPROVAL_DECISION: decision})
 
     def observe_pending(self, source: Callable[[], float | None]) -> None:
         """Report ``source()`` (age in seconds of the oldest pending call, or None) as the

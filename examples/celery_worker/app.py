@@ -9,7 +9,7 @@ Run RabbitMQ (127.0.0.1:5672, guest/guest), the app and a worker, from the repos
     uvicorn examples.celery_worker.app:app --port 8000                           # terminal 1
     celery -A examples.celery_worker.worker:celery_app worker --loglevel INFO    # terminal 2
 
-The three shared tools run in this process as in ``examples/starlette_app.py``;
+The shared tools run in this process as in ``examples/starlette_app.py``;
 ``generate_report`` calls become Celery tasks (see ``tools.py``), and the workers complete
 them at ``POST /openai/webhooks/calls/complete``. ``AGENTFN_RECOVERY_INTERVAL`` (seconds,
 default 10) sets how often the recovery sweep looks for jobs past their deadline.

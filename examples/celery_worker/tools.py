@@ -1,6 +1,6 @@
 """What the web app and the Celery workers share: the Celery app and one tool registry.
 
-The registry is the three shared tools plus ``generate_report``, registered with
+The registry is the shared tools plus ``generate_report``, registered with
 ``enqueue=celery_enqueue(...)``: the web app sends its calls to Celery instead of running
 them, and the workers (``worker.py``) run them from this same registry. One definition, one
 schema, one behaviour.

@@ -58,6 +58,7 @@ class MemoryOperatorView:
         self.delivery_list: list[DeliveryView] = []
         self.down = False
         self.settle_calls: list[dict[str, Any]] = []
+        self.revoked_logins: dict[str, float] = {}
 
     # -- filling it ------------------------------------------------------------------------
 
@@ -252,6 +253,16 @@ class MemoryOperatorView:
             outcome="failed" if error is not None else "succeeded",
         )
         return SettleOutcome(status="submitted", message="saved and submitted")
+
+    async def revoke_login(self, login_id: str, *, expires_at: float) -> None:
+        """Remember an ended login (the real view keeps it in the store)."""
+        self._check()
+        self.revoked_logins[login_id] = expires_at
+
+    async def login_revoked(self, login_id: str) -> bool:
+        """Whether the login was ended (expiry is the cookie's own business here)."""
+        self._check()
+        return login_id in self.revoked_logins
 
 
 def _text(output: Any) -> str:

@@ -265,6 +265,27 @@ async def test_settling_a_running_call_is_refused(
     assert "Settle this call" not in page.text
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("depth", [201, 100_000])
+@pytest.mark.parametrize("confirm", ["", "yes"])
+async def test_output_nested_too_deeply_is_a_400_with_the_form_again(
+    logged_in: httpx.AsyncClient, admin_scenario: AdminScenario, depth: int, confirm: str
+) -> None:
+    """JSON nested deeper than the limit (or than the parser's stack) is refused before the
+    confirmation step and at it: 400, the call's settle form again with the typed value and
+    the reason; nothing is settled."""
+    held = admin_scenario.held
+    csrf = csrf_of((await logged_in.get(call_url(held))).text)
+    deep = "[" * depth + "]" * depth
+    form = settle_form(held, csrf, mode="output", value=deep, confirm=confirm)
+    response = await logged_in.post(admin_url("/settle"), data=form)
+    assert response.status_code == 400
+    assert "the output is JSON nested more than 200 levels deep" in response.text
+    assert "Settle this call" in response.text and f">{deep}</textarea>" in response.text
+    still = await admin_scenario.view.call(held.call_id, session_id=held.session_id)
+    assert still.summary.state == "quarantined"
+
+
 @pytest.mark.parametrize(
     ("fields", "status"),
     [

@@ -9,31 +9,22 @@ from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.admin.auth import Gate
 from agentfn_asgi.errors import ConfigurationError
 
+from ..support.clock import FakeClock
 from .memory_view import MemoryOperatorView
 
 A = "token-aaaaaaaaaaaaaaaa"
 B = "token-bbbbbbbbbbbbbbbb"
 
 
-class Clock:
-    """A settable clock for cookie expiry."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def gate(
-    tokens: list[str] | None = None, *, secret: str | None = None, clock: Clock | None = None
+    tokens: list[str] | None = None, *, secret: str | None = None, clock: FakeClock | None = None
 ) -> Gate:
     return Gate(
         tokens=tokens if tokens is not None else [A],
         authorizer=None,
         secret=secret,
         max_age=3600,
-        clock=clock or Clock(),
+        clock=clock or FakeClock(),
     )
 
 
@@ -65,7 +56,7 @@ def test_weak_or_malformed_tokens_are_refused(tokens: list[str], message: str) -
 def test_a_single_string_is_one_token_and_every_token_matches() -> None:
     """``tokens="..."`` is one token; with several, each opens a session of its own key."""
     assert gate([A]).match_token(A.encode()) is not None
-    assert Gate(tokens=A, authorizer=None, secret=None, max_age=60, clock=Clock()).tokens == (
+    assert Gate(tokens=A, authorizer=None, secret=None, max_age=60, clock=FakeClock()).tokens == (
         A.encode(),
     )
     both = gate([A, B])
@@ -78,7 +69,7 @@ def test_a_single_string_is_one_token_and_every_token_matches() -> None:
 
 def test_session_cookies_round_trip_and_expire() -> None:
     """A cookie proves its session until max_age has passed on the injected clock."""
-    clock = Clock()
+    clock = FakeClock()
     g = gate(clock=clock)
     key = g.match_token(A.encode())
     session, cookie = g.open_session(key)
@@ -87,6 +78,20 @@ def test_session_cookies_round_trip_and_expire() -> None:
     assert g.read_session(cookie) == session
     clock.now += 2
     assert g.read_session(cookie) is None
+
+
+def test_a_revocation_lasts_as_long_as_the_cookie_is_accepted() -> None:
+    """A session knows when it was issued; its revocation must be kept until at least the
+    last moment its cookie is still accepted (and need not be kept past it)."""
+    clock = FakeClock()
+    g = gate(clock=clock)
+    session, cookie = g.open_session(g.match_token(A.encode()))
+    assert session.issued_at == clock.now
+    last_accepted = clock.now
+    while g.read_session(cookie) is not None:
+        last_accepted = clock.now
+        clock.now += 1
+    assert last_accepted < g.expires_at(session) <= last_accepted + 2
 
 
 def test_tampered_or_foreign_cookies_prove_nothing() -> None:
@@ -125,7 +130,7 @@ def test_rotation_adding_keeps_sessions_removing_ends_them() -> None:
 
 def test_a_host_cookie_never_grants_a_token_session() -> None:
     """The CSRF-only cookie given after a host login stays 'host', whatever it claims."""
-    g = Gate(tokens=[A], authorizer=lambda r: True, secret=None, max_age=60, clock=Clock())
+    g = Gate(tokens=[A], authorizer=lambda r: True, secret=None, max_age=60, clock=FakeClock())
     session, cookie = g.open_session()
     assert session.via == "host"
     assert g.read_session(cookie) == session
@@ -164,7 +169,7 @@ async def test_authorizer_only_true_allows_and_exceptions_deny(
         "false": lambda r: False,
         "broken": broken,
     }.items():
-        g = Gate(tokens=None, authorizer=authorizer, secret=None, max_age=60, clock=Clock())  # type: ignore[arg-type]
+        g = Gate(tokens=None, authorizer=authorizer, secret=None, max_age=60, clock=FakeClock())  # type: ignore[arg-type]
         verdicts[name] = await g.host_allows(request)
     assert verdicts == {
         "sync": True,

@@ -288,6 +288,31 @@ async def test_settle_submits_once_and_refuses_what_is_not_owed(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("depth", [201, 100_000])
+async def test_settle_refuses_output_nested_too_deeply_in_one_line(
+    depth: int, store_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--output`` that is JSON nested deeper than the limit (or than the parser's stack)
+    is a usage error: exit 2, the reason on one line, no traceback, the call still held."""
+    await seed(store_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # never reached
+    deep = "[" * depth + "]" * depth
+    code = await run_cli("calls", "settle", "call_held", "--output", deep, "--store", store_url)
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert "--output: the output is JSON nested more than 200 levels deep" in captured.err
+    store = open_store(store_url)
+    await store.open()
+    try:
+        (held,) = await store.find_calls("call_held")
+    finally:
+        await store.close()
+    assert held.state.value == "quarantined"
+
+
+@pytest.mark.anyio
 @pytest.mark.slow
 async def test_settle_rerun_runs_the_handler_with_the_next_attempt(
     tmp_path: Path,

@@ -23,13 +23,13 @@ from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.cli import main
 from agentfn_asgi.cli.listen import Forwarder, listen
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.stream import Backoff
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.wire import AgentSession
+from tests.support.ports import free_port
 from tests.support.stack import API_KEY, FAST, SECRET
-from tests.test_stream import counting_tools
+from tests.test_stream import DEEP_SECOND_STEP, counting_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -132,6 +132,21 @@ async def test_a_dropped_stream_mid_turn_still_completes_the_turn_once() -> None
     assert len(stack.fake.submissions) == 3
     assert stack.fake.duplicate_submissions == []
     assert len(forwarded(out)) == 2
+
+
+async def test_an_unreadable_event_of_one_session_stops_no_follower() -> None:
+    """Issue 22: one session's streamed snapshot nests its arguments 100,000 levels deep.
+    Before, the RecursionError ended ``listen`` for every session it followed. Now that
+    event is skipped and the session read again; both sessions' turns complete."""
+    async with local_stack() as stack:
+        deep = stack.fake.create_session(DEEP_SECOND_STEP)
+        plain = stack.fake.create_session(TWO_STEPS)
+        async with listening(stack, deep, plain):
+            await stack.fake.wait_idle(deep, timeout=20)
+            await stack.fake.wait_idle(plain, timeout=20)
+    assert stack.runs == {"a": 2, "b": 1, "c": 2}
+    failed = [s for s in stack.fake.submissions if not s.success]
+    assert [s.call_id for s in failed] == ["deep"]
 
 
 async def test_repeated_stream_events_are_forwarded_once() -> None:

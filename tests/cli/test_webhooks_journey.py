@@ -18,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentfn_asgi.demo import free_port, run_example
+from agentfn_asgi.demo import run_example
 from agentfn_asgi.demo.process import RunningExample
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -42,10 +42,15 @@ async def test_demo_plays_the_session_and_cleans_up() -> None:
         "claimed    lookup_invoice  call_unknown     no handler registered",
         "submitted  slow_echo",
         "step 2 asks for 1 call(s)",
+        "step 3 asks for 1 call(s)",
+        "approval   close_account   call_close       waits for a person (apr_",
+        "approval   close_account   call_close       approved by the demo; the app runs it",
+        "submitted  close_account   call_close       success",
         "turn completed, session idle",
         "summary",
         "slow_echo x2 ran in parallel",
         "ledger: 1 refund line(s) written",
+        "ledger: 1 account closure line(s) written, after approval",
         "demo passed",
     ):
         assert stage in output, stage

@@ -1,5 +1,5 @@
-"""The demo's three tools, which the examples serve too: their definitions, the refund's
-ledger and reconcile hook, and the ledger's whole-line appends."""
+"""The demo's tools, which the examples serve too: their definitions, the refund's and the
+account closure's ledger lines and reconcile hooks, and the ledger's whole-line appends."""
 
 from __future__ import annotations
 
@@ -28,9 +28,14 @@ def _context(call_id: str, ledger: Ledger) -> ToolContext:
 
 
 def test_definitions_match_the_contract() -> None:
-    """The three tools, their parameters, and create_refund declared with side effects."""
+    """The four tools, their parameters, create_refund declared with side effects and
+    close_account with side effects and approval (the examples' contract, issue 23)."""
     definitions = {d["name"]: d for d in tools.definitions()}
-    assert set(definitions) == {"get_customer", "create_refund", "slow_echo"}
+    assert set(definitions) == {"get_customer", "create_refund", "slow_echo", "close_account"}
+    close = tools.get("close_account")
+    assert close is not None and close.side_effects and close.approval is True
+    assert close.reconcile is not None
+    assert definitions["close_account"]["parameters"]["required"] == ["account_id"]
     assert definitions["get_customer"]["description"] == "Look up a customer by ID."
     assert definitions["get_customer"]["parameters"]["required"] == ["customer_id"]
     assert definitions["create_refund"]["parameters"]["properties"]["amount_cents"]["type"] == (
@@ -58,6 +63,24 @@ async def test_refund_writes_one_line_and_reconcile_reads_it(tmp_path: Path) -> 
     assert ledger.entries() == [{"call_id": "call_1", "order_id": "ord_1", "amount_cents": 1500}]
     assert await refund.run_reconcile(args, ran_ctx) == Ran(result)
     assert await refund.run_reconcile(args, _context("call_2", ledger)) == NotRun()
+
+
+@pytest.mark.anyio
+async def test_close_account_writes_its_ledger_line_and_reconcile_reads_it(tmp_path: Path) -> None:
+    """A real closure appends ``{call_id, account_id, tool}`` and answers ``{"closed": true,
+    ...}``; reconcile answers ``Ran`` with the same result, ``NotRun`` otherwise (a refund's
+    line for the same call id included)."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    close = tools.get("close_account")
+    assert close is not None
+    args = close.parse_arguments({"account_id": "acc_9"})
+    result = await close.invoke(args, _context("call_1", ledger))
+    assert result == {"closed": True, "account_id": "acc_9"}
+    assert ledger.entries() == [
+        {"call_id": "call_1", "account_id": "acc_9", "tool": "close_account"}
+    ]
+    assert await close.run_reconcile(args, _context("call_1", ledger)) == Ran(result)
+    assert await close.run_reconcile(args, _context("call_2", ledger)) == NotRun()
 
 
 @pytest.mark.anyio

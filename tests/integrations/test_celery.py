@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -175,8 +176,9 @@ def test_the_enqueue_keeps_the_options_it_sets_itself(celery_app: Celery) -> Non
     """``serializer`` (JSON only), ``expires`` (the deadline), ``args`` and ``argsrepr`` are
     the integration's; anything but a Celery app is refused."""
     for option in ("serializer", "expires", "args", "argsrepr"):
+        fixed: dict[str, Any] = {option: "pickle"}
         with pytest.raises(ConfigurationError, match=option):
-            celery_enqueue(celery_app, **{option: "pickle"})
+            celery_enqueue(celery_app, **fixed)
     with pytest.raises(ConfigurationError, match=r"celery\.Celery"):
         celery_enqueue(object())  # type: ignore[arg-type]
 
@@ -199,7 +201,9 @@ async def test_a_broker_that_refuses_the_job_fails_the_call_at_once() -> None:
     nowhere = Celery("down", broker="amqp://guest:guest@127.0.0.1:9//", set_as_current=False)
     nowhere.conf.broker_connection_timeout = 1
     ran: list[str] = []
-    tools = report_tools(ran, enqueue=celery_enqueue(nowhere, retry=False), timeout=10)
+    tools = report_tools(
+        ran, enqueue=celery_enqueue(nowhere, retry=False), timeout=10, job_deadline=600
+    )
     try:
         async with running_stack(
             tools, completion_secret=COMPLETION_SECRET, public_url=APP_URL
@@ -211,6 +215,103 @@ async def test_a_broker_that_refuses_the_job_fails_the_call_at_once() -> None:
     [submission] = stack.fake.submissions
     assert submission.error == ENQUEUE_FAILED_MESSAGE.format(name="generate_report")
     assert ran == []
+
+
+# -- the deadline against the broker's redelivery timeout ------------------------------------
+
+REDIS_BROKER = "redis://127.0.0.1:6379/0"
+RABBITMQ_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@pytest.fixture
+def broker_app() -> Iterator[Callable[..., Celery]]:
+    """``broker_app(url, **conf)``: a Celery app on that broker (nothing connects)."""
+    made: list[Celery] = []
+
+    def make(url: str, **conf: Any) -> Celery:
+        app = Celery(f"test-{uuid.uuid4().hex[:8]}", broker=url, set_as_current=False)
+        app.conf.update(conf)
+        made.append(app)
+        return app
+
+    yield make
+    for app in made:
+        app.close()
+
+
+def refusal(register: Callable[[], object]) -> str:
+    """The one-line ConfigurationError ``register()`` raises."""
+    with pytest.raises(ConfigurationError) as caught:
+        register()
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("url", "conf", "broker", "limit", "setting"),
+    [
+        (REDIS_BROKER, {}, "Redis", 3600, "broker_transport_options['visibility_timeout']"),
+        ("sqs://", {}, "SQS", 1800, "broker_transport_options['visibility_timeout']"),
+        (RABBITMQ_BROKER, {}, "RabbitMQ", 1800, "consumer_timeout"),
+        ("pyamqp://guest@127.0.0.1//", {}, "RabbitMQ", 1800, "consumer_timeout"),
+        (
+            REDIS_BROKER,
+            {"broker_transport_options": {"visibility_timeout": 600}},
+            "Redis",
+            600,
+            "broker_transport_options['visibility_timeout']",
+        ),
+    ],
+)
+def test_a_job_deadline_the_broker_would_redeliver_within_is_refused_at_registration(
+    broker_app: Callable[..., Celery],
+    url: str,
+    conf: dict[str, Any],
+    broker: str,
+    limit: float,
+    setting: str,
+) -> None:
+    """The default deadline (1 h) is not shorter than Redis' default visibility_timeout
+    (1 h) nor RabbitMQ's consumer_timeout (30 min): a running job would be delivered again
+    and run twice. Registering such a tool is refused in one line naming the tool, both
+    numbers and the setting to change; a deadline one second shorter is accepted."""
+    app = broker_app(url, **conf)
+    message = refusal(lambda: report_tools([], enqueue=celery_enqueue(app), job_deadline=limit))
+    assert "generate_report" in message and f"job_deadline={limit:g} s" in message
+    assert f"{broker}'s redelivery timeout ({limit:g} s)" in message and setting in message
+    if limit == 3600:  # the default deadline
+        refusal(lambda: report_tools([], enqueue=celery_enqueue(app)))
+    tools = report_tools([], enqueue=celery_enqueue(app), job_deadline=limit - 1)
+    assert tools.get("generate_report") is not None
+
+
+def test_a_raised_timeout_admits_a_longer_deadline(broker_app: Callable[..., Celery]) -> None:
+    """``visibility_timeout`` raised in broker_transport_options, or RabbitMQ's
+    consumer_timeout raised on the server and given to celery_enqueue: the default deadline
+    is accepted. In-memory and other transports are not checked."""
+    redis = broker_app(REDIS_BROKER, broker_transport_options={"visibility_timeout": 3660})
+    report_tools([], enqueue=celery_enqueue(redis))
+    rabbit = broker_app(RABBITMQ_BROKER)
+    report_tools([], enqueue=celery_enqueue(rabbit, consumer_timeout=7200))
+    report_tools([], enqueue=celery_enqueue(rabbit, consumer_timeout=math.inf))
+    for url in ("memory://", "filesystem://"):
+        report_tools([], enqueue=celery_enqueue(broker_app(url)), job_deadline=10 * 86400)
+    with pytest.raises(ConfigurationError, match="consumer_timeout must be"):
+        celery_enqueue(rabbit, consumer_timeout=0)
+
+
+def test_the_workers_start_checks_the_configuration_as_it_is_then(
+    broker_app: Callable[..., Celery],
+) -> None:
+    """register_task (the workers' start) checks again: a visibility_timeout lowered after
+    the tools were registered is refused there, naming the tool and the setting."""
+    app = broker_app(REDIS_BROKER, broker_transport_options={"visibility_timeout": 7200})
+    tools = report_tools([], enqueue=celery_enqueue(app))
+    app.conf.broker_transport_options = {"visibility_timeout": 1800}
+    message = refusal(lambda: register_task(app, tools))
+    assert "tool 'generate_report': job_deadline=3600 s" in message
+    assert "broker_transport_options['visibility_timeout']" in message
 
 
 # -- the worker's side -----------------------------------------------------------------------

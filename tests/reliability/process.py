@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,13 @@ import httpx
 
 from agentfn_asgi._crash import ARMING_VALUE, ARMING_VARIABLE
 
+from ..support.ports import free_port
 from .crash_app import LEDGER_ENV
 
-__all__ = ["ROOT", "AppProcess", "free_port"]
+__all__ = ["ROOT", "AppProcess"]
 
 #: The repository root: the child runs there so ``tests.reliability.crash_app`` imports.
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the child binds it with SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

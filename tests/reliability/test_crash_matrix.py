@@ -29,13 +29,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.messages import IN_DOUBT_MESSAGE
 from agentfn_asgi.records import CallRecord, CallState, StoreStats
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 from ..support.backends import store_url_for
+from ..support.ports import free_port
 from ..support.replicas import replicas
 from .crash_app import PLAIN, RECONCILED, UNRECONCILED, read_ledger
 from .outage import StallingProxy, postgres_locked, sqlite_locked

@@ -20,6 +20,9 @@ from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.records import CallKey, ClaimStatus, SavedResult
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
 
+# Re-exported: store tests (and others' branches) import the suite's clock from here too.
+from ..support.clock import FakeClock as FakeClock
+
 REDIS_URL = "redis://127.0.0.1:6379/0"
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
@@ -50,19 +53,6 @@ class StoreFactory(Protocol):
     ``namespace=`` works in another namespace of the same backend's data."""
 
     def __call__(self, *, opened: bool = True, namespace: str = "") -> Awaitable[Store]: ...
-
-
-class FakeClock:
-    """A controllable Unix clock: ``clock()`` reads ``now``, ``advance(s)`` moves it."""
-
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def require_service(name: str, reason: str) -> NoReturn:

@@ -13,7 +13,8 @@ import pytest
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey, CallState, ClaimStatus, DeliveryRecord, SavedResult
 from agentfn_asgi.store import Store
-from tests.store.conftest import KEY, LEASE, FakeClock, StoreFactory, claim, require_service, result
+from tests.store.conftest import KEY, LEASE, StoreFactory, claim, require_service, result
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,8 @@ import pytest
 from agentfn_asgi.records import CallKey, CallQuery, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 
-from .conftest import KEY, LEASE, FakeClock, StoreFactory, claim, result
+from ..support.clock import FakeClock
+from .conftest import KEY, LEASE, StoreFactory, claim, result
 
 pytestmark = pytest.mark.anyio
 

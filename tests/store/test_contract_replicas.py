@@ -12,7 +12,8 @@ import pytest
 
 from agentfn_asgi.records import CallState, ClaimOutcome, ClaimStatus, SavedResult
 from agentfn_asgi.store import Store
-from tests.store.conftest import KEY, LEASE, FakeClock, StoreFactory, claim, result
+from tests.store.conftest import KEY, LEASE, StoreFactory, claim, result
+from tests.support.clock import FakeClock
 
 pytestmark = pytest.mark.anyio
 

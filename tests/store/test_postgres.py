@@ -8,7 +8,6 @@ unreachable, failed instead under CI=true.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +19,8 @@ from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey, CallState, ClaimStatus
 from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
-from .conftest import FakeClock as Clock
+from ..support.clock import FakeClock as Clock
+from ..support.ports import free_port
 from .conftest import require_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
@@ -127,12 +127,6 @@ CREATE INDEX IF NOT EXISTS calls_pending
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_schemas_isolate_stores_and_destroy_drops_only_its_own(
     make_store: StoreMaker,
 ) -> None:
@@ -151,7 +145,12 @@ async def test_schemas_isolate_stores_and_destroy_drops_only_its_own(
         " ORDER BY table_name",
         other,
     )
-    assert [row["table_name"] for row in tables] == ["calls", "deliveries", "schema_version"]
+    assert [row["table_name"] for row in tables] == [
+        "calls",
+        "deliveries",
+        "revoked_tokens",
+        "schema_version",
+    ]
     await theirs.destroy()
     assert await _query("SELECT 1 FROM pg_namespace WHERE nspname = $1", other) == []
     assert await mine.get_call(key) is not None
@@ -178,7 +177,7 @@ async def test_replicas_opening_together_create_the_schema_once(make_store: Stor
 async def test_unreachable_postgres_raises_unavailable_quickly() -> None:
     """A closed port gives StoreUnavailableError within about a second, for open and for use."""
     store = PostgresStore(
-        f"postgresql://postgres@127.0.0.1:{_free_port()}/test", command_timeout=1.0
+        f"postgresql://postgres@127.0.0.1:{free_port()}/test", command_timeout=1.0
     )
     started = time.monotonic()
     with pytest.raises(StoreUnavailableError, match="unavailable"):
@@ -257,6 +256,10 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
         "calls_claimed",
         "calls_due",
         "calls_finished",
+        "calls_approval",
+        "calls_waiting",
+        "calls_approved",
+        "revoked_tokens_pkey",
     }
     fresh = await store.claim_call(
         CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5

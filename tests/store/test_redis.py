@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -28,7 +27,8 @@ from agentfn_asgi.records import (
     parse_history,
 )
 
-from .conftest import FakeClock as Clock
+from ..support.clock import FakeClock as Clock
+from ..support.ports import free_port
 from .conftest import require_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
@@ -81,12 +81,6 @@ async def _keys(pattern: str) -> list[str]:
 
 def _result(text: str = "ok") -> SavedResult:
     return SavedResult(success=True, event_json=f'{{"output":"{text}"}}', idempotency_key="ik")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_keys_stay_under_the_prefix_and_destroy_removes_only_them(
@@ -392,7 +386,7 @@ def test_location_hides_the_password() -> None:
 
 async def test_unreachable_redis_raises_unavailable_quickly() -> None:
     """A closed port gives StoreUnavailableError within about a second, for open and for use."""
-    store = RedisStore(f"redis://127.0.0.1:{_free_port()}/0", key_prefix="x:", socket_timeout=1.0)
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", key_prefix="x:", socket_timeout=1.0)
     started = time.monotonic()
     with pytest.raises(StoreUnavailableError, match="unavailable"):
         await store.open()

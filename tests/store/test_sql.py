@@ -64,16 +64,24 @@ def test_a_fresh_database_gets_tables_and_indexes_only() -> None:
 
 
 def test_an_older_database_gets_only_its_missing_columns() -> None:
-    """Existing tables are altered, never re-created, and only by the columns they lack."""
+    """Existing tables are altered, never re-created, and only by the columns they lack;
+    a table they lack (revocations, schema 4) is created."""
     calls = [name for name, _ in CALL_COLUMNS if name != "quarantine_reason"]
     deliveries = [name for name, _ in TABLES["deliveries"][0]]
+    revoked = [name for name, _ in TABLES["revoked_tokens"][0]]
     changes = schema_changes(1, {"calls": calls, "deliveries": deliveries}, rekey="constraint")
     assert [c for c in changes if c.startswith("CREATE TABLE") or " ADD COLUMN " in c] == [
-        "ALTER TABLE {p}calls ADD COLUMN quarantine_reason {text}"
+        "ALTER TABLE {p}calls ADD COLUMN quarantine_reason {text}",
+        "CREATE TABLE IF NOT EXISTS {p}revoked_tokens (token_id {text} NOT NULL,"
+        " expires_at {real} NOT NULL, CONSTRAINT revoked_tokens_pkey PRIMARY KEY (token_id))",
     ]
     current = schema_changes(
         SCHEMA_VERSION,
-        {"calls": [*calls, "quarantine_reason"], "deliveries": deliveries},
+        {
+            "calls": [*calls, "quarantine_reason"],
+            "deliveries": deliveries,
+            "revoked_tokens": revoked,
+        },
         rekey="constraint",
     )
     assert all(c.startswith("CREATE INDEX IF NOT EXISTS") for c in current)

@@ -332,11 +332,13 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
             )
         }
         names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
-        assert names[-7:] == [
+        assert names[-9:] == [
             "quarantine_reason",
             "next_attempt_at",
             "failures",
             "namespace",
+            "approval_id",
+            "approval",
             "history",
             "history_tail",
             "history_count",
@@ -347,6 +349,9 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
         "calls_claimed",
         "calls_due",
         "calls_finished",
+        "calls_approval",
+        "calls_waiting",
+        "calls_approved",
     }
 
 

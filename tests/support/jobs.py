@@ -23,16 +23,6 @@ COMPLETE_URL = APP_URL + "/calls/complete"
 KEY = CallKey("sess_1", "turn_1", "call_1")
 
 
-class Clock:
-    """A settable Unix clock."""
-
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def worker_tools(record: list[str] | None = None, **options: Any) -> FunctionTools:
     """A registry whose ``generate_report`` is handed to ``options['enqueue']``."""
     tools = FunctionTools()

@@ -16,7 +16,6 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi import AgentsClient, AgentWebhookApp, FunctionTools
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.integrations.starlette import webhook_routes
 from agentfn_asgi.testing import FakeAgentsAPI, FakeControlApp, serve_app
 from agentfn_asgi.testing.control import (
@@ -25,6 +24,8 @@ from agentfn_asgi.testing.control import (
     parse_session_script,
     serve_fake_api,
 )
+
+from ..support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 

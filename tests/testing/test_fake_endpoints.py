@@ -31,11 +31,13 @@ from starlette.types import Message, Receive, Scope, Send
 
 from agentfn_asgi import wire
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.demo import free_port
 from agentfn_asgi.errors import BadRequestError, NotFoundError, WebhookSignatureError
 from agentfn_asgi.signing import WebhookVerifier
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall
 from agentfn_asgi.testing.fake_endpoints import KEEP_OLD_SECRET_SECONDS
+
+from ..support.clock import FakeClock
+from ..support.ports import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -101,28 +103,19 @@ class Receiver:
         await send({"type": "http.response.body", "body": b""})
 
 
-class Clock:
-    """The fake's clock, moved by hand (it starts at the real time: the SDK checks it)."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def receiver() -> Receiver:
     return Receiver()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    """The fake's clock, moved by hand (it starts at the real time: the SDK checks it)."""
+    return FakeClock(time.time())
 
 
 @pytest.fixture
-async def fake(receiver: Receiver, clock: Clock) -> AsyncIterator[FakeAgentsAPI]:
+async def fake(receiver: Receiver, clock: FakeClock) -> AsyncIterator[FakeAgentsAPI]:
     hooks = httpx.AsyncClient(transport=httpx.ASGITransport(app=receiver))
     async with FakeAgentsAPI(webhook_client=hooks, clock=clock) as api:
         yield api
@@ -317,7 +310,7 @@ async def test_a_test_delivery_is_signed_with_the_endpoints_secret(
 
 
 async def test_keep_old_rotation_signs_with_both_secrets_for_24_hours(
-    ours: AgentsClient, fake: FakeAgentsAPI, receiver: Receiver, clock: Clock
+    ours: AgentsClient, fake: FakeAgentsAPI, receiver: Receiver, clock: FakeClock
 ) -> None:
     """After ``keep_old_secret_active_for_24_hours`` a delivery carries two ``v1,``
     signatures (new and old, space-separated): an app with either secret accepts it; after
@@ -353,7 +346,7 @@ async def test_keep_old_rotation_signs_with_both_secrets_for_24_hours(
 
 
 async def test_subscribed_endpoints_get_the_fakes_events_with_their_secret(
-    ours: AgentsClient, fake: FakeAgentsAPI, receiver: Receiver, clock: Clock
+    ours: AgentsClient, fake: FakeAgentsAPI, receiver: Receiver, clock: FakeClock
 ) -> None:
     """An endpoint created through the API receives the events it subscribes to (only
     those), signed with its own secret; deleted, it receives nothing more."""

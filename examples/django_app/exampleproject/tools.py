@@ -1,4 +1,4 @@
-"""The tools the Django example serves: the three shared ones plus one that uses the ORM.
+"""The tools the Django example serves: the shared ones plus one that uses the ORM.
 
 Import this only after ``django.setup()`` (``asgi.py`` does that): it imports models.
 """

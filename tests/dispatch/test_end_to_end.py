@@ -1,4 +1,5 @@
-"""End-to-end behaviour of the dispatcher, in process, against FakeAgentsAPI (issue 4)."""
+"""End-to-end behaviour of the dispatcher through the app, in process, against FakeAgentsAPI
+(issue 4); its parts alone are in this folder's other modules."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from agentfn_asgi.testing import (
 )
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ToolContext
 
-from .support.stack import API_KEY, APP_URL, FAST, SECRET, running_stack
+from ..support.stack import API_KEY, APP_URL, FAST, SECRET, running_stack
 
 pytestmark = pytest.mark.anyio
 

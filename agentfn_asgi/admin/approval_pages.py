@@ -1,0 +1,204 @@
+"""The operator page's approval views: the waiting list, the decision on a call's page, its
+confirmation step, and the page a signed link opens.
+
+The arguments a person decides on are shown here on purpose (escaped, like every value of
+the page): an approval is bound to them (their digest is on the request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..operator import ApprovalView, CallDetail
+from .html import Safe, join, render
+from .layout import Context, bare_frame, call_link, frame
+from .widgets import when
+
+__all__ = [
+    "DECIDED_NOTICES",
+    "approval_section",
+    "approvals_page",
+    "decide_confirm_page",
+    "link_done_page",
+    "link_page",
+]
+
+#: What the call page says after a decision (the redirect carries only the word).
+DECIDED_NOTICES = {
+    "approved": "Approved: the call runs within a few seconds, on whichever replica claims it.",
+    "denied": "Denied: the model was told, with your reason.",
+}
+
+
+def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
+    """``Waiting for approval``: every waiting request, soonest expiry first."""
+    if not views:
+        table = Safe('<p class="empty">No call waits for approval.</p>')
+    else:
+        rows = join(
+            render(
+                "<tr><td>{call}</td><td><code>{tool}</code></td><td><code>{id}</code></td>"
+                "<td>{asked}</td><td>{expires}</td></tr>",
+                call=call_link(ctx, v.call_id, v.session_id),
+                tool=v.tool_name,
+                id=v.approval_id,
+                asked=when(ctx, v.requested_at),
+                expires=when(ctx, v.expires_at),
+            )
+            for v in views
+        )
+        table = render(
+            '<table class="calls approvals"><thead><tr><th>Call</th><th>Tool</th>'
+            "<th>Request</th><th>Asked</th><th>Expires</th></tr></thead>"
+            "<tbody>{rows}</tbody></table>",
+            rows=rows,
+        )
+    body = render(
+        '<p class="muted">These calls wait for a person: open one to see its arguments, then '
+        "approve or deny it. Nothing runs until then.</p>{table}",
+        table=table,
+    )
+    return frame(ctx, title="Waiting for approval", body=body, refreshable=True)
+
+
+def _arguments(detail: CallDetail) -> Safe:
+    if detail.arguments is None:
+        return Safe(
+            '<p class="warning">The arguments could not be read from the session (the API '
+            "is unreachable, or the session no longer waits for this call).</p>"
+        )
+    return render('<pre class="content arguments">{a}</pre>', a=detail.arguments)
+
+
+def _request_facts(ctx: Context, view: ApprovalView) -> Safe:
+    return render(
+        '<dl class="summary approval"><dt>Request</dt><dd><code>{id}</code></dd>'
+        "<dt>Tool</dt><dd><code>{tool}</code></dd><dt>Asked</dt><dd>{asked}</dd>"
+        "<dt>Expires</dt><dd>{expires}</dd>"
+        "<dt>Arguments digest</dt><dd><code>{digest}</code></dd></dl>",
+        id=view.approval_id,
+        tool=view.tool_name,
+        asked=when(ctx, view.requested_at),
+        expires=when(ctx, view.expires_at),
+        digest=view.digest,
+    )
+
+
+def _decision_forms(ctx: Context, view: ApprovalView, *, action: str, hidden: Safe) -> Safe:
+    return render(
+        '<form method="post" action="{action}" class="approve">{hidden}'
+        '<input type="hidden" name="decision" value="approve">'
+        '<button type="submit">Approve…</button></form>'
+        '<form method="post" action="{action}" class="deny">{hidden}'
+        '<input type="hidden" name="decision" value="deny">'
+        '<label class="value">Reason (the model reads it)'
+        '<textarea name="reason" rows="2"></textarea></label>'
+        '<button type="submit" class="danger">Deny…</button></form>',
+        action=action,
+        hidden=hidden,
+    )
+
+
+def approval_section(ctx: Context, detail: CallDetail) -> Safe:
+    """On a call's page: its request, and while it waits the arguments with Approve and
+    Deny (each leads to a confirmation step)."""
+    view = detail.approval
+    if view is None:
+        return Safe("")
+    if view.decision is not None:
+        by = f" by {view.decided_by}" if view.decided_by else ""
+        via = f" ({view.decided_via})" if view.decided_via else ""
+        return render(
+            "<section><h2>Approval</h2>{facts}<p>Decided: <strong>{decision}</strong>{by}{via}"
+            "{why}</p></section>",
+            facts=_request_facts(ctx, view),
+            decision=view.decision,
+            by=by,
+            via=via,
+            why=render(": {r}", r=view.reason) if view.reason else "",
+        )
+    if view.state != "awaiting_approval":
+        return render(
+            "<section><h2>Approval</h2>{facts}<p>No longer waiting: the call is {state}.</p>"
+            "</section>",
+            facts=_request_facts(ctx, view),
+            state=view.state,
+        )
+    hidden = _hidden(
+        ("csrf", ctx.csrf),
+        ("approval", view.approval_id),
+        ("call", view.call_id),
+        ("session", view.session_id),
+    )
+    return render(
+        "<section><h2>Waiting for approval</h2>{facts}<h3>Arguments you are deciding on</h3>"
+        "{arguments}{forms}</section>",
+        facts=_request_facts(ctx, view),
+        arguments=_arguments(detail),
+        forms=_decision_forms(ctx, view, action=ctx.url("/decide"), hidden=hidden),
+    )
+
+
+def _hidden(*pairs: tuple[str, str]) -> Safe:
+    return join(
+        render('<input type="hidden" name="{n}" value="{v}">', n=name, v=value)
+        for name, value in pairs
+    )
+
+
+def decide_confirm_page(
+    ctx: Context, view: ApprovalView, detail: CallDetail, *, approve: bool, reason: str
+) -> Safe:
+    """The confirmation step of a decision taken on the page."""
+    hidden = _hidden(
+        ("csrf", ctx.csrf),
+        ("approval", view.approval_id),
+        ("call", view.call_id),
+        ("session", view.session_id),
+        ("decision", "approve" if approve else "deny"),
+        ("reason", reason),
+        ("confirm", "yes"),
+    )
+    consequence = (
+        "The call will run, once, within a few seconds."
+        if approve
+        else "The call will fail; the model reads your reason."
+    )
+    body = render(
+        '<p class="warning">{consequence} This cannot be undone.</p>{facts}'
+        "<h2>Arguments</h2>{arguments}{why}"
+        '<form method="post" action="{action}" class="confirm">{hidden}'
+        '<button type="submit" class="danger">Confirm: {label}</button> '
+        '<a href="{cancel}">Cancel</a></form>',
+        consequence=consequence,
+        facts=_request_facts(ctx, view),
+        arguments=_arguments(detail),
+        why=render('<h2>Reason</h2><pre class="content">{r}</pre>', r=reason)
+        if not approve
+        else "",
+        action=ctx.url("/decide"),
+        hidden=hidden,
+        label="approve" if approve else "deny",
+        cancel=ctx.url("/call", {"id": view.call_id, "session": view.session_id}),
+    )
+    verb = "Approve" if approve else "Deny"
+    return frame(ctx, title=f"{verb} call {view.call_id}?", body=body)
+
+
+def link_page(ctx: Context, view: ApprovalView, detail: CallDetail, *, token: str) -> Safe:
+    """What a signed link opens: the request and its arguments, and the POST that decides."""
+    hidden = _hidden(("t", token))
+    body = render(
+        '<p class="muted">You were sent this link to decide one call. Nothing has happened '
+        "yet: approving or denying takes effect when you press a button below, once.</p>"
+        "{facts}<h2>Arguments</h2>{arguments}{forms}",
+        facts=_request_facts(ctx, view),
+        arguments=_arguments(detail),
+        forms=_decision_forms(ctx, view, action=ctx.url("/approval"), hidden=hidden),
+    )
+    return bare_frame(ctx, title=f"Approve call {view.call_id}?", body=body)
+
+
+def link_done_page(ctx: Context, *, title: str, message: str) -> Safe:
+    """The answer of a signed link's POST (or its refusal)."""
+    return bare_frame(ctx, title=title, body=render('<p role="status">{m}</p>', m=message))

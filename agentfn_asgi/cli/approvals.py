@@ -1,0 +1,158 @@
+"""``agentfn-asgi approvals``: the calls waiting for a person, and deciding one.
+
+``approvals`` lists the waiting requests (``--json``: an array of objects with
+``approval_id``, ``session_id``, ``turn_id``, ``call_id``, ``tool_name``, ``requested_at``,
+``expires_at``, times in ISO 8601 UTC). ``approvals approve ID`` and ``approvals deny ID``
+take the decision through a dispatcher built like the app's (same store and namespace, same
+``AGENTFN_*`` settings): exit 0 when it was taken, 1 when it was refused (decided already,
+expired, unknown), 2 for a usage mistake. An approved call is run by the app's replicas,
+which poll for approved calls every second; a denied one is answered at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import getpass
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ..dispatch.approvals import ApprovalView
+from ..errors import ApprovalError, CLIError
+from .calls import operator
+from .common import EXIT_OK, ago
+
+__all__ = ["approval_json", "format_approvals", "register"]
+
+_STORE_HELP = "store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
+
+
+def iso(at: float | None) -> str | None:
+    """``at`` (Unix seconds) as ISO 8601 in UTC, or None."""
+    if at is None:
+        return None
+    return dt.datetime.fromtimestamp(at, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def approval_json(view: ApprovalView) -> dict[str, Any]:
+    """One request as the ``--json`` output gives it (times ISO 8601 UTC)."""
+    data = asdict(view)
+    for name in ("requested_at", "expires_at", "decided_at"):
+        data[name] = iso(data[name])
+    return data
+
+
+def format_approvals(views: list[ApprovalView], *, now: float) -> str:
+    """One line per waiting request: id, tool, session, call, asked, expires in."""
+    if not views:
+        return "no calls wait for approval"
+    header = ("APPROVAL", "TOOL", "SESSION", "CALL", "ASKED", "EXPIRES IN")
+    rows = [
+        (
+            v.approval_id,
+            v.tool_name,
+            v.session_id,
+            v.call_id,
+            ago(v.requested_at, now),
+            _left(v.expires_at - now),
+        )
+        for v in views
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    )
+
+
+def _left(seconds: float) -> str:
+    if seconds <= 0:
+        return "expired"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+async def _list(args: argparse.Namespace) -> int:
+    async with operator(args.store) as view:
+        found = await view.approvals(limit=args.limit)
+    if args.json:
+        print(json.dumps([approval_json(v) for v in found], indent=2, ensure_ascii=False))
+    else:
+        print(format_approvals(found, now=time.time()))
+    return EXIT_OK
+
+
+async def _decide(args: argparse.Namespace, *, approve: bool) -> int:
+    who = args.who or _user()
+    async with operator(args.store, api="required") as view:
+        try:
+            decided = await view.decide(
+                args.approval_id,
+                approve=approve,
+                by=who,
+                via="cli",
+                reason=None if approve else args.reason,
+            )
+        except ApprovalError as exc:
+            raise CLIError(f"refused: {exc}") from None
+    if approve:
+        print(
+            f"approved: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
+            f"by {who}; the app runs it within a few seconds"
+        )
+    else:
+        print(
+            f"denied: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
+            f"by {who}; the model was told"
+        )
+    return EXIT_OK
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no user name in this environment
+        return "cli"
+
+
+def register(sub: Any) -> None:
+    """Add ``approvals`` (with ``approve`` and ``deny``)."""
+    approvals = sub.add_parser(
+        "approvals",
+        help="calls waiting for a person's approval; approve or deny one",
+        description=(
+            "Without a subcommand: the requests waiting for a decision, soonest expiry "
+            "first. Exit codes of approve/deny: 0 decided, 1 refused (decided already, "
+            "expired, unknown), 2 usage mistake."
+        ),
+    )
+    approvals.add_argument("--limit", type=int, default=200, help="at most this many")
+    approvals.add_argument("--json", action="store_true", help="a JSON array of objects")
+    approvals.add_argument("--store", help=_STORE_HELP)
+    approvals.set_defaults(handler=lambda args: asyncio.run(_list(args)))
+    which = approvals.add_subparsers(dest="approvals_command", metavar="SUBCOMMAND")
+
+    approve = which.add_parser(
+        "approve", help="approve a waiting call: the app runs it once, within seconds"
+    )
+    approve.add_argument("approval_id", metavar="APPROVAL_ID")
+    approve.add_argument(
+        "--as", dest="who", metavar="NAME", help="who decides (default: your user name)"
+    )
+    approve.add_argument("--store", help=_STORE_HELP)
+    approve.set_defaults(handler=lambda args: asyncio.run(_decide(args, approve=True)))
+
+    deny = which.add_parser("deny", help="deny a waiting call: the model gets a failure")
+    deny.add_argument("approval_id", metavar="APPROVAL_ID")
+    deny.add_argument("--reason", metavar="TEXT", help="why, as the model will read it")
+    deny.add_argument(
+        "--as", dest="who", metavar="NAME", help="who decides (default: your user name)"
+    )
+    deny.add_argument("--store", help=_STORE_HELP)
+    deny.set_defaults(handler=lambda args: asyncio.run(_decide(args, approve=False)))

@@ -1,0 +1,403 @@
+"""Durable human approval: deciding a waiting call, and running it once approved.
+
+A call of a tool declared with ``approval=`` is held in ``awaiting_approval`` by the replica
+that claimed it (:meth:`Executor._request_approval`), with its request on the record. From
+there (the rows of :mod:`agentfn_asgi.states`):
+
+- :meth:`Approvals.decide` takes a person's decision once, in the store, from any process
+  (the app, the CLI, the operator page). Deny saves a failure carrying the reason and
+  submits it at once (the sweep retries a failed submission, as for any saved result).
+  Approve only marks the call ``approved``: it runs where the tools are.
+- Every replica polls the store every ``approval_poll_interval`` (1 s) with two indexed
+  queries (:meth:`Approvals.poll`): approved calls, which one replica claims (the store's
+  ``run_approved`` row lets one claim win) and runs as a fresh attempt under the usual rules
+  (fencing, lease, side effects, the stable idempotency key); and expired requests, which
+  become a failure saying nobody approved in time. A decision taken in this process wakes
+  the poll at once. So an approval starts its call within about a second wherever it was
+  taken, and a replica dying while a call waits loses nothing: the call is in the store.
+- A session that stops waiting makes the call stale (the usual ``mark_stale`` of pending
+  calls): an approval then finds nothing to decide, or the approved call is not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client import AgentsClient
+from ..errors import (
+    APIError,
+    ApprovalDecidedError,
+    ApprovalExpiredError,
+    ApprovalNotFoundError,
+    StoreError,
+)
+from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
+from ..records import CallKey, CallRecord, CallState
+from ..results import failure_result
+from ..store.base import ApprovalStore, Store
+from ..tools import FunctionTools
+from ..tracing import Telemetry
+from .execution import Executor
+from .settings import DispatchSettings
+from .submission import Submitter
+
+__all__ = ["ApprovalView", "Approvals", "approval_view"]
+
+logger = logging.getLogger("agentfn_asgi.dispatch.approvals")
+
+#: Tries of ``on_approval_request`` for one request, and the first pause between them
+#: (doubling): about eight minutes in all.
+NOTIFY_TRIES = 10
+NOTIFY_FIRST_DELAY = 1.0
+#: Requests expired or approved calls claimed per poll.
+POLL_BATCH = 100
+#: The waiting-requests gauge counts up to this many.
+COUNT_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalView:
+    """One approval request as hosts, the CLI and the page see it (no arguments: those are
+    read from the live session when a person is about to decide). ``links`` holds the
+    signed links to decide it, when the app can make them."""
+
+    approval_id: str
+    session_id: str
+    turn_id: str
+    call_id: str
+    tool_name: str
+    digest: str
+    requested_at: float
+    expires_at: float
+    state: str
+    decision: str | None = None
+    decided_by: str | None = None
+    decided_via: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+    links: dict[str, str] = field(default_factory=dict)
+
+
+def approval_view(record: CallRecord, links: dict[str, str] | None = None) -> ApprovalView:
+    """The :class:`ApprovalView` of a call that has an approval request."""
+    request = record.approval
+    assert request is not None, "the call has no approval request"
+    return ApprovalView(
+        approval_id=request.approval_id,
+        session_id=record.key.session_id,
+        turn_id=record.key.turn_id,
+        call_id=record.key.call_id,
+        tool_name=record.tool_name,
+        digest=request.digest,
+        requested_at=request.requested_at,
+        expires_at=request.expires_at,
+        state=record.state.value,
+        decision=request.decision,
+        decided_by=request.decided_by,
+        decided_via=request.decided_via,
+        decided_at=request.decided_at,
+        reason=request.reason,
+        links=dict(links or {}),
+    )
+
+
+class Approvals:
+    """Decides approval requests and runs approved calls for one dispatcher."""
+
+    def __init__(
+        self,
+        store: Store,
+        client: AgentsClient,
+        submitter: Submitter,
+        executor: Executor,
+        *,
+        tools: FunctionTools,
+        settings: DispatchSettings,
+        owner: str,
+        clock: Callable[[], float],
+        telemetry: Telemetry,
+        track: Callable[[CallKey, Coroutine[Any, Any, None]], None],
+        busy: Callable[[CallKey], bool],
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._submitter = submitter
+        self._executor = executor
+        self._tools = tools
+        self._settings = settings
+        self._owner = owner
+        self._clock = clock
+        self._telemetry = telemetry
+        self._track = track
+        self._busy = busy
+        self._spawn = spawn
+        self._wake = asyncio.Event()
+        self._count_due = 0.0
+        #: The host's ``on_approval_request``: told of each request made here, once.
+        self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
+        #: Builds the links of a request (the operator page's signed link), when the page
+        #: knows its public URL (``AdminApp(public_url=...)``).
+        self.links: Callable[[ApprovalView], dict[str, str]] | None = None
+        executor.on_approval_request = self._requested
+
+    @property
+    def enabled(self) -> bool:
+        """Does the store carry out approval (else ``approval=`` tools are refused)?"""
+        return isinstance(self._store, ApprovalStore)
+
+    def _approval_store(self) -> ApprovalStore:
+        store = self._store
+        if not isinstance(store, ApprovalStore):
+            raise StoreError(f"the store {self._store.location} does not hold approvals")
+        return store
+
+    # -- deciding ----------------------------------------------------------------------------
+    async def decide(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        by: str,
+        via: str,
+        reason: str | None = None,
+        digest: str | None = None,
+    ) -> ApprovalView:
+        """Take a person's decision on ``approval_id``, once; returns the decided request.
+
+        Raises :class:`~agentfn_asgi.errors.ApprovalNotFoundError` (no such request here),
+        :class:`~agentfn_asgi.errors.ApprovalExpiredError` (it expired first: the call
+        fails, saying so) or :class:`~agentfn_asgi.errors.ApprovalDecidedError` (decided
+        already, or the session stopped waiting). ``digest``, when given (a signed link),
+        must be the request's: the decision is bound to the arguments the person saw.
+        """
+        store = self._approval_store()
+        record = await store.find_approval(approval_id)
+        if record is None or record.approval is None:
+            raise ApprovalNotFoundError(
+                f"no approval request {approval_id} in this store", approval_id=approval_id
+            )
+        if digest is not None and digest != record.approval.digest:
+            raise ApprovalNotFoundError(
+                f"approval request {approval_id} is for other arguments",
+                approval_id=approval_id,
+            )
+        self._refuse_if_decided(record)
+        if self._clock() >= record.approval.expires_at:
+            await self._expire(record)
+            raise ApprovalExpiredError(
+                f"approval request {approval_id} expired before this decision; the call "
+                "failed, saying nobody approved it in time",
+                approval_id=approval_id,
+                decision="expired",
+            )
+        decision = "approved" if approve else "denied"
+        result = None
+        if not approve:
+            text = reason.strip() if reason and reason.strip() else "no reason was given."
+            message = APPROVAL_DENIED_MESSAGE.format(name=record.tool_name, reason=text)
+            result = failure_result(record.key, message, "approval_denied", source="approval")
+        decided = await store.decide_approval(
+            record.key,
+            approval_id=approval_id,
+            decision=decision,
+            by=by,
+            via=via,
+            reason=reason,
+            result=result,
+        )
+        if decided is None:  # another decision, the expiry or the session got there first
+            latest = await store.find_approval(approval_id)
+            if latest is not None:
+                self._refuse_if_decided(latest)
+            raise ApprovalDecidedError(
+                f"approval request {approval_id} changed meanwhile",
+                approval_id=approval_id,
+                decision=None,
+            )
+        self._decided(decided)
+        if approve:
+            self._wake.set()  # run it now if this process runs the dispatcher's poll
+        else:
+            await self._submit(decided)
+        return approval_view(decided)
+
+    def _refuse_if_decided(self, record: CallRecord) -> None:
+        request = record.approval
+        assert request is not None
+        if request.decision is not None:
+            who = f" by {request.decided_by}" if request.decided_by else ""
+            error = ApprovalExpiredError if request.decision == "expired" else ApprovalDecidedError
+            raise error(
+                f"approval request {request.approval_id} was already decided: "
+                f"{request.decision}{who}",
+                approval_id=request.approval_id,
+                decision=request.decision,
+            )
+        if record.state is not CallState.AWAITING_APPROVAL:
+            raise ApprovalDecidedError(
+                f"approval request {request.approval_id} no longer waits: the call is "
+                f"{record.state.value} (the session stopped waiting for it)",
+                approval_id=request.approval_id,
+                decision=None,
+            )
+
+    def _decided(self, record: CallRecord) -> None:
+        """The log line and the histogram of one decision."""
+        request = record.approval
+        assert request is not None and request.decision is not None
+        waited = (request.decided_at or self._clock()) - request.requested_at
+        self._telemetry.record_approval_decision(request.decision, waited)
+        fields = {
+            "tool": record.tool_name,
+            "session_id": record.key.session_id,
+            "turn_id": record.key.turn_id,
+            "call_id": record.key.call_id,
+            "approval_id": request.approval_id,
+            "approval": request.decision,
+            "decided_by": request.decided_by,
+            "decided_via": request.decided_via,
+            "reason": request.reason,
+            "waited_s": round(waited, 3),
+        }
+        logger.info(
+            "approval %s: tool=%s session=%s call=%s approval_id=%s by=%s via=%s waited=%.0fs%s",
+            request.decision,
+            record.tool_name,
+            record.key.session_id,
+            record.key.call_id,
+            request.approval_id,
+            request.decided_by or "-",
+            request.decided_via or "-",
+            waited,
+            f" reason={request.reason!r}" if request.reason else "",
+            extra={"agentfn": fields},
+        )
+
+    async def _submit(self, record: CallRecord) -> None:
+        """Submit a decision's failure now; a failed submission is the sweep's to retry."""
+        try:
+            await self._executor.resubmit(record)
+        except (APIError, StoreError) as exc:  # pragma: no cover - resubmit logs its own
+            logger.warning("submitting %s failed; the sweep retries it: %s", record.key, exc)
+
+    async def _expire(self, record: CallRecord) -> CallRecord | None:
+        """The request lapsed: fail the call, saying nobody approved it in time."""
+        request = record.approval
+        assert request is not None
+        result = failure_result(
+            record.key,
+            APPROVAL_EXPIRED_MESSAGE.format(name=record.tool_name),
+            "approval_expired",
+            source="approval",
+        )
+        decided = await self._approval_store().decide_approval(
+            record.key,
+            approval_id=request.approval_id,
+            decision="expired",
+            by="nobody",
+            via="expiry",
+            reason=None,
+            result=result,
+        )
+        if decided is not None:
+            self._decided(decided)
+            await self._submit(decided)
+        return decided
+
+    # -- the poll ----------------------------------------------------------------------------
+    async def poll(self) -> None:
+        """One pass: expire lapsed requests, claim and run approved calls, count waiting."""
+        store = self._approval_store()
+        for record in await store.waiting_approvals(expired_by=self._clock(), limit=POLL_BATCH):
+            if not self._busy(record.key):
+                await self._expire(record)
+        for record in await store.approved_calls(limit=POLL_BATCH):
+            if not self._busy(record.key):
+                await self._run_approved(record)
+        if time.monotonic() >= self._count_due:
+            # The gauge needs no second's precision: count at the sweep's pace.
+            self._count_due = time.monotonic() + self._settings.recovery_interval
+            waiting = await store.waiting_approvals(limit=COUNT_LIMIT)
+            self._telemetry.set_approvals_waiting(len(waiting))
+
+    async def _run_approved(self, record: CallRecord) -> None:
+        """Read the live session for the call's arguments, claim it (one replica wins) and
+        run it as a fresh attempt; a session that no longer waits makes it stale."""
+        key = record.key
+        try:
+            session = await self._client.retrieve_session(key.session_id)
+        except APIError as exc:
+            logger.warning("approved call %s waits: its session could not be read: %s", key, exc)
+            return
+        action = next(
+            (
+                a
+                for a in session.function_calls
+                if a.turn_id == key.turn_id and a.call_id == key.call_id
+            ),
+            None,
+        )
+        if action is None:
+            await self._store.mark_stale(key)
+            return
+        sent = time.monotonic()
+        claimed = await self._approval_store().claim_approved(
+            key, owner=self._owner, lease_seconds=self._settings.lease_seconds
+        )
+        if claimed is None:
+            return  # another replica claimed it first
+        tool = self._tools.get(action.name)
+        self._track(key, self._executor.rerun(claimed, action, tool, claimed_at=sent))
+
+    async def loop(self) -> None:
+        """Poll every ``approval_poll_interval``, or at once when woken by a decision."""
+        while True:
+            self._wake.clear()
+            try:
+                await self.poll()
+            except (APIError, StoreError) as exc:
+                logger.warning("approval poll failed, retrying: %s", exc)
+            except Exception:
+                logger.exception("unexpected error in the approval poll")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), timeout=self._settings.approval_poll_interval
+                )
+
+    # -- telling someone -----------------------------------------------------------------------
+    def _requested(self, record: CallRecord) -> None:
+        """A request was just made here: tell the host (in the background, with retries)."""
+        if self.notify is None:
+            return
+        view = approval_view(record)
+        if self.links is not None:
+            view = dataclasses.replace(view, links=self.links(view))
+        self._spawn(self._notify(view))
+
+    async def _notify(self, view: ApprovalView) -> None:
+        notify = self.notify
+        assert notify is not None
+        delay = NOTIFY_FIRST_DELAY
+        for attempt in range(1, NOTIFY_TRIES + 1):
+            try:
+                await notify(view)
+                return
+            except Exception:
+                logger.warning(
+                    "on_approval_request failed for %s (try %d of %d)",
+                    view.approval_id,
+                    attempt,
+                    NOTIFY_TRIES,
+                    exc_info=True,
+                )
+            await asyncio.sleep(delay)
+            delay *= 2
+        logger.error("on_approval_request gave up on %s", view.approval_id)

@@ -1,0 +1,92 @@
+"""dispatch.scheduler: resolving sessions, the not-found grace, and the recovery sweep."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentfn_asgi.errors import APIError, SessionNotFoundYetError
+from agentfn_asgi.records import CallState
+from agentfn_asgi.store.memory import MemoryStore
+
+from ..support.clock import FakeClock
+from .conftest import API, SETTINGS, dispatching, lookup_tools, saved
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_resolve_runs_each_pending_call_once_and_submits_it(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    runs: list[str] = []
+    key = api.one_call()
+    async with dispatching(api, store, clock, lookup_tools(runs)) as dispatcher:
+        await store.record_delivery("d1", key.session_id, nonce="n")
+        await dispatcher.resolve(key.session_id, delivery_id="d1")
+        await dispatcher.resolve(key.session_id)  # a second read while it runs: no re-run
+        await dispatcher.wait_for([key])
+    assert runs == ["a"]
+    assert [(s.call_id, s.output) for s in api.fake.submissions] == [("c1", "value of a")]
+    record = await store.get_call(key)
+    assert record is not None and record.state is CallState.SUBMITTED
+    assert await store.unresolved_deliveries(due_before=clock() + 1) == []
+
+
+async def test_a_session_not_found_within_the_grace_stays_for_the_sweep(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """A 404 for a session whose delivery just arrived raises SessionNotFoundYetError (an
+    APIError: the delivery stays unresolved); past ``not_found_grace`` the session counts
+    as deleted and its recorded calls become stale."""
+    key = api.one_call()
+    await saved(store, key)
+    api.fake.delete_session(key.session_id)
+    async with dispatching(api, store, clock, lookup_tools()) as dispatcher:
+        with pytest.raises(SessionNotFoundYetError) as caught:
+            await dispatcher.resolve(key.session_id, delivery_id="d1", received_at=clock())
+        assert isinstance(caught.value, APIError)
+        record = await store.get_call(key)
+        assert record is not None and record.state is CallState.SUCCEEDED
+        clock.advance(SETTINGS.not_found_grace)
+        await dispatcher.resolve(key.session_id, received_at=clock() - SETTINGS.not_found_grace)
+    record = await store.get_call(key)
+    assert record is not None and record.state is CallState.STALE
+
+
+async def test_one_404_on_the_submission_is_resubmitted_by_the_sweep(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """Issue 22, through the dispatcher: the result refused once with 404 is kept (not
+    stale), and the sweep resubmits it once its backoff has passed; the session is answered.
+    Before, the call was stale at once and the session waited forever."""
+    runs: list[str] = []
+    key = api.one_call()
+    api.fake.fail_next("submit", 1, 404)
+    async with dispatching(api, store, clock, lookup_tools(runs)) as dispatcher:
+        await dispatcher.resolve(key.session_id)
+        await dispatcher.wait_for([key])
+        assert api.fake.submissions == []
+        kept = await store.get_call(key)
+        assert kept is not None and kept.state is CallState.SUCCEEDED and kept.failures == 1
+        clock.advance(SETTINGS.retry_delay(1) + SETTINGS.recovery_grace)
+        await dispatcher.sweep()
+        await dispatcher.wait_for([key])
+    assert runs == ["a"]  # resubmitted, never run again
+    assert [s.call_id for s in api.fake.submissions] == ["c1"]
+    assert api.fake.session(key.session_id)["status"] == "idle"
+
+
+async def test_the_sweep_marks_calls_of_a_cancelled_turn_stale(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """A saved result whose turn was cancelled meanwhile: the sweep's submission is refused
+    and the session (read again) no longer waits for it, so the call is stale, once."""
+    key = api.one_call()
+    await saved(store, key)
+    api.fake.cancel_turn(key.session_id)
+    async with dispatching(api, store, clock, lookup_tools()) as dispatcher:
+        clock.advance(SETTINGS.recovery_grace)
+        await dispatcher.sweep()
+        await dispatcher.wait_for([key])
+    record = await store.get_call(key)
+    assert record is not None and record.state is CallState.STALE
+    assert api.fake.submissions == []

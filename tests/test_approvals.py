@@ -1,0 +1,387 @@
+"""Durable human approval (issue 23) in process, over the memory store and the fake API:
+a call of an ``approval=`` tool waits for a person, runs once when approved, fails with the
+reason when denied, fails saying so when nobody decided in time, and is never asked for or
+run twice by a redelivery."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import anyio
+import pytest
+
+from agentfn_asgi.dispatch.approvals import ApprovalView
+from agentfn_asgi.errors import (
+    ApprovalDecidedError,
+    ApprovalExpiredError,
+    ApprovalNotFoundError,
+    ToolDefinitionError,
+)
+from agentfn_asgi.records import CallKey, CallRecord, CallState, arguments_digest
+from agentfn_asgi.store import Store
+from agentfn_asgi.store.memory import MemoryStore
+from agentfn_asgi.testing import Connection, FakeCall
+from agentfn_asgi.tools import FunctionTools, ToolContext
+
+from .support.stack import FAST, running_stack
+
+pytestmark = pytest.mark.anyio
+
+SETTINGS = dataclasses.replace(FAST, approval_poll_interval=0.05)
+
+
+def account_tools(ran: list[str], **options: Any) -> FunctionTools:
+    tools = FunctionTools()
+
+    @tools.function(side_effects=True, approval=options.pop("approval", True), **options)
+    def close_account(ctx: ToolContext, account_id: str) -> dict[str, Any]:
+        """Close a customer's account."""
+        ran.append(ctx.call_id)
+        return {"closed": True, "account_id": account_id}
+
+    @tools.reconciler("close_account")
+    def closed_already(ctx: ToolContext, account_id: str) -> Any:
+        from agentfn_asgi.tools import NotRun, Ran
+
+        if ctx.call_id in ran:
+            return Ran({"closed": True, "account_id": account_id})
+        return NotRun()
+
+    return tools
+
+
+async def record_of(store: Store, session_id: str, call_id: str) -> CallRecord | None:
+    for record in await store.calls_for_session(session_id):
+        if record.key.call_id == call_id:
+            return record
+    return None
+
+
+async def until_state(stack: Connection, sid: str, call_id: str, *states: CallState) -> CallRecord:
+    with anyio.fail_after(10):
+        while True:
+            record = await record_of(stack.store, sid, call_id)
+            if record is not None and record.state in states:
+                return record
+            await anyio.sleep(0.02)
+
+
+async def submitted(stack: Connection, call_id: str) -> Any:
+    with anyio.fail_after(10):
+        while not [s for s in stack.fake.submissions if s.call_id == call_id]:
+            await anyio.sleep(0.02)
+    return next(s for s in stack.fake.submissions if s.call_id == call_id)
+
+
+async def test_a_held_call_runs_once_when_approved_and_the_decision_is_taken_once() -> None:
+    """Nothing runs while the call waits; approve runs it once (a fresh attempt, not in
+    doubt) and the result is accepted; a second approval is refused, naming the first."""
+    ran: list[str] = []
+    async with running_stack(account_tools(ran), settings=SETTINGS) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_1"}, call_id="c1")]]
+        )
+        waiting = await until_state(stack, sid, "c1", CallState.AWAITING_APPROVAL)
+        assert ran == [] and stack.fake.submissions == []
+        request = waiting.approval
+        assert request is not None and request.tool_name == "close_account"
+        assert request.digest == arguments_digest({"account_id": "acc_1"})
+        assert request.expires_at - request.requested_at == pytest.approx(24 * 3600)
+
+        views = await stack.app.operator().approvals()
+        assert [v.approval_id for v in views] == [request.approval_id]
+
+        decided = await stack.app.approve(request.approval_id, by="alice")
+        assert decided.decision == "approved" and decided.decided_by == "alice"
+        submission = await submitted(stack, "c1")
+        assert submission.success and '"closed":true' in submission.output
+        assert ran == ["c1"]
+        with pytest.raises(ApprovalDecidedError, match="already decided: approved by alice"):
+            await stack.app.approve(request.approval_id, by="bob")
+        with pytest.raises(ApprovalNotFoundError):
+            await stack.app.approve("apr_nope", by="bob")
+        detail = await stack.app.operator().call("c1", session_id=sid)
+    kinds = [e.kind for e in detail.history]
+    assert kinds == [
+        "claimed",
+        "approval_requested",
+        "approved",
+        "claimed_approved",
+        "saved",
+        "submitted",
+    ]
+    assert "by=alice via=api" in detail.history[2].detail
+    assert detail.approval is not None and detail.approval.decision == "approved"
+    assert ran == ["c1"]
+
+
+async def test_a_denied_call_never_runs_and_the_model_gets_the_reason() -> None:
+    ran: list[str] = []
+    async with running_stack(account_tools(ran), settings=SETTINGS) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_2"}, call_id="d1")]]
+        )
+        waiting = await until_state(stack, sid, "d1", CallState.AWAITING_APPROVAL)
+        assert waiting.approval is not None
+        await stack.app.deny(waiting.approval.approval_id, reason="customer has a balance", by="bo")
+        submission = await submitted(stack, "d1")
+        with pytest.raises(ApprovalDecidedError, match="denied by bo"):
+            await stack.app.approve(waiting.approval.approval_id, by="alice")
+    assert not submission.success
+    assert "denied" in submission.error and "customer has a balance" in submission.error
+    assert ran == []
+
+
+async def test_nobody_deciding_in_time_fails_the_call_saying_so() -> None:
+    ran: list[str] = []
+    async with running_stack(account_tools(ran, approval_timeout=0.3), settings=SETTINGS) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_3"}, call_id="e1")]]
+        )
+        waiting = await until_state(stack, sid, "e1", CallState.AWAITING_APPROVAL)
+        submission = await submitted(stack, "e1")
+        assert waiting.approval is not None
+        with pytest.raises(ApprovalExpiredError):
+            await stack.app.approve(waiting.approval.approval_id, by="late")
+        record = await stack.store.get_call(waiting.key, history=True)
+    assert not submission.success and "nobody approved it in time" in submission.error
+    assert ran == []
+    assert record is not None and record.approval is not None
+    assert record.approval.decision == "expired"
+    assert "approval_expired" in [e.kind for e in record.history]
+
+
+async def test_bad_arguments_fail_as_usual_and_ask_nobody() -> None:
+    ran: list[str] = []
+    async with running_stack(account_tools(ran), settings=SETTINGS) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": 7}, call_id="v1")]]
+        )
+        submission = await submitted(stack, "v1")
+        record = await record_of(stack.store, sid, "v1")
+    assert not submission.success and record is not None and record.approval is None
+
+
+async def test_a_predicate_asks_only_when_it_says_so() -> None:
+    """``approval=`` a callable: the refund over the limit waits, the small one runs."""
+    ran: list[str] = []
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def over_limit(ctx: ToolContext, arguments: dict[str, Any]) -> bool:
+        seen.append((ctx.call_id, arguments))
+        return bool(arguments["account_id"].startswith("big_"))
+
+    async with running_stack(account_tools(ran, approval=over_limit), settings=SETTINGS) as stack:
+        sid = stack.fake.create_session(
+            [
+                [
+                    FakeCall("close_account", {"account_id": "small_1"}, call_id="p1"),
+                    FakeCall("close_account", {"account_id": "big_1"}, call_id="p2"),
+                ]
+            ]
+        )
+        await submitted(stack, "p1")
+        await until_state(stack, sid, "p2", CallState.AWAITING_APPROVAL)
+    assert ran == ["p1"]
+    assert sorted(seen) == [("p1", {"account_id": "small_1"}), ("p2", {"account_id": "big_1"})]
+
+
+async def test_a_redelivery_neither_asks_again_nor_runs_it() -> None:
+    """The fake redelivers the session's webhook; the sweep runs: one request, nothing run,
+    and the host's hook heard of it once (after a failure, retried)."""
+    ran: list[str] = []
+    heard: list[ApprovalView] = []
+
+    async def on_request(view: ApprovalView) -> None:
+        heard.append(view)
+        if len(heard) == 1:
+            raise RuntimeError("chat is down")
+
+    async with running_stack(
+        account_tools(ran), settings=SETTINGS, on_approval_request=on_request
+    ) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_4"}, call_id="r1")]]
+        )
+        first = await until_state(stack, sid, "r1", CallState.AWAITING_APPROVAL)
+        for _ in range(3):
+            stack.fake.redeliver(sid)
+            await stack.app.recover()
+        again = await record_of(stack.store, sid, "r1")
+        with anyio.fail_after(10):
+            while len(heard) < 2:
+                await anyio.sleep(0.02)
+    assert again is not None and again.state is CallState.AWAITING_APPROVAL
+    assert again.approval == first.approval and ran == []
+    assert first.approval is not None
+    assert [v.approval_id for v in heard] == [first.approval.approval_id] * 2
+    assert heard[0].session_id == sid and heard[0].call_id == "r1"
+
+
+async def test_a_cancelled_turn_makes_the_request_stale_and_nothing_runs() -> None:
+    """The session stops waiting: an approval taken before anyone noticed runs nothing (the
+    replica about to run it reads the session and marks the call stale); once stale, the
+    request refuses decisions."""
+    ran: list[str] = []
+    async with running_stack(account_tools(ran), settings=SETTINGS) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_5"}, call_id="s1")]]
+        )
+        waiting = await until_state(stack, sid, "s1", CallState.AWAITING_APPROVAL)
+        stack.fake.cancel_turn(sid)
+        assert waiting.approval is not None
+        await stack.app.approve(waiting.approval.approval_id, by="alice")
+        await until_state(stack, sid, "s1", CallState.STALE)
+        with pytest.raises(ApprovalDecidedError, match="already decided: approved by alice"):
+            await stack.app.deny(waiting.approval.approval_id, by="bob")
+        sid2 = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_6"}, call_id="s2")]]
+        )
+        other = await until_state(stack, sid2, "s2", CallState.AWAITING_APPROVAL)
+        stack.fake.cancel_turn(sid2)
+        await stack.store.mark_stale(other.key)  # what a resolve of the session does
+        assert other.approval is not None
+        with pytest.raises(ApprovalDecidedError, match="no longer waits"):
+            await stack.app.approve(other.approval.approval_id, by="alice")
+    assert ran == [] and stack.fake.submissions == []
+
+
+async def test_an_approved_call_is_claimed_by_one_replica_only() -> None:
+    """Two instances over one store: one claim of the approved call wins."""
+    store = MemoryStore()
+    other = store.sharing("")
+    key = CallKey("s", "t", "c")
+    await store.claim_call(key, tool_name="close_account", owner="a", lease_seconds=30)
+    from agentfn_asgi.records import ApprovalRequest
+
+    request = ApprovalRequest(
+        approval_id="apr_1",
+        tool_name="close_account",
+        digest="d",
+        requested_at=0.0,
+        expires_at=store._clock() + 60,
+    )
+    held = await store.request_approval(key, owner="a", attempt=1, request=request)
+    assert held.state is CallState.AWAITING_APPROVAL and held.lease_expires_at == request.expires_at
+    approved = await other.decide_approval(
+        key, approval_id="apr_1", decision="approved", by="x", via="cli"
+    )
+    assert approved is not None and approved.state is CallState.APPROVED
+    assert (
+        await store.decide_approval(
+            key, approval_id="apr_1", decision="approved", by="y", via="cli"
+        )
+        is None
+    )
+    claims = [
+        await s.claim_approved(key, owner=name, lease_seconds=30)
+        for s, name in ((store, "a"), (other, "b"))
+    ]
+    assert [c is not None for c in claims] == [True, False]
+    assert claims[0] is not None and claims[0].attempt == 2 and claims[0].owner == "a"
+
+
+def test_approval_options_are_checked_at_registration() -> None:
+    tools = FunctionTools()
+
+    def tool(account_id: str) -> str:
+        """A tool."""
+        return account_id
+
+    with pytest.raises(ToolDefinitionError, match="approval must be"):
+        tools.add(tool, approval="yes")  # type: ignore[arg-type]
+    with pytest.raises(ToolDefinitionError, match="approval_timeout= only applies"):
+        tools.add(tool, approval_timeout=5)
+    with pytest.raises(ToolDefinitionError, match="positive"):
+        tools.add(tool, approval=True, approval_timeout=0)
+    assert tools.add(tool, approval=True, approval_timeout=60).approval_timeout == 60.0
+
+
+async def test_the_span_the_log_and_the_metrics_tell_who_decided(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's execute_tool span notes the approval (id, decision, who, how, how long it
+    waited); the decision's log line names them; the gauge counts waiting requests and the
+    histogram records the time to the decision."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentfn_asgi.tracing import Telemetry
+
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = Telemetry(
+        tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader])
+    )
+    ran: list[str] = []
+    caplog.set_level("INFO", logger="agentfn_asgi")
+    async with running_stack(account_tools(ran), settings=SETTINGS, telemetry=telemetry) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_t"}, call_id="t1")]]
+        )
+        waiting = await until_state(stack, sid, "t1", CallState.AWAITING_APPROVAL)
+        assert waiting.approval is not None
+        with anyio.fail_after(10):  # counted at the sweep's pace
+            while _gauge(reader) != [1]:
+                await anyio.sleep(0.02)
+        await stack.app.approve(waiting.approval.approval_id, by="carol")
+        await submitted(stack, "t1")
+    runs = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == "execute_tool close_account"
+        and (s.attributes or {}).get("agentfn.approval.decision") == "approved"
+    ]
+    assert len(runs) == 1
+    attributes = runs[0].attributes or {}
+    assert attributes["agentfn.approval.id"] == waiting.approval.approval_id
+    assert attributes["agentfn.approval.decided_by"] == "carol"
+    assert attributes["agentfn.approval.decided_via"] == "api"
+    held = [
+        s
+        for s in exporter.get_finished_spans()
+        if (s.attributes or {}).get("agentfn.call.source") == "approval"
+    ]
+    assert len(held) == 1
+    histogram = _metrics(reader)["agentfn.approval.time_to_decision"]
+    [point] = histogram.data.data_points
+    assert point.count == 1 and dict(point.attributes or {}) == {
+        "agentfn.approval.decision": "approved"
+    }
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("approval ")]
+    assert any("approved" in line and "by=carol via=api" in line for line in lines), lines
+
+
+def _gauge(reader: Any) -> list[Any]:
+    gauge = _metrics(reader).get("agentfn.approvals.waiting")
+    return [] if gauge is None else [p.value for p in gauge.data.data_points]
+
+
+def _metrics(reader: Any) -> dict[str, Any]:
+    data = reader.get_metrics_data()
+    found: dict[str, Any] = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found[metric.name] = metric
+    return found
+
+
+def test_status_counts_the_waiting_requests() -> None:
+    from agentfn_asgi.cli.ops import format_overview
+    from agentfn_asgi.operator import Overview
+
+    overview = Overview(
+        store="memory://",
+        healthy=True,
+        deliveries=0,
+        unresolved_deliveries=0,
+        calls_by_state={"awaiting_approval": 2},
+        approvals_waiting=2,
+    )
+    assert "approvals       2 waiting (agentfn-asgi approvals)" in format_overview(overview, now=0)

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint types unit browser screenshots reliability fuzz-long bench bench-quick clean
+.PHONY: demo test check lint types unit docs browser screenshots reliability fuzz-long bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,7 +34,12 @@ browser:
 screenshots: $(STAMP) browser
 	$(BIN)/python -m tests.admin.screenshots docs/screenshots
 
-test: lint types unit
+# The documentation site (docs/, mkdocs.yml) into site/; --strict turns every warning (a broken
+# link, a docstring mkdocstrings cannot read) into a failure.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint types docs unit
 
 # The fast subset while coding (about half a minute of CPU): no process spawned, no backend service, no property tests.
 check: $(STAMP)
@@ -62,4 +67,4 @@ bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist site *.egg-info

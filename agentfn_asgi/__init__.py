@@ -1,7 +1,13 @@
 """agentfn-asgi: run function tools for OpenAI's Agents API from signed webhooks.
 
 Mount :class:`AgentWebhookApp` in your ASGI service, register handlers on a
-:class:`FunctionTools` registry, and give the agent ``tools.definitions()``. See the README.
+:class:`FunctionTools` registry, and give the agent ``tools.definitions()``.
+
+The documentation is the repository's ``docs/`` folder (a site built with ``make docs``).
+Docstrings cite two of its pages: "wire protocol §N" is a section of
+``docs/how-it-works/wire-protocol.md`` (the Agents API as the package relies on it), and
+"architecture step N" a step of ``docs/how-it-works/architecture.md`` (one delivery, end to
+end).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from agentfn_asgi.errors import (
     ResultEncodingError,
     ResultError,
     ResultTooLargeError,
+    RetryLater,
     SessionNotFoundYetError,
     StoreError,
     StoreUnavailableError,
@@ -55,6 +62,7 @@ from agentfn_asgi.errors import (
     WebhookTimestampError,
     WebhookVerificationError,
 )
+from agentfn_asgi.policy import RetryPolicy
 from agentfn_asgi.results import ImagePart, TextPart, image_from_bytes, image_part, text_part
 from agentfn_asgi.signing import VerifiedDelivery, WebhookVerifier, sign, signed_headers
 from agentfn_asgi.store import Store, open_store
@@ -105,6 +113,8 @@ __all__ = [
     "ResultError",
     "ResultTooLargeError",
     "RetryEvent",
+    "RetryLater",
+    "RetryPolicy",
     "SessionNotFoundYetError",
     "Store",
     "StoreError",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
-import math
 import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ __all__ = [
     "check_option_names",
     "label_of",
     "no_reconcile_problem",
-    "settle_options",
     "untyped_problems",
     "warn_at",
 ]
@@ -72,60 +70,6 @@ def check_option_names(where: str, options: Mapping[str, Any], valid: Collection
             raise ToolDefinitionError(
                 f"{where}: unknown option {key!r}{hint}; the options are {', '.join(sorted(valid))}"
             )
-
-
-def settle_options(
-    label: str, options: Mapping[str, Any], valid: Collection[str], *, job_deadline: float
-) -> dict[str, Any]:
-    """The tool fields the options set (all but ``name`` and ``description``), checked.
-    ``job_deadline`` is the default deadline of a worker tool's job."""
-    check_option_names(label, options, valid)
-    side_effects = bool(options.get("side_effects", False))
-    reconcile = options.get("reconcile")
-    timeout = options.get("timeout")
-    enqueue = options.get("enqueue")
-    deadline = options.get("job_deadline", job_deadline)
-    if reconcile is not None and not side_effects:
-        raise ToolDefinitionError(f"{label}: reconcile= only applies with side_effects=True")
-    if reconcile is not None and not callable(reconcile):
-        raise ToolDefinitionError(f"{label}: reconcile must be callable")
-    if timeout is not None and not _positive(timeout):
-        raise ToolDefinitionError(f"{label}: timeout must be a positive number of seconds")
-    if enqueue is not None and not callable(enqueue):
-        raise ToolDefinitionError(f"{label}: enqueue must be callable")
-    if not _positive(deadline):
-        raise ToolDefinitionError(f"{label}: job_deadline must be a positive number of seconds")
-    approval = options.get("approval", False)
-    approval_timeout = options.get("approval_timeout")
-    if not isinstance(approval, bool) and not callable(approval):
-        raise ToolDefinitionError(
-            f"{label}: approval must be True, False or a callable (ctx, arguments) -> bool"
-        )
-    if approval_timeout is not None and not _positive(approval_timeout):
-        raise ToolDefinitionError(f"{label}: approval_timeout must be a positive number of seconds")
-    if approval_timeout is not None and approval is False:
-        raise ToolDefinitionError(f"{label}: approval_timeout= only applies with approval=")
-    check_deadline = getattr(enqueue, "check_job_deadline", None)
-    if callable(check_deadline):
-        # An enqueue that knows its queue's limits (the Celery integration's) refuses a
-        # deadline the queue cannot keep at registration, not at the first call.
-        check_deadline(float(deadline), label)
-    return {
-        "defer_loading": bool(options.get("defer_loading", False)),
-        "side_effects": side_effects,
-        "reconcile": reconcile,
-        "timeout": None if timeout is None else float(timeout),
-        "truncate_oversize": bool(options.get("truncate_oversize", False)),
-        "enqueue": enqueue,
-        "job_deadline": float(deadline),
-        "background": bool(options.get("background", False)),
-        "approval": approval,
-        "approval_timeout": None if approval_timeout is None else float(approval_timeout),
-    }
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
 def untyped_problems(

@@ -1,7 +1,8 @@
 """A test-only crash hook: ``AGENTFN_CRASH_AT=<point>[:<tool>]`` kills the process there.
 
 The reliability suite (tests/reliability) starts the app in a real process with this variable
-set, so the SIGKILL lands at an exact step of DESIGN.md's flow instead of at a random time.
+set, so the SIGKILL lands at an exact step of the flow in docs/how-it-works/architecture.md
+instead of at a random time.
 It is armed only when a second, explicitly test-only switch is also set,
 ``AGENTFN_TEST_ONLY_ENABLE_CRASH_HOOK=yes-kill-this-process``, so a stray ``AGENTFN_CRASH_AT``
 in a production environment can never kill a server. Unarmed (always, in production) it

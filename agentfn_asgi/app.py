@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
 
@@ -52,8 +54,8 @@ from .errors import (
     WebhookTimestampError,
     WebhookVerificationError,
 )
-from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, worker_jobs
-from .logs import show_by_default
+from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, WorkerJobs, worker_jobs
+from .logs import one_line_start_failure, show_by_default
 from .operator import Operator
 from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
@@ -66,6 +68,7 @@ from .wire import AgentSession, parse_webhook_event
 __all__ = ["AgentWebhookApp"]
 
 logger = logging.getLogger("agentfn_asgi.app")
+_T = TypeVar("_T")
 
 
 ACTION_REQUIRED = "agent.session.action_required"
@@ -95,8 +98,14 @@ class AgentWebhookApp:
     """Mount this at your webhook URL; it verifies, records, acknowledges and dispatches.
 
     Every option left out is read from the environment through
-    :meth:`agentfn_asgi.config.Config.from_env` (or taken from ``config=``); see the README's
-    configuration table.
+    :meth:`agentfn_asgi.config.Config.from_env` (or taken from ``config=``); see the
+    documentation's configuration page.
+
+    Building the app never fails for a missing or malformed secret, key or setting, so a
+    module that builds it at import time always imports (the CLI's ``agentfn-asgi tools``,
+    pytest's collection). The configuration is checked at start-up (the lifespan, or the
+    first request when the host runs none, which then gets 503 and logs why), or earlier
+    with :meth:`check`; every problem is named at once.
 
     Args:
         tools: the registry whose handlers run and whose definitions you gave the agent.
@@ -147,76 +156,106 @@ class AgentWebhookApp:
         config: Config | None = None,
         on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None = None,
     ) -> None:
-        env = config if config is not None else Config.from_env()
-        secrets = parse_secrets(webhook_secret) if webhook_secret is not None else ()
-        secrets = secrets or env.webhook_secrets
-        if not secrets:
-            raise ConfigurationError(
-                "no webhook secret: pass webhook_secret= or set OPENAI_WEBHOOK_SECRET "
-                "(the whsec_... value shown when the webhook endpoint was created)"
-            )
-        self.verifier = WebhookVerifier(secrets, tolerance=tolerance, clock=clock)
-        completion_secrets = (
-            parse_secrets(completion_secret, what="completion secrets")
-            if completion_secret is not None
-            else ()
-        )
-        completion_secrets = completion_secrets or env.completion_secrets
-        public_url = public_url if public_url is not None else env.public_url
-        # Completion tokens are bound to this app: its store's namespace and its mount.
-        namespace = (
-            env.store_namespace if store is None or isinstance(store, str) else store.namespace
-        )
-        self.jobs = worker_jobs(
-            tools, completion_secrets, public_url=public_url, namespace=namespace, clock=clock
-        )
-        _check_configuration(tools, secrets, completion_secrets, public_url)
-        self.telemetry = (
-            telemetry if telemetry is not None else Telemetry(capture_content=env.capture_content)
-        )
-        self._owns_client = client is None
-        # An owned client reports its retries as span events; pass
-        # on_retry=telemetry.client_retry to a client of your own for the same.
-        self.client = (
-            client if client is not None else env.client(on_retry=self.telemetry.client_retry)
-        )
-        self.store: Store = (
-            store
-            if store is not None and not isinstance(store, str)
-            else env.open_store(store, clock=clock)
-        )
-        opened_from = store if isinstance(store, str) else env.store_url if store is None else None
-        #: Where the store keeps its data (resolved, password hidden), logged at start-up.
-        self.store_location = store_location(self.store, opened_from)
+        self.tools = tools
         self.max_body_size = max_body_size
         self.body_timeout = body_timeout
         self.drain_timeout = drain_timeout
-        self.tools = tools
-        self.dispatcher = Dispatcher(
+        # The environment is read now (the app sees the variables set when it was built), but
+        # nothing is checked: a module that builds the app at import time must import without
+        # secrets (the CLI's `tools`, pytest's collection). _parts() checks and assembles.
+        env: Config | ConfigurationError
+        try:
+            env = config if config is not None else Config.from_env()
+        except ConfigurationError as exc:
+            env = exc
+        self._assemble = functools.partial(
+            _assemble,
             tools,
-            self.client,
-            self.store,
-            settings=settings if settings is not None else env.dispatch,
+            env,
+            webhook_secret=webhook_secret,
+            client=client,
+            store=store,
+            tolerance=tolerance,
+            settings=settings,
             resources=resources,
             clock=clock,
-            telemetry=self.telemetry,
-            handoff=self.jobs,
+            telemetry=telemetry,
+            completion_secret=completion_secret,
+            public_url=public_url,
+            on_approval_request=on_approval_request,
         )
-        self.dispatcher.approvals.notify = on_approval_request
+        self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
         self._draining = False
         self._rejections = _Throttle()
         self._ignored = _Throttle()
         self._lazy_warned = False
 
+    # -- the parts, assembled on first use -------------------------------------------------
+    def check(self) -> None:
+        """Check the configuration and assemble the app now, instead of at start-up.
+
+        Building the app never fails for a missing secret, key or setting, so that a module
+        which builds it at import time always imports. Start-up (the lifespan, or the first
+        request when the host runs none) runs these checks; call ``check()`` to run them
+        earlier, e.g. in a deployment's smoke test. Accessing ``client``, ``store``,
+        ``dispatcher``, ``verifier``, ``telemetry`` or ``operator()`` runs them too.
+
+        Raises :class:`~agentfn_asgi.errors.ConfigurationError` naming every problem found
+        (no webhook secret, no API key, a malformed store URL or ``AGENTFN_*`` value, a worker
+        tool without a completion secret or public URL, ...), each with its fix.
+        """
+        self._parts()
+
+    def _parts(self) -> _Parts:
+        if self._assembled is None:
+            self._assembled = self._assemble()
+        return self._assembled
+
+    @property
+    def verifier(self) -> WebhookVerifier:
+        """The webhook signature verifier (its secrets)."""
+        return self._parts().verifier
+
+    @property
+    def jobs(self) -> WorkerJobs | None:
+        """The worker lane (completion tokens), or None when no completion secret is set."""
+        return self._parts().jobs
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """Spans and metrics."""
+        return self._parts().telemetry
+
+    @property
+    def client(self) -> AgentsClient:
+        """The Agents API client."""
+        return self._parts().client
+
+    @property
+    def store(self) -> Store:
+        """The durable store."""
+        return self._parts().store
+
+    @property
+    def store_location(self) -> str:
+        """Where the store keeps its data (resolved, password hidden), logged at start-up."""
+        return self._parts().store_location
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """What claims, runs, saves and submits calls."""
+        return self._parts().dispatcher
+
     # -- lifecycle -------------------------------------------------------------------------
     async def startup(self) -> None:
-        """Open the store and start dispatching, with a recovery sweep. Idempotent.
+        """Check the configuration (see :meth:`check`), open the store and start dispatching,
+        with a recovery sweep. Idempotent.
 
         Where the host configured no logging at all, the package's INFO lines (this start-up
         line, refused deliveries, ``call finished``) are printed to standard error
         (:func:`agentfn_asgi.logs.show_by_default`)."""
-        if self.dispatcher.started:
+        if self._parts().dispatcher.started:
             return  # the per-delivery call (lazy start) costs no lock once running
         show_by_default()
         async with self._start_lock:
@@ -247,11 +286,14 @@ class AgentWebhookApp:
     async def shutdown(self) -> None:
         """Stop taking work (503), drain in-flight calls, then release the store and client."""
         self._draining = True
-        await self.dispatcher.stop(drain_timeout=self.drain_timeout)
+        parts = self._assembled
+        if parts is None:
+            return  # never assembled (its configuration failed): nothing was opened
+        await parts.dispatcher.stop(drain_timeout=self.drain_timeout)
         with contextlib.suppress(StoreError):
-            await self.store.close()
-        if self._owns_client:
-            await self.client.aclose()
+            await parts.store.close()
+        if parts.owns_client:
+            await parts.client.aclose()
 
     def operator(self) -> Operator:
         """What an operator sees and does for this app (the CLI's ``calls`` and the operator
@@ -280,8 +322,16 @@ class AgentWebhookApp:
         ``Starlette(lifespan=webhooks.lifespan)``, ``FastAPI(lifespan=webhooks.lifespan)``,
         or ``async with webhooks.lifespan(): ...`` inside your own lifespan. Without it the
         app starts lazily on its first request (hosts rarely forward lifespan to mounts).
+
+        A configuration mistake fails the start-up with :class:`ConfigurationError`; under
+        uvicorn it is printed as one line (:func:`agentfn_asgi.logs.one_line_start_failure`).
         """
-        await self.startup()
+        try:
+            await self.startup()
+        except ConfigurationError as exc:
+            one_line_start_failure(str(exc))
+            # Raised afresh here: the frames of the checks below say nothing to fix.
+            raise ConfigurationError(str(exc)) from None
         try:
             yield
         finally:
@@ -351,6 +401,11 @@ class AgentWebhookApp:
             return
         if scope["type"] != "http":
             return  # websockets are not ours; closing without accept refuses them
+        try:
+            self._parts()
+        except ConfigurationError as exc:
+            await self._unconfigured(scope, send, exc)
+            return
         path = sub_path(scope)
         method = scope.get("method", "GET")
         if path == "":
@@ -378,13 +433,27 @@ class AgentWebhookApp:
                 try:
                     await self.startup()
                 except Exception as exc:
-                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    # The server prints the message: one line, saying what to fix.
+                    text = f"agentfn-asgi cannot start: {exc}"
+                    await send({"type": "lifespan.startup.failed", "message": text})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    async def _unconfigured(self, scope: Scope, send: Send, exc: ConfigurationError) -> None:
+        """A request reached an app that cannot start (no lifespan said so first): 503, so a
+        webhook sender retries once the setting is fixed, and the reason as an ERROR (at
+        most once a minute: a sender may retry many times)."""
+        shown, suppressed = self._rejections.allow("unconfigured")
+        if shown:
+            show_by_default()  # a host with no logging configured sees the reason too
+            more = f" ({suppressed} more requests since the last line)" if suppressed else ""
+            logger.error("agentfn-asgi cannot start, answering 503: %s%s", exc, more)
+        head = scope.get("method") == "HEAD"
+        await send_json(send, 503, {"error": "not configured"}, retry_after="60", head=head)
 
     async def _health(self, send: Send, *, head: bool = False) -> None:
         try:
@@ -545,7 +614,7 @@ class AgentWebhookApp:
             span.set_outcome("duplicate")
             await send_json(send, 200, {"status": "duplicate"})
             return
-        # Acknowledge only after the delivery is durably recorded (DESIGN step 5).
+        # Acknowledge only after the delivery is durably recorded (architecture step 5).
         crash_point("before_ack")
         span.set_outcome("accepted")
         # The calls this delivery causes here link back to its span.
@@ -553,6 +622,122 @@ class AgentWebhookApp:
         self.dispatcher.schedule(session_id, delivery_id)
         await send_json(send, 200, {"status": "accepted"})
         crash_point("after_ack")
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """What an app is assembled from once its configuration checked out."""
+
+    verifier: WebhookVerifier
+    jobs: WorkerJobs | None
+    telemetry: Telemetry
+    client: AgentsClient
+    owns_client: bool
+    store: Store
+    store_location: str
+    dispatcher: Dispatcher
+
+
+def _assemble(
+    tools: FunctionTools,
+    env: Config | ConfigurationError,
+    *,
+    webhook_secret: str | Sequence[str] | None,
+    client: AgentsClient | None,
+    store: Store | str | None,
+    tolerance: float,
+    settings: DispatchSettings | None,
+    resources: Any,
+    clock: Callable[[], float],
+    telemetry: Telemetry | None,
+    completion_secret: str | Sequence[str] | None,
+    public_url: str | None,
+    on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None,
+) -> _Parts:
+    """Check the options and the environment, then build the app's parts. Every problem is
+    gathered first, so that one ConfigurationError names them all, and nothing that must be
+    closed (the client) is built unless all is well."""
+    if isinstance(env, ConfigurationError):
+        raise env
+    problems: list[str] = []
+
+    def attempt(step: Callable[[], _T]) -> _T | None:
+        try:
+            return step()
+        except ConfigurationError as exc:
+            problems.append(str(exc))
+            return None
+
+    verified = attempt(lambda: _webhook_verifier(webhook_secret, env, tolerance, clock))
+    completion = attempt(
+        lambda: (
+            parse_secrets(completion_secret, what="completion secrets")
+            if completion_secret is not None
+            else ()
+        )
+    )
+    completion = completion or env.completion_secrets
+    url = public_url if public_url is not None else env.public_url
+    # Completion tokens are bound to this app: its store's namespace and its mount.
+    namespace = env.store_namespace if store is None or isinstance(store, str) else store.namespace
+    jobs = attempt(
+        lambda: worker_jobs(tools, completion, public_url=url, namespace=namespace, clock=clock)
+    )
+    attempt(lambda: _check_configuration(tools, verified[1] if verified else (), completion, url))
+    if client is None and not env.api_key:
+        attempt(env.client)  # says how to set the key
+    opened = (
+        store
+        if store is not None and not isinstance(store, str)
+        else attempt(lambda: env.open_store(store, clock=clock))
+    )
+    if problems or verified is None or opened is None:
+        if len(problems) == 1:
+            raise ConfigurationError(problems[0])
+        listed = "; ".join(f"({i}) {text}" for i, text in enumerate(problems, 1))
+        raise ConfigurationError(f"{len(problems)} configuration problems: {listed}")
+    observed = (
+        telemetry if telemetry is not None else Telemetry(capture_content=env.capture_content)
+    )
+    # An owned client reports its retries as span events; pass
+    # on_retry=telemetry.client_retry to a client of your own for the same.
+    agents = client if client is not None else env.client(on_retry=observed.client_retry)
+    opened_from = store if isinstance(store, str) else env.store_url if store is None else None
+    dispatcher = Dispatcher(
+        tools,
+        agents,
+        opened,
+        settings=settings if settings is not None else env.dispatch,
+        resources=resources,
+        clock=clock,
+        telemetry=observed,
+        handoff=jobs,
+    )
+    dispatcher.approvals.notify = on_approval_request
+    return _Parts(
+        verifier=verified[0],
+        jobs=jobs,
+        telemetry=observed,
+        client=agents,
+        owns_client=client is None,
+        store=opened,
+        store_location=store_location(opened, opened_from),
+        dispatcher=dispatcher,
+    )
+
+
+def _webhook_verifier(
+    given: str | Sequence[str] | None, env: Config, tolerance: float, clock: Callable[[], float]
+) -> tuple[WebhookVerifier, tuple[str, ...]]:
+    secrets = tuple(parse_secrets(given)) if given is not None else ()
+    secrets = secrets or env.webhook_secrets
+    if not secrets:
+        raise ConfigurationError(
+            "no webhook secret: pass webhook_secret= or set OPENAI_WEBHOOK_SECRET "
+            "(the whsec_... value shown when the webhook endpoint was created)"
+        )
+    # A malformed secret is named here with its fix.
+    return WebhookVerifier(secrets, tolerance=tolerance, clock=clock), secrets
 
 
 class _Throttle:
@@ -580,7 +765,7 @@ def _check_configuration(
     completion_secrets: Sequence[str],
     public_url: str | None,
 ) -> None:
-    """Refuse, at construction, configurations that cannot work (the fix in the message)."""
+    """Refuse, at start-up, configurations that cannot work (the fix in the message)."""
     queued = sorted(tool.name for tool in tools if tool.enqueue is not None)
     if queued and not public_url:
         raise ConfigurationError(

@@ -9,7 +9,7 @@ session (:mod:`agentfn_asgi._aiohttp`, 0.17×; httpx on the ``httpx-aiohttp`` tr
 measured 0.52×), else httpx2 (1×), else httpx 0.29/httpcore 1.0.9 (3.3×: its pool
 bookkeeping grows with concurrency). ``sniffio`` is a dependency because httpx retries a
 failed import of it on every request when it is missing. The retry policy follows the
-official client (agents-api.md §10.2) with a tighter cap and a total deadline:
+official client (wire protocol §10.2) with a tighter cap and a total deadline:
 
 - retried: connection errors, timeouts, and statuses 408, 409, 429 and 5xx;
 - ``x-should-retry: true|false`` overrides the status rule;
@@ -22,7 +22,7 @@ official client (agents-api.md §10.2) with a tighter cap and a total deadline:
   attempt (the client never sleeps past it, and cuts a request short when it is reached);
 - every retry of a submission carries the same ``Idempotency-Key``.
 
-The registration race (agents-api.md §4.2: 400 ``invalid_request_error`` "Unknown pending tool
+The registration race (wire protocol §4.2: 400 ``invalid_request_error`` "Unknown pending tool
 call: <id>") is retried after 0.1, 0.3 and 0.6 s with the same key, then raised as
 :class:`~agentfn_asgi.errors.UnknownPendingToolCallError` so the caller re-reads the session.
 """
@@ -349,7 +349,7 @@ class AgentsClient:
             async for event in stream:
                 yield event
 
-    # -- webhook endpoints (agents-api.md §8.5) -----------------------------------------------
+    # -- webhook endpoints (wire protocol §8.5) -----------------------------------------------
     # Like the official SDK's ``client.webhooks``: no ``OpenAI-Beta`` header, the same retry
     # policy as every other call.
 

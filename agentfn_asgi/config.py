@@ -33,7 +33,14 @@ from .errors import ConfigurationError
 from .signing import parse_secrets
 from .store import DEFAULT_STORE_URL, Store, open_store
 
-__all__ = ["DISPATCH_ENV", "Config", "dispatch_settings"]
+__all__ = [
+    "CONFIG_DOCS",
+    "DISPATCH_DOCS",
+    "DISPATCH_ENV",
+    "Config",
+    "SettingDoc",
+    "dispatch_settings",
+]
 
 #: ``AGENTFN_*`` variable → (``DispatchSettings`` field, type, allowed values or None).
 DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
@@ -50,6 +57,178 @@ DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
     "AGENTFN_APPROVAL_TIMEOUT": ("approval_timeout", float, None),
 }
 _CAPTURE_VALUES: Final = frozenset({"true", "1", "span_only", "span_and_event"})
+
+
+@dataclass(frozen=True, slots=True)
+class SettingDoc:
+    """What one setting means, for the documentation's configuration page, which is
+    generated from :data:`CONFIG_DOCS` and :data:`DISPATCH_DOCS` with the dataclasses'
+    defaults (``python -m tests.configuration_page --write``; a test keeps it current and
+    every field documented)."""
+
+    meaning: str
+    #: The environment variable, for a :class:`Config` field (dispatch settings take theirs
+    #: from :data:`DISPATCH_ENV`).
+    variable: str | None = None
+    #: ``"s"`` for seconds: the default is shown as ``30 s``, ``72 h``, ``7 days``.
+    unit: str = ""
+    #: How the default reads, when the value alone does not say it.
+    default: str | None = None
+
+
+#: :class:`Config` field -> its variable and meaning.
+CONFIG_DOCS: Final[dict[str, SettingDoc]] = {
+    "api_key": SettingDoc(
+        "the Agents API key, sent as a bearer token; or pass client=AgentsClient(api_key=...)",
+        "OPENAI_API_KEY",
+        default="required",
+    ),
+    "base_url": SettingDoc(
+        "the Agents API's base URL (for local development, `agentfn-asgi fake-api`'s)",
+        "OPENAI_BASE_URL",
+        default="`https://api.openai.com/v1`",
+    ),
+    "project": SettingDoc(
+        "sent as `OpenAI-Project`, as the official SDK does (webhook endpoints belong to a"
+        " project); also the default store namespace",
+        "OPENAI_PROJECT_ID",
+    ),
+    "organization": SettingDoc("sent as `OpenAI-Organization`", "OPENAI_ORG_ID"),
+    "webhook_secrets": SettingDoc(
+        "the webhook endpoint's signing secret, `whsec_...`; several (separated by spaces or"
+        " commas) during a rotation; or pass webhook_secret=",
+        "OPENAI_WEBHOOK_SECRET",
+        default="required",
+    ),
+    "store_url": SettingDoc(
+        "the durable store: `memory://`, `sqlite:///relative.db` (from the working"
+        " directory), `sqlite:////abs/path.db`, `redis://...`, `postgresql://...`; a SQLite"
+        " file's directory must exist (it is never created, so a mistyped path cannot start"
+        " an empty store); the resolved location (password hidden) is logged at start-up and"
+        " is `webhooks.store_location`; or pass store=",
+        "AGENTFN_STORE_URL",
+    ),
+    "store_namespace": SettingDoc(
+        "several apps (one per OpenAI project) share one store, each listing and sweeping"
+        " only its own deliveries and calls; or `open_store(url, namespace=)`",
+        "AGENTFN_STORE_NAMESPACE",
+        default="`OPENAI_PROJECT_ID`, else none",
+    ),
+    "completion_secrets": SettingDoc(
+        "signs the completion tokens of worker tools (`enqueue=`): 16 characters or more,"
+        " not the webhook secret; several, newest last, during a rotation; needed only when"
+        " a tool hands calls to workers; or pass completion_secret=",
+        "AGENTFN_COMPLETION_SECRET",
+    ),
+    "public_url": SettingDoc(
+        "the URL where the app is mounted, put into each worker job as `complete_url`;"
+        " needed when a tool hands calls to workers; or pass public_url=",
+        "AGENTFN_PUBLIC_URL",
+    ),
+    "admin_tokens": SettingDoc(
+        "the operator page's tokens (16 characters or more; several separated by spaces or"
+        " commas during a rotation); the page is off without a token or an authorizer",
+        "AGENTFN_ADMIN_TOKEN",
+    ),
+    "capture_content": SettingDoc(
+        "record tool arguments, results and exception messages on spans (`true` or `1`);"
+        " or pass telemetry=Telemetry(capture_content=True)",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT",
+        default="off",
+    ),
+    "dispatch": SettingDoc(
+        "how calls run: the `DispatchSettings` below, each from its variable; or pass"
+        " settings=DispatchSettings(...)",
+        default="below",
+    ),
+}
+
+#: :class:`DispatchSettings` field -> its meaning (the variable is in :data:`DISPATCH_ENV`).
+DISPATCH_DOCS: Final[dict[str, SettingDoc]] = {
+    "approval_timeout": SettingDoc(
+        "how long a call of a tool declared with `approval=` waits for a person's decision"
+        " before it fails (a tool's own `approval_timeout=` wins)",
+        unit="s",
+    ),
+    "approval_poll_interval": SettingDoc(
+        "how often each replica looks for approved calls to run and expired requests to fail"
+        " (a decision taken in the same process wakes it at once)",
+        unit="s",
+    ),
+    "lease_seconds": SettingDoc(
+        "how long a crashed replica's calls wait before another takes them over (renewed"
+        " every third of it while running)",
+        unit="s",
+    ),
+    "lease_margin": SettingDoc(
+        "clock-skew allowance of fencing: a holder that could not renew stops its work this"
+        " long *before* its lease ends; another replica takes over only this long *after* it",
+        unit="s",
+        default="a sixth of the lease",
+    ),
+    "max_concurrency": SettingDoc("handlers running at once (back-pressure beyond it)"),
+    "thread_pool_size": SettingDoc(
+        "threads for sync handlers, reconcile hooks and `enqueue` (a hard bound: a hung"
+        " handler keeps its thread, new sync work waits)"
+    ),
+    "thread_wait": SettingDoc(
+        "how long sync work may wait for a free thread before it fails with a message saying"
+        " so (a tool's `timeout` counts running time only)",
+        unit="s",
+    ),
+    "default_timeout": SettingDoc(
+        "a handler's time limit; a tool's own `timeout=` overrides it", unit="s"
+    ),
+    "unknown_tools": SettingDoc(
+        '`"fail"`: a call of a function this app does not register gets a failure result'
+        ' naming it; `"ignore"` when several services share one agent'
+    ),
+    "in_doubt": SettingDoc(
+        "a side-effect call in doubt and not reconciled: submit a model-safe failure"
+        ' (`"fail"`), or `"hold"` it for an operator'
+    ),
+    "max_attempts": SettingDoc(
+        "a call that keeps coming back in doubt (its process dies every time) ends with a"
+        ' model-facing failure (or is held, with `in_doubt="hold"`) after this many attempts'
+    ),
+    "recovery_interval": SettingDoc("how often the recovery sweep runs", unit="s"),
+    "recovery_grace": SettingDoc(
+        "how old an unresolved delivery must be before the sweep takes it (a fresh one is"
+        " still being handled)",
+        unit="s",
+    ),
+    "retry_base": SettingDoc(
+        "a record the sweep failed on waits this long, doubling per failure, before its next try",
+        unit="s",
+    ),
+    "retry_cap": SettingDoc("the longest wait between two tries of one record", unit="s"),
+    "sweep_budget": SettingDoc(
+        "records one sweep pass takes (oldest due first, paged with a cursor)"
+    ),
+    "not_found_grace": SettingDoc(
+        "a session that answers 404 this soon after its webhook is read again later (it may"
+        " not be readable yet); past it, it is treated as deleted",
+        unit="s",
+    ),
+    "not_found_retries": SettingDoc(
+        "the pauses before reading such a session again at once, before the sweep takes over",
+        unit="s",
+    ),
+    "dedup_window": SettingDoc(
+        "how long delivery ids are remembered (OpenAI retries for up to 72 h)", unit="s"
+    ),
+    "call_retention": SettingDoc(
+        "how long finished calls and their results are kept (held calls are kept until an"
+        " operator settles them)",
+        unit="s",
+    ),
+    "result_limit": SettingDoc("the API's size limit for one tool result event, in bytes"),
+    "result_margin": SettingDoc("bytes kept free under `result_limit` for the rest of the event"),
+    "max_queued_sessions": SettingDoc(
+        "sessions waiting to be read at once; beyond it new deliveries wait in the store for"
+        " the sweep"
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,7 @@ translated at the boundary with ``raise ... from exc``. Every warning derives fr
     ├── ToolDefinitionError             refused at registration: name, signature, duplicates,
     │                                   definitions over the API's 3 MiB limit
     ├── ToolError                       raised by a handler; its text goes to the model as written
+    ├── RetryLater                      raised by a handler: try this call again in ``after`` s
     ├── ArgumentValidationError         arguments do not match the tool's schema (model-safe text)
     ├── ResultError                     a handler's return value cannot be sent
     │   ├── ResultEncodingError         not JSON-serialisable (NaN, bytes, arbitrary objects)
@@ -94,6 +95,7 @@ __all__ = [
     "ResultEncodingError",
     "ResultError",
     "ResultTooLargeError",
+    "RetryLater",
     "SessionNotFoundYetError",
     "StoreError",
     "StoreUnavailableError",
@@ -157,6 +159,25 @@ class ToolError(AgentFnError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class RetryLater(AgentFnError):  # noqa: N818 - a request to the dispatcher, not a failure
+    """Raise from a handler (of any tool, side-effect tools included) to have the call tried
+    again ``after`` seconds from now, e.g. on a downstream 429 with ``Retry-After``.
+
+    Raise it only when this attempt changed nothing. The next attempt's time is kept in the
+    store: a restart or another replica starts it then, never sooner and never twice. The
+    attempts are bounded by the tool's ``retry=`` policy (its ``attempts`` and ``deadline``),
+    or by its ``max_attempts`` without one; past the bound the model gets a failure saying
+    the call was retried. ``reason`` (never shown to the model) goes to the call's history.
+    """
+
+    def __init__(self, after: float, reason: str = "") -> None:
+        if not isinstance(after, int | float) or isinstance(after, bool) or not after >= 0:
+            raise ValueError(f"RetryLater(after=...) takes seconds >= 0, not {after!r}")
+        super().__init__(f"retry in {after:g} s" + (f": {reason}" if reason else ""))
+        self.after = float(after)
+        self.reason = reason
 
 
 class ArgumentValidationError(AgentFnError):
@@ -280,7 +301,7 @@ class ApprovalExpiredError(ApprovalDecidedError):
 class APIError(AgentFnError):
     """A request to the Agents API failed.
 
-    Attributes mirror the API's error body (agents-api.md §10.1): ``status`` (None when no
+    Attributes mirror the API's error body (wire protocol §10.1): ``status`` (None when no
     response arrived), ``code``, ``message``, ``param``, ``type`` and ``request_id`` (from
     ``x-request-id``).
     """

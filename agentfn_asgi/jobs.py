@@ -79,8 +79,9 @@ from ._threads import ThreadPool
 from .dispatch import Dispatcher
 from .errors import CompletionTokenError, CompletionTokenExpiredError, ConfigurationError
 from .records import CallKey, Completion, Job
+from .running import default_thread_pool, is_async_callable
 from .signing import parse_secrets
-from .tools import FunctionTool, FunctionTools, ToolContext, default_thread_pool, is_async_callable
+from .tools import FunctionTool, FunctionTools, ToolContext
 from .tracing.spans import call_parent_context
 
 __all__ = [

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["PACKAGE_LOGGER", "show_by_default"]
+__all__ = ["PACKAGE_LOGGER", "one_line_start_failure", "show_by_default"]
 
 #: The parent of every logger of the package.
 PACKAGE_LOGGER = "agentfn_asgi"
@@ -57,3 +57,34 @@ def show_by_default() -> bool:
     # The handler hands records to the root logger itself once it has handlers.
     package.propagate = False
     return True
+
+
+class _OneLine(logging.Filter):
+    """Rewrites the server's one record of a start-up failure caused by ``message`` (a
+    traceback ending in that configuration error) into one line, then removes itself."""
+
+    def __init__(self, logger: logging.Logger, message: str) -> None:
+        super().__init__()
+        self._logger = logger
+        self._message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text.startswith("Traceback") and text.rstrip().endswith(self._message):
+            record.msg, record.args = "agentfn-asgi cannot start: %s", (self._message,)
+            self._logger.removeFilter(self)
+        return True
+
+
+def one_line_start_failure(message: str) -> None:
+    """Make a configuration error at start-up read as one line under uvicorn.
+
+    Starlette (and so FastAPI) reports a lifespan that raised with the whole traceback, which
+    uvicorn prints as one ERROR record; for a configuration error those frames say nothing
+    the message does not. This rewrites that one record (uvicorn's ``uvicorn.error`` logger)
+    into ``agentfn-asgi cannot start: <message>``, and touches no other record. Under other
+    servers nothing changes. An app served directly, or through the Django integration,
+    reports the message alone already.
+    """
+    logger = logging.getLogger("uvicorn.error")
+    logger.addFilter(_OneLine(logger, message))

@@ -31,6 +31,8 @@ __all__ = [
     "IN_DOUBT_MESSAGE",
     "JOB_DEADLINE_MESSAGE",
     "REDELIVERED_IN_DOUBT_MESSAGE",
+    "RETRIED_SUFFIX",
+    "RETRY_LATER_EXHAUSTED_MESSAGE",
     "THREADS_BUSY_MESSAGE",
     "TOO_MANY_ATTEMPTS_MESSAGE",
     "UNKNOWN_TOOL_MESSAGE",
@@ -90,6 +92,16 @@ INTERNAL_FAILURE_MESSAGE = (
 TOO_MANY_ATTEMPTS_MESSAGE = (
     "This call was started {attempts} times and never finished (the service stopped while "
     "running it each time). It will not be retried; it may or may not have taken effect."
+)
+#: What the model sees when a handler kept asking to be retried later past the tool's bounds.
+RETRY_LATER_EXHAUSTED_MESSAGE = (
+    "Tool '{name}' is temporarily unavailable (it asked to be retried later too many times)."
+    " Try again later or tell the user."
+)
+#: Appended to the failure of a call whose last attempt failed after retries (flow control).
+RETRIED_SUFFIX = (
+    " (This call was tried {attempts} times; the last attempt failed with {error}. It will"
+    " not be retried again.)"
 )
 #: What the model is told when a sync handler could not start: every thread of the pool was
 #: busy (hung handlers hold their threads: Python cannot stop them).

@@ -68,13 +68,15 @@ DisplayState = Literal[
     "quarantined",
     "awaiting_approval",
     "approved",
+    "retry_scheduled",
 ]
 
 #: What became of a call, in an operator's words (the page's badges and counts): ``running``
 #: (claimed, lease live), ``in_doubt`` (claimed, lease ran out), ``submitting`` (a result is
 #: saved, not yet accepted), ``succeeded`` / ``failed`` (the API accepted a success / a
 #: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator),
-#: ``awaiting_approval`` (waiting for a person), ``approved`` (approved, about to run).
+#: ``awaiting_approval`` (waiting for a person), ``approved`` (approved, about to run),
+#: ``retrying`` (an attempt failed; the next one is scheduled, see ``next_attempt_at``).
 Outcome = Literal[
     "running",
     "in_doubt",
@@ -85,6 +87,7 @@ Outcome = Literal[
     "held",
     "awaiting_approval",
     "approved",
+    "retrying",
 ]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
@@ -104,6 +107,8 @@ def outcome_of(record: CallRecord, now: float) -> Outcome:
         return "awaiting_approval"
     if state is CallState.APPROVED:
         return "approved"
+    if state is CallState.RETRY_SCHEDULED:
+        return "retrying"
     return "held"
 
 
@@ -388,6 +393,7 @@ class Operator:
             "held": counts.get("quarantined", 0),
             "awaiting_approval": counts.get("awaiting_approval", 0),
             "approved": counts.get("approved", 0),
+            "retrying": counts.get("retry_scheduled", 0),
         }
         return Overview(
             store=self._location,

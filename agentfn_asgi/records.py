@@ -72,6 +72,10 @@ class CallState(enum.StrEnum):
     QUARANTINED = "quarantined"
     AWAITING_APPROVAL = "awaiting_approval"
     APPROVED = "approved"
+    #: Flow control (issue 24): a plain attempt failed transiently or its handler raised
+    #: RetryLater; the next attempt may start at ``next_attempt_at`` (kept in
+    #: ``lease_expires_at`` too, the time the guards compare), by whichever replica claims it.
+    RETRY_SCHEDULED = "retry_scheduled"
 
     @property
     def terminal(self) -> bool:
@@ -123,7 +127,9 @@ class CallEvent:
     and how long obtaining it took), ``submitted`` (``detail``: the API's answer and the
     number of requests it took), ``submit_failed`` (``detail``: the API's answer),
     ``stale``, ``quarantined`` (``detail``: the reason), ``settled`` (an operator saved a
-    result), ``released`` (an operator asked for a re-run). ``owner`` is the replica that
+    result), ``released`` (an operator asked for a re-run), ``retry_scheduled`` (an attempt
+    asked for another; ``detail``: the error type or RetryLater reason), ``retried`` (the
+    scheduled attempt claimed at its time). ``owner`` is the replica that
     did it, when one did.
     """
 
@@ -283,6 +289,7 @@ class ClaimStatus(enum.StrEnum):
     SAVED = "saved"  # a result is saved but not submitted: (re)submit it, never re-run
     BUSY = "busy"  # another owner holds a live lease: leave it alone
     DONE = "done"  # submitted, stale or quarantined: nothing to do
+    RETRY = "retry"  # a scheduled retry came due; now ours with the next attempt: run it
 
 
 @dataclass(frozen=True, slots=True)

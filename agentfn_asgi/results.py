@@ -66,7 +66,7 @@ __all__ = [
     "truncate_text",
 ]
 
-#: The API's size limit for one tool result (agents-api.md §9.1).
+#: The API's size limit for one tool result (wire protocol §9.1).
 TOOL_RESULT_LIMIT = 4_194_304
 #: Bytes kept free under the limit. The API asks for "room for API metadata" without saying
 #: how much; 16 KiB covers ids, the event envelope and server-side wrapping with a wide

@@ -1,4 +1,4 @@
-"""Streamed session events (``GET /agents/sessions/{id}/events``, agents-api.md §5.2).
+"""Streamed session events (``GET /agents/sessions/{id}/events``, wire protocol §5.2).
 
 Models as tolerant as :mod:`agentfn_asgi.wire`'s: unknown fields are kept, and an event type
 this version does not model parses as :class:`GenericSessionEvent`. The stream's transport

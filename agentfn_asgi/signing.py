@@ -4,7 +4,7 @@ OpenAI signs every webhook delivery the Standard Webhooks way: HMAC-SHA256 over
 ``"{webhook-id}.{webhook-timestamp}.{raw body}"`` with the key inside a ``whsec_<base64>``
 secret, sent as ``webhook-signature: v1,<base64> [v1,<base64> ...]``. This module checks
 that with stricter rules than ``openai.lib._webhooks`` and the ``standardwebhooks`` package
-(agents-api.md §8.3, peers.md §2.3-2.4):
+(wire protocol §8.3):
 
 * every malformed input raises a :class:`~agentfn_asgi.errors.WebhookVerificationError`
   subclass, never ``ValueError``, ``binascii.Error`` or ``UnicodeDecodeError``;

@@ -81,6 +81,10 @@ class Guard(enum.StrEnum):
     UNCHANGED_SINCE = "unchanged_since"
     APPROVAL_OPEN = "approval_open"
     APPROVAL_LAPSED = "approval_lapsed"
+    #: Flow control (issue 24): the scheduled time of a retry has come
+    #: (``lease_expires_at <= now``: a ``retry_scheduled`` call keeps its next attempt's time
+    #: there). Never sooner; a replica whose clock runs ahead starts it that much early.
+    DUE = "due"
 
 
 class Target(enum.StrEnum):
@@ -142,6 +146,28 @@ _HELD: Final = frozenset({Guard.HOLDER})
 SETTLEABLE: Final = (
     _from(CallState.QUARANTINED),
     _from(CallState.CLAIMED, guards=frozenset({Guard.LEASE_LAPSED})),
+)
+
+# -- flow control (issue 24): retries ---------------------------------------------------------
+#: ``claimed`` ──schedule_retry──▶ ``retry_scheduled`` ──retry (due)──▶ ``claimed`` (next
+#: attempt). Only the holder schedules (fencing); whoever claims the call once its time has
+#: come runs the next attempt, exactly one claimant wins.
+_FLOW_CONTROL: Final = (
+    Transition(
+        "schedule_retry",
+        "schedule_retry",
+        (_from(CallState.CLAIMED, guards=_HELD),),
+        CallState.RETRY_SCHEDULED,
+        event="retry_scheduled",
+    ),
+    Transition(
+        "retry",
+        "claim_call",
+        (_from(CallState.RETRY_SCHEDULED, guards=frozenset({Guard.DUE})),),
+        CallState.CLAIMED,
+        event="retried",
+        new_attempt=True,
+    ),
 )
 
 #: Every transition a store may make, by name.
@@ -245,6 +271,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             event="claimed_approved",
             new_attempt=True,
         ),
+        *_FLOW_CONTROL,
     )
 }
 
@@ -269,6 +296,8 @@ def _guard_holds(
         return now < record.lease_expires_at
     if guard is Guard.APPROVAL_LAPSED:
         return now >= record.lease_expires_at
+    if guard is Guard.DUE:
+        return record.lease_expires_at <= now
     # UNCHANGED_SINCE is asked for by the caller; without a time it does not apply.
     return unchanged_since is None or record.updated_at <= unchanged_since
 

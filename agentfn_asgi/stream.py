@@ -1,7 +1,7 @@
 """Stream mode: follow sessions' event streams instead of receiving webhooks.
 
 ``GET /agents/sessions/{id}/events`` streams a session's events as Server-Sent Events
-(agents-api.md §5). A laptop with no public URL can follow it and act whenever the session
+(wire protocol §5). A laptop with no public URL can follow it and act whenever the session
 requires action; two users sit on this module:
 
 - ``agentfn-asgi listen`` (:mod:`agentfn_asgi.cli.listen`) forwards a locally signed

@@ -1,4 +1,5 @@
-"""Function tools: registration, JSON Schema, argument validation and invocation.
+"""Function tools: registration, JSON Schema and argument validation (the definition side;
+how calls run is :mod:`agentfn_asgi.running` and :mod:`agentfn_asgi.policy`).
 
 ::
 
@@ -42,18 +43,14 @@ Design choices worth knowing:
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import json
 import logging
 import re
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeAlias, TypedDict, TypeVar, Unpack, overload
+from typing import Any, Literal, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
-import anyio
 from pydantic import ValidationError
 
 from ._checks import (
@@ -61,7 +58,6 @@ from ._checks import (
     check_option_names,
     label_of,
     no_reconcile_problem,
-    settle_options,
     untyped_problems,
     warn_at,
 )
@@ -92,7 +88,16 @@ from ._sdk import (
 from ._threads import ThreadPool
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .messages import validation_error_message
+from .policy import (
+    DEFAULT_JOB_DEADLINE,
+    DEFINITION_OPTIONS,
+    POLICY_OPTIONS,
+    RetryPolicy,
+    ToolPolicy,
+    option_docs,
+)
 from .records import Job
+from .running import invoke, is_async_callable, needs_approval, run_reconcile
 
 __all__ = [
     "DEFAULT_JOB_DEADLINE",
@@ -106,13 +111,11 @@ __all__ = [
     "ReconcileOutcome",
     "ToolContext",
     "ToolOptions",
+    "ToolPolicy",
     "ToolProblem",
     "Unknown",
     "derive_idempotency_key",
 ]
-
-#: Seconds a job handed to ``enqueue=`` may take before its call fails (see agentfn_asgi.jobs).
-DEFAULT_JOB_DEADLINE = 3600.0
 
 logger = logging.getLogger("agentfn_asgi.tools")
 
@@ -132,26 +135,34 @@ EnqueueHook: TypeAlias = Callable[[Job], Any]
 
 
 class ToolOptions(TypedDict, total=False):
-    """The options of :meth:`FunctionTools.function`, :meth:`FunctionTools.add`,
-    :meth:`FunctionTool.from_function` and the ``from_sdk`` constructors. Defaults:
-    ``timeout`` None (the app's default), ``job_deadline`` one hour, every flag False. An
-    unknown option is refused with the closest valid name."""
-
+    # The keys are DEFINITION_OPTIONS and the fields of ToolPolicy (agentfn_asgi.policy),
+    # where each run option is declared once with its default, check and documentation; a
+    # test holds these keys to them. The docstring is generated from them below.
     name: str | None
     description: str | None
     defer_loading: bool
+    background: bool
     side_effects: bool
     reconcile: ReconcileHook | None
     timeout: float | None
+    in_doubt: Literal["fail", "hold"] | None
+    max_attempts: int | None
+    retry: RetryPolicy | int | None
     truncate_oversize: bool
     enqueue: EnqueueHook | None
     job_deadline: float
-    background: bool
     approval: bool | ApprovalPredicate
     approval_timeout: float | None
 
 
+ToolOptions.__doc__ = (
+    "The options of :meth:`FunctionTools.function`, :meth:`FunctionTools.add`,"
+    " :meth:`FunctionTool.from_function` and the ``from_sdk`` constructors. An unknown option"
+    " is refused with the closest valid name.\n\n" + option_docs()
+)
+
 _OPTION_NAMES = frozenset(ToolOptions.__optional_keys__)
+assert {*DEFINITION_OPTIONS, *POLICY_OPTIONS} == _OPTION_NAMES, "ToolOptions and ToolPolicy differ"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +177,10 @@ class FunctionTool:
     fn: Callable[..., Any]
     is_async: bool
     defer_loading: bool = False
-    side_effects: bool = False
-    reconcile: ReconcileHook | None = None
-    timeout: float | None = None
-    truncate_oversize: bool = False
-    enqueue: EnqueueHook | None = None
-    job_deadline: float = DEFAULT_JOB_DEADLINE
     background: bool = False
-    approval: bool | ApprovalPredicate = False
-    approval_timeout: float | None = None
+    #: How its calls run (timeout, in-doubt handling, retries, approval...); see
+    #: agentfn_asgi.policy.
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
     _spec: ArgumentSpec | MappingArguments | None = field(default=None, repr=False, compare=False)
     # The exact definition of a tool adopted from the openai SDK, sent as it is.
     _source: dict[str, Any] | None = field(default=None, repr=False, compare=False)
@@ -221,6 +227,47 @@ class FunctionTool:
             _findings=findings,
             **settled,
         )
+
+    # The run options, read through the policy (kept as attributes: hosts and hooks read them).
+    @property
+    def side_effects(self) -> bool:
+        """The tool changes the world (see :class:`~agentfn_asgi.policy.ToolPolicy`)."""
+        return self.policy.side_effects
+
+    @property
+    def reconcile(self) -> ReconcileHook | None:
+        """The reconcile hook of a side-effect tool, if any."""
+        return self.policy.reconcile
+
+    @property
+    def timeout(self) -> float | None:
+        """The tool's own timeout in seconds (None: the app's default)."""
+        return self.policy.timeout
+
+    @property
+    def truncate_oversize(self) -> bool:
+        """Cut an oversized text result instead of failing the call."""
+        return self.policy.truncate_oversize
+
+    @property
+    def enqueue(self) -> EnqueueHook | None:
+        """The hook handing calls to a worker queue, if any."""
+        return self.policy.enqueue
+
+    @property
+    def job_deadline(self) -> float:
+        """Seconds a queued call's worker has to complete it."""
+        return self.policy.job_deadline
+
+    @property
+    def approval(self) -> bool | ApprovalPredicate:
+        """Whether (or a predicate saying when) a call waits for a person's approval."""
+        return self.policy.approval
+
+    @property
+    def approval_timeout(self) -> float | None:
+        """Seconds a call waits for approval (None: the app's ``approval_timeout``)."""
+        return self.policy.approval_timeout
 
     @classmethod
     def from_sdk(
@@ -348,54 +395,16 @@ class FunctionTool:
         time_limit: float | None = None,
         wait_limit: float | None = None,
     ) -> Any:
-        """Call the handler with ``arguments`` (from :meth:`parse_arguments`) and the context.
-
-        Async handlers run on the event loop; sync handlers in a thread of ``threads`` (a
-        shared default pool when None). Raises TimeoutError past ``time_limit`` seconds of
-        running; a sync handler's wait for a free thread is counted apart and bounded by
-        ``wait_limit`` (ThreadPoolBusyError, see :mod:`agentfn_asgi._threads`). A sync handler
-        that times out keeps running in its thread until it returns: Python cannot stop a
-        thread.
-        """
-        spec = self._require_spec()
-        call: Callable[[], Any]
-        if isinstance(spec, MappingArguments):
-            # The openai SDK's convention: the argument object as one positional dict.
-            call = functools.partial(self.fn, dict(arguments))
-        else:
-            kwargs = dict(arguments)
-            if spec.context_param is not None:
-                kwargs[spec.context_param] = context
-            call = functools.partial(self.fn, **kwargs)
-        with anyio.fail_after(time_limit) if self.is_async else contextlib.nullcontext():
-            if self.is_async:
-                result = await call()
-            else:
-                pool = threads if threads is not None else default_thread_pool()
-                result = await pool.run(call, time_limit=time_limit, wait_limit=wait_limit)
-        if inspect.isawaitable(result):  # a sync wrapper's (or an SDK tool's) coroutine
-            with anyio.fail_after(time_limit):
-                result = await result
-        return result
+        """Call the handler with ``arguments`` (from :meth:`parse_arguments`) and the context:
+        :func:`agentfn_asgi.running.invoke`, which says how it runs and times out."""
+        return await invoke(
+            self, arguments, context, threads=threads, time_limit=time_limit, wait_limit=wait_limit
+        )
 
     async def needs_approval(self, context: ToolContext, arguments: dict[str, Any]) -> bool:
-        """Does this call need a person's approval? ``approval=True`` always, a predicate
-        when it says so. A predicate that raises asks for approval (the safe answer)."""
-        rule = self.approval
-        if isinstance(rule, bool):
-            return rule
-        try:
-            verdict = rule(context, arguments)
-            if inspect.isawaitable(verdict):
-                verdict = await verdict
-        except Exception:
-            logger.warning(
-                "approval predicate of tool %r failed; asking for approval",
-                self.name,
-                exc_info=True,
-            )
-            return True
-        return bool(verdict)
+        """Does this call need a person's approval? See
+        :func:`agentfn_asgi.running.needs_approval`."""
+        return await needs_approval(self, context, arguments)
 
     async def run_reconcile(
         self,
@@ -406,37 +415,11 @@ class FunctionTool:
         time_limit: float | None = None,
         wait_limit: float | None = None,
     ) -> ReconcileOutcome:
-        """Ask the reconcile hook whether an in-doubt call already ran.
-
-        Never raises (except cancellation): no hook, a failing or timed-out hook or a wrong
-        return value all give :class:`Unknown`, so the call is quarantined rather than run
-        twice.
-        """
-        hook = self.reconcile
-        if hook is None:
-            return Unknown("no reconcile hook")
-        try:
-            if is_async_callable(hook):
-                with anyio.fail_after(time_limit):
-                    outcome: Any = await hook(context, dict(arguments))  # type: ignore[misc]
-            else:
-                pool = threads if threads is not None else default_thread_pool()
-                outcome = await pool.run(
-                    functools.partial(hook, context, dict(arguments)),
-                    time_limit=time_limit,
-                    wait_limit=wait_limit,
-                )
-            if inspect.isawaitable(outcome):
-                with anyio.fail_after(time_limit):
-                    outcome = await outcome
-        except Exception as exc:
-            logger.warning("reconcile hook of tool %r failed", self.name, exc_info=True)
-            return Unknown(f"reconcile hook raised {type(exc).__name__}")
-        if not isinstance(outcome, Ran | NotRun | Unknown):
-            return Unknown(
-                f"reconcile hook returned {type(outcome).__name__}, not Ran, NotRun or Unknown"
-            )
-        return outcome
+        """Ask the reconcile hook whether an in-doubt call already ran; never raises (see
+        :func:`agentfn_asgi.running.run_reconcile`)."""
+        return await run_reconcile(
+            self, arguments, context, threads=threads, time_limit=time_limit, wait_limit=wait_limit
+        )
 
     def _require_spec(self) -> ArgumentSpec | MappingArguments:
         if self._spec is None:
@@ -500,20 +483,13 @@ class FunctionTools:
     ) -> F | Callable[[F], F]:
         """Register a function as a tool; use bare (``@tools.function``) or with options.
 
-        Returns the function unchanged. Options: ``name``/``description`` override the
-        function's name and docstring summary; ``defer_loading`` hides the tool behind tool
-        search; ``side_effects`` stops blind re-runs of in-doubt calls, whose ``reconcile``
-        hook decides instead; ``timeout`` in seconds; ``truncate_oversize`` cuts an oversized
-        text result instead of failing the call; ``enqueue`` hands each call to your queue
-        as a :class:`~agentfn_asgi.worker.Job` instead of running it here, and the call fails
-        if no worker completes it within ``job_deadline`` seconds; ``background`` marks the
-        tool ``"async": true``: the agent goes on without waiting for its result (natural
-        for a tool handed to a worker). ``approval=True`` (or a callable ``(ctx, arguments)
-        -> bool``, sync or async, for calls that need it only sometimes) holds each call,
-        once its arguments are valid, until a person approves or denies it (see
-        ``AgentWebhookApp.approve``), for at most ``approval_timeout`` seconds (default
-        ``AGENTFN_APPROVAL_TIMEOUT``, 24 h), after which it fails. Stacked on openai's
-        ``@function_tool``, it adopts that tool as it is (:meth:`FunctionTool.from_sdk`).
+        Returns the function unchanged. The options (:class:`ToolOptions` lists them with
+        their defaults) set the definition (``name``, ``description``, ``defer_loading``,
+        ``background``) and how calls run (:class:`~agentfn_asgi.policy.ToolPolicy`:
+        ``side_effects`` and its ``reconcile`` hook, ``timeout``, ``retry``, ``approval``,
+        ``enqueue``...).
+        Stacked on openai's ``@function_tool``, it adopts that tool as it is
+        (:meth:`FunctionTool.from_sdk`).
         """
         if fn is not None and not callable(fn):
             hint = f"@tools.function(name={fn!r})" if isinstance(fn, str) else "keyword options"
@@ -549,7 +525,9 @@ class FunctionTools:
             current = self._tools[tool.name]
             if current.reconcile is not None:
                 raise ToolDefinitionError(f"tool {tool.name!r} already has a reconcile hook")
-            self._tools[tool.name] = replace(current, reconcile=hook)
+            self._tools[tool.name] = replace(
+                current, policy=replace(current.policy, reconcile=hook)
+            )
             return hook
 
         return register
@@ -637,30 +615,14 @@ class FunctionTools:
         return found
 
 
-_DEFAULT_POOL: ThreadPool | None = None
-
-
-def default_thread_pool() -> ThreadPool:
-    """The pool sync handlers use when none is given (workers, tests): 32 threads."""
-    global _DEFAULT_POOL
-    if _DEFAULT_POOL is None:
-        _DEFAULT_POOL = ThreadPool(32)
-    return _DEFAULT_POOL
-
-
-def is_async_callable(fn: object) -> bool:
-    """True for coroutine functions, partials of them, and objects with an async __call__
-    (shared with the worker hand-off, which calls ``enqueue`` hooks the same way)."""
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = getattr(fn, "__call__", None)  # noqa: B004 - a callable instance's own __call__
-    return call is not None and inspect.iscoroutinefunction(call)
-
-
 def _settle(label: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    return settle_options(label, options, _OPTION_NAMES, job_deadline=DEFAULT_JOB_DEADLINE)
+    """The tool fields the options set (all but ``name`` and ``description``), checked."""
+    check_option_names(label, options, _OPTION_NAMES)
+    return {
+        "defer_loading": bool(options.get("defer_loading", False)),
+        "background": bool(options.get("background", False)),
+        "policy": ToolPolicy.build(label, options),
+    }
 
 
 def _checked_name(label: str, name: object) -> str:

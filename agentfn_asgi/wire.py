@@ -2,11 +2,11 @@
 
 Every model is tolerant: unknown fields are kept (``extra="allow"``), and an unknown
 ``required_actions`` type or streamed event type becomes a generic model instead of a parse
-failure, because the beta API grows new members without notice (agents-api.md §3.1, §5.2).
+failure, because the beta API grows new members without notice (wire protocol §3.1, §5.2).
 Fields the middleware does not need are left loose (``dict[str, Any]``) so parsing a session,
 which sits on the hot path of every webhook, stays cheap.
 
-Sources: agents-api.md §3 (session), §4 (input events), §5 (stream), §8.1 (webhooks),
+Sources: wire protocol §3 (session), §4 (input events), §5 (stream), §8.1 (webhooks),
 §8.5 (webhook endpoints), §10.1 (error body).
 """
 
@@ -55,7 +55,7 @@ __all__ = [
     "parse_webhook_event",
 ]
 
-#: ``type`` values of ``POST /agents/sessions/{id}/events`` input events (agents-api.md §4).
+#: ``type`` values of ``POST /agents/sessions/{id}/events`` input events (wire protocol §4).
 INPUT_EVENT_TYPES: frozenset[str] = frozenset(
     {
         "agent.session.input.tool_result",
@@ -66,7 +66,7 @@ INPUT_EVENT_TYPES: frozenset[str] = frozenset(
     }
 )
 
-#: Subscribable ``agent.*`` webhook event types (agents-api.md §8.5).
+#: Subscribable ``agent.*`` webhook event types (wire protocol §8.5).
 AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
     {
         "agent.environment.ready",
@@ -127,7 +127,7 @@ class WireModel(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Required actions (agents-api.md §3.1)
+# Required actions (wire protocol §3.1)
 
 
 class FunctionCallAction(WireModel):
@@ -208,7 +208,7 @@ RequiredAction = Annotated[
 
 
 # ---------------------------------------------------------------------------------------------
-# Session (agents-api.md §3)
+# Session (wire protocol §3)
 
 
 class AgentSession(WireModel):
@@ -256,7 +256,7 @@ class SessionList(WireModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Input events (agents-api.md §4)
+# Input events (wire protocol §4)
 
 
 class InputTextPart(WireModel):
@@ -294,7 +294,7 @@ class ToolResultEvent(WireModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors (agents-api.md §10.1)
+# Errors (wire protocol §10.1)
 
 
 class APIErrorDetail(WireModel):
@@ -313,7 +313,7 @@ class ErrorBody(WireModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Webhooks (agents-api.md §8.1)
+# Webhooks (wire protocol §8.1)
 
 
 class RequiredActionRef(WireModel):
@@ -400,7 +400,7 @@ class WebhookEvent(WireModel):
 
 
 # ---------------------------------------------------------------------------------------------
-# Webhook endpoints (agents-api.md §8.5)
+# Webhook endpoints (wire protocol §8.5)
 
 
 class WebhookEndpoint(WireModel):

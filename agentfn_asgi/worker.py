@@ -41,6 +41,7 @@ from .errors import (
 from .messages import model_error_message, timeout_message
 from .records import Completion, Job
 from .results import encode_output
+from .running import invoke
 from .tools import FunctionTool, FunctionTools, ToolContext
 
 __all__ = [
@@ -272,7 +273,8 @@ async def run_job(
         return Completion(False, error=f"No handler for '{job.tool_name}' in this worker.")
     try:
         arguments = tool.parse_arguments(job.arguments)
-        value = await tool.invoke(
+        value = await invoke(
+            tool,
             arguments,
             job_context(job, resources=resources),
             threads=threads,

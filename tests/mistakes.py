@@ -7,9 +7,10 @@ message it produces and its kind: ``error`` (the trigger raises ``category``), `
 traceback, exit code ``exit_code``). The message is exact except where ``…`` stands for
 text that varies (module paths, ports, temp dirs).
 
-``tests/test_common_mistakes.py`` runs every row. README.md's "Common mistakes" section is
-generated from this table and checked against it: ``python -m tests.mistakes`` prints it,
-``python -m tests.mistakes --write`` rewrites it in README.md.
+``tests/test_common_mistakes.py`` runs every row. The documentation's "Common mistakes" page
+(``docs/common-mistakes.md``) is generated from this table and checked against it:
+``python -m tests.mistakes`` prints its generated part, ``python -m tests.mistakes --write``
+rewrites it in the page.
 
 Adding a row for another part of the project is one decorated trigger (sync or async)::
 
@@ -22,7 +23,7 @@ Adding a row for another part of the project is one decorated trigger (sync or a
     def _store_in_missing_directory() -> None:
         AgentWebhookApp(FunctionTools(), store="sqlite:///nowhere/x.sqlite3", ...)
 
-Rows appear in the README grouped by area, in the order they are defined here.
+Rows appear on the page grouped by area, in the order they are defined here.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pydantic import BaseModel, Field
 from agentfn_asgi import (
     AgentsClient,
     AgentWebhookApp,
+    Config,
     ConfigurationError,
     FunctionTool,
     FunctionTools,
@@ -59,7 +61,7 @@ from agentfn_asgi.store import open_store
 Kind = Literal["error", "warning", "log", "cli"]
 T = TypeVar("T", bound=Callable[..., Any])
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "common-mistakes.md"
 BEGIN = "<!-- mistakes:begin (generated: python -m tests.mistakes --write) -->"
 END = "<!-- mistakes:end -->"
 
@@ -183,7 +185,7 @@ def cli(*argv: str, **env: str | None) -> tuple[int, str]:
 
 
 def markdown() -> str:
-    """The README section's body, between its markers."""
+    """The page section's body, between its markers."""
     lines = [BEGIN, ""]
     areas = list(dict.fromkeys(row.area for row in MISTAKES))
     for area in areas:
@@ -200,8 +202,8 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
-def readme_section(text: str) -> str:
-    """The generated part of README.md, markers included."""
+def page_section(text: str) -> str:
+    """The generated part of the page, markers included."""
     start, end = text.index(BEGIN), text.index(END) + len(END)
     return text[start:end]
 
@@ -320,8 +322,9 @@ def _side_effects_without_reconcile() -> None:
     REGISTERING,
     "I misspelled an option: @tools.function(timout=5)",
     "@tools.function: unknown option 'timout' (did you mean 'timeout'?); the options are"
-    " background, defer_loading, description, enqueue, job_deadline, name, reconcile,"
-    " side_effects, timeout, truncate_oversize",
+    " approval, approval_timeout, background, defer_loading, description, enqueue, in_doubt,"
+    " job_deadline, max_attempts, name, reconcile, retry, side_effects, timeout,"
+    " truncate_oversize",
 )
 def _misspelled_option() -> None:
     tools = FunctionTools()
@@ -563,6 +566,25 @@ async def _store_in_missing_directory() -> None:
 
 @mistake(
     STARTING,
+    "I started the app without OPENAI_WEBHOOK_SECRET and OPENAI_API_KEY",
+    "2 configuration problems: (1) no webhook secret: pass webhook_secret= or set"
+    " OPENAI_WEBHOOK_SECRET (the whsec_... value shown when the webhook endpoint was created);"
+    " (2) no API key: set the OPENAI_API_KEY environment variable (or pass client= an"
+    " AgentsClient(api_key=...))",
+    category=ConfigurationError,
+)
+async def _no_secret_no_key() -> None:
+    # Building the app checks nothing (a module that builds it always imports); its start-up
+    # (the lifespan) names every problem at once.
+    webhooks = AgentWebhookApp(FunctionTools(), store="memory://", config=Config())
+    try:
+        await webhooks.startup()
+    finally:
+        await webhooks.shutdown()
+
+
+@mistake(
+    STARTING,
     "I wrote sqlite:/x (one slash)",
     "store URL 'sqlite:/x' is malformed: expected sqlite:///relative.db (from the working"
     " directory) or sqlite:////abs/path.db",
@@ -687,11 +709,11 @@ def _status_of_a_missing_store() -> tuple[int, str]:
 
 
 def main(argv: list[str]) -> int:
-    """Print the README section, or with ``--write`` put it into README.md."""
+    """Print the page's generated part, or with ``--write`` put it into the page."""
     section = markdown()
     if argv[1:] == ["--write"]:
-        text = README.read_text(encoding="utf-8")
-        README.write_text(text.replace(readme_section(text), section), encoding="utf-8")
+        text = PAGE.read_text(encoding="utf-8")
+        PAGE.write_text(text.replace(page_section(text), section), encoding="utf-8")
         return 0
     print(section)
     return 0

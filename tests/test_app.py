@@ -1,16 +1,22 @@
-"""``AgentWebhookApp`` itself: the answers of its small endpoints and what it says at start-up
-(deliveries and calls are covered by the dispatch, reliability and integration tests)."""
+"""``AgentWebhookApp`` itself: the answers of its small endpoints, what it says at start-up,
+and when it checks its configuration (at start-up, never when it is built); deliveries and
+calls are covered by the dispatch, reliability and integration tests."""
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import AsyncIterator
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from agentfn_asgi import AgentsClient, AgentWebhookApp, FunctionTools
+from agentfn_asgi import AgentsClient, AgentWebhookApp, ConfigurationError, FunctionTools
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +99,143 @@ async def test_a_store_url_with_a_password_is_shown_redacted(client: AgentsClien
     )
     assert webhooks.store_location == "postgresql://app:***@127.0.0.1:5432/test (schema agentfn)"
     assert "hunter2" not in webhooks.store_location
+
+
+def _bare_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No OPENAI_* or AGENTFN_* variable: a fresh shell, or a test run without secrets."""
+    for name in list(os.environ):
+        if name.startswith(("OPENAI_", "AGENTFN_")):
+            monkeypatch.delenv(name)
+
+
+def _one_tool() -> FunctionTools:
+    tools = FunctionTools()
+
+    @tools.function
+    def get_customer(customer_id: str) -> dict[str, bool]:
+        """Look up a customer by ID."""
+        return {"found": customer_id == "123"}
+
+    return tools
+
+
+def test_building_the_app_checks_nothing_and_check_names_every_problem(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression (issue 26): building the app at module level failed without a secret, so
+    the CLI's `tools` and pytest's collection could not import the module. Now building
+    never fails for the environment; ``check()`` (and start-up) names every problem at
+    once, each with its fix."""
+    _bare_environment(monkeypatch)
+    monkeypatch.setenv("AGENTFN_STORE_URL", "sqlite:/x")
+    webhooks = AgentWebhookApp(_one_tool())
+    assert len(webhooks.tools) == 1
+    with pytest.raises(ConfigurationError) as info:
+        webhooks.check()
+    message = str(info.value)
+    assert message.startswith("3 configuration problems: (1) no webhook secret: ")
+    assert "(2) no API key: set the OPENAI_API_KEY environment variable" in message
+    assert "(3) store URL 'sqlite:/x' is malformed" in message
+
+
+def test_a_malformed_setting_is_also_reported_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value of the environment that cannot be used fails the check, not the import."""
+    _bare_environment(monkeypatch)
+    monkeypatch.setenv("AGENTFN_LEASE_SECONDS", "soon")
+    webhooks = AgentWebhookApp(_one_tool(), webhook_secret=SECRET, store="memory://")
+    with pytest.raises(ConfigurationError, match="AGENTFN_LEASE_SECONDS='soon'"):
+        webhooks.check()
+
+
+async def test_the_lifespan_fails_with_the_configuration_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ASGI lifespan's start-up reports the check's message, for the server to print."""
+    _bare_environment(monkeypatch)
+    webhooks = AgentWebhookApp(_one_tool(), store="memory://")
+    sent: list[dict[str, Any]] = []
+    messages = iter([{"type": "lifespan.startup"}])
+
+    async def receive() -> MutableMapping[str, Any]:
+        return next(messages)
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    await webhooks({"type": "lifespan"}, receive, send)
+    [failed] = sent
+    assert failed["type"] == "lifespan.startup.failed"
+    assert failed["message"].startswith(
+        "agentfn-asgi cannot start: 2 configuration problems: (1) no webhook secret"
+    )
+    await webhooks.shutdown()  # nothing was opened: nothing to close, no error
+
+
+async def test_a_request_to_an_unconfigured_app_gets_503_and_the_reason_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without a lifespan, the first request runs the check: the sender gets 503 (it retries
+    once the setting is fixed) and the log says why, once, not once per retry."""
+    _bare_environment(monkeypatch)
+    client = AgentsClient(api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+    webhooks = AgentWebhookApp(_one_tool(), client=client, store="memory://")
+    transport = httpx.ASGITransport(app=webhooks)
+    async with client, httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+        first = await http.post("/", content=b"{}")
+        second = await http.get("/healthz")
+    assert (first.status_code, second.status_code) == (503, 503)
+    assert first.json() == {"error": "not configured"}
+    errors = [r.getMessage() for r in caplog.records if r.name == "agentfn_asgi.app"]
+    assert errors == [
+        "agentfn-asgi cannot start, answering 503: no webhook secret: pass webhook_secret= or"
+        " set OPENAI_WEBHOOK_SECRET (the whsec_... value shown when the webhook endpoint was"
+        " created)"
+    ]
+
+
+def test_the_cli_lists_the_tools_of_a_module_that_builds_the_app(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`agentfn-asgi tools myservice:tools` imports a module that builds the app at module
+    level, with no secret, key or store set, as a fresh checkout has; so does pytest."""
+    _bare_environment(monkeypatch)
+    (tmp_path / "myservice.py").write_text(
+        "from agentfn_asgi import AgentWebhookApp, FunctionTools\n"
+        "tools = FunctionTools()\n"
+        "@tools.function\n"
+        "def ping() -> str:\n"
+        '    """Answer pong."""\n'
+        '    return "pong"\n'
+        "webhooks = AgentWebhookApp(tools)\n",
+        encoding="utf-8",
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    for target in ("myservice:tools", "myservice:webhooks"):
+        done = subprocess.run(
+            [sys.executable, "-m", "agentfn_asgi", "tools", target, "--compact"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert [tool["name"] for tool in json.loads(done.stdout)] == ["ping"]
+    # pytest collects a test module that imports it, as a service's own tests do.
+    (tmp_path / "test_myservice.py").write_text(
+        "from myservice import tools, webhooks\n\n"
+        "def test_the_registry() -> None:\n"
+        "    assert webhooks.tools is tools and len(tools) == 1\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_myservice.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

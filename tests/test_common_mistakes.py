@@ -1,5 +1,5 @@
-"""Every common mistake in tests/mistakes.py produces its message, and the README's "Common
-mistakes" section is exactly what the table generates (so neither can drift)."""
+"""Every common mistake in tests/mistakes.py produces its message, and the documentation's
+"Common mistakes" page is exactly what the table generates (so neither can drift)."""
 
 from __future__ import annotations
 
@@ -33,18 +33,18 @@ def test_error_rows_raise_nothing_else_and_warning_rows_do_not_fail() -> None:
             assert len(said) == 1, (row.title, said)
 
 
-def test_the_readme_lists_every_mistake_as_generated() -> None:
-    """README.md's section is `python -m tests.mistakes` output, markers included; run
-    `python -m tests.mistakes --write` after changing the table."""
-    text = mistakes.README.read_text(encoding="utf-8")
-    assert mistakes.readme_section(text) == mistakes.markdown()
+def test_the_page_lists_every_mistake_as_generated() -> None:
+    """docs/common-mistakes.md's generated part is `python -m tests.mistakes` output, markers
+    included; run `python -m tests.mistakes --write` after changing the table."""
+    text = mistakes.PAGE.read_text(encoding="utf-8")
+    assert mistakes.page_section(text) == mistakes.markdown()
     for row in MISTAKES:
         assert row.title in text
 
 
 def test_rows_are_complete_and_distinct() -> None:
     """Every row has an area, a title, a message and the category its kind needs; titles
-    are unique so the README and test ids stay unambiguous."""
+    are unique so the page and test ids stay unambiguous."""
     titles = [row.title for row in MISTAKES]
     assert len(set(titles)) == len(titles)
     for row in MISTAKES:

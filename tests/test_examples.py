@@ -234,3 +234,37 @@ async def test_examples_mount_the_operator_page_when_a_token_is_set(
         bearer = {"authorization": f"Bearer {token}"}
         overview = await http.get(app.url + "/openai/admin/", headers=bearer)
         assert overview.status_code == 200 and "Overview" in overview.text, app.log()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "target",
+    [
+        "examples.starlette_app:app",
+        "examples.fastapi_app:app",
+        "examples.django_app.exampleproject.asgi:application",
+    ],
+)
+def test_a_start_up_mistake_is_one_line_under_uvicorn(target: str, tmp_path: Path) -> None:
+    """Started without a webhook secret or an API key, each example's server prints one line
+    naming both problems, no traceback, and exits non-zero."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OPENAI_API_KEY", "OPENAI_WEBHOOK_SECRET", "AGENTFN_ADMIN_TOKEN")
+    }
+    env.update(
+        AGENTFN_STORE_URL=f"sqlite:///{tmp_path / 'store.sqlite3'}",
+        EXAMPLE_DJANGO_DB=str(tmp_path / "django.sqlite3"),
+        EXAMPLE_LEDGER=str(tmp_path / "ledger.jsonl"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+    )
+    command = [sys.executable, "-m", "uvicorn", target, "--port", str(free_port())]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "Traceback" not in output, output
+    [line] = [line for line in output.splitlines() if "agentfn-asgi cannot start:" in line]
+    assert "no webhook secret" in line and "no API key" in line, output

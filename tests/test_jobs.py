@@ -322,7 +322,8 @@ def test_enqueue_options_are_checked_at_registration() -> None:
 def test_an_app_with_a_queued_tool_needs_a_completion_secret(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Without completion_secret= or AGENTFN_COMPLETION_SECRET, construction fails."""
+    """Without completion_secret= or AGENTFN_COMPLETION_SECRET, the app's check (start-up)
+    fails."""
     monkeypatch.delenv("AGENTFN_COMPLETION_SECRET", raising=False)
     tools = FunctionTools()
 
@@ -331,8 +332,9 @@ def test_an_app_with_a_queued_tool_needs_a_completion_secret(
         """Build a report."""
         return "ok"
 
+    webhooks = AgentWebhookApp(tools, webhook_secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
     with pytest.raises(ConfigurationError, match="AGENTFN_COMPLETION_SECRET"):
-        AgentWebhookApp(tools, webhook_secret="whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+        webhooks.check()
 
 
 @pytest.mark.parametrize(

@@ -90,26 +90,28 @@ def test_a_worker_tool_without_a_public_url_is_refused() -> None:
         """Builds a report in a worker."""
         return ""
 
+    webhooks = AgentWebhookApp(
+        tools,
+        webhook_secret=SECRET,
+        completion_secret="c" * 32,
+        store="memory://",
+        client=_client(),
+    )
     with pytest.raises(ConfigurationError, match="AGENTFN_PUBLIC_URL"):
-        AgentWebhookApp(
-            tools,
-            webhook_secret=SECRET,
-            completion_secret="c" * 32,
-            store="memory://",
-            client=_client(),
-        )
+        webhooks.check()
 
 
 def test_a_completion_secret_equal_to_the_webhook_secret_is_refused() -> None:
     """Reusing the webhook secret to sign completion tokens is refused at start-up."""
+    webhooks = AgentWebhookApp(
+        _tools(),
+        webhook_secret=SECRET,
+        completion_secret=SECRET,
+        store="memory://",
+        client=_client(),
+    )
     with pytest.raises(ConfigurationError, match="a secret of its own"):
-        AgentWebhookApp(
-            _tools(),
-            webhook_secret=SECRET,
-            completion_secret=SECRET,
-            store="memory://",
-            client=_client(),
-        )
+        webhooks.check()
 
 
 def _client() -> AgentsClient:

@@ -54,6 +54,9 @@ async def _seed(store: MemoryStore, clock: FakeClock) -> dict[str, str]:
     key = await claim("c_held")
     await store.quarantine(key, owner="o", attempt=1, reason="unknown")
     expected["c_held"] = "held"
+    key = await claim("c_retrying")
+    await store.schedule_retry(key, owner="o", attempt=1, at=clock() + 5, reason="429")
+    expected["c_retrying"] = "retrying"
     return expected
 
 

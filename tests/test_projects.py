@@ -2,7 +2,7 @@
 with its own webhook secret, API key and ``OpenAI-Project``, sharing one store (SQLite,
 Redis, PostgreSQL) in two namespaces without interference.
 
-The set-up is the one the README's "Two projects in one service" section shows.
+The set-up is the one docs/replicas.md's "Two projects in one service" section shows.
 """
 
 from __future__ import annotations

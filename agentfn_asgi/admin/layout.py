@@ -114,6 +114,7 @@ OUTCOME_LABELS = {
     "held": "held",
     "awaiting_approval": "waiting for approval",
     "approved": "approved",
+    "retrying": "retrying",
 }
 
 

@@ -118,6 +118,7 @@ _OUTCOME_FILTERS = {
     "held": (("quarantined", "quarantined"),),
     "awaiting_approval": (("awaiting_approval", "waiting for approval"),),
     "approved": (("approved", "approved, about to run"),),
+    "retrying": (("retry_scheduled", "retry scheduled"),),
 }
 
 

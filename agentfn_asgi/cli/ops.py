@@ -45,6 +45,7 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
         ("in doubt", str(overview.calls_by_state.get("in_doubt", 0))),
         ("quarantined", str(overview.calls_by_state.get("quarantined", 0))),
         ("approvals", f"{overview.approvals_waiting} waiting (agentfn-asgi approvals)"),
+        ("retrying", str(overview.calls_by_state.get("retry_scheduled", 0))),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)

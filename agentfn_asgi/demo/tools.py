@@ -9,6 +9,9 @@
 - ``close_account(account_id)``: a side effect that needs a person's approval
   (``approval=True``): each real execution appends ``{"call_id", "account_id", "tool":
   "close_account"}`` to the same ledger, and its reconcile hook reads it back.
+- ``flaky_lookup(key, fail_times)``: fails with a transient error on its first
+  ``fail_times`` executions of a call, counted in the ledger, and is retried (4 attempts,
+  0.2 s backoff doubling): the flow-control tests use it.
 
 They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
 the examples (``examples/``) import them from here rather than keep a copy. It is user code:
@@ -37,9 +40,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agentfn_asgi import FunctionTools, NotRun, Ran, ToolContext, ToolError
+from agentfn_asgi import FunctionTools, NotRun, Ran, RetryPolicy, ToolContext, ToolError
 
-__all__ = ["CUSTOMERS", "ExampleResources", "Ledger", "build_tools", "tools"]
+__all__ = ["CUSTOMERS", "FLAKY_RETRY", "ExampleResources", "Ledger", "build_tools", "tools"]
+
+#: flaky_lookup's retry policy: 4 attempts, 0.2 s then 0.4 s then 0.8 s (no jitter).
+FLAKY_RETRY = RetryPolicy(attempts=4, initial_backoff=0.2, multiplier=2.0, max_backoff=5.0)
 
 #: The one customer of the guide's example.
 CUSTOMERS: dict[str, dict[str, str]] = {"123": {"name": "Example Customer", "plan": "pro"}}
@@ -179,6 +185,27 @@ def build_tools() -> FunctionTools:
         entry = {"call_id": ctx.call_id, "account_id": account_id, "tool": "close_account"}
         await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
         return {"closed": True, "account_id": account_id}
+
+    @registry.function(retry=FLAKY_RETRY, timeout=10)
+    async def flaky_lookup(ctx: ToolContext, key: str, fail_times: int) -> dict[str, Any]:
+        """Look a key up from a flaky upstream (fails the first fail_times tries).
+
+        Args:
+            key: The key to look up.
+            fail_times: How many executions of this call fail before one succeeds.
+        """
+        ledger = _ledger(ctx)
+        earlier = await anyio.to_thread.run_sync(ledger.entries)
+        k = sum(
+            1
+            for e in earlier
+            if e.get("call_id") == ctx.call_id and e.get("tool") == "flaky_lookup"
+        )
+        entry = {"call_id": ctx.call_id, "tool": "flaky_lookup", "attempt": k + 1}
+        await anyio.to_thread.run_sync(ledger.append, entry)
+        if k + 1 <= fail_times:
+            raise ConnectionError(f"upstream unavailable (attempt {k + 1})")  # transient
+        return {"key": key, "attempts": k + 1}
 
     return registry
 

@@ -1,6 +1,6 @@
 """The durable dispatcher: from "session S needs attention" to submitted tool results.
 
-Steps 6-11 of DESIGN.md "One delivery, end to end", cut by responsibility:
+Steps 6-11 of "One delivery, end to end" (docs/how-it-works/architecture.md), cut by responsibility:
 
 - :mod:`.scheduler`: :class:`Dispatcher`, the facade: the session queue, single-flight per
   session, the recovery sweep, worker completions;

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -33,6 +34,7 @@ from ..errors import (
     ArgumentValidationError,
     CompletionMismatchError,
     ConfigurationError,
+    RetryLater,
     StoreError,
     ToolError,
 )
@@ -43,6 +45,8 @@ from ..messages import (
     IN_DOUBT_MESSAGE,
     INTERNAL_FAILURE_MESSAGE,
     JOB_DEADLINE_MESSAGE,
+    RETRIED_SUFFIX,
+    RETRY_LATER_EXHAUSTED_MESSAGE,
     THREADS_BUSY_MESSAGE,
     TOO_MANY_ATTEMPTS_MESSAGE,
     UNKNOWN_TOOL_MESSAGE,
@@ -51,6 +55,7 @@ from ..messages import (
     model_error_message,
     timeout_message,
 )
+from ..policy import ResolvedPolicy, resolve
 from ..records import (
     ApprovalRequest,
     CallKey,
@@ -61,6 +66,7 @@ from ..records import (
     arguments_digest,
 )
 from ..results import encode_result, failure_result
+from ..running import invoke, run_reconcile
 from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
@@ -105,12 +111,23 @@ class _Attempt:
     in_doubt: bool
     delivery_id: str | None
     lease: Lease
+    #: When the call was first claimed (a retry policy's deadline counts from it).
+    created_at: float
     #: The call's approval request, when it has one (decided ``approved`` for a run).
     approval: ApprovalRequest | None = None
 
     @property
     def approved(self) -> bool:
         return self.approval is not None and self.approval.decision == "approved"
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    """An attempt that asks for another one at ``at`` (Unix time), for ``reason``."""
+
+    at: float
+    reason: str
+    error_type: str
 
 
 class Executor:
@@ -128,6 +145,7 @@ class Executor:
         resources: Any,
         clock: Callable[[], float],
         handoff: JobHandoff | None,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self._store = store
         self._submitter = submitter
@@ -138,18 +156,24 @@ class Executor:
         self._resources = resources
         self._clock = clock
         self._handoff = handoff
+        self._sleep = sleep  # waits for a scheduled retry's time (a test's fake clock moves)
         self._slots: asyncio.Semaphore | None = None
         self._threads = ThreadPool(settings.thread_pool_size)
         self._running_since: dict[CallKey, float] = {}
+        self._policies: dict[str, ResolvedPolicy] = {}
         #: Calls this process just held for a person (their span's source is ``approval``).
         self._held_for_approval: set[CallKey] = set()
         #: Called with each new approval request (the app's notifier), never awaited here.
         self.on_approval_request: Callable[[CallRecord], None] | None = None
         self._closing = False
+        self._closed: asyncio.Event | None = None
 
     def close(self) -> None:
-        """Claim nothing more: call tasks that have not claimed yet give up (shutdown)."""
+        """Claim nothing more: call tasks that have not claimed yet give up (shutdown), and
+        those waiting for a scheduled retry stop waiting (the retry stays in the store)."""
         self._closing = True
+        if self._closed is not None:
+            self._closed.set()
 
     def shutdown(self) -> None:
         """Release the thread pool (threads still running finish in the background)."""
@@ -158,6 +182,7 @@ class Executor:
     def start(self) -> None:
         """Create the concurrency bounds (on the running loop)."""
         self._slots = asyncio.Semaphore(self._settings.max_concurrency)
+        self._closed = asyncio.Event()
 
     def oldest_running_age(self) -> float | None:
         """Seconds since the oldest call still running here started, or None."""
@@ -179,46 +204,96 @@ class Executor:
         ``claimed`` is resolved once the claim is decided in the store (or fails with the
         store's error), so the resolver marks a delivery resolved only after every call it
         names is durably claimed: a crash in between leaves claims for the sweep to find.
+        A retry scheduled in the store (by this attempt or an earlier one) is waited for
+        here, holding no slot and no thread, and claimed at its time: whichever replica
+        claims it first runs it.
         """
-        assert self._slots is not None, "start() first"
         try:
-            async with self._slots:
-                if self._closing:
-                    return  # shutting down: the call stays for the next process
-                sent = time.monotonic()
-                try:
-                    outcome = await self._store.claim_call(
-                        key,
-                        tool_name=action.name,
-                        owner=self._owner,
-                        lease_seconds=self._settings.lease_seconds,
-                        delivery_id=delivery_id,
-                        margin=self._settings.fence_margin,
-                    )
-                except Exception as exc:
-                    claimed.set_exception(exc)  # the resolver reports it
-                    return
-                claimed.set_result(None)
-                if outcome.status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT):
-                    crash_point("after_claim", action.name)
-                    attempt = _Attempt(
-                        key=key,
-                        action=action,
-                        tool=tool,
-                        number=outcome.record.attempt,
-                        in_doubt=outcome.status is ClaimStatus.IN_DOUBT,
-                        delivery_id=delivery_id,
-                        lease=self._leases.lease(
-                            key, attempt=outcome.record.attempt, claimed_at=sent
-                        ),
-                        approval=outcome.record.approval,
-                    )
-                    await self._execute(attempt)
-                elif outcome.status is ClaimStatus.SAVED:
-                    await self.resubmit(outcome.record, delivery_id)
+            due = await self._claim_and_run(key, action, tool, delivery_id, claimed)
+            await self._follow_retries(key, action, tool, due)
         finally:
             if not claimed.done():  # cancelled before the claim was decided
                 claimed.cancel()
+
+    async def _follow_retries(
+        self, key: CallKey, action: FunctionCallAction, tool: FunctionTool | None, due: float | None
+    ) -> None:
+        """Wait for each scheduled retry's time, then claim and run it (flow control)."""
+        while due is not None and not self._closing:
+            # The store's `due` guard refuses a claim before the time, so waking a little
+            # early (another clock) only means waiting again.
+            await self._wait_unless_closed(max(0.0, due - self._clock()))
+            if self._closing:
+                return  # the retry stays scheduled in the store for the next process
+            due = await self._claim_and_run(key, action, tool, None, None)
+
+    async def _wait_unless_closed(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until :meth:`close`: a waiting retry never holds up a
+        shutdown (it stays scheduled in the store for whoever runs next)."""
+        closed = self._closed
+        async with anyio.create_task_group() as group:
+
+            async def stop_when_closed() -> None:
+                if closed is not None:
+                    await closed.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(stop_when_closed)
+            await self._sleep(seconds)
+            group.cancel_scope.cancel()
+
+    async def _claim_and_run(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        delivery_id: str | None,
+        claimed: asyncio.Future[None] | None,
+    ) -> float | None:
+        """One claim and, if it is ours, one attempt. The time of the retry to wait for
+        (scheduled by this attempt, or found scheduled and not due yet), else None."""
+        assert self._slots is not None, "start() first"
+        async with self._slots:
+            if self._closing:
+                return None  # shutting down: the call stays for the next process
+            sent = time.monotonic()
+            try:
+                outcome = await self._store.claim_call(
+                    key,
+                    tool_name=action.name,
+                    owner=self._owner,
+                    lease_seconds=self._settings.lease_seconds,
+                    delivery_id=delivery_id,
+                    margin=self._settings.fence_margin,
+                )
+            except Exception as exc:
+                if claimed is None:
+                    logger.warning("claiming the retry of call %s failed: %s", key, exc)
+                    return None  # the sweep finds the due retry
+                claimed.set_exception(exc)  # the resolver reports it
+                return None
+            if claimed is not None:
+                claimed.set_result(None)
+            status, record = outcome.status, outcome.record
+            if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
+                crash_point("after_claim", action.name)
+                attempt = _Attempt(
+                    key=key,
+                    action=action,
+                    tool=tool,
+                    number=record.attempt,
+                    in_doubt=status is ClaimStatus.IN_DOUBT,
+                    delivery_id=delivery_id,
+                    lease=self._leases.lease(key, attempt=record.attempt, claimed_at=sent),
+                    created_at=record.created_at,
+                    approval=record.approval,
+                )
+                return await self._execute(attempt)
+            if status is ClaimStatus.SAVED:
+                await self.resubmit(record, delivery_id)
+            elif record.state is CallState.RETRY_SCHEDULED:
+                return record.lease_expires_at  # its next attempt's time
+        return None
 
     async def rerun(
         self,
@@ -241,11 +316,15 @@ class Executor:
                 in_doubt=False,
                 delivery_id=None,
                 lease=self._leases.lease(record.key, attempt=record.attempt, claimed_at=claimed_at),
+                created_at=record.created_at,
                 approval=record.approval,
             )
-            await self._execute(attempt)
+            due = await self._execute(attempt)
+        await self._follow_retries(record.key, action, tool, due)
 
-    async def _execute(self, attempt: _Attempt) -> None:
+    async def _execute(self, attempt: _Attempt) -> float | None:
+        """Run one claimed attempt to its end: saved and submitted, held, handed off, or a
+        retry scheduled in the store (its time is returned)."""
         key, action, tool = attempt.key, attempt.action, attempt.tool
         self._running_since[key] = time.monotonic()
         span_scope = self._telemetry.tool_call(
@@ -270,7 +349,7 @@ class Executor:
                 except LeaseLostError as exc:
                     logger.error("call %s: %s; its outcome is dropped, not saved", key, exc)
                     span.set_error("lease_lost")
-                    return
+                    return None
                 if result is None:
                     # Handed to a worker queue, held for an operator or for a person's
                     # approval: no result yet.
@@ -280,7 +359,9 @@ class Executor:
                     else:
                         queued = tool is not None and tool.enqueue is not None
                         span.set_source("queued" if queued else "held")
-                    return
+                    return None
+                if isinstance(result, _Retry):
+                    return await self._schedule_retry(attempt, result, span)
                 crash_point("after_handler", action.name)
                 record = await self._store.save_result(
                     key,
@@ -300,6 +381,33 @@ class Executor:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
             self._running_since.pop(key, None)
+        return None
+
+    async def _schedule_retry(self, attempt: _Attempt, retry: _Retry, span: Any) -> float | None:
+        """Keep the next attempt's time in the store (only while our claim stands)."""
+        span.set_error(retry.error_type)
+        span.set_source("retry_scheduled")
+        scheduled = await self._store.schedule_retry(
+            attempt.key,
+            owner=self._owner,
+            attempt=attempt.number,
+            at=retry.at,
+            reason=retry.reason,
+        )
+        if not scheduled:
+            logger.warning(
+                "call %s: attempt %d was superseded; no retry", attempt.key, attempt.number
+            )
+            return None
+        logger.info(
+            "call %s of %s: attempt %d failed (%s); retry at %.3f",
+            attempt.key,
+            attempt.action.name,
+            attempt.number,
+            retry.reason,
+            retry.at,
+        )
+        return retry.at
 
     async def resubmit(self, record: CallRecord, delivery_id: str | None = None) -> None:
         """Submit a saved result again, as its own attempt span (source ``saved``)."""
@@ -328,7 +436,7 @@ class Executor:
             _log_finished(record, submitted, time.monotonic() - started, source=source)
 
     # -- obtaining a result ----------------------------------------------------------------
-    async def _obtain_result_safely(self, attempt: _Attempt) -> SavedResult | None:
+    async def _obtain_result_safely(self, attempt: _Attempt) -> SavedResult | _Retry | None:
         """:meth:`_obtain_result`, with any failure the package did not foresee turned into
         a saved, model-facing failure: a claim left to expire would run it again, and again.
         A store outage and a lost lease are the exceptions: the call is left for recovery."""
@@ -342,7 +450,7 @@ class Executor:
             )
             return failure_result(attempt.key, INTERNAL_FAILURE_MESSAGE, "internal_error")
 
-    async def _obtain_result(self, attempt: _Attempt) -> SavedResult | None:
+    async def _obtain_result(self, attempt: _Attempt) -> SavedResult | _Retry | None:
         key, action, tool = attempt.key, attempt.action, attempt.tool
         if tool is None:
             message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
@@ -350,7 +458,8 @@ class Executor:
         if action.unreadable is not None:
             message = UNREADABLE_ARGUMENTS_MESSAGE.format(reason=action.unreadable)
             return failure_result(key, message, "validation_error")
-        if attempt.in_doubt and attempt.number > self._settings.max_attempts:
+        policy = self._policy(tool)
+        if attempt.in_doubt and attempt.number > policy.max_attempts:
             return await self._too_many_attempts(attempt, tool)
         context = self._context(attempt, tool)
         try:
@@ -374,12 +483,13 @@ class Executor:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
             async with self._leases.kept(attempt.lease):
-                verdict = await tool.run_reconcile(
+                verdict = await run_reconcile(
+                    tool,
                     arguments,
                     context,
                     threads=self._threads,
-                    time_limit=self._timeout(tool),
-                    wait_limit=self._settings.thread_wait,
+                    time_limit=policy.timeout,
+                    wait_limit=policy.thread_wait,
                 )
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
@@ -396,7 +506,7 @@ class Executor:
             message = APPROVAL_UNSUPPORTED_MESSAGE.format(name=tool.name)
             return failure_result(key, message, "approval_unsupported")
         now = self._clock()
-        timeout = tool.approval_timeout or self._settings.approval_timeout
+        timeout = self._policy(tool).approval_timeout
         request = ApprovalRequest(
             approval_id="apr_" + secrets.token_hex(12),
             tool_name=tool.name,
@@ -435,7 +545,7 @@ class Executor:
 
     def _context(self, attempt: _Attempt, tool: FunctionTool) -> ToolContext:
         key = attempt.key
-        timeout = self._timeout(tool)
+        timeout = self._policy(tool).timeout
         return ToolContext(
             session_id=key.session_id,
             turn_id=key.turn_id,
@@ -447,8 +557,12 @@ class Executor:
             resources=self._resources,
         )
 
-    def _timeout(self, tool: FunctionTool) -> float | None:
-        return tool.timeout if tool.timeout is not None else self._settings.default_timeout
+    def _policy(self, tool: FunctionTool) -> ResolvedPolicy:
+        """The tool's policy merged with our settings (merged once per policy)."""
+        resolved = self._policies.get(tool.name)
+        if resolved is None or resolved.policy is not tool.policy:
+            resolved = self._policies[tool.name] = resolve(tool.policy, self._settings)
+        return resolved
 
     async def _run(
         self,
@@ -456,22 +570,26 @@ class Executor:
         tool: FunctionTool,
         arguments: dict[str, Any],
         context: ToolContext,
-    ) -> SavedResult:
+    ) -> SavedResult | _Retry:
         key = attempt.key
-        timeout = self._timeout(tool)
+        policy = self._policy(tool)
+        timeout = policy.timeout
         try:
             async with self._leases.kept(attempt.lease):
-                value = await tool.invoke(
+                value = await invoke(
+                    tool,
                     arguments,
                     context,
                     threads=self._threads,
                     time_limit=timeout,
-                    wait_limit=self._settings.thread_wait,
+                    wait_limit=policy.thread_wait,
                 )
         except LeaseLostError:
             raise
+        except RetryLater as exc:
+            return self._retry_or_fail(attempt, tool, policy, exc, after=exc.after)
         except ThreadPoolBusyError:
-            wait = self._settings.thread_wait
+            wait = policy.thread_wait
             logger.error(
                 "no thread free for tool %s (call %s) within %g s: %d of %d threads busy "
                 "(hung sync handlers keep their threads)",
@@ -491,11 +609,58 @@ class Executor:
                 key, model_error_message(exc, tool_name=tool.name), error_type_for(exc)
             )
         except Exception as exc:
+            retry = policy.retry
+            if retry is not None and not tool.side_effects and retry.is_transient(exc):
+                # Never for side-effect tools: only the handler knows nothing happened.
+                logger.warning(
+                    "tool %s failed transiently for call %s", tool.name, key, exc_info=True
+                )
+                return self._retry_or_fail(attempt, tool, policy, exc, after=None)
             logger.exception("tool %s failed for call %s", tool.name, key)
             return failure_result(
                 key, model_error_message(exc, tool_name=tool.name), "handler_error"
             )
         return self._encode(key, tool, value, source="ran")
+
+    def _retry_or_fail(
+        self,
+        attempt: _Attempt,
+        tool: FunctionTool,
+        policy: ResolvedPolicy,
+        exc: Exception,
+        *,
+        after: float | None,
+    ) -> SavedResult | _Retry:
+        """Another attempt at the backoff's (or ``RetryLater``'s) time, while the tool's
+        bounds allow: its retry policy's attempts and deadline, else its ``max_attempts``.
+        Past them, the failure the model sees says the call was retried and the last error."""
+        retry, number = policy.retry, attempt.number
+        limit = retry.attempts if retry is not None else policy.max_attempts
+        if after is None:
+            assert retry is not None
+            after = retry.backoff(number, random.random())
+        at = self._clock() + after
+        deadline = None if retry is None else retry.deadline
+        within = deadline is None or at <= attempt.created_at + deadline
+        error, asked = type(exc).__name__, isinstance(exc, RetryLater)
+        if number < limit and within:
+            reason = f"{error}: {exc.reason}" if isinstance(exc, RetryLater) else error
+            kind = "retry_later" if asked else "transient_error"
+            return _Retry(at=at, reason=reason, error_type=kind)
+        if asked:
+            message = RETRY_LATER_EXHAUSTED_MESSAGE.format(name=tool.name)
+        else:
+            message = model_error_message(exc, tool_name=tool.name)
+        if number > 1:
+            message += RETRIED_SUFFIX.format(attempts=number, error=error)
+        logger.error(
+            "call %s of %s failed after %d attempts; last error %s",
+            attempt.key,
+            tool.name,
+            number,
+            error,
+        )
+        return failure_result(attempt.key, message, "retries_exhausted")
 
     def _encode(self, key: CallKey, tool: FunctionTool, value: Any, *, source: str) -> SavedResult:
         return encode_result(
@@ -516,7 +681,7 @@ class Executor:
             tool.name,
             started,
         )
-        if tool.side_effects and self._settings.in_doubt == "hold":
+        if tool.side_effects and self._policy(tool).in_doubt == "hold":
             await self._hold(attempt, f"started {started} times, never finished")
             return None
         message = TOO_MANY_ATTEMPTS_MESSAGE.format(attempts=started)
@@ -530,9 +695,9 @@ class Executor:
             attempt.key,
             tool.name,
             reason or "no reconcile hook",
-            self._settings.in_doubt,
+            self._policy(tool).in_doubt,
         )
-        if self._settings.in_doubt == "hold":
+        if self._policy(tool).in_doubt == "hold":
             await self._hold(attempt, reason or "in doubt")
             return None
         return failure_result(attempt.key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
@@ -564,7 +729,7 @@ class Executor:
         try:
             if self._handoff is None:  # the app refuses such a registry; recover may not
                 raise ConfigurationError("no completion secret is configured to issue job tokens")
-            with anyio.fail_after(self._timeout(tool)):
+            with anyio.fail_after(self._policy(tool).timeout):
                 await self._handoff.hand_off(
                     key, tool, arguments, context, owner=self._owner, threads=self._threads
                 )

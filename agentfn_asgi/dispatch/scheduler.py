@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import anyio
+
 from ..client import AgentsClient
 from ..errors import (
     APIError,
@@ -31,6 +33,7 @@ from ..errors import (
     SessionNotFoundYetError,
     StoreError,
 )
+from ..policy import check_limits
 from ..records import CallKey, DeliveryRecord
 from ..store.base import Store
 from ..tools import FunctionTools
@@ -118,7 +121,8 @@ class Dispatcher:
 
     It owns no HTTP server: :class:`~agentfn_asgi.app.AgentWebhookApp` records deliveries and
     calls :meth:`schedule`; ``start``/``stop`` are driven by the app's lifespan (or lazily).
-    ``handoff`` hands the calls of ``enqueue=`` tools to their queue (:mod:`agentfn_asgi.jobs`).
+    ``handoff`` hands the calls of ``enqueue=`` tools to their queue (:mod:`agentfn_asgi.jobs`);
+    ``sleep`` waits for the time of a retry scheduled in the store (flow control).
     """
 
     def __init__(
@@ -133,11 +137,13 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         telemetry: Telemetry | None = None,
         handoff: JobHandoff | None = None,
+        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     ) -> None:
         self.tools = tools
         self.client = client
         self.store = store
         self.settings = settings or DispatchSettings()
+        check_limits(((tool.name, tool.policy) for tool in tools), self.settings)
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(4)}"
         self._clock = clock
         self.telemetry = telemetry if telemetry is not None else Telemetry()
@@ -183,6 +189,7 @@ class Dispatcher:
             resources=resources,
             clock=clock,
             handoff=handoff,
+            sleep=sleep,
         )
 
         self.approvals = Approvals(
@@ -560,9 +567,15 @@ class Dispatcher:
         )
         async for delivery in deliveries:
             by_session.setdefault(delivery.session_id, []).append(delivery)
+        # In-doubt claims, and retries whose time has come whose process is gone (flow
+        # control: a live one waits for its own retry, and is in flight here).
+        stranded = [
+            *await self.store.expired_claims(margin=self.settings.fence_margin),
+            *await self.store.due_retries(),
+        ]
         claimed_only = [
             record.key.session_id
-            for record in await self.store.expired_claims(margin=self.settings.fence_margin)
+            for record in stranded
             if record.key not in self._inflight and record.key.session_id not in by_session
         ]
         await self._resubmit_due(due)

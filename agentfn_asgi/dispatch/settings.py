@@ -1,7 +1,7 @@
 """How the dispatcher runs calls: :class:`DispatchSettings`.
 
 A plain value with safe defaults; :mod:`agentfn_asgi.config` builds one from the ``AGENTFN_*``
-environment variables (the README's configuration table lists them).
+environment variables (docs/configuration.md lists them, generated from the code).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["DispatchSettings"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DispatchSettings:
-    """How calls are run. Every field has a safe default; see the README's configuration table.
+    """How calls are run. Every field has a safe default; see docs/configuration.md.
 
     ``lease_seconds`` bounds how long a crashed replica's calls wait before another replica
     takes them over; live calls renew their lease every third of it. ``lease_margin`` is the

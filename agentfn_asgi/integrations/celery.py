@@ -91,6 +91,7 @@ from ..errors import (
 )
 from ..messages import REDELIVERED_IN_DOUBT_MESSAGE, model_error_message
 from ..results import encode_output
+from ..running import run_reconcile
 from ..tools import FunctionTool, FunctionTools, NotRun, Ran
 from ..worker import Completion, Job, complete_call_sync, job_context, run_job
 
@@ -425,8 +426,8 @@ class CeleryJobRunner:
             return None  # it cannot have run either: run_job reports the arguments
         remaining = job.remaining(clock=self._clock)
         with anyio.move_on_after(remaining):
-            outcome = await tool.run_reconcile(
-                arguments, job_context(job, resources=self.resources), time_limit=remaining
+            outcome = await run_reconcile(
+                tool, arguments, job_context(job, resources=self.resources), time_limit=remaining
             )
             if isinstance(outcome, NotRun):
                 return None

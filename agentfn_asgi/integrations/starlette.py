@@ -41,9 +41,9 @@ __all__ = [
 #: Starlette's stricter ``ASGIApp`` alias would refuse.
 AnyASGIApp = Callable[..., Awaitable[None]]
 
-#: Where the examples and the README mount the receiver.
+#: Where the examples and the documentation mount the receiver.
 DEFAULT_PATH = "/openai/webhooks"
-#: Where the examples and the README mount the operator page.
+#: Where the examples and the documentation mount the operator page.
 ADMIN_PATH = "/openai/admin"
 
 

@@ -29,8 +29,8 @@ def claim_status_for(record: CallRecord) -> ClaimStatus:
     replica with a slower clock wrote it between our write attempt and this read; leaving
     it alone (``BUSY``) is the safe answer, the recovery sweep picks it up later.
     """
-    if record.state is CallState.CLAIMED:
-        return ClaimStatus.BUSY
+    if record.state in (CallState.CLAIMED, CallState.RETRY_SCHEDULED):
+        return ClaimStatus.BUSY  # a retry not due yet: its time is kept, someone runs it
     if record.state.has_result and record.state is not CallState.SUBMITTED:
         return ClaimStatus.SAVED
     return ClaimStatus.DONE

@@ -44,6 +44,8 @@ def _sql_guard_term(guard: Guard, alias: str, owner: str) -> str:
         return f":now < {alias}lease_expires_at"
     if guard is Guard.APPROVAL_LAPSED:
         return f":now >= {alias}lease_expires_at"
+    if guard is Guard.DUE:
+        return f"{alias}lease_expires_at <= :now"
     return f"{alias}updated_at <= :since"
 
 
@@ -83,6 +85,7 @@ _LUA_GUARD_TERMS: Final = {
     Guard.UNCHANGED_SINCE: "(a.since == '' or tonumber(c.updated) <= tonumber(a.since))",
     Guard.APPROVAL_OPEN: "tonumber(a.now) < tonumber(c.lease)",
     Guard.APPROVAL_LAPSED: "tonumber(a.now) >= tonumber(c.lease)",
+    Guard.DUE: "tonumber(c.lease) <= tonumber(a.now)",
 }
 
 

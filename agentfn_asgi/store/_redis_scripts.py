@@ -34,6 +34,7 @@ __all__ = [
     "DECIDE_APPROVAL",
     "DELIVERY_FAILED",
     "DUE_DELIVERIES",
+    "DUE_RETRIES",
     "EXPIRED_CLAIMS",
     "FIND_APPROVAL",
     "GET_CALL",
@@ -55,6 +56,7 @@ __all__ = [
     "REQUEST_APPROVAL",
     "RESOLVE_DELIVERY",
     "SAVE",
+    "SCHEDULE_RETRY",
     "SETTLE",
     "SET_CALLS",
     "STATS",
@@ -103,7 +105,7 @@ local function reindex_call(key, member)
   local state, created = r[1], r[2]
   for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
   for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed', 'waiting',
-                         'approved'}) do
+                         'approved', 'retry'}) do
     redis.call('ZREM', I .. name, member)
   end
   redis.call('ZADD', I .. 'calls', created, member)
@@ -114,6 +116,8 @@ local function reindex_call(key, member)
     redis.call('ZADD', I .. 'waiting', r[3], member)
   elseif state == 'approved' then
     redis.call('ZADD', I .. 'approved', r[5], member)
+  elseif state == 'retry_scheduled' then
+    redis.call('ZADD', I .. 'retry', r[3], member)
   elseif SAVED[state] then
     redis.call('ZADD', I .. 'due', r[4], member)
   elseif state == 'submitted' or state == 'stale' then
@@ -491,6 +495,14 @@ if may_reclaim(c, a) then
   if c.attempt == '1' then status = 'claimed' end
   return {status, redis.call('HGETALL', key)}
 end
+if may_retry(c, a) then
+  local attempt = redis.call('HINCRBY', key, 'attempt', 1)
+  redis.call('HSET', key, 'state', 'claimed', 'owner', owner, 'lease_expires_at', ARGV[6],
+             'updated_at', now)
+  add_event(member, now, 'retried', attempt, owner)
+  reindex_call(key, member)
+  return {'retry', redis.call('HGETALL', key)}
+end
 if may_take_over(c, a) then
   local attempt = redis.call('HINCRBY', key, 'attempt', 1)
   redis.call('HSET', key, 'owner', owner, 'lease_expires_at', ARGV[6], 'updated_at', now)
@@ -499,7 +511,9 @@ if may_take_over(c, a) then
   reindex_call(key, member)
   return {'in_doubt', redis.call('HGETALL', key)}
 end
-if c.state == 'claimed' then return {'busy', redis.call('HGETALL', key)} end
+if c.state == 'claimed' or c.state == 'retry_scheduled' then
+  return {'busy', redis.call('HGETALL', key)}
+end
 if SAVED[c.state] then return {'saved', redis.call('HGETALL', key)} end
 return {'done', redis.call('HGETALL', key)}
 """)
@@ -781,6 +795,28 @@ return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
                              'LIMIT', 0, tonumber(ARGV[3])))
 """)
 
+# -- flow control (issue 24): retries
+# Guarantees: fenced like QUARANTINE: only the holder schedules its call's next attempt, at
+# `at` (lease_expires_at, compared by the `due` guard; next_attempt_at for listings).
+# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, at, reason. Returns 1 or 0.
+SCHEDULE_RETRY = _script("""
+if not may_schedule_retry(guard_fields(KEYS[1]), {owner = ARGV[4], attempt = ARGV[5]}) then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'retry_scheduled', 'updated_at', ARGV[2],
+           'lease_expires_at', ARGV[6], 'next_attempt_at', ARGV[6])
+add_event(ARGV[3], ARGV[2], 'retry_scheduled', ARGV[5], ARGV[4], ARGV[7])
+reindex_call(KEYS[1], ARGV[3])
+return 1
+""")
+
+# Read: scheduled retries due at `now` (score <= now), earliest first.
+# KEYS: the namespace's retry index. ARGV: N, now, limit.
+DUE_RETRIES = _script("""
+return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2],
+                             'LIMIT', 0, tonumber(ARGV[3])))
+""")
+
 # Read: one bounded stretch of list_calls. Walks an index scored by created_at downwards
 # from the position (hi, cursor) (exclusive; cursor '' = from hi inclusive) to lo, looking
 # at no more than `budget` entries, and keeps the calls matching the filters, up to `limit`.
@@ -868,4 +904,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "deny": ("DECIDE_APPROVAL",),
     "expire_approval": ("DECIDE_APPROVAL",),
     "run_approved": ("CLAIM_APPROVED",),
+    # flow control (issue 24)
+    "schedule_retry": ("SCHEDULE_RETRY",),
+    "retry": ("CLAIM",),
 }

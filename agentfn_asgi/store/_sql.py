@@ -70,6 +70,7 @@ from agentfn_asgi.store._sql_statements import (
     CLAIM_APPROVED,
     DELIVERY_FAILED,
     DENY,
+    DUE_RETRIES,
     EXPIRE_APPROVAL,
     EXPIRED_CLAIMS,
     FIND_APPROVAL,
@@ -90,8 +91,10 @@ from agentfn_asgi.store._sql_statements import (
     RENEW_LEASE,
     REQUEST_APPROVAL,
     RESOLVE_DELIVERY,
+    RETRY_CALL,
     REVOKE_TOKEN,
     SAVE_RESULT,
+    SCHEDULE_RETRY,
     SETTLE,
     STATS,
     SUBMISSION_FAILED,
@@ -297,13 +300,22 @@ class SQLStore(abc.ABC):
                 "delivery_id": delivery_id,
             },
         )
+        retry = Statement(
+            RETRY_CALL,
+            {
+                **self._key(key),
+                "owner": owner,
+                "now": now,
+                "lease_expires_at": now + lease_seconds,
+            },
+        )
         read = Statement(GET_CALL, self._key(key))
         # Left alone, the row is read back only to report what the upsert decided: states
         # never return to "claimed", so that read classifies correctly (claim_status_for
         # has the one clock-skew case). It finds nothing only when prune() removed a
         # finished call in between; the next upsert then inserts it afresh.
         for _ in range(3):
-            found = await self._first_row("claim_call", claim, read)
+            found = await self._first_row("claim_call", claim, retry, read)
             if found is None:
                 continue
             taken, row = found
@@ -311,6 +323,8 @@ class SQLStore(abc.ABC):
             if taken == 0:
                 status = ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
                 return ClaimOutcome(status, record)
+            if taken == 1:
+                return ClaimOutcome(ClaimStatus.RETRY, record)
             return ClaimOutcome(claim_status_for(record), record)
         raise StoreError(f"call {key} changed under the claim three times")
 
@@ -386,6 +400,25 @@ class SQLStore(abc.ABC):
             "detail": reason,
         }
         await self._count("quarantine", Statement(QUARANTINE, params))
+
+    async def schedule_retry(
+        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
+    ) -> bool:
+        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled`` until ``at``."""
+        params = {
+            **self._key(key),
+            "now": self._clock(),
+            "owner": owner,
+            "attempt": attempt,
+            "at": at,
+            "detail": reason,
+        }
+        return await self._count("schedule_retry", Statement(SCHEDULE_RETRY, params)) > 0
+
+    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
+        """Scheduled retries whose time has come, earliest first."""
+        params = {"namespace": self.namespace, "now": self._clock(), "limit": max(0, limit)}
+        return await self._calls("due_retries", DUE_RETRIES, params)
 
     async def settle(
         self, key: CallKey, *, result: SavedResult, margin: float = 0.0

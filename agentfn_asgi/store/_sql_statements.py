@@ -33,6 +33,7 @@ __all__ = [
     "CLAIM_APPROVED",
     "DELIVERY_FAILED",
     "DENY",
+    "DUE_RETRIES",
     "EXPIRED_CLAIMS",
     "EXPIRE_APPROVAL",
     "FIND_APPROVAL",
@@ -54,9 +55,11 @@ __all__ = [
     "RENEW_LEASE",
     "REQUEST_APPROVAL",
     "RESOLVE_DELIVERY",
+    "RETRY_CALL",
     "REVOKE_TOKEN",
     "ROWS",
     "SAVE_RESULT",
+    "SCHEDULE_RETRY",
     "SETTLE",
     "STATS",
     "SUBMISSION_FAILED",
@@ -203,6 +206,34 @@ QUARANTINE: Final = fill(
     + """
     WHERE {key} AND {may_quarantine}"""
 )
+# -- flow control (issue 24): retries -------------------------------------------------------
+# Fenced like quarantine: only the holder schedules its call's next attempt, at :at (kept in
+# lease_expires_at, which the `due` guard compares, and in next_attempt_at, which listings show).
+SCHEDULE_RETRY: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'retry_scheduled', lease_expires_at = :at,
+        next_attempt_at = :at, updated_at = :now,
+        """
+    + append_sql(event_sql("retry_scheduled", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
+    + """
+    WHERE {key} AND {may_schedule_retry}"""
+)
+# The claim of a scheduled retry once due (run by claim_call after the upsert declined the
+# row): one claimant wins, with the next attempt.
+RETRY_CALL: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
+        lease_expires_at = :lease_expires_at, updated_at = :now,
+        """
+    + append_sql(event_sql("retried", "attempt + 1", owner=OWNER_SQL))
+    + """
+    WHERE {key} AND {may_retry}
+    RETURNING {columns}"""
+)
+DUE_RETRIES: Final = fill("""
+    SELECT {columns} FROM {p}calls
+    WHERE namespace = :namespace AND {may_retry}
+    ORDER BY lease_expires_at LIMIT :limit""")
 SETTLE: Final = fill(
     """
     UPDATE {p}calls SET state = :state, updated_at = :now, next_attempt_at = :now,
@@ -395,4 +426,7 @@ ROWS: Final[Mapping[str, tuple[str, ...]]] = {
     "deny": ("DENY",),
     "expire_approval": ("EXPIRE_APPROVAL",),
     "run_approved": ("CLAIM_APPROVED",),
+    # flow control (issue 24)
+    "schedule_retry": ("SCHEDULE_RETRY",),
+    "retry": ("RETRY_CALL",),
 }

@@ -223,6 +223,19 @@ class Store(Protocol):
     async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
         """Calls in ``claimed`` whose lease expired more than ``margin`` ago (in doubt)."""
 
+    # -- flow control (issue 24) --------------------------------------------------------------
+    async def schedule_retry(
+        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
+    ) -> bool:
+        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled``: the next attempt may
+        start at ``at`` (Unix time; kept as ``next_attempt_at`` and ``lease_expires_at``), by
+        whoever claims the call then (:meth:`claim_call` answers ``RETRY``). ``reason`` goes
+        to the history. False when the claim is not theirs (fencing): nothing changed."""
+
+    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
+        """Calls in ``retry_scheduled`` whose time has come, earliest first (the sweep
+        claims them, so a restart or another replica resumes them)."""
+
     async def stats(self) -> StoreStats:
         """Counts for operators."""
 

@@ -273,6 +273,10 @@ class MemoryStore:
             # Our own claim, retried: it is ours already.
             status = ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
             return ClaimOutcome(status, _plain(record))
+        retry = TRANSITIONS["retry"]
+        if allows(retry, record, now=now):
+            record = self._apply(retry, record, owner=owner, lease_seconds=lease_seconds)
+            return ClaimOutcome(ClaimStatus.RETRY, _plain(record))
         take_over = TRANSITIONS["take_over"]
         if allows(take_over, record, now=now, margin=margin):
             record = self._apply(
@@ -357,6 +361,19 @@ class MemoryStore:
             row, record, now=self._clock(), owner=owner, attempt=attempt
         ):
             self._apply(row, record, owner=owner, detail=reason, quarantine_reason=reason)
+
+    async def schedule_retry(
+        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
+    ) -> bool:
+        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled`` until ``at``."""
+        self._check_open()
+        record, row = self._get(key), TRANSITIONS["schedule_retry"]
+        if record is None or not allows(
+            row, record, now=self._clock(), owner=owner, attempt=attempt
+        ):
+            return False
+        self._apply(row, record, detail=reason, lease_expires_at=at, next_attempt_at=at)
+        return True
 
     async def settle(
         self, key: CallKey, *, result: SavedResult, margin: float = 0.0
@@ -563,6 +580,14 @@ class MemoryStore:
         found = [
             _plain(c) for c in self._own_calls() if allows(take_over, c, now=now, margin=margin)
         ]
+        found.sort(key=lambda c: c.lease_expires_at)
+        return found[: max(0, limit)]
+
+    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
+        """Scheduled retries whose time has come, earliest first."""
+        self._check_open()
+        now, retry = self._clock(), TRANSITIONS["retry"]
+        found = [_plain(c) for c in self._own_calls() if allows(retry, c, now=now)]
         found.sort(key=lambda c: c.lease_expires_at)
         return found[: max(0, limit)]
 

@@ -35,6 +35,7 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
     state:{state}       the calls in that state, by created_at       (list_calls, stats)
     lease               claimed calls, by lease_expires_at           (expired_claims)
     due                 saved, unsubmitted results, by next_attempt_at (the sweep)
+    retry               scheduled retries, by their next attempt's time (due_retries)
     finished            submitted and stale calls, by updated_at     (prune)
     submitted_failed    submitted failures, by created_at            (stats)
     waiting             calls awaiting approval, by the request's expiry (expiry, lists)
@@ -567,6 +568,19 @@ class RedisStore:
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """``claimed`` by ``(owner, attempt)`` → ``quarantined``, with ``reason`` kept."""
         await self._step("quarantine", key, owner, attempt, reason)
+
+    async def schedule_retry(
+        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
+    ) -> bool:
+        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled`` until ``at``."""
+        return bool(await self._step("schedule_retry", key, owner, attempt, _num(at), reason))
+
+    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
+        """Scheduled retries whose time has come, earliest first."""
+        if limit <= 0:
+            return []
+        now = _num(self._clock())
+        return await self._calls("due_retries", [self._index("retry")], now, limit)
 
     async def settle(
         self, key: CallKey, *, result: SavedResult, margin: float = 0.0

@@ -1,4 +1,4 @@
-"""Build and sign webhook deliveries the way OpenAI sends them (agents-api.md §8).
+"""Build and sign webhook deliveries the way OpenAI sends them (wire protocol §8).
 
 Use these to test a webhook endpoint without the fake service::
 

@@ -1,4 +1,4 @@
-"""Webhook endpoints of :class:`~agentfn_asgi.testing.FakeAgentsAPI` (agents-api.md §8.5).
+"""Webhook endpoints of :class:`~agentfn_asgi.testing.FakeAgentsAPI` (wire protocol §8.5).
 
 The fake serves the management API the official SDK calls ``client.webhooks``:
 ``POST /webhook_endpoints`` (create: the answer holds a fresh ``whsec_`` secret),

@@ -224,7 +224,7 @@ def _check_request(
             error_body("Incorrect API key provided.", code="invalid_api_key"),
         )
     if route == "webhook_endpoints":
-        return None  # the management API takes no OpenAI-Beta header (agents-api.md §8.5)
+        return None  # the management API takes no OpenAI-Beta header (wire protocol §8.5)
     beta = [part.strip() for part in headers.get("openai-beta", "").split(",")]
     if "agents=v1" not in beta:
         return _Reply(
@@ -348,7 +348,7 @@ def _serve(
 def _list(fake: HTTPHost, query: dict[str, list[str]]) -> _Reply:
     """``GET /agents/sessions``: ``limit`` (1-100, default 20), ``order`` (``desc``, newest
     first, by default), ``after`` (the last id of the previous page), ``agent_id`` and
-    ``metadata[key]=value`` filters (agents-api.md §2)."""
+    ``metadata[key]=value`` filters (wire protocol §2)."""
 
     def last(name: str, default: str | None = None) -> str | None:
         return query.get(name, [default])[-1]

@@ -1,7 +1,7 @@
 """Session state machine of :class:`~agentfn_asgi.testing.FakeAgentsAPI`.
 
 One :class:`FakeSession` per session: turns made of steps of parallel calls, the status flow
-``in_progress → requires_action → in_progress → … → idle`` (agents-api.md §11), the events
+``in_progress → requires_action → in_progress → … → idle`` (wire protocol §11), the events
 streamed to listeners and the webhooks each status change sends. Every method is synchronous,
 so each check-then-update is atomic on the event loop.
 """
@@ -173,7 +173,7 @@ class FakeSession:
         return [call.action() for call in self.pending_calls()]
 
     def snapshot(self) -> dict[str, Any]:
-        """The full ``AgentSession`` JSON, shaped like the real one (agents-api.md §3)."""
+        """The full ``AgentSession`` JSON, shaped like the real one (wire protocol §3)."""
         return {
             "id": self.id,
             "object": "agent.session",

@@ -1,6 +1,6 @@
 """Request validation and error bodies of :class:`~agentfn_asgi.testing.FakeAgentsAPI`.
 
-``POST /agents/sessions/{id}/events`` is checked field by field as agents-api.md §4
+``POST /agents/sessions/{id}/events`` is checked field by field as wire protocol §4
 documents it, answering 400 ``invalid_request_error`` with ``param`` naming the first bad
 field (``events[0].output[1].text``), as the real service names fields in its errors.
 """
@@ -21,7 +21,7 @@ __all__ = [
     "parse_events_body",
 ]
 
-#: Largest accepted request body: 4 MiB (agents-api.md §9.1).
+#: Largest accepted request body: 4 MiB (wire protocol §9.1).
 MAX_REQUEST_BYTES = 4_194_304
 
 TOOL_RESULT = "agent.session.input.tool_result"

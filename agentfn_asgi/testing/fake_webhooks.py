@@ -1,6 +1,6 @@
 """The webhook sender of :class:`~agentfn_asgi.testing.FakeAgentsAPI`.
 
-It behaves like OpenAI's sender as far as it is documented (agents-api.md §8.4): a signed
+It behaves like OpenAI's sender as far as it is documented (wire protocol §8.4): a signed
 ``POST`` per event and endpoint, any 2xx is success and anything else, 3xx included, is
 retried with exponential backoff, keeping the same ``webhook-id`` (the receiver's idempotency
 key) while each attempt is signed with a fresh timestamp. By default deliveries go out one at

@@ -7,7 +7,7 @@
 It consumes ``EXAMPLE_JOBS_QUEUE`` (default ``agentfn.jobs``) on ``CELERY_BROKER_URL``. Each
 job carries its completion URL (the app's ``AGENTFN_PUBLIC_URL``) and a signed, expiring
 token, so a worker needs no secret and no configuration of the app. Run as many as you like:
-a job whose worker dies mid-job is delivered again to another one (see the README's
+a job whose worker dies mid-job is delivered again to another one (see docs/workers.md,
 "Workers on Celery" for what that means for side effects).
 """
 

@@ -28,10 +28,16 @@ def _context(call_id: str, ledger: Ledger) -> ToolContext:
 
 
 def test_definitions_match_the_contract() -> None:
-    """The four tools, their parameters, create_refund declared with side effects and
+    """The tools, their parameters, create_refund declared with side effects and
     close_account with side effects and approval (the examples' contract, issue 23)."""
     definitions = {d["name"]: d for d in tools.definitions()}
-    assert set(definitions) == {"get_customer", "create_refund", "slow_echo", "close_account"}
+    assert set(definitions) == {
+        "get_customer",
+        "create_refund",
+        "slow_echo",
+        "close_account",
+        "flaky_lookup",
+    }
     close = tools.get("close_account")
     assert close is not None and close.side_effects and close.approval is True
     assert close.reconcile is not None

@@ -72,7 +72,8 @@ class Expected:
 
 
 def expected(point: str, kind: str) -> Expected:
-    """The outcome DESIGN.md promises for a crash at ``point`` in a call of ``kind``."""
+    """The outcome docs/how-it-works/architecture.md promises for a crash at ``point`` in a call
+    of ``kind``."""
     if point == "after_claim" and kind == UNRECONCILED:
         # The handler never started, but nothing can prove it: quarantine, not a blind re-run.
         return Expected(success=False, runs=0, source="quarantined")

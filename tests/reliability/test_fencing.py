@@ -9,7 +9,7 @@ depends on whether it can be stopped:
 - an async handler is cancelled at its next ``await``: the side effect happens once;
 - a sync handler runs on in its thread: its result is dropped (never saved or submitted),
   but its side effect happens a second time, under the *same* ``ctx.idempotency_key``, which
-  is what a downstream API deduplicates by. The README states exactly this limit.
+  is what a downstream API deduplicates by. docs/guarantees.md states exactly this limit.
 """
 
 from __future__ import annotations

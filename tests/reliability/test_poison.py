@@ -153,7 +153,7 @@ async def test_a_call_that_keeps_dying_stops_after_max_attempts() -> None:
 
 
 async def test_the_max_attempts_setting_is_read_from_the_environment() -> None:
-    """AGENTFN_MAX_ATTEMPTS configures the bound (documented in the README)."""
+    """AGENTFN_MAX_ATTEMPTS configures the bound (documented in docs/configuration.md)."""
     from agentfn_asgi import Config
 
     assert Config.from_env({"AGENTFN_MAX_ATTEMPTS": "7"}).dispatch.max_attempts == 7

@@ -133,7 +133,8 @@ async def test_secrets_stay_out_of_logs_errors_answers_and_spans(
     # Configuration mistakes never echo the secret or key they were given.
     for bad in ("whsec_" + SECRET_MARK + "!!", SECRET_MARK):
         try:
-            AgentWebhookApp(tools, webhook_secret=bad, client=stack.client, store="memory://")
+            app = AgentWebhookApp(tools, webhook_secret=bad, client=stack.client, store="memory://")
+            app.check()  # the configuration is checked here (or at start-up), not when built
         except ConfigurationError as exc:
             errors.append(exc)
 

@@ -1,0 +1,368 @@
+"""How a tool's calls are run: :class:`ToolPolicy`, the one home of the per-tool run options.
+
+Every option of ``@tools.function`` that shapes how a call runs (not what the model sees) is a
+field of :class:`ToolPolicy`, declared once with its default, its check and its
+documentation. Registration builds the policy from the options (:meth:`ToolPolicy.build`),
+the option names and the documentation of
+:class:`~agentfn_asgi.tools.ToolOptions` come from these fields, and the dispatcher merges the
+policy with its :class:`~agentfn_asgi.dispatch.DispatchSettings` in one place,
+:func:`resolve`. Adding a run option means adding one field here (and its key to
+``ToolOptions``, which a test holds to these fields, since static typing needs it spelled).
+
+This module imports only the error tree and the tool context types.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from ._context import ReconcileHook
+from .errors import ConfigurationError, ToolDefinitionError
+
+if TYPE_CHECKING:
+    from .dispatch.settings import DispatchSettings
+
+__all__ = [
+    "DEFAULT_JOB_DEADLINE",
+    "DEFINITION_OPTIONS",
+    "POLICY_OPTIONS",
+    "ResolvedPolicy",
+    "RetryPolicy",
+    "ToolPolicy",
+    "check_limits",
+    "option_docs",
+    "resolve",
+]
+
+#: Seconds a job handed to ``enqueue=`` may take before its call fails (see agentfn_asgi.jobs).
+DEFAULT_JOB_DEADLINE = 3600.0
+
+#: ``(label, option name, value) -> the value to keep``, raising ToolDefinitionError.
+_Check = Callable[[str, str, Any], Any]
+
+
+def _positive(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def _seconds(label: str, name: str, value: Any) -> float:
+    if not _positive(value):
+        raise ToolDefinitionError(f"{label}: {name} must be a positive number of seconds")
+    return float(value)
+
+
+def _seconds_or_none(label: str, name: str, value: Any) -> float | None:
+    return None if value is None else _seconds(label, name, value)
+
+
+def _count_or_none(label: str, name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ToolDefinitionError(f"{label}: {name} must be a whole number of at least 1")
+    return value
+
+
+def _flag(label: str, name: str, value: Any) -> bool:
+    return bool(value)
+
+
+def _callable_or_none(label: str, name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise ToolDefinitionError(f"{label}: {name} must be callable")
+    return value
+
+
+def _in_doubt(label: str, name: str, value: Any) -> Any:
+    if value not in (None, "fail", "hold"):
+        raise ToolDefinitionError(f"{label}: {name} must be 'fail' or 'hold', not {value!r}")
+    return value
+
+
+def _approval(label: str, name: str, value: Any) -> Any:
+    if not isinstance(value, bool) and not callable(value):
+        raise ToolDefinitionError(
+            f"{label}: {name} must be True, False or a callable (ctx, arguments) -> bool"
+        )
+    return value
+
+
+def _retry(label: str, name: str, value: Any) -> RetryPolicy | None:
+    if value is None or isinstance(value, RetryPolicy):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return RetryPolicy(attempts=value)  # retry=3: three attempts with the defaults
+    raise ToolDefinitionError(
+        f"{label}: {name} must be a RetryPolicy(...) or a number of attempts, not {value!r}"
+    )
+
+
+def _meta(check: _Check, doc: str) -> dict[str, Any]:
+    """A policy field's metadata: the check registration applies, its documentation."""
+    return {"check": check, "doc": doc}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """When a plain tool's failed call is tried again (``@tools.function(retry=...)``).
+
+    A call whose handler raises one of ``transient`` is tried again, up to ``attempts``
+    executions in all, after ``initial_backoff`` seconds, multiplied by ``multiplier`` per
+    failure up to ``max_backoff``; ``jitter`` (a fraction) only adds to that wait, a random
+    part of up to ``jitter`` times it, so replicas retrying together spread out and no retry
+    comes sooner than the backoff says. ``deadline``: no attempt starts later than that many
+    seconds after the call was first claimed (None: no bound beyond ``attempts``). The wait
+    is kept in the store, so a restart or another replica resumes the call at that time.
+    Side-effect tools take no ``retry=``: only :class:`~agentfn_asgi.errors.RetryLater` raised
+    by the handler itself retries them (the handler knows nothing happened).
+    """
+
+    attempts: int = 3
+    initial_backoff: float = 1.0
+    max_backoff: float = 60.0
+    multiplier: float = 2.0
+    jitter: float = 0.0
+    transient: tuple[type[BaseException], ...] = (ConnectionError,)
+    deadline: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool):
+            raise ToolDefinitionError("RetryPolicy: attempts must be a whole number")
+        if self.attempts < 1:
+            raise ToolDefinitionError(
+                "RetryPolicy: attempts must be at least 1 (1 means no retry); set attempts=2"
+                " or more"
+            )
+        for name in ("initial_backoff", "max_backoff", "multiplier"):
+            if not _positive(getattr(self, name)):
+                raise ToolDefinitionError(f"RetryPolicy: {name} must be a positive number")
+        if self.multiplier < 1:
+            raise ToolDefinitionError("RetryPolicy: multiplier must be at least 1")
+        if not isinstance(self.jitter, int | float) or not 0 <= self.jitter <= 1:
+            raise ToolDefinitionError("RetryPolicy: jitter must be a fraction from 0 to 1")
+        if self.deadline is not None and not _positive(self.deadline):
+            raise ToolDefinitionError("RetryPolicy: deadline must be a positive number of seconds")
+        transient = self.transient
+        if isinstance(transient, type):
+            object.__setattr__(self, "transient", (transient,))
+        elif not all(isinstance(t, type) and issubclass(t, BaseException) for t in transient):
+            raise ToolDefinitionError("RetryPolicy: transient must be exception classes")
+        else:
+            object.__setattr__(self, "transient", tuple(transient))
+
+    def backoff(self, failures: int, random: float = 0.0) -> float:
+        """Seconds to wait after the ``failures``-th failed attempt (1 for the first);
+        ``random`` in [0, 1) picks the jitter, which only adds."""
+        base = min(self.initial_backoff * self.multiplier ** max(failures - 1, 0), self.max_backoff)
+        return base * (1.0 + self.jitter * random)
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """Is ``exc`` one of the exception types this policy retries?"""
+        return isinstance(exc, self.transient)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolPolicy:
+    """The run options of one tool, checked at registration. ``None`` means "the
+    dispatcher's setting" (:class:`~agentfn_asgi.dispatch.DispatchSettings`); :func:`resolve`
+    merges the two. Build it with :meth:`build` (registration does)."""
+
+    side_effects: bool = field(
+        default=False,
+        metadata=_meta(
+            _flag,
+            "the handler changes the world: an in-doubt call is never re-run blindly; its"
+            " ``reconcile`` hook decides, else it is quarantined",
+        ),
+    )
+    reconcile: ReconcileHook | None = field(
+        default=None,
+        metadata=_meta(
+            _callable_or_none,
+            "``(ctx, arguments) -> Ran | NotRun | Unknown``, asked whether an in-doubt call of a"
+            " side-effect tool already ran (or ``@tools.reconciler``)",
+        ),
+    )
+    timeout: float | None = field(
+        default=None,
+        metadata=_meta(
+            _seconds_or_none, "seconds a call may run (None: the app's ``default_timeout``)"
+        ),
+    )
+    in_doubt: Literal["fail", "hold"] | None = field(
+        default=None,
+        metadata=_meta(
+            _in_doubt,
+            "what an in-doubt side-effect call that cannot be reconciled becomes: ``fail`` answers"
+            " the model, ``hold`` waits for an operator (None: the app's ``in_doubt``)",
+        ),
+    )
+    max_attempts: int | None = field(
+        default=None,
+        metadata=_meta(
+            _count_or_none,
+            "how often one call may be started before it is answered with a failure (None: the"
+            " app's ``max_attempts``)",
+        ),
+    )
+    retry: RetryPolicy | None = field(
+        default=None,
+        metadata=_meta(
+            _retry,
+            "a :class:`~agentfn_asgi.policy.RetryPolicy` (or a number of attempts): a plain tool's"
+            " call failing with a transient error is tried again after a backoff kept in the store",
+        ),
+    )
+    approval: bool | Callable[..., Any] = field(
+        default=False,
+        metadata=_meta(
+            _approval,
+            "``True`` (or a callable ``(ctx, arguments) -> bool``, sync or async, for calls that"
+            " need it only sometimes) holds each call, once its arguments are valid, until a"
+            " person approves or denies it (see ``AgentWebhookApp.approve``)",
+        ),
+    )
+    approval_timeout: float | None = field(
+        default=None,
+        metadata=_meta(
+            _seconds_or_none,
+            "seconds a call waits for approval before it fails (None: the app's"
+            " ``approval_timeout``, ``AGENTFN_APPROVAL_TIMEOUT``, 24 h)",
+        ),
+    )
+    truncate_oversize: bool = field(
+        default=False,
+        metadata=_meta(_flag, "cut an oversized text result instead of failing the call"),
+    )
+    enqueue: Callable[..., Any] | None = field(
+        default=None,
+        metadata=_meta(
+            _callable_or_none,
+            "``enqueue(job)``: hand each call to your queue as a"
+            " :class:`~agentfn_asgi.worker.Job` instead of running it here",
+        ),
+    )
+    job_deadline: float = field(
+        default=DEFAULT_JOB_DEADLINE,
+        metadata=_meta(
+            _seconds,
+            "seconds a queued call's worker has to complete it before the call fails",
+        ),
+    )
+
+    @classmethod
+    def build(cls, label: str, options: Mapping[str, Any]) -> ToolPolicy:
+        """The policy the run options among ``options`` describe, every one checked, and the
+        combinations refused that cannot work (each message says the fix)."""
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            if spec.name in options:
+                values[spec.name] = spec.metadata["check"](label, spec.name, options[spec.name])
+        policy = cls(**values)
+        if policy.reconcile is not None and not policy.side_effects:
+            raise ToolDefinitionError(f"{label}: reconcile= only applies with side_effects=True")
+        if policy.retry is not None and policy.side_effects:
+            raise ToolDefinitionError(
+                f"{label}: retry= would run a side-effect tool again after an error it may have"
+                " caused half-way; raise RetryLater(after=...) from the handler when you know"
+                " nothing happened, or drop side_effects=True"
+            )
+        if policy.approval_timeout is not None and policy.approval is False:
+            raise ToolDefinitionError(f"{label}: approval_timeout= only applies with approval=")
+        if policy.retry is not None and policy.enqueue is not None:
+            raise ToolDefinitionError(
+                f"{label}: retry= applies to calls run here; a queued tool's worker retries"
+            )
+        check_deadline = getattr(policy.enqueue, "check_job_deadline", None)
+        if callable(check_deadline):
+            # An enqueue that knows its queue's limits (the Celery integration's) refuses a
+            # deadline the queue cannot keep at registration, not at the first call.
+            check_deadline(policy.job_deadline, label)
+        return policy
+
+
+#: The run options: every field of :class:`ToolPolicy`.
+POLICY_OPTIONS: Final = tuple(spec.name for spec in fields(ToolPolicy))
+
+#: The options that shape the tool's definition (what the model sees), with their docs.
+DEFINITION_OPTIONS: Final[Mapping[str, str]] = {
+    "name": "the tool's name (default: the function's)",
+    "description": "the tool's description (default: the docstring's summary)",
+    "defer_loading": "hide the tool behind tool search (``defer_loading: true``)",
+    "background": "mark the tool ``async: true``: the agent goes on without waiting for its"
+    " result (natural for a tool handed to a worker)",
+}
+
+
+def option_docs() -> str:
+    """Every option of ``@tools.function`` with its documentation, one bullet each."""
+    lines = [f"- ``{name}``: {doc}" for name, doc in DEFINITION_OPTIONS.items()]
+    for spec in fields(ToolPolicy):
+        default = spec.default if spec.default is not MISSING else None
+        suffix = "" if default in (None, False) else f" (default {default!r})"
+        lines.append(f"- ``{spec.name}``: {spec.metadata['doc']}{suffix}")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedPolicy:
+    """A tool's policy merged with the dispatcher's settings (:func:`resolve`): what a call
+    of it runs under, nothing left to look up."""
+
+    policy: ToolPolicy
+    timeout: float | None
+    in_doubt: Literal["fail", "hold"]
+    max_attempts: int
+    thread_wait: float
+    approval_timeout: float
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The tool's retry policy, if any."""
+        return self.policy.retry
+
+
+def resolve(policy: ToolPolicy, settings: DispatchSettings) -> ResolvedPolicy:
+    """The one merge of a tool's policy with the dispatcher's settings: the tool's own value
+    where it sets one, the setting otherwise."""
+    return ResolvedPolicy(
+        policy=policy,
+        timeout=policy.timeout if policy.timeout is not None else settings.default_timeout,
+        in_doubt=policy.in_doubt if policy.in_doubt is not None else settings.in_doubt,
+        max_attempts=(
+            policy.max_attempts if policy.max_attempts is not None else settings.max_attempts
+        ),
+        thread_wait=settings.thread_wait,
+        approval_timeout=(
+            policy.approval_timeout
+            if policy.approval_timeout is not None
+            else settings.approval_timeout
+        ),
+    )
+
+
+def check_limits(policies: Iterable[tuple[str, ToolPolicy]], settings: DispatchSettings) -> None:
+    """Refuse at start-up, in one line with the fix, a tool whose limits cannot work with
+    these settings (what registration alone cannot judge: the app's defaults). A retry
+    deadline shorter than the tool's timeout would end retries before one attempt may
+    finish; a retry policy allowing fewer attempts than asked is fine."""
+    for name, policy in policies:
+        resolved = resolve(policy, settings)
+        deadline = None if policy.retry is None else policy.retry.deadline
+        timeout = resolved.timeout
+        if deadline is not None and (timeout is None or deadline < timeout):
+            where = "its timeout=" if policy.timeout is not None else "the app's default_timeout"
+            limit = "no timeout" if timeout is None else f"{timeout:g} s"
+            raise ConfigurationError(
+                f"tool {name!r}: its retry deadline ({deadline:g} s) is shorter than one"
+                f" attempt may run ({limit}, {where}); raise RetryPolicy(deadline=...) above"
+                " it or give the tool a shorter timeout="
+            )

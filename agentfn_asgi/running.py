@@ -1,0 +1,153 @@
+"""The run side of a tool: calling its handler or its reconcile hook, and the thread pool
+sync handlers run in. :mod:`agentfn_asgi.tools` is the definition side (registry, schema,
+arguments); the dispatcher, the worker and the Celery integration run tools through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._context import NotRun, Ran, ReconcileOutcome, ToolContext, Unknown
+from ._sdk import MappingArguments
+from ._threads import ThreadPool
+
+if TYPE_CHECKING:
+    from .tools import FunctionTool
+
+__all__ = [
+    "default_thread_pool",
+    "invoke",
+    "is_async_callable",
+    "needs_approval",
+    "run_reconcile",
+]
+
+logger = logging.getLogger("agentfn_asgi.tools")
+
+_DEFAULT_POOL: ThreadPool | None = None
+
+
+def default_thread_pool() -> ThreadPool:
+    """The pool sync handlers use when none is given (workers, tests): 32 threads."""
+    global _DEFAULT_POOL
+    if _DEFAULT_POOL is None:
+        _DEFAULT_POOL = ThreadPool(32)
+    return _DEFAULT_POOL
+
+
+def is_async_callable(fn: object) -> bool:
+    """True for coroutine functions, partials of them, and objects with an async __call__
+    (shared with the worker hand-off, which calls ``enqueue`` hooks the same way)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - a callable instance's own __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+async def invoke(
+    tool: FunctionTool,
+    arguments: Mapping[str, Any],
+    context: ToolContext,
+    *,
+    threads: ThreadPool | None = None,
+    time_limit: float | None = None,
+    wait_limit: float | None = None,
+) -> Any:
+    """Call ``tool``'s handler with ``arguments`` (from ``parse_arguments``) and the context.
+
+    Async handlers run on the event loop; sync handlers in a thread of ``threads`` (a shared
+    default pool when None). Raises TimeoutError past ``time_limit`` seconds of running; a
+    sync handler's wait for a free thread is counted apart and bounded by ``wait_limit``
+    (ThreadPoolBusyError, see :mod:`agentfn_asgi._threads`). A sync handler that times out
+    keeps running in its thread until it returns: Python cannot stop a thread.
+    """
+    spec = tool._require_spec()
+    call: Callable[[], Any]
+    if isinstance(spec, MappingArguments):
+        # The openai SDK's convention: the argument object as one positional dict.
+        call = functools.partial(tool.fn, dict(arguments))
+    else:
+        kwargs = dict(arguments)
+        if spec.context_param is not None:
+            kwargs[spec.context_param] = context
+        call = functools.partial(tool.fn, **kwargs)
+    with anyio.fail_after(time_limit) if tool.is_async else contextlib.nullcontext():
+        if tool.is_async:
+            result = await call()
+        else:
+            pool = threads if threads is not None else default_thread_pool()
+            result = await pool.run(call, time_limit=time_limit, wait_limit=wait_limit)
+    if inspect.isawaitable(result):  # a sync wrapper's (or an SDK tool's) coroutine
+        with anyio.fail_after(time_limit):
+            result = await result
+    return result
+
+
+async def run_reconcile(
+    tool: FunctionTool,
+    arguments: Mapping[str, Any],
+    context: ToolContext,
+    *,
+    threads: ThreadPool | None = None,
+    time_limit: float | None = None,
+    wait_limit: float | None = None,
+) -> ReconcileOutcome:
+    """Ask ``tool``'s reconcile hook whether an in-doubt call already ran.
+
+    Never raises (except cancellation): no hook, a failing or timed-out hook or a wrong
+    return value all give :class:`Unknown`, so the call is quarantined rather than run twice.
+    """
+    hook = tool.reconcile
+    if hook is None:
+        return Unknown("no reconcile hook")
+    try:
+        if is_async_callable(hook):
+            with anyio.fail_after(time_limit):
+                outcome: Any = await hook(context, dict(arguments))  # type: ignore[misc]
+        else:
+            pool = threads if threads is not None else default_thread_pool()
+            outcome = await pool.run(
+                functools.partial(hook, context, dict(arguments)),
+                time_limit=time_limit,
+                wait_limit=wait_limit,
+            )
+        if inspect.isawaitable(outcome):
+            with anyio.fail_after(time_limit):
+                outcome = await outcome
+    except Exception as exc:
+        logger.warning("reconcile hook of tool %r failed", tool.name, exc_info=True)
+        return Unknown(f"reconcile hook raised {type(exc).__name__}")
+    if not isinstance(outcome, Ran | NotRun | Unknown):
+        return Unknown(
+            f"reconcile hook returned {type(outcome).__name__}, not Ran, NotRun or Unknown"
+        )
+    return outcome
+
+
+async def needs_approval(
+    tool: FunctionTool, context: ToolContext, arguments: dict[str, Any]
+) -> bool:
+    """Does this call of ``tool`` need a person's approval? ``approval=True`` always, a
+    predicate when it says so. A predicate that raises asks for approval (the safe answer)."""
+    rule = tool.approval
+    if isinstance(rule, bool):
+        return rule
+    try:
+        verdict = rule(context, arguments)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+    except Exception:
+        logger.warning(
+            "approval predicate of tool %r failed; asking for approval", tool.name, exc_info=True
+        )
+        return True
+    return bool(verdict)

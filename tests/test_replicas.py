@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from agentfn_asgi.records import CallQuery
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
@@ -33,23 +34,21 @@ SESSIONS = 50
 LEASE_SECONDS = 2.0
 
 
-async def _wait_for_claim_by(
-    url: str, fake: FakeAgentsAPI, session_ids: list[str], pid: int
-) -> None:
-    """Return once a slow call is claimed (handler running) by the replica with that pid."""
+async def _wait_for_claim_by(url: str, pid: int) -> None:
+    """Return once a slow call is claimed (handler running) by the replica with that pid.
+
+    One listing per look (not one read per session): slow calls run 1.5 s, and a look that
+    took longer than that under load could miss every one of them."""
     marker = f":{pid}:"  # Dispatcher owners are "host:pid:random"
     store = open_store(url)
     try:
         while True:
-            for session_id in session_ids:
-                if not fake.required_actions(session_id):
-                    continue
-                for record in await store.calls_for_session(session_id):
-                    mine = marker in (record.owner or "")
-                    # slow_echo (first step only) runs 1.5 s: still running when the SIGKILL
-                    # lands.
-                    if mine and record.state == "claimed" and record.tool_name == "slow_echo":
-                        return
+            # slow_echo (first step only) runs 1.5 s: still running when the SIGKILL lands.
+            running = await store.list_calls(
+                CallQuery(state="claimed", tool_name="slow_echo", limit=500)
+            )
+            if any(marker in (record.owner or "") for record in running):
+                return
             await anyio.sleep(0.001)
     finally:
         await store.close()
@@ -117,7 +116,7 @@ async def test_three_replicas_one_store_one_result_per_call(
             victim = running[0]
             # Kill it while it holds a live claim, so the takeover path is always taken.
             with anyio.fail_after(30):
-                await _wait_for_claim_by(url, fake, session_ids, victim.process.pid)
+                await _wait_for_claim_by(url, victim.process.pid)
             victim.process.send_signal(signal.SIGKILL)
             await victim.process.wait()
             killed_at = len(fake.submissions)

@@ -136,12 +136,14 @@ class LeaseKeeper:
         # heartbeat task only then (a task per call measured ~7x the cost of a timer).
         heartbeat: asyncio.Task[Any] | None = None
 
+        scope = anyio.CancelScope()
+
         def start() -> None:
             nonlocal heartbeat
-            heartbeat = self._spawn(self._heartbeat(lease, due=True))
+            heartbeat = self._spawn(self._heartbeat(lease, due=True, block=scope))
 
         timer = asyncio.get_running_loop().call_later(self._first_wait(lease), start)
-        with anyio.CancelScope() as scope:
+        with scope:
             lease.scope = scope
             try:
                 yield
@@ -159,9 +161,18 @@ class LeaseKeeper:
         interval = max(self._lease_seconds / 3, 0.05)
         return max(min(interval, lease.fence_at - self._monotonic()), 0)
 
-    async def _heartbeat(self, lease: Lease, *, due: bool = False) -> None:
-        """Renew every third of the lease (``due``: the first renewal is due now)."""
-        while True:
+    async def _heartbeat(
+        self, lease: Lease, *, due: bool = False, block: anyio.CancelScope | None = None
+    ) -> None:
+        """Renew every third of the lease (``due``: the first renewal is due now) while
+        ``block`` (the :meth:`kept` block it serves) runs.
+
+        The block's end cancels this task, and also ends the loop by itself: a store driver
+        that swallows a cancellation (redis-py's ``asyncio.wait_for`` on Python 3.11 can)
+        must never leave a heartbeat renewing a finished call's lease forever, with the
+        block's exit waiting for it.
+        """
+        while block is None or lease.scope is block:
             if due:
                 due = False
             else:
@@ -192,3 +203,5 @@ class LeaseKeeper:
                 lease.lose("taken over")
                 return
             lease.fence_at = sent + self._lease_seconds - self._margin
+            if block is not None and lease.scope is not block:
+                return  # the block ended while this renewal was in flight

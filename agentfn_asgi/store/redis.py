@@ -68,6 +68,7 @@ in one slot; give the prefix a hash tag (``key_prefix="{agentfn}:"``).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import math
@@ -183,7 +184,16 @@ def _escape_glob(text: str) -> str:
 
 @contextmanager
 def _translated(action: str) -> Iterator[None]:
-    """Turn driver errors into ours: unreachable → StoreUnavailableError, else StoreError."""
+    """Turn driver errors into ours: unreachable → StoreUnavailableError, else StoreError;
+    and give back a cancellation the driver lost.
+
+    redis-py sends each command under ``asyncio.wait_for``, which on Python 3.11 swallows a
+    cancellation that arrives just as the send completes (CPython gh-86296, fixed in 3.12):
+    the cancelled task would go on as if nothing happened (a lease heartbeat then renewed
+    forever). The task still counts the request (``cancelling()``), so it is raised here.
+    """
+    task = asyncio.current_task()
+    requested = task.cancelling() if task is not None else 0
     try:
         yield
     except (
@@ -192,9 +202,19 @@ def _translated(action: str) -> Iterator[None]:
         redis_errors.ReadOnlyError,  # a replica during failover: retry later
         OSError,  # includes TimeoutError (asyncio's too, on Python 3.11+)
     ) as exc:
+        _raise_lost_cancellation(task, requested)
         raise StoreUnavailableError(f"Redis store unavailable during {action}: {exc}") from exc
     except redis_errors.RedisError as exc:
+        _raise_lost_cancellation(task, requested)
         raise StoreError(f"Redis store failed during {action}: {exc}") from exc
+    _raise_lost_cancellation(task, requested)
+
+
+def _raise_lost_cancellation(task: asyncio.Task[Any] | None, requested: int) -> None:
+    """Raise CancelledError if ``task`` was asked to cancel since it counted ``requested``
+    requests, yet the operation ended without raising it (see :func:`_translated`)."""
+    if task is not None and task.cancelling() > requested:
+        raise asyncio.CancelledError
 
 
 class RedisStore:

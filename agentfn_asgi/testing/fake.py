@@ -280,14 +280,21 @@ class FakeAgentsAPI:
         retry_after_ms: float | None = None,
         body: Any = None,
         should_retry: bool | None = None,
+        after_processing: bool = False,
     ) -> None:
         """Answer the next ``n`` requests of ``route`` with ``status`` and no effect.
 
         ``retry_after`` sets ``Retry-After`` (seconds, or any string such as an HTTP date),
         ``retry_after_ms`` sets ``retry-after-ms``, ``should_retry`` sets ``x-should-retry``,
         and ``body`` replaces the default error JSON (bytes are sent as is).
+
+        With ``after_processing`` each request is served first (a submitted result takes
+        effect) and only its answer is replaced by the error: an applied-then-failed request,
+        as a gateway timing out in front of a server that finished. Not for ``stream``.
         """
         self._check_route(route)
+        if after_processing and route == "stream":
+            raise ValueError("after_processing needs a route that answers once, not 'stream'")
         headers: dict[str, str] = {}
         if retry_after is not None:
             headers["retry-after"] = str(retry_after)
@@ -296,7 +303,9 @@ class FakeAgentsAPI:
         if should_retry is not None:
             headers["x-should-retry"] = "true" if should_retry else "false"
         for _ in range(n):
-            self.faults.failures[route].append(InjectedFailure(status, headers, body))
+            self.faults.failures[route].append(
+                InjectedFailure(status, headers, body, after_processing)
+            )
 
     def set_latency(self, route: Route, seconds: float) -> None:
         """Wait ``seconds`` before answering each request of ``route`` (0 turns it off)."""

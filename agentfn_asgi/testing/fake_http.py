@@ -87,11 +87,16 @@ class RecordedRequest:
 
 @dataclass(frozen=True, slots=True)
 class InjectedFailure:
-    """One scripted error answer: ``status``, extra ``headers`` and ``body`` (JSON or bytes)."""
+    """One scripted error answer: ``status``, extra ``headers`` and ``body`` (JSON or bytes).
+
+    With ``after_processing`` the request is served first (a result takes effect) and only
+    then answered with this error: the client sees a failure for a request that was applied.
+    """
 
     status: int
     headers: dict[str, str]
     body: Any
+    after_processing: bool = False
 
 
 @dataclass(slots=True)
@@ -180,9 +185,10 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
             await _drop(send)
         reply: _Reply | None
         if route == "webhook_endpoints":
-            reply = _check_request(fake, route, session_id, headers) or await _endpoints(
-                fake, method, path, body, scope
-            )
+            reply = _check_request(fake, route, session_id, headers)
+            if reply is None:
+                reply = await _endpoints(fake, method, path, body, scope)
+                reply = _failure_after_processing(fake, route) or reply
         elif route == "stream" and session_id is not None:
             reply = _check_request(fake, route, session_id, headers)
             if reply is None:
@@ -190,9 +196,10 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
                 await _stream(fake, session_id, scope, receive, send)
                 return
         else:
-            reply = _check_request(fake, route, session_id, headers) or _serve(
-                fake, route, session_id, headers, body, scope
-            )
+            reply = _check_request(fake, route, session_id, headers)
+            if reply is None:
+                reply = _serve(fake, route, session_id, headers, body, scope)
+                reply = _failure_after_processing(fake, route) or reply
         assert reply is not None
         if drop_after:
             await _drop(send)
@@ -207,14 +214,8 @@ def _check_request(
 ) -> _Reply | None:
     """Faults, auth, beta header and session lookup: an error reply, or None to proceed."""
     failures = fake.faults.failures.get(route)
-    if failures:
-        failure = failures.popleft()
-        body = failure.body
-        if body is None:
-            body = error_body(
-                "Injected failure.", type="server_error" if failure.status >= 500 else "error"
-            )
-        return _Reply(failure.status, body, dict(failure.headers))
+    if failures and not failures[0].after_processing:
+        return _failure_reply(failures.popleft())
     if route == "unknown" or (session_id is None and route not in _SESSIONLESS):
         return _Reply(404, error_body("Invalid URL.", code=None))
     if headers.get("authorization") != f"Bearer {fake.api_key}":
@@ -236,6 +237,23 @@ def _check_request(
         )
     if session_id is not None and session_id not in fake.sessions:
         return _Reply(404, error_body(f"No session found with id '{session_id}'.", code=None))
+    return None
+
+
+def _failure_reply(failure: InjectedFailure) -> _Reply:
+    body = failure.body
+    if body is None:
+        body = error_body(
+            "Injected failure.", type="server_error" if failure.status >= 500 else "error"
+        )
+    return _Reply(failure.status, body, dict(failure.headers))
+
+
+def _failure_after_processing(fake: HTTPHost, route: str) -> _Reply | None:
+    """The injected answer that replaces a served request's own (``after_processing``)."""
+    failures = fake.faults.failures.get(route)
+    if failures and failures[0].after_processing:
+        return _failure_reply(failures.popleft())
     return None
 
 

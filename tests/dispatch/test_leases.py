@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
+import anyio
 import pytest
 
 from agentfn_asgi.dispatch.leases import LeaseKeeper, LeaseLostError
@@ -104,3 +106,41 @@ async def test_work_whose_lease_is_taken_over_is_cancelled() -> None:
 def test_a_margin_as_long_as_the_lease_is_refused() -> None:
     with pytest.raises(ValueError, match="shorter than the lease"):
         LeaseKeeper(MemoryStore(), owner="a", lease_seconds=1.0, margin=1.0, spawn=_spawn)
+
+
+class _SwallowingStore(MemoryStore):
+    """A store whose lease renewal swallows a cancellation that lands while it is in flight,
+    as redis-py's ``asyncio.wait_for`` can on Python 3.11 (a fault no real server can be made
+    to cause on demand)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.renewals = 0
+        self.in_flight = asyncio.Event()
+
+    async def renew_lease(
+        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
+    ) -> bool:
+        self.renewals += 1
+        self.in_flight.set()
+        with contextlib.suppress(asyncio.CancelledError):  # lost, as the driver loses it
+            await asyncio.sleep(0.05)
+        return await super().renew_lease(
+            key, owner=owner, attempt=attempt, lease_seconds=lease_seconds
+        )
+
+
+async def test_a_renewal_that_swallows_its_cancellation_still_ends_the_heartbeat() -> None:
+    """The block's end stops its heartbeat even when the store swallows the cancellation of
+    the renewal in flight: the block exits, and no renewal follows (a finished call's lease
+    is never renewed forever)."""
+    store = _SwallowingStore()
+    await store.claim_call(KEY, tool_name="t", owner="a", lease_seconds=LEASE)
+    leases = LeaseKeeper(store, owner="a", lease_seconds=LEASE, margin=MARGIN, spawn=_spawn)
+    lease = leases.lease(KEY, attempt=1, claimed_at=asyncio.get_running_loop().time())
+    with anyio.fail_after(5):
+        async with leases.kept(lease):
+            await store.in_flight.wait()  # a renewal is in flight as the block ends
+    after = store.renewals
+    await asyncio.sleep(LEASE)
+    assert store.renewals == after

@@ -39,6 +39,37 @@ async def test_first_use_opens_implicitly(store_factory: StoreFactory) -> None:
     assert await store.get_call(KEY) is None
 
 
+async def test_a_cancellation_during_an_operation_is_never_lost(store: Store) -> None:
+    """A task cancelled while a store operation is in flight ends cancelled, wherever in the
+    operation the cancellation lands.
+
+    Found by the soak (issue 27; SOAK_STORE=redis SOAK_SEED=2): redis-py sends each command
+    under ``asyncio.wait_for``, which on Python 3.11 loses a cancellation that arrives just as
+    the send completes (CPython gh-86296, fixed in 3.12). A lease heartbeat cancelled at that
+    moment kept renewing forever, and its call, whose handler had finished, was never saved,
+    submitted or taken over.
+    """
+    assert await claim(store, "a") is ClaimStatus.CLAIMED
+    stopped = False
+
+    async def renewing() -> None:
+        while not stopped:  # so that a lost cancellation cannot outlive the test
+            await store.renew_lease(KEY, owner="a", attempt=1, lease_seconds=LEASE)
+            await asyncio.sleep(0)  # the memory store never yields on its own
+
+    try:
+        # Cancel after 0, 1, 2, ... turns of the event loop: every point of the operation.
+        for turns in range(40):
+            task = asyncio.create_task(renewing())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=5)  # a guard, not a measure
+            assert task in done and task.cancelled(), f"cancellation lost after {turns} turns"
+    finally:
+        stopped = True
+
+
 async def test_closed_store_raises_unavailable(store: Store) -> None:
     """Operations after close() fail with StoreUnavailableError, never a driver error; close()
     may be repeated and open() makes the store usable again."""

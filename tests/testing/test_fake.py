@@ -597,6 +597,43 @@ async def test_drop_after_processing_applies_the_result(
     assert len(fake.submissions) == 1
 
 
+async def test_fail_after_processing_applies_the_result_then_answers_the_error(
+    fake: FakeAgentsAPI, http: httpx.AsyncClient
+) -> None:
+    """``fail_next(after_processing=True)``: the result takes effect, the answer is the
+    error (applied-then-failed); the retry with the same key is an idempotent 202."""
+    sid = fake.create_session([[FakeCall("a"), FakeCall("b")]])
+    first, second = fake.required_actions(sid)
+    fake.fail_next("submit", 1, 503, retry_after=1, after_processing=True)
+    failed = await submit(http, sid, result(first), key="k")
+    assert failed.status_code == 503
+    assert failed.headers["retry-after"] == "1"
+    assert [s.call_id for s in fake.submissions] == [first["call_id"]]
+    assert (await submit(http, sid, result(first), key="k")).status_code == 202
+    assert (await submit(http, sid, result(second), key="k2")).status_code == 202
+    assert [s.call_id for s in fake.submissions] == [first["call_id"], second["call_id"]]
+
+
+async def test_fail_after_processing_waits_behind_plain_failures(
+    fake: FakeAgentsAPI, http: httpx.AsyncClient
+) -> None:
+    """Failures are used in the order they were planned, whichever kind they are."""
+    sid = fake.create_session([[FakeCall("a")]])
+    action = fake.required_actions(sid)[0]
+    fake.fail_next("submit", 1, 500)
+    fake.fail_next("submit", 1, 502, after_processing=True)
+    assert (await submit(http, sid, result(action), key="k")).status_code == 500
+    assert fake.submissions == []
+    assert (await submit(http, sid, result(action), key="k")).status_code == 502
+    assert len(fake.submissions) == 1
+    assert (await submit(http, sid, result(action), key="k")).status_code == 202
+
+
+async def test_fail_after_processing_refuses_the_stream(fake: FakeAgentsAPI) -> None:
+    with pytest.raises(ValueError, match="stream"):
+        fake.fail_next("stream", after_processing=True)
+
+
 async def test_drop_over_loopback_closes_the_connection(fake: FakeAgentsAPI) -> None:
     """Over a real server a drop is a closed connection (RemoteProtocolError), not a 500."""
     sid = fake.create_session([[FakeCall("a")]])

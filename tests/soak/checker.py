@@ -1,0 +1,213 @@
+"""What must hold over everything a soak recorded, and the one final line.
+
+The checker reads only the record (:class:`History`): the fake's accepted results, its
+absorbed duplicates and its answers, the webhook deliveries, the example's ledger, the
+store's call records, the replicas' logs and the nemesis' outages. It asserts:
+
+- **nothing lost**: every planned call has an accepted result once the drain is over (a call
+  of a later step only exists once the step before it is answered, so it counts as lost
+  with it);
+- **one result per call**: at most one accepted result, and no submission of a *different*
+  result for an answered call (the fake answers it 409);
+- **side effects at most once**: a side-effect tool's ledger has at most one line per call,
+  unless the call was quarantined (then it is listed);
+- **webhooks**: no validly signed webhook (the fake signs them all) got a 5xx from a replica
+  that was up (killed or stopped, plus a grace around it, excuses it);
+- **no traceback** in the replicas' logs.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentfn_asgi.testing import DeliveryAttempt, RecordedRequest, Submission
+
+from .nemesis import Outage
+
+__all__ = ["OUTAGE_GRACE", "History", "PlannedCall", "Report", "check"]
+
+#: Seconds around an outage in which a replica's 5xx is excused: a webhook sent just before
+#: the kill is answered by nobody, one sent while it starts again may meet it half-ready,
+#: and the fake stamps an attempt when its answer (or timeout, 5 s) comes.
+OUTAGE_GRACE = 6.0
+
+TRACEBACK = "Traceback (most recent call last)"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCall:
+    """A call of the workload: its session, step, tool; ``session_id`` None if never
+    created (the run ended first)."""
+
+    call_id: str
+    tool: str
+    step: int
+    session_id: str | None
+    created_at: float | None
+
+
+@dataclass(slots=True)
+class History:
+    """Everything recorded during one run."""
+
+    calls: list[PlannedCall]
+    submissions: list[Submission]
+    duplicate_submissions: list[Submission]
+    requests: list[RecordedRequest]
+    deliveries: list[DeliveryAttempt]
+    ledger: list[dict[str, Any]]
+    store_states: dict[str, str]
+    """call id → state in the store (``quarantined`` matters)."""
+    logs: dict[str, str]
+    """log name → its text."""
+    outages: list[Outage]
+    replica_urls: dict[str, int]
+    """webhook URL → replica index."""
+    injected: dict[str, int]
+    side_effect_tools: frozenset[str]
+    waiting_at_end: list[str] = field(default_factory=list)
+    """Call ids the fake still waited for when the drain ended."""
+    drain_seconds: float = 0.0
+    nemesis_errors: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Report:
+    """The verdict: figures and violations (empty: the run passed)."""
+
+    calls: int = 0
+    answered: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicate_results: list[str] = field(default_factory=list)
+    conflicts: int = 0
+    duplicate_effects: list[str] = field(default_factory=list)
+    quarantined_with_effects: list[str] = field(default_factory=list)
+    duplicate_submissions: int = 0
+    failed_results: list[str] = field(default_factory=list)
+    """Calls whose one result is a failure (the model was told it failed): not a violation
+    (an in-doubt call without a reconcile answer fails by design), but worth a look."""
+    webhook_5xx: list[str] = field(default_factory=list)
+    tracebacks: list[str] = field(default_factory=list)
+    injected: dict[str, int] = field(default_factory=dict)
+    p99: float = 0.0
+    drain_seconds: float = 0.0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether nothing was violated."""
+        return not self.violations
+
+    def final_line(self) -> str:
+        """The one line a run ends with."""
+        faults = sum(self.injected.values())
+        kinds = ",".join(f"{k}={n}" for k, n in sorted(self.injected.items())) or "-"
+        verdict = "OK" if self.ok else f"FAILED ({len(self.violations)} violations)"
+        return (
+            f"calls={self.calls} answered={self.answered} faults={faults} [{kinds}] "
+            f"lost={len(self.lost)} duplicate_effects={len(self.duplicate_effects)} "
+            f"duplicate_submissions={self.duplicate_submissions} conflicts={self.conflicts} "
+            f"failed_results={len(self.failed_results)} "
+            f"webhook_5xx={len(self.webhook_5xx)} tracebacks={len(self.tracebacks)} "
+            f"quarantined={len(self.quarantined_with_effects)} "
+            f"p99_to_result={self.p99:.2f}s drain={self.drain_seconds:.1f}s {verdict}"
+        )
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def _times_to_result(history: History) -> list[float]:
+    """Per answered call, seconds from the moment it became pending to its result: a first
+    step's calls at the session's creation, a later step's at the last result of the step
+    before (the fake opens the next step at once)."""
+    accepted = {s.call_id: s.received_at for s in history.submissions}
+    by_step: dict[tuple[str, int], list[PlannedCall]] = collections.defaultdict(list)
+    for call in history.calls:
+        if call.session_id is not None:
+            by_step[(call.session_id, call.step)].append(call)
+    durations = []
+    for (session_id, step), calls in by_step.items():
+        if step == 0:
+            since = calls[0].created_at
+        else:
+            before = [accepted.get(c.call_id) for c in by_step[(session_id, step - 1)]]
+            since = None if None in before else max(b for b in before if b is not None)
+        for call in calls:
+            if since is not None and call.call_id in accepted:
+                durations.append(max(accepted[call.call_id] - since, 0.0))
+    return durations
+
+
+def _excused(history: History, delivery: DeliveryAttempt) -> bool:
+    replica = history.replica_urls.get(delivery.url)
+    return any(
+        outage.replica == replica
+        and outage.start - OUTAGE_GRACE <= delivery.at <= outage.end + OUTAGE_GRACE
+        for outage in history.outages
+    )
+
+
+def check(history: History) -> Report:
+    """Every property of the module docstring over ``history``."""
+    report = Report(injected=dict(history.injected), drain_seconds=history.drain_seconds)
+    report.calls = len(history.calls)
+    per_call = collections.Counter(s.call_id for s in history.submissions)
+    report.answered = len(per_call)
+    report.lost = [c.call_id for c in history.calls if c.call_id not in per_call]
+    report.duplicate_results = sorted(c for c, n in per_call.items() if n > 1)
+    report.conflicts = sum(1 for r in history.requests if r.route == "submit" and r.status == 409)
+    report.duplicate_submissions = len(history.duplicate_submissions)
+    report.failed_results = [
+        f"{s.call_id}: {(s.error or '')[:100]}" for s in history.submissions if not s.success
+    ]
+
+    tools = {c.call_id: c.tool for c in history.calls}
+    effects = collections.Counter(str(entry.get("call_id")) for entry in history.ledger)
+    for call_id, lines in sorted(effects.items()):
+        if lines > 1 and tools.get(call_id) in history.side_effect_tools:
+            if history.store_states.get(call_id) == "quarantined":
+                report.quarantined_with_effects.append(call_id)
+            else:
+                report.duplicate_effects.append(f"{call_id} ({lines} ledger lines)")
+    unknown = sorted(set(effects) - set(tools))
+    report.webhook_5xx = [
+        f"{d.webhook_id} {d.event_type} -> replica {history.replica_urls.get(d.url)}: {d.status}"
+        for d in history.deliveries
+        if d.status is not None and d.status >= 500 and not _excused(history, d)
+    ]
+    for name, text in sorted(history.logs.items()):
+        count = text.count(TRACEBACK)
+        if count:
+            report.tracebacks.append(f"{name}: {count}")
+    report.p99 = _percentile(_times_to_result(history), 0.99)
+
+    v = report.violations
+    if report.lost:
+        waiting = len(history.waiting_at_end)
+        v.append(
+            f"lost: {len(report.lost)} calls without a result ({waiting} still waited for "
+            f"after the drain): {', '.join(report.lost[:10])}"
+        )
+    if report.duplicate_results:
+        v.append(f"more than one accepted result: {', '.join(report.duplicate_results[:10])}")
+    if report.conflicts:
+        v.append(f"{report.conflicts} submissions of a different result for an answered call")
+    if report.duplicate_effects:
+        v.append(f"side effect more than once: {', '.join(report.duplicate_effects[:10])}")
+    if unknown:
+        v.append(f"ledger lines for calls nobody made: {', '.join(unknown[:10])}")
+    if report.webhook_5xx:
+        v.append(f"webhooks answered 5xx by a live replica: {'; '.join(report.webhook_5xx[:10])}")
+    if report.tracebacks:
+        v.append(f"tracebacks in the logs: {', '.join(report.tracebacks)}")
+    v.extend(f"nemesis: {error}" for error in history.nemesis_errors)
+    return report

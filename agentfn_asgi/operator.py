@@ -566,10 +566,10 @@ class Operator:
             session = await self._dispatcher.client.retrieve_session(key.session_id)
         except (APIError, ValueError):
             return None
-        for action in session.function_calls:
-            if action.turn_id == key.turn_id and action.call_id == key.call_id:
-                return json.dumps(action.arguments, ensure_ascii=False, default=str)
-        return None
+        action = session.pending_call(key.turn_id, key.call_id)
+        if action is None:
+            return None
+        return json.dumps(action.arguments, ensure_ascii=False, default=str)
 
     def _summary(self, record: CallRecord) -> CallSummary:
         result = record.result

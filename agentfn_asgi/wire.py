@@ -237,6 +237,14 @@ class AgentSession(WireModel):
         """The pending ``function_call`` actions, in the order the API listed them."""
         return [a for a in self.required_actions if isinstance(a, FunctionCallAction)]
 
+    def pending_call(self, turn_id: str, call_id: str) -> FunctionCallAction | None:
+        """The pending ``function_call`` of that turn and call id, or None when the session
+        no longer waits for it."""
+        for action in self.function_calls:
+            if action.turn_id == turn_id and action.call_id == call_id:
+                return action
+        return None
+
 
 class SessionListItem(WireModel):
     """One session of ``GET /agents/sessions``, as far as a listener reads it: its id and

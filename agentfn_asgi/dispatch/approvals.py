@@ -337,14 +337,7 @@ class Approvals:
         except APIError as exc:
             logger.warning("approved call %s waits: its session could not be read: %s", key, exc)
             return
-        action = next(
-            (
-                a
-                for a in session.function_calls
-                if a.turn_id == key.turn_id and a.call_id == key.call_id
-            ),
-            None,
-        )
+        action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
             await self._store.mark_stale(key)
             return

@@ -113,14 +113,7 @@ class Settler:
     ) -> tuple[SettleStatus, str]:
         key = record.key
         session = await self._client.retrieve_session(key.session_id)
-        action = next(
-            (
-                a
-                for a in session.function_calls
-                if a.turn_id == key.turn_id and a.call_id == key.call_id
-            ),
-            None,
-        )
+        action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
             await self._store.mark_stale(key)
             return "refused", "the API no longer waits for this call: it is now stale"

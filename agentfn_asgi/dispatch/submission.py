@@ -213,11 +213,7 @@ class Submitter:
             logger.warning("call %s: the session cannot be read (%s); will resubmit", key, failure)
             return False
         else:
-            still_pending = any(
-                a.turn_id == key.turn_id and a.call_id == key.call_id
-                for a in session.function_calls
-            )
-            if still_pending:
+            if session.pending_call(key.turn_id, key.call_id) is not None:
                 logger.info("call %s still pending after %s; will resubmit", key, exc)
                 return False
             logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)

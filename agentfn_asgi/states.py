@@ -20,6 +20,8 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
                                     │  └─deny (open) / expire_approval (lapsed)──▶ failed
                                     └─mark_stale──▶ stale     (the session stopped waiting)
 
+    claimed ──schedule_retry──▶ retry_scheduled ──retry (due)──▶ claimed (the next attempt)
+
 A call of a tool declared with ``approval=`` is held in ``awaiting_approval`` by the holder
 of its claim, after its arguments were validated: nothing runs, and a redelivery, the sweep
 or another replica leaves it alone (a claim of it is ``DONE``). While it waits, its

@@ -118,6 +118,24 @@ def test_a_traceback_in_a_log_is_a_violation() -> None:
     assert report.tracebacks == ["replica1-2.log: 1"] and not report.ok
 
 
+def test_a_flaky_lookups_own_failure_is_no_traceback_to_blame() -> None:
+    flaky = (
+        "WARNING tool flaky_lookup failed transiently\n"
+        "Traceback (most recent call last):\n"
+        '  File "agentfn_asgi/demo/tools.py", line 207, in flaky_lookup\n'
+        '    raise ConnectionError(f"upstream unavailable (attempt {k + 1})")\n'
+        "ConnectionError: upstream unavailable (attempt 2)\n"
+        "INFO next line\n"
+    )
+    assert check(_history(logs={"replica0-1.log": flaky})).ok
+    # The same error from anywhere else, or another error in it, still counts.
+    elsewhere = flaky.replace("in flaky_lookup", "in get_customer")
+    assert not check(_history(logs={"replica0-1.log": elsewhere})).ok
+    other = flaky.replace("ConnectionError: upstream", "KeyError: upstream")
+    report = check(_history(logs={"replica0-1.log": flaky + other}))
+    assert report.tracebacks == ["replica0-1.log: 1"]
+
+
 def test_a_seed_replays_its_schedule_and_workload() -> None:
     def draw(seed: int, connections: bool = True) -> list[str]:
         faults = schedule(

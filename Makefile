@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint types unit docs browser screenshots reliability fuzz-long bench bench-quick clean
+.PHONY: demo test check lint types unit docs browser screenshots reliability fuzz-long histories-long soak bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,11 +52,15 @@ reliability: $(STAMP)
 fuzz-long: $(STAMP)
 	AGENTFN_FUZZ_EXAMPLES=5000 $(BIN)/pytest -q -m reliability tests/test_fuzz_webhook.py
 
+# The long profile of the generated store histories: ten times the examples of `make test`
+# (new ones on every run), on every backend (Redis and PostgreSQL must be running).
+histories-long: $(STAMP)
+	AGENTFN_HISTORY_EXAMPLES=2000 $(BIN)/pytest -q tests/store/test_histories.py
+
 # The randomized fault soak (not part of `make test`, which runs a one-minute one): three
 # replicas of the Starlette example on SOAK_STORE (postgres, redis or sqlite; default redis)
 # for SOAK_SECONDS (default 600) under a nemesis seeded by SOAK_SEED (printed; give it again
 # to replay the same faults). Prints one final line; exits non-zero on any violation.
-.PHONY: soak
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak
 

@@ -112,7 +112,8 @@ LIST_UNRESOLVED: Final = fill(
 # The claim. Absent: insert it claimed, attempt 1. Claimed with a lease expired before
 # :takeover_before (now minus the margin): take it over, attempt + 1. Claimed by the same
 # owner with a live lease (our own claim, retried after its answer was lost): return it
-# unchanged. Anything else: leave it, and RETURNING yields no row. A fresh insert is told
+# unchanged (every column: the retried claim is the same claim). Anything else: leave it,
+# and RETURNING yields no row. A fresh insert is told
 # from a takeover by the attempt it returns: 1, against the old attempt + 1 >= 2.
 CLAIM: Final = fill(
     """
@@ -133,9 +134,12 @@ CLAIM: Final = fill(
     )
     + """,
         owner = excluded.owner,
-        lease_expires_at = excluded.lease_expires_at,
-        updated_at = excluded.updated_at,
-        delivery_id = coalesce(c.delivery_id, excluded.delivery_id)
+        lease_expires_at = CASE WHEN {may_reclaim_upsert} THEN c.lease_expires_at
+                                ELSE excluded.lease_expires_at END,
+        updated_at = CASE WHEN {may_reclaim_upsert} THEN c.updated_at
+                          ELSE excluded.updated_at END,
+        delivery_id = CASE WHEN {may_reclaim_upsert} THEN c.delivery_id
+                           ELSE coalesce(c.delivery_id, excluded.delivery_id) END
     WHERE {may_take_over_upsert} OR {may_reclaim_upsert}
     RETURNING {columns}"""
 )

@@ -372,7 +372,9 @@ class MemoryStore:
             row, record, now=self._clock(), owner=owner, attempt=attempt
         ):
             return False
-        self._apply(row, record, detail=reason, lease_expires_at=at, next_attempt_at=at)
+        self._apply(
+            row, record, owner=owner, detail=reason, lease_expires_at=at, next_attempt_at=at
+        )
         return True
 
     async def settle(

@@ -329,3 +329,24 @@ async def test_namespaces_share_a_store_without_seeing_each_other(
     assert [d.delivery_id for d in await one.list_deliveries()] == ["msg_1"]
     await one.prune(deliveries_before=clock.now + 1, calls_before=clock.now + 1)
     assert [d.delivery_id for d in await two.list_deliveries()] == ["msg_2", "msg_1"]
+
+
+async def test_a_claim_retried_by_its_holder_changes_nothing(
+    store: Store, clock: FakeClock
+) -> None:
+    """Our own claim, retried after its answer was lost, is the same claim: its lease, its
+    last change and its delivery stay as the first claim left them (the state table's
+    ``reclaim`` row keeps the record; found by the generated histories on SQL)."""
+    first = await store.claim_call(KEY, tool_name="t", owner="a", lease_seconds=LEASE)
+    clock.advance(1)
+    again = await store.claim_call(
+        KEY, tool_name="t", owner="a", lease_seconds=LEASE * 3, delivery_id="d1"
+    )
+    assert again.status is ClaimStatus.CLAIMED
+    record = await store.get_call(KEY)
+    assert record is not None
+    assert (record.lease_expires_at, record.updated_at, record.delivery_id) == (
+        first.record.lease_expires_at,
+        first.record.updated_at,
+        None,
+    )

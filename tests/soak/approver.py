@@ -14,6 +14,7 @@ before its decision shows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -107,12 +108,19 @@ class Approver:
         try:
             out, err = await asyncio.wait_for(process.communicate(), COMMAND_TIMEOUT)
         except TimeoutError:
-            process.kill()
-            await process.wait()
+            await _stop(process)
             return -1, "", "timed out"
         except asyncio.CancelledError:
-            process.kill()
-            await process.wait()
+            await _stop(process)
             raise
         assert process.returncode is not None
         return process.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    """Kill ``process`` if it still runs and reap it."""
+    # It may have ended meanwhile: kill() then raises ProcessLookupError (seen when the soak
+    # cancelled the approver just as a listing finished).
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()

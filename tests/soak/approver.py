@@ -119,8 +119,8 @@ class Approver:
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
     """Kill ``process`` if it still runs and reap it."""
-    # It may have ended meanwhile: kill() then raises ProcessLookupError (seen when the soak
-    # cancelled the approver just as a listing finished).
+    # It may have ended meanwhile: once its transport is closed, kill() raises
+    # ProcessLookupError (the likely cause of a PostgreSQL soak ending with one at the end).
     with contextlib.suppress(ProcessLookupError):
         process.kill()
     await process.wait()

@@ -9,6 +9,7 @@ Run it with ``make soak`` or ``python -m tests.soak`` from the repository root::
 - :mod:`.config`: the ``SOAK_*`` settings;
 - :mod:`.workload`: the sessions (a steady rate of scripted turns of mixed calls);
 - :mod:`.nemesis`: the seeded fault schedule and its execution;
+- :mod:`.approver`: the person at the terminal, deciding approval requests with the CLI;
 - :mod:`.cluster`: the replicas (start, SIGKILL, SIGSTOP/SIGCONT, restart) and the cutting
   of their store connections (only theirs: the servers are shared);
 - :mod:`.checker`: what must hold over everything recorded, and the one final line;
@@ -20,6 +21,6 @@ schedule (``schedule.txt``), the faults as applied (``faults.txt``), the SQLite 
 for every call still waited for after the drain its store record, history, requests and
 webhooks (``waiting.txt``).
 
-New kinds of turns (approval, flow control) are entries of ``workload.TURN_KINDS``; new
-faults are entries of ``nemesis.FAULT_KINDS``.
+New kinds of turns are entries of ``workload.TURN_KINDS``; new faults are entries of
+``nemesis.FAULT_KINDS``.
 """

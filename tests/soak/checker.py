@@ -13,22 +13,35 @@ store's call records, the replicas' logs and the nemesis' outages. It asserts:
   unless the call was quarantined (then it is listed);
 - **webhooks**: no validly signed webhook (the fake signs them all) got a 5xx from a replica
   that was up (killed or stopped, plus a grace around it, excuses it);
-- **no traceback** in the replicas' logs.
+- **no traceback** in the replicas' logs;
+- **retries**: a flaky lookup's ledger never holds the same attempt twice (not even across
+  kills); one answered with success has exactly ``fail_times + 1`` lines, attempts 1..n
+  once each; one that fails more times than its 4 attempts ends as a failure after at most
+  4 lines;
+- **approvals**: a call the approver approved has at most one ledger line and a success
+  result; one it denied has no ledger line and a failure carrying the reason; none is
+  answered without a decision.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentfn_asgi.testing import DeliveryAttempt, RecordedRequest, Submission
 
+from .approver import Decision
 from .nemesis import Outage
+from .workload import APPROVAL_TOOL, FLAKY_TOOL
 
-__all__ = ["OUTAGE_GRACE", "History", "PlannedCall", "Report", "check"]
+__all__ = ["FLAKY_ATTEMPTS", "OUTAGE_GRACE", "History", "PlannedCall", "Report", "check"]
+
+#: The attempts of flaky_lookup's retry policy (agentfn_asgi.demo.tools.FLAKY_RETRY).
+FLAKY_ATTEMPTS = 4
 
 #: Seconds around an outage in which a replica's 5xx is excused: a webhook sent just before
 #: the kill is answered by nobody, one sent while it starts again may meet it half-ready,
@@ -36,6 +49,10 @@ __all__ = ["OUTAGE_GRACE", "History", "PlannedCall", "Report", "check"]
 OUTAGE_GRACE = 6.0
 
 TRACEBACK = "Traceback (most recent call last)"
+
+#: The last line of the traceback a flaky lookup's own transient failure logs (the soak
+#: asks for those failures: they are not news).
+FLAKY_FAILURE = re.compile(r"ConnectionError: upstream unavailable \(attempt \d+\)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +65,7 @@ class PlannedCall:
     step: int
     session_id: str | None
     created_at: float | None
+    arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -73,6 +91,8 @@ class History:
     """Call ids the fake still waited for when the drain ended."""
     drain_seconds: float = 0.0
     nemesis_errors: list[str] = field(default_factory=list)
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    """call id → what the approver decided for it."""
 
 
 @dataclass(slots=True)
@@ -93,6 +113,13 @@ class Report:
     webhook_5xx: list[str] = field(default_factory=list)
     tracebacks: list[str] = field(default_factory=list)
     injected: dict[str, int] = field(default_factory=dict)
+    flaky: int = 0
+    flaky_retried: int = 0
+    """Flaky lookups answered after at least one failed attempt."""
+    retry_violations: list[str] = field(default_factory=list)
+    approved: int = 0
+    denied: int = 0
+    approval_violations: list[str] = field(default_factory=list)
     p99: float = 0.0
     drain_seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
@@ -114,6 +141,8 @@ class Report:
             f"failed_results={len(self.failed_results)} "
             f"webhook_5xx={len(self.webhook_5xx)} tracebacks={len(self.tracebacks)} "
             f"quarantined={len(self.quarantined_with_effects)} "
+            f"flaky={self.flaky}/retried={self.flaky_retried}/bad={len(self.retry_violations)} "
+            f"approvals={self.approved}+{self.denied}denied/bad={len(self.approval_violations)} "
             f"p99_to_result={self.p99:.2f}s drain={self.drain_seconds:.1f}s {verdict}"
         )
 
@@ -156,6 +185,92 @@ def _excused(history: History, delivery: DeliveryAttempt) -> bool:
     )
 
 
+def _tracebacks(text: str) -> int:
+    """How many tracebacks ``text`` holds, a flaky lookup's own transient failures aside."""
+    count = 0
+    for block in text.split(TRACEBACK)[1:]:
+        lines = block.splitlines()[1:]
+        frames = [line for line in lines if line.startswith(" ")]
+        last = next((line for line in lines if not line.startswith(" ")), "")
+        excused = FLAKY_FAILURE.fullmatch(last) and any(
+            "in flaky_lookup" in line for line in frames
+        )
+        count += not excused
+    return count
+
+
+def _check_retries(history: History, report: Report) -> None:
+    """The flaky lookups' ledger lines against their fail_times and their results."""
+    results = {s.call_id: s for s in history.submissions}
+    attempts: dict[str, list[int]] = collections.defaultdict(list)
+    for entry in history.ledger:
+        if entry.get("tool") == FLAKY_TOOL:
+            attempts[str(entry.get("call_id"))].append(int(entry.get("attempt", 0)))
+    bad = report.retry_violations
+    for call in history.calls:
+        if call.tool != FLAKY_TOOL:
+            continue
+        report.flaky += 1
+        fail_times = int(call.arguments.get("fail_times", 0))
+        seen = attempts.get(call.call_id, [])
+        twice = sorted(n for n, times in collections.Counter(seen).items() if times > 1)
+        if twice:
+            bad.append(f"{call.call_id}: attempt {twice} ran twice (ledger {seen})")
+        result = results.get(call.call_id)
+        if result is None:
+            continue  # lost: counted as such
+        if fail_times >= FLAKY_ATTEMPTS:
+            if result.success:
+                bad.append(f"{call.call_id}: fails {fail_times} times, answered with success")
+            if len(seen) > FLAKY_ATTEMPTS:
+                bad.append(f"{call.call_id}: {len(seen)} attempts ran, the policy allows 4")
+        elif result.success:
+            if sorted(seen) != list(range(1, fail_times + 2)):
+                bad.append(
+                    f"{call.call_id}: success after fail_times={fail_times} with ledger "
+                    f"attempts {seen}, not 1..{fail_times + 1}"
+                )
+            elif fail_times:
+                report.flaky_retried += 1
+
+
+def _check_approvals(history: History, report: Report) -> None:
+    """The approval calls' ledger lines and results against the approver's decisions."""
+    results = {s.call_id: s for s in history.submissions}
+    lines = collections.Counter(
+        str(e.get("call_id")) for e in history.ledger if e.get("tool") == APPROVAL_TOOL
+    )
+    bad = report.approval_violations
+    for call in history.calls:
+        if call.tool != APPROVAL_TOOL:
+            continue
+        result = results.get(call.call_id)
+        decision = history.decisions.get(call.call_id)
+        if decision is None:
+            if result is not None:
+                bad.append(f"{call.call_id}: answered though nobody decided it")
+            if lines[call.call_id]:
+                bad.append(f"{call.call_id}: ran though nobody decided it")
+            continue
+        if decision.approve:
+            report.approved += 1
+            if lines[call.call_id] > 1 and history.store_states.get(call.call_id) != "quarantined":
+                bad.append(f"{call.call_id}: approved, ran {lines[call.call_id]} times")
+            if result is not None and not result.success:
+                bad.append(f"{call.call_id}: approved, answered with a failure: {result.error}")
+        else:
+            report.denied += 1
+            if lines[call.call_id]:
+                bad.append(f"{call.call_id}: denied, ran {lines[call.call_id]} times")
+            if result is not None and (
+                result.success or (decision.reason or "") not in (result.error or "")
+            ):
+                bad.append(
+                    f"{call.call_id}: denied ({decision.reason}), answered "
+                    f"{'success' if result.success else repr(result.error)}"
+                )
+
+
 def check(history: History) -> Report:
     """Every property of the module docstring over ``history``."""
     report = Report(injected=dict(history.injected), drain_seconds=history.drain_seconds)
@@ -185,9 +300,11 @@ def check(history: History) -> Report:
         if d.status is not None and d.status >= 500 and not _excused(history, d)
     ]
     for name, text in sorted(history.logs.items()):
-        count = text.count(TRACEBACK)
+        count = _tracebacks(text)
         if count:
             report.tracebacks.append(f"{name}: {count}")
+    _check_retries(history, report)
+    _check_approvals(history, report)
     report.p99 = _percentile(_times_to_result(history), 0.99)
 
     v = report.violations
@@ -209,5 +326,9 @@ def check(history: History) -> Report:
         v.append(f"webhooks answered 5xx by a live replica: {'; '.join(report.webhook_5xx[:10])}")
     if report.tracebacks:
         v.append(f"tracebacks in the logs: {', '.join(report.tracebacks)}")
+    if report.retry_violations:
+        v.append(f"retries: {'; '.join(report.retry_violations[:10])}")
+    if report.approval_violations:
+        v.append(f"approvals: {'; '.join(report.approval_violations[:10])}")
     v.extend(f"nemesis: {error}" for error in history.nemesis_errors)
     return report

@@ -7,24 +7,28 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import Ledger
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import (
     FakeAgentsAPI,
+    FakeCall,
     FakeConnectionDropped,
     serve_fake,
     webhook_backoff,
 )
 
 from ..support.backends import store_url_for
+from .approver import Approver
 from .checker import History, PlannedCall, Report, check
 from .cluster import Replica, StoreCutter, named_url
 from .config import SoakConfig
@@ -98,9 +102,21 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
             for index, port in enumerate(ports)
         ]
         nemesis = Nemesis(fake, replicas, cutter, config.lease_seconds, config.seed)
+        # The approver: the replicas' environment (its store, the fake a denial goes to),
+        # with connections of its own name, which the nemesis never cuts.
+        approver = Approver(
+            config.seed,
+            {
+                **os.environ,
+                **replicas[0].env,
+                "AGENTFN_STORE_URL": named_url(url, config.store, f"{tag}-a"),
+            },
+        )
+        deciding: asyncio.Task[None] | None = None
         try:
             await asyncio.gather(*(replica.start() for replica in replicas))
             started = time.monotonic()
+            deciding = asyncio.create_task(approver.run())
             load = asyncio.create_task(_drive(fake, sessions, started, created))
             chaos = asyncio.create_task(nemesis.run(faults, started))
             progress = asyncio.create_task(_progress(fake, nemesis, created, started, out))
@@ -113,9 +129,14 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
             waiting = await _drain(fake, [sid for sid, _ in created.values()], config.drain_seconds)
             drain_seconds = time.monotonic() - drained
             progress.cancel()
+            deciding.cancel()
             states = await _store_states(url, [sid for sid, _ in created.values()])
             await _diagnose(url, fake, waiting, workdir / "waiting.txt")
         finally:
+            if deciding is not None:
+                deciding.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await deciding
             for replica in replicas:
                 with contextlib.suppress(Exception):
                     await replica.stop()
@@ -140,11 +161,19 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         waiting_at_end=waiting,
         drain_seconds=drain_seconds,
         nemesis_errors=list(nemesis.errors),
+        decisions=dict(approver.decisions),
     )
     await asyncio.to_thread(
         (workdir / "faults.txt").write_text, "".join(line + "\n" for line in nemesis.log)
     )
     report = check(history)
+    print(
+        f"soak: approver ran {approver.commands} commands, {approver.refused} refused, "
+        f"{len(approver.errors)} failed",
+        file=out,
+    )
+    for error in approver.errors[:10]:
+        print(f"soak: approver {error}", file=out)
     for failed in report.failed_results[:10]:
         print(f"soak: failed result {failed}", file=out)
     for violation in report.violations:
@@ -279,5 +308,12 @@ def _planned_calls(
         for step, calls in enumerate(plan.steps):
             for call in calls:
                 assert call.call_id is not None
-                found.append(PlannedCall(call.call_id, call.name, step, session_id, at))
+                found.append(
+                    PlannedCall(call.call_id, call.name, step, session_id, at, _arguments(call))
+                )
     return found
+
+
+def _arguments(call: FakeCall) -> dict[str, Any]:
+    """A planned call's arguments (the soak never plans raw JSON)."""
+    return dict(call.arguments) if isinstance(call.arguments, Mapping) else {}

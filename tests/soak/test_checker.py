@@ -7,6 +7,7 @@ from typing import Any
 
 from agentfn_asgi.testing import DeliveryAttempt, RecordedRequest, Submission
 
+from .approver import Decision, decision_for
 from .checker import History, PlannedCall, check
 from .nemesis import FAULT_KINDS, Outage, schedule
 from .workload import SIDE_EFFECT_TOOLS, plans
@@ -117,6 +118,24 @@ def test_a_traceback_in_a_log_is_a_violation() -> None:
     assert report.tracebacks == ["replica1-2.log: 1"] and not report.ok
 
 
+def test_a_flaky_lookups_own_failure_is_no_traceback_to_blame() -> None:
+    flaky = (
+        "WARNING tool flaky_lookup failed transiently\n"
+        "Traceback (most recent call last):\n"
+        '  File "agentfn_asgi/demo/tools.py", line 207, in flaky_lookup\n'
+        '    raise ConnectionError(f"upstream unavailable (attempt {k + 1})")\n'
+        "ConnectionError: upstream unavailable (attempt 2)\n"
+        "INFO next line\n"
+    )
+    assert check(_history(logs={"replica0-1.log": flaky})).ok
+    # The same error from anywhere else, or another error in it, still counts.
+    elsewhere = flaky.replace("in flaky_lookup", "in get_customer")
+    assert not check(_history(logs={"replica0-1.log": elsewhere})).ok
+    other = flaky.replace("ConnectionError: upstream", "KeyError: upstream")
+    report = check(_history(logs={"replica0-1.log": flaky + other}))
+    assert report.tracebacks == ["replica0-1.log: 1"]
+
+
 def test_a_seed_replays_its_schedule_and_workload() -> None:
     def draw(seed: int, connections: bool = True) -> list[str]:
         faults = schedule(
@@ -131,3 +150,110 @@ def test_a_seed_replays_its_schedule_and_workload() -> None:
     assert "store_cut" not in {line.split()[1] for line in draw(7, connections=False)}
     assert plans(7, 60, 1) == plans(7, 60, 1)
     assert len(plans(7, 60, 2)) == 120
+
+
+def _failure(call_id: str, error: str, at: float = 103.0) -> Submission:
+    return Submission("sess_1", "turn_1", call_id, False, None, error, f"k-{call_id}", at)
+
+
+def _flaky(fail_times: int, attempts: list[int], success: bool = True) -> History:
+    call = PlannedCall(
+        "c_flaky", "flaky_lookup", 0, "sess_1", 100.0, {"key": "k", "fail_times": fail_times}
+    )
+    result = _submission("c_flaky", 103.0) if success else _failure("c_flaky", "unavailable")
+    base = _history()
+    return _history(
+        calls=[*base.calls, call],
+        submissions=[*base.submissions, result],
+        ledger=[
+            *base.ledger,
+            *({"call_id": "c_flaky", "tool": "flaky_lookup", "attempt": n} for n in attempts),
+        ],
+    )
+
+
+def test_a_flaky_lookup_answered_has_each_of_its_attempts_once() -> None:
+    report = check(_flaky(2, [1, 2, 3]))
+    assert report.ok, report.violations
+    assert (report.flaky, report.flaky_retried) == (1, 1)
+    assert "flaky=1/retried=1/bad=0" in report.final_line()
+    assert check(_flaky(0, [1])).ok
+    # Within its attempts but failed anyway (kills used them up): listed, not blamed.
+    assert check(_flaky(1, [1], success=False)).ok
+
+
+def test_a_flaky_attempt_twice_or_a_wrong_count_is_a_violation() -> None:
+    twice = check(_flaky(2, [1, 2, 2, 3]))
+    assert not twice.ok and "attempt [2] ran twice" in twice.retry_violations[0]
+    # Even when the call failed in the end.
+    assert not check(_flaky(9, [1, 1], success=False)).ok
+    short = check(_flaky(2, [1, 2]))
+    assert not short.ok and "not 1..3" in short.retry_violations[0]
+    assert not check(_flaky(1, [1, 2, 3])).ok
+
+
+def test_a_flaky_lookup_beyond_its_attempts_fails_after_at_most_four() -> None:
+    assert check(_flaky(9, [1, 2, 3, 4], success=False)).ok
+    too_many = check(_flaky(9, [1, 2, 3, 4, 5], success=False))
+    assert not too_many.ok and "5 attempts ran" in too_many.retry_violations[0]
+    assert not check(_flaky(9, [1, 2, 3, 4], success=True)).ok
+
+
+def _approval(
+    decision: Decision | None, lines: int, result: Submission | None, state: str = "submitted"
+) -> History:
+    call = PlannedCall("c_close", "close_account", 0, "sess_1", 100.0, {"account_id": "a"})
+    base = _history()
+    entry = {"call_id": "c_close", "account_id": "a", "tool": "close_account"}
+    return _history(
+        calls=[*base.calls, call],
+        submissions=[*base.submissions, *([result] if result else [])],
+        ledger=[*base.ledger, *([entry] * lines)],
+        store_states={**base.store_states, "c_close": state},
+        decisions={} if decision is None else {"c_close": decision},
+        waiting_at_end=[] if result else ["c_close"],
+    )
+
+
+APPROVE = Decision(approve=True)
+DENY = Decision(approve=False, reason="soak denies c_close")
+
+
+def test_an_approved_call_runs_at_most_once_and_succeeds() -> None:
+    report = check(_approval(APPROVE, 1, _submission("c_close", 103.0)))
+    assert report.ok, report.violations
+    assert (report.approved, report.denied) == (1, 0)
+    assert "approvals=1+0denied/bad=0" in report.final_line()
+    twice = check(_approval(APPROVE, 2, _submission("c_close", 103.0)))
+    assert not twice.ok and "approved, ran 2 times" in twice.approval_violations[0]
+    failed = check(_approval(APPROVE, 1, _failure("c_close", "in doubt")))
+    assert not failed.ok and "answered with a failure" in failed.approval_violations[0]
+
+
+def test_a_denied_call_never_runs_and_fails_with_the_reason() -> None:
+    told = _failure("c_close", "denied by soak: soak denies c_close")
+    report = check(_approval(DENY, 0, told))
+    assert report.ok, report.violations
+    assert (report.approved, report.denied) == (0, 1)
+    ran = check(_approval(DENY, 1, told))
+    assert not ran.ok and "denied, ran 1 times" in ran.approval_violations[0]
+    assert not check(_approval(DENY, 0, _failure("c_close", "denied"))).ok
+    assert not check(_approval(DENY, 0, _submission("c_close", 103.0))).ok
+
+
+def test_an_approval_call_answered_without_a_decision_is_a_violation() -> None:
+    report = check(_approval(None, 0, _submission("c_close", 103.0)))
+    assert not report.ok and "nobody decided it" in report.approval_violations[0]
+    # Never decided and never answered: lost, and nothing more.
+    report = check(_approval(None, 0, None))
+    assert report.lost == ["c_close"] and not report.approval_violations
+
+
+def test_the_approver_decides_from_the_seed() -> None:
+    decisions = [decision_for(27, f"s{n}_0_0_approval") for n in range(200)]
+    assert decisions == [decision_for(27, f"s{n}_0_0_approval") for n in range(200)]
+    denied = [d for d in decisions if not d.approve]
+    assert 0 < len(denied) < 100
+    assert all(d.reason and "soak denies" in d.reason for d in denied)
+    kinds = {c.name for plan in plans(27, 600, 1) for step in plan.steps for c in step}
+    assert {"flaky_lookup", "close_account"} <= kinds

@@ -2,8 +2,9 @@
 
 Each session runs one turn of one to three steps; each step is a batch of one to four
 parallel calls, each of a kind in :data:`TURN_KINDS` (the example's tools: a plain lookup,
-the side-effect refund with its reconcile hook, slow echoes, some slower than the lease).
-A new kind of call (approval, flow control) is one more entry there.
+the side-effect refund with its reconcile hook, slow echoes, some slower than the lease, a
+flaky lookup its retry policy must carry through, and an account closing a person must
+approve first: the soak's approver decides it). A new kind of call is one more entry there.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from dataclasses import dataclass
 
 from agentfn_asgi.testing import FakeCall
 
-__all__ = ["SIDE_EFFECT_TOOLS", "TURN_KINDS", "CallKind", "SessionPlan", "plans"]
+__all__ = [
+    "APPROVAL_TOOL",
+    "FLAKY_TOOL",
+    "SIDE_EFFECT_TOOLS",
+    "TURN_KINDS",
+    "CallKind",
+    "SessionPlan",
+    "plans",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +52,32 @@ def _slow(rng: random.Random, call_id: str) -> FakeCall:
     return FakeCall("slow_echo", {"text": call_id, "delay_ms": delay}, call_id=call_id)
 
 
-#: Every kind of call the soak makes, by name.
+def _flaky(rng: random.Random, call_id: str) -> FakeCall:
+    # Mostly within the 4 attempts of its retry policy; sometimes beyond them (it must fail).
+    fail_times = rng.choice([0, 1, 1, 2, 2, 9])
+    return FakeCall("flaky_lookup", {"key": call_id, "fail_times": fail_times}, call_id=call_id)
+
+
+def _approval(rng: random.Random, call_id: str) -> FakeCall:
+    return FakeCall("close_account", {"account_id": f"acct_{call_id}"}, call_id=call_id)
+
+
+#: Every kind of call the soak makes, by name. The flaky and approval kinds are light: each
+#: approval costs the approver a CLI process or two, and the machine is shared.
 TURN_KINDS: dict[str, CallKind] = {
-    "lookup": CallKind(4, _lookup),
-    "refund": CallKind(3, _refund),
-    "slow": CallKind(3, _slow),
+    "lookup": CallKind(8, _lookup),
+    "refund": CallKind(6, _refund),
+    "slow": CallKind(6, _slow),
+    "flaky": CallKind(1, _flaky),
+    "approval": CallKind(1, _approval),
 }
 
 #: Tools whose every real execution writes one ledger line (checked: at most one per call).
-SIDE_EFFECT_TOOLS = frozenset({"create_refund"})
+SIDE_EFFECT_TOOLS = frozenset({"create_refund", "close_account"})
+
+#: The tool the approver decides, and the one whose attempts the ledger counts.
+APPROVAL_TOOL = "close_account"
+FLAKY_TOOL = "flaky_lookup"
 
 
 @dataclass(frozen=True, slots=True)

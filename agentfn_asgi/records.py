@@ -72,7 +72,7 @@ class CallState(enum.StrEnum):
     QUARANTINED = "quarantined"
     AWAITING_APPROVAL = "awaiting_approval"
     APPROVED = "approved"
-    #: Flow control (issue 24): a plain attempt failed transiently or its handler raised
+    #: Flow control: a plain attempt failed transiently or its handler raised
     #: RetryLater; the next attempt may start at ``next_attempt_at`` (kept in
     #: ``lease_expires_at`` too, the time the guards compare), by whichever replica claims it.
     RETRY_SCHEDULED = "retry_scheduled"

@@ -83,7 +83,7 @@ class Guard(enum.StrEnum):
     UNCHANGED_SINCE = "unchanged_since"
     APPROVAL_OPEN = "approval_open"
     APPROVAL_LAPSED = "approval_lapsed"
-    #: Flow control (issue 24): the scheduled time of a retry has come
+    #: Flow control: the scheduled time of a retry has come
     #: (``lease_expires_at <= now``: a ``retry_scheduled`` call keeps its next attempt's time
     #: there). Never sooner; a replica whose clock runs ahead starts it that much early.
     DUE = "due"
@@ -150,7 +150,7 @@ SETTLEABLE: Final = (
     _from(CallState.CLAIMED, guards=frozenset({Guard.LEASE_LAPSED})),
 )
 
-# -- flow control (issue 24): retries ---------------------------------------------------------
+# -- flow control: retries ---------------------------------------------------------
 #: ``claimed`` ──schedule_retry──▶ ``retry_scheduled`` ──retry (due)──▶ ``claimed`` (next
 #: attempt). Only the holder schedules (fencing); whoever claims the call once its time has
 #: come runs the next attempt, exactly one claimant wins.

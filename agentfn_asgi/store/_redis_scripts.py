@@ -795,7 +795,7 @@ return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
                              'LIMIT', 0, tonumber(ARGV[3])))
 """)
 
-# -- flow control (issue 24): retries
+# -- flow control: retries
 # Guarantees: fenced like QUARANTINE: only the holder schedules its call's next attempt, at
 # `at` (lease_expires_at, compared by the `due` guard; next_attempt_at for listings).
 # KEYS: the call's hash. ARGV: N, now, member, owner, attempt, at, reason. Returns 1 or 0.
@@ -904,7 +904,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "deny": ("DECIDE_APPROVAL",),
     "expire_approval": ("DECIDE_APPROVAL",),
     "run_approved": ("CLAIM_APPROVED",),
-    # flow control (issue 24)
+    # flow control
     "schedule_retry": ("SCHEDULE_RETRY",),
     "retry": ("CLAIM",),
 }

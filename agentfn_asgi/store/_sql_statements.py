@@ -210,7 +210,7 @@ QUARANTINE: Final = fill(
     + """
     WHERE {key} AND {may_quarantine}"""
 )
-# -- flow control (issue 24): retries -------------------------------------------------------
+# -- flow control: retries -------------------------------------------------------
 # Fenced like quarantine: only the holder schedules its call's next attempt, at :at (kept in
 # lease_expires_at, which the `due` guard compares, and in next_attempt_at, which listings show).
 SCHEDULE_RETRY: Final = fill(
@@ -430,7 +430,7 @@ ROWS: Final[Mapping[str, tuple[str, ...]]] = {
     "deny": ("DENY",),
     "expire_approval": ("EXPIRE_APPROVAL",),
     "run_approved": ("CLAIM_APPROVED",),
-    # flow control (issue 24)
+    # flow control
     "schedule_retry": ("SCHEDULE_RETRY",),
     "retry": ("RETRY_CALL",),
 }

@@ -223,7 +223,7 @@ class Store(Protocol):
     async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
         """Calls in ``claimed`` whose lease expired more than ``margin`` ago (in doubt)."""
 
-    # -- flow control (issue 24) --------------------------------------------------------------
+    # -- flow control --------------------------------------------------------------
     async def schedule_retry(
         self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
     ) -> bool:

@@ -193,6 +193,7 @@ async def test_a_request_to_an_unconfigured_app_gets_503_and_the_reason_is_logge
     ]
 
 
+@pytest.mark.slow  # starts the CLI (and pytest) as processes
 def test_the_cli_lists_the_tools_of_a_module_that_builds_the_app(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,18 +10,15 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 
-from ._context import NotRun, Ran, ReconcileOutcome, ToolContext, Unknown
-from ._sdk import MappingArguments
+from ._context import NotRun, Ran, ReconcileHook, ReconcileOutcome, ToolContext, Unknown
 from ._threads import ThreadPool
 
-if TYPE_CHECKING:
-    from .tools import FunctionTool
-
 __all__ = [
+    "RunnableTool",
     "default_thread_pool",
     "invoke",
     "is_async_callable",
@@ -32,6 +29,26 @@ __all__ = [
 logger = logging.getLogger("agentfn_asgi.tools")
 
 _DEFAULT_POOL: ThreadPool | None = None
+
+
+class RunnableTool(Protocol):
+    """What the run side needs of a tool (a :class:`~agentfn_asgi.tools.FunctionTool`): its
+    name, whether its handler is async, its hooks, and the handler bound to arguments. The
+    definition side knows how arguments map onto the handler; this module only runs it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def is_async(self) -> bool: ...
+
+    @property
+    def reconcile(self) -> ReconcileHook | None: ...
+
+    @property
+    def approval(self) -> bool | Callable[..., Any]: ...
+
+    def bind(self, arguments: Mapping[str, Any], context: ToolContext) -> Callable[[], Any]: ...
 
 
 def default_thread_pool() -> ThreadPool:
@@ -54,7 +71,7 @@ def is_async_callable(fn: object) -> bool:
 
 
 async def invoke(
-    tool: FunctionTool,
+    tool: RunnableTool,
     arguments: Mapping[str, Any],
     context: ToolContext,
     *,
@@ -70,16 +87,7 @@ async def invoke(
     (ThreadPoolBusyError, see :mod:`agentfn_asgi._threads`). A sync handler that times out
     keeps running in its thread until it returns: Python cannot stop a thread.
     """
-    spec = tool._require_spec()
-    call: Callable[[], Any]
-    if isinstance(spec, MappingArguments):
-        # The openai SDK's convention: the argument object as one positional dict.
-        call = functools.partial(tool.fn, dict(arguments))
-    else:
-        kwargs = dict(arguments)
-        if spec.context_param is not None:
-            kwargs[spec.context_param] = context
-        call = functools.partial(tool.fn, **kwargs)
+    call = tool.bind(arguments, context)
     with anyio.fail_after(time_limit) if tool.is_async else contextlib.nullcontext():
         if tool.is_async:
             result = await call()
@@ -93,7 +101,7 @@ async def invoke(
 
 
 async def run_reconcile(
-    tool: FunctionTool,
+    tool: RunnableTool,
     arguments: Mapping[str, Any],
     context: ToolContext,
     *,
@@ -134,7 +142,7 @@ async def run_reconcile(
 
 
 async def needs_approval(
-    tool: FunctionTool, context: ToolContext, arguments: dict[str, Any]
+    tool: RunnableTool, context: ToolContext, arguments: dict[str, Any]
 ) -> bool:
     """Does this call of ``tool`` need a person's approval? ``approval=True`` always, a
     predicate when it says so. A predicate that raises asks for approval (the safe answer)."""

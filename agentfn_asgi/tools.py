@@ -43,6 +43,7 @@ Design choices worth knowing:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -385,6 +386,20 @@ class FunctionTool:
                 {param: arguments[param] for _, param in spec.field_params if param in arguments}
             )
         return typing.cast(dict[str, Any], instance.model_dump(mode="json", by_alias=True))
+
+    def bind(self, arguments: Mapping[str, Any], context: ToolContext) -> Callable[[], Any]:
+        """The handler called with ``arguments`` (from :meth:`parse_arguments`) and the
+        context, as a call of no arguments (how arguments map onto the handler is the
+        definition's business; :mod:`agentfn_asgi.running` runs it)."""
+        spec = self._require_spec()
+        if isinstance(spec, MappingArguments):
+            # The openai SDK's convention: the argument object as one positional dict.
+            return functools.partial(self.fn, dict(arguments))
+        kwargs = dict(arguments)
+        if spec.context_param is not None:
+            kwargs[spec.context_param] = context
+        bound: Callable[[], Any] = functools.partial(self.fn, **kwargs)
+        return bound
 
     async def invoke(
         self,

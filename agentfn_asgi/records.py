@@ -11,6 +11,8 @@ Calls are keyed by :class:`CallKey` ``(session_id, turn_id, call_id)``. Their st
     awaiting_approval: a call of a tool declared with ``approval=`` that waits for a person
                  (its :class:`ApprovalRequest` is on the record); nothing has run.
     approved:    a person approved it; any replica claims it and runs it as a fresh attempt.
+    waiting:     a call of a tool with ``concurrency=`` or ``rate=`` that waits for a slot of
+                 its limiter (:class:`Limit`); nothing has run.
 
 Also here: :class:`Job` (one call handed to a worker) and :class:`Completion` (a worker's
 outcome for it), the two values the app's side (:mod:`agentfn_asgi.jobs`) and the worker's
@@ -35,6 +37,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 __all__ = [
     "HISTORY_HEAD",
     "HISTORY_TAIL",
+    "LIMITER_KEY_SEPARATOR",
     "ApprovalRequest",
     "CallEvent",
     "CallKey",
@@ -46,6 +49,7 @@ __all__ = [
     "Completion",
     "DeliveryRecord",
     "Job",
+    "Limit",
     "SavedResult",
     "StoreStats",
     "arguments_digest",
@@ -76,6 +80,9 @@ class CallState(enum.StrEnum):
     #: RetryLater; the next attempt may start at ``next_attempt_at`` (kept in
     #: ``lease_expires_at`` too, the time the guards compare), by whichever replica claims it.
     RETRY_SCHEDULED = "retry_scheduled"
+    #: Flow control: waiting for a slot (or a token) of its tool's limiter
+    #: (:attr:`CallRecord.limiter`); its holder polls, renewing its lease, and nothing ran.
+    WAITING = "waiting"
 
     @property
     def terminal(self) -> bool:
@@ -275,6 +282,9 @@ class CallRecord:
     failures: int = 0
     history_dropped: int = 0
     approval: ApprovalRequest | None = None
+    #: Flow control: the limiter whose slot the call holds (``claimed``) or waits for
+    #: (``waiting``; its ``next_attempt_at`` is then when it began to wait). None otherwise.
+    limiter: str | None = None
 
     def in_doubt(self, now: float) -> bool:
         """Claimed, but its lease ran out with no saved result: the handler may have run."""
@@ -290,6 +300,28 @@ class ClaimStatus(enum.StrEnum):
     BUSY = "busy"  # another owner holds a live lease: leave it alone
     DONE = "done"  # submitted, stale or quarantined: nothing to do
     RETRY = "retry"  # a scheduled retry came due; now ours with the next attempt: run it
+    WAITING = "waiting"  # ours, but its limiter has no slot yet: poll Store.admit_call
+
+
+#: Between a tool's name and a ``concurrency_key``'s value in a limiter's name.
+LIMITER_KEY_SEPARATOR = "\x1f"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limit:
+    """One call's flow-control limits, as the store applies them when it admits the call.
+
+    ``name`` is the limiter (the tool's name, plus :data:`LIMITER_KEY_SEPARATOR` and the
+    ``concurrency_key``'s value when the tool has one): calls sharing it share its slots and
+    its bucket across every replica on the store. ``concurrency``: slots (None: no bound);
+    ``rate``: tokens per second (None: no bound), ``burst``: the bucket's size. The margin
+    and the waiter's lease come from the claim.
+    """
+
+    name: str
+    concurrency: int | None = None
+    rate: float | None = None
+    burst: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,20 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
 
     claimed ──schedule_retry──▶ retry_scheduled ──retry (due)──▶ claimed (the next attempt)
 
+    claimed ──take_slot (admitted)──▶ claimed, holding a slot of its limiter
+       └────wait (refused)──▶ waiting ──admit (admitted)──▶ claimed, holding a slot
+                                 │  └─keep_waiting (refused: the waiter's lease renewed)
+                                 └─adopt (the waiter's lease lapsed)──▶ claimed (next attempt)
+
+Flow control (``concurrency=`` / ``rate=`` on a tool): a claimed call of a limited tool
+takes a slot of its limiter (:attr:`~agentfn_asgi.records.CallRecord.limiter`) when the
+limits admit it (:func:`admits`), or waits for one (``waiting``), holding no slot and no
+thread; its holder polls (``admit_call``), which also renews the waiter's lease. A call
+holds a slot while it is ``claimed`` with its ``limiter`` set and a lease that has not
+lapsed by more than the fencing margin: leaving ``claimed`` frees the slot, and so does a
+holder that died (its lease runs out). Rows that enter ``claimed`` any other way clear the
+limiter, so a taken-over call holds nothing until it is admitted again.
+
 A call of a tool declared with ``approval=`` is held in ``awaiting_approval`` by the holder
 of its claim, after its arguments were validated: nothing runs, and a redelivery, the sweep
 or another replica leaves it alone (a claim of it is ``DONE``). While it waits, its
@@ -47,16 +61,19 @@ from typing import Final
 from agentfn_asgi.records import CallRecord, CallState
 
 __all__ = [
+    "FOR_A_PERSON",
+    "HOLDS_SLOT",
     "PRUNABLE",
     "SAVED",
     "SETTLEABLE",
     "TRANSITIONS",
-    "WAITING",
     "Guard",
     "Target",
     "Transition",
     "Way",
+    "admits",
     "allows",
+    "bucket_tokens",
     "resulting_state",
     "settleable",
 ]
@@ -87,6 +104,12 @@ class Guard(enum.StrEnum):
     #: (``lease_expires_at <= now``: a ``retry_scheduled`` call keeps its next attempt's time
     #: there). Never sooner; a replica whose clock runs ahead starts it that much early.
     DUE = "due"
+    #: Flow control: the call's limiter has a slot (and a token) for it now, with every live
+    #: waiter that arrived earlier served first (:func:`admits`). The store counts the
+    #: limiter's holders, waiters and tokens in the same transaction as the change.
+    ADMITTED = "admitted"
+    #: Flow control: the limiter has no slot (or token) for it now.
+    REFUSED = "refused"
 
 
 class Target(enum.StrEnum):
@@ -124,6 +147,9 @@ class Transition:
     target: CallState | Target
     event: str | None = None
     new_attempt: bool = False
+    #: Flow control: True sets the call's ``limiter`` (it holds or waits for a slot), False
+    #: clears it (a claim entered another way holds no slot), None leaves it.
+    limiter: bool | None = None
 
     @property
     def sources(self) -> frozenset[CallState]:
@@ -141,19 +167,29 @@ SAVED: Final = frozenset({CallState.SUCCEEDED, CallState.FAILED})
 #: an operator, never for a pruner.
 PRUNABLE: Final = frozenset({CallState.SUBMITTED, CallState.STALE})
 #: A person decides these: waiting for approval, or approved and not yet run.
-WAITING: Final = frozenset({CallState.AWAITING_APPROVAL, CallState.APPROVED})
+FOR_A_PERSON: Final = frozenset({CallState.AWAITING_APPROVAL, CallState.APPROVED})
+#: A call in this state with its ``limiter`` set and a lease not lapsed by more than the
+#: margin holds one slot of that limiter (flow control).
+HOLDS_SLOT: Final = CallState.CLAIMED
 _PENDING: Final = tuple(state for state in CallState if not state.terminal)
 _HELD: Final = frozenset({Guard.HOLDER})
+_OWN_LIVE: Final = frozenset({Guard.OWN_LIVE_LEASE})
 #: What an operator may settle or re-run (:func:`settleable`): held for them, or in doubt.
 SETTLEABLE: Final = (
     _from(CallState.QUARANTINED),
     _from(CallState.CLAIMED, guards=frozenset({Guard.LEASE_LAPSED})),
 )
 
-# -- flow control: retries ---------------------------------------------------------
+# -- flow control: retries and limits -----------------------------------------------
 #: ``claimed`` ──schedule_retry──▶ ``retry_scheduled`` ──retry (due)──▶ ``claimed`` (next
 #: attempt). Only the holder schedules (fencing); whoever claims the call once its time has
 #: come runs the next attempt, exactly one claimant wins.
+#:
+#: Limits: the holder of a claim takes a slot (``take_slot``) or waits (``wait``); a waiting
+#: call's holder polls (``admit`` / ``keep_waiting``); a waiter whose lease lapsed (its
+#: replica died) is adopted by whoever claims it next (nothing ran: not in doubt).
+_ADMITTED: Final = frozenset({Guard.HOLDER, Guard.ADMITTED})
+_REFUSED: Final = frozenset({Guard.HOLDER, Guard.REFUSED})
 _FLOW_CONTROL: Final = (
     Transition(
         "schedule_retry",
@@ -169,6 +205,44 @@ _FLOW_CONTROL: Final = (
         CallState.CLAIMED,
         event="retried",
         new_attempt=True,
+        limiter=False,
+    ),
+    Transition(
+        "take_slot",
+        "admit_call",
+        (_from(CallState.CLAIMED, guards=_ADMITTED),),
+        Target.SAME,
+        limiter=True,
+    ),
+    Transition(
+        "wait",
+        "admit_call",
+        (_from(CallState.CLAIMED, guards=_REFUSED),),
+        CallState.WAITING,
+        event="waiting",
+        limiter=True,
+    ),
+    Transition(
+        "admit",
+        "admit_call",
+        (_from(CallState.WAITING, guards=_ADMITTED),),
+        CallState.CLAIMED,
+        event="admitted",
+    ),
+    Transition(
+        "keep_waiting",
+        "admit_call",
+        (_from(CallState.WAITING, guards=_REFUSED),),
+        Target.SAME,
+    ),
+    Transition(
+        "adopt",
+        "claim_call",
+        (_from(CallState.WAITING, guards=frozenset({Guard.LEASE_LAPSED})),),
+        CallState.CLAIMED,
+        event="adopted",
+        new_attempt=True,
+        limiter=False,
     ),
 )
 
@@ -180,7 +254,11 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
         Transition(
             "reclaim",
             "claim_call",
-            (_from(CallState.CLAIMED, guards=frozenset({Guard.OWN_LIVE_LEASE})),),
+            (
+                _from(
+                    CallState.CLAIMED, CallState.WAITING, guards=frozenset({Guard.OWN_LIVE_LEASE})
+                ),
+            ),
             Target.SAME,
         ),
         Transition(
@@ -190,12 +268,14 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             CallState.CLAIMED,
             event="taken_over",
             new_attempt=True,
+            limiter=False,
         ),
         Transition("renew", "renew_lease", (_from(CallState.CLAIMED, guards=_HELD),), Target.SAME),
         Transition(
             "save",
             "save_result",
-            (_from(CallState.CLAIMED, guards=_HELD),),
+            # From ``waiting``: a wait that ran past the tool's ``max_wait`` saves a failure.
+            (_from(CallState.CLAIMED, CallState.WAITING, guards=_HELD),),
             Target.BY_RESULT,
             event="saved",
         ),
@@ -235,6 +315,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             CallState.CLAIMED,
             event="released",
             new_attempt=True,
+            limiter=False,
         ),
         Transition("prune", "prune", (_from(*PRUNABLE),), Target.REMOVED),
         Transition(
@@ -272,6 +353,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             CallState.CLAIMED,
             event="claimed_approved",
             new_attempt=True,
+            limiter=False,
         ),
         *_FLOW_CONTROL,
     )
@@ -287,6 +369,7 @@ def _guard_holds(
     attempt: int | None,
     margin: float,
     unchanged_since: float | None,
+    admitted: bool | None,
 ) -> bool:
     if guard is Guard.HOLDER:
         return record.owner == owner and record.attempt == attempt
@@ -300,6 +383,10 @@ def _guard_holds(
         return now >= record.lease_expires_at
     if guard is Guard.DUE:
         return record.lease_expires_at <= now
+    if guard is Guard.ADMITTED:
+        return admitted is True
+    if guard is Guard.REFUSED:
+        return admitted is False
     # UNCHANGED_SINCE is asked for by the caller; without a time it does not apply.
     return unchanged_since is None or record.updated_at <= unchanged_since
 
@@ -313,8 +400,10 @@ def allows(
     attempt: int | None = None,
     margin: float = 0.0,
     unchanged_since: float | None = None,
+    admitted: bool | None = None,
 ) -> bool:
-    """Does ``row`` apply to ``record`` (None: no record yet) with these arguments?"""
+    """Does ``row`` apply to ``record`` (None: no record yet) with these arguments?
+    ``admitted`` is the limiter's answer (:func:`admits`), for the flow-control rows."""
     for way in row.ways:
         if record is None:
             if not way.states:
@@ -329,6 +418,7 @@ def allows(
                 attempt=attempt,
                 margin=margin,
                 unchanged_since=unchanged_since,
+                admitted=admitted,
             )
             for guard in way.guards
         ):
@@ -356,3 +446,38 @@ def resulting_state(row: Transition, record: CallRecord, *, success: bool | None
     if row.target is Target.REMOVED:
         raise ValueError("a removed record has no state")
     return row.target
+
+
+def admits(
+    *,
+    concurrency: int | None,
+    rate: float | None,
+    holders: int,
+    ahead: int,
+    tokens: float,
+) -> bool:
+    """The limiter's rule (``Guard.ADMITTED``), the same in every store.
+
+    ``holders``: the other calls holding a slot of the limiter (``claimed`` with it, lease
+    not lapsed by more than the margin); ``ahead``: the live waiters of the limiter that
+    arrived earlier (``waiting`` with it, lease not lapsed by more than the margin, ordered
+    by ``(created_at, session_id, turn_id, call_id)``); ``tokens``: the limiter's bucket now
+    (:func:`bucket_tokens`). A call is admitted when a slot is free after everyone ahead of
+    it took one, and a token is left after everyone ahead took theirs: calls start in the
+    order they arrived, and a waiter that died stops holding up the line once its lease
+    lapses. An admitted call of a rated limiter spends one token.
+    """
+    if concurrency is not None and holders + ahead >= concurrency:
+        return False
+    return rate is None or tokens >= ahead + 1
+
+
+def bucket_tokens(
+    tokens: float | None, updated_at: float, *, now: float, rate: float, burst: int
+) -> float:
+    """A token bucket's tokens at ``now``: ``tokens`` at ``updated_at`` (None: a new bucket,
+    full) refilled at ``rate`` per second up to ``burst``. A clock that reads earlier than
+    the last update (another replica's, skewed) refills nothing rather than draining."""
+    if tokens is None:
+        return float(burst)
+    return min(float(burst), tokens + max(0.0, now - updated_at) * rate)

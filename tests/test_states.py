@@ -10,13 +10,15 @@ import pytest
 
 from agentfn_asgi.records import CallKey, CallRecord, CallState
 from agentfn_asgi.states import (
+    FOR_A_PERSON,
     PRUNABLE,
     SAVED,
     TRANSITIONS,
-    WAITING,
     Guard,
     Target,
+    admits,
     allows,
+    bucket_tokens,
     resulting_state,
     settleable,
 )
@@ -85,7 +87,9 @@ def test_fenced_rows_need_the_holder_and_takeover_needs_a_lapsed_lease() -> None
         assert allows(row, record(CallState.CLAIMED), now=NOW, owner="a", attempt=1)
         assert not allows(row, record(CallState.CLAIMED), now=NOW, owner="b", attempt=1)
         assert not allows(row, record(CallState.CLAIMED), now=NOW, owner="a", attempt=2)
-        for state in set(CallState) - {CallState.CLAIMED}:
+        # A wait past its max_wait is saved as a failure by its holder.
+        held = {CallState.CLAIMED, CallState.WAITING} if name == "save" else {CallState.CLAIMED}
+        for state in set(CallState) - held:
             assert not allows(row, record(state), now=NOW, owner="a", attempt=1)
     take_over, reclaim = TRANSITIONS["take_over"], TRANSITIONS["reclaim"]
     assert allows(take_over, record(CallState.CLAIMED, lease=NOW - 5), now=NOW, margin=1)
@@ -153,10 +157,62 @@ def test_an_approved_call_is_claimed_as_a_fresh_attempt_by_anyone() -> None:
 
 def test_waiting_calls_are_pending_and_never_settleable_or_prunable() -> None:
     """A person decides a waiting call, not an operator's settle, a take-over or a pruner."""
-    for state in WAITING:
+    for state in FOR_A_PERSON:
         assert not state.terminal and not state.has_result
         for lease in (NOW + 60, NOW - 60):
             waiting = record(state, lease=lease)
             assert not settleable(waiting, now=NOW)
             for name in ("take_over", "reclaim", "prune", "save", "renew", "release"):
                 assert not allows(TRANSITIONS[name], waiting, now=NOW, owner="a", attempt=1)
+
+
+def test_the_limiter_rows_split_on_its_answer_and_need_the_holder() -> None:
+    """take_slot / wait from claimed, admit / keep_waiting from waiting: the holder's, one
+    of each pair by the limiter's answer; adopt needs the waiter's lease lapsed past the
+    margin; only take_slot and wait set the limiter, and every other way into claimed
+    clears it (a taken-over call holds no slot until admitted)."""
+    pairs = {CallState.CLAIMED: ("take_slot", "wait"), CallState.WAITING: ("admit", "keep_waiting")}
+    for state, (yes, no) in pairs.items():
+        held = record(state)
+        for admitted, name in ((True, yes), (False, no)):
+            row = TRANSITIONS[name]
+            assert allows(row, held, now=NOW, owner="a", attempt=1, admitted=admitted)
+            assert not allows(row, held, now=NOW, owner="a", attempt=1, admitted=not admitted)
+            assert not allows(row, held, now=NOW, owner="b", attempt=1, admitted=admitted)
+            assert not allows(row, held, now=NOW, owner="a", attempt=1)  # no answer asked
+    assert resulting_state(TRANSITIONS["wait"], record(CallState.CLAIMED), success=None) is (
+        CallState.WAITING
+    )
+    assert resulting_state(TRANSITIONS["admit"], record(CallState.WAITING), success=None) is (
+        CallState.CLAIMED
+    )
+    adopt = TRANSITIONS["adopt"]
+    assert adopt.new_attempt and adopt.target is CallState.CLAIMED
+    assert allows(adopt, record(CallState.WAITING, lease=NOW - 5), now=NOW, margin=1)
+    assert not allows(adopt, record(CallState.WAITING, lease=NOW - 5), now=NOW, margin=10)
+    assert not allows(adopt, record(CallState.CLAIMED, lease=NOW - 60), now=NOW, margin=1)
+    setting = {t.name for t in TRANSITIONS.values() if t.limiter is True}
+    assert setting == {"take_slot", "wait"}
+    into_claimed = {
+        t.name
+        for t in TRANSITIONS.values()
+        if t.target is CallState.CLAIMED and t.name not in ("claim", "admit")
+    }
+    assert into_claimed == {"take_over", "release", "run_approved", "retry", "adopt"}
+    assert all(TRANSITIONS[name].limiter is False for name in into_claimed), into_claimed
+
+
+def test_admission_serves_the_line_in_order() -> None:
+    """A slot is free only after everyone ahead took one; a token only after everyone
+    ahead took theirs; a bucket refills at its rate up to its burst and never drains on a
+    clock that reads earlier."""
+    assert admits(concurrency=2, rate=None, holders=1, ahead=0, tokens=0)
+    assert not admits(concurrency=2, rate=None, holders=1, ahead=1, tokens=0)
+    assert not admits(concurrency=2, rate=None, holders=2, ahead=0, tokens=0)
+    assert admits(concurrency=None, rate=5.0, holders=99, ahead=1, tokens=2.0)
+    assert not admits(concurrency=None, rate=5.0, holders=0, ahead=1, tokens=1.9)
+    assert not admits(concurrency=3, rate=5.0, holders=0, ahead=0, tokens=0.5)
+    assert bucket_tokens(None, 0, now=NOW, rate=5.0, burst=3) == 3
+    assert bucket_tokens(0.0, NOW - 0.1, now=NOW, rate=5.0, burst=3) == pytest.approx(0.5)
+    assert bucket_tokens(0.0, NOW - 60, now=NOW, rate=5.0, burst=3) == 3
+    assert bucket_tokens(0.5, NOW + 10, now=NOW, rate=5.0, burst=3) == 0.5

@@ -29,8 +29,9 @@ def claim_status_for(record: CallRecord) -> ClaimStatus:
     replica with a slower clock wrote it between our write attempt and this read; leaving
     it alone (``BUSY``) is the safe answer, the recovery sweep picks it up later.
     """
-    if record.state in (CallState.CLAIMED, CallState.RETRY_SCHEDULED):
-        return ClaimStatus.BUSY  # a retry not due yet: its time is kept, someone runs it
+    if record.state in (CallState.CLAIMED, CallState.RETRY_SCHEDULED, CallState.WAITING):
+        # A retry not due yet (its time is kept), or another replica's waiter: someone runs it.
+        return ClaimStatus.BUSY
     if record.state.has_result and record.state is not CallState.SUBMITTED:
         return ClaimStatus.SAVED
     return ClaimStatus.DONE

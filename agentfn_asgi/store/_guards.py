@@ -7,11 +7,13 @@ every statement and script that changes a call's state carries the rendering of 
 makes, and that none changes a state the table does not allow.
 
 SQL: :func:`sql_guard` gives a condition over the named parameters ``:owner``,
-``:attempt``, ``:now``, ``:takeover_before`` and ``:since``. Lua: :data:`LUA_GUARDS` defines
+``:attempt``, ``:now``, ``:takeover_before``, ``:since`` and ``:admitted`` (1 or 0: the
+limiter's answer, which the statement's caller computed in the same transaction). Lua: :data:`LUA_GUARDS` defines
 ``may_<row>(c, a)`` for every row, where ``c`` is the call as :data:`LUA_READ` reads it
 (``state``, ``owner``, ``attempt``, ``lease``, ``updated``; ``state`` false when absent) and
 ``a`` the script's arguments (``owner``, ``attempt``, ``now``, ``takeover_before``,
-``since``; ``since`` '' when not asked for).
+``since``; ``since`` '' when not asked for; ``admitted``, a boolean the script sets from the
+limiter's answer before it asks a flow-control row).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def _sql_guard_term(guard: Guard, alias: str, owner: str) -> str:
         return f":now >= {alias}lease_expires_at"
     if guard is Guard.DUE:
         return f"{alias}lease_expires_at <= :now"
+    if guard is Guard.ADMITTED:
+        return ":admitted = 1"
+    if guard is Guard.REFUSED:
+        return ":admitted = 0"
     return f"{alias}updated_at <= :since"
 
 
@@ -86,6 +92,8 @@ _LUA_GUARD_TERMS: Final = {
     Guard.APPROVAL_OPEN: "tonumber(a.now) < tonumber(c.lease)",
     Guard.APPROVAL_LAPSED: "tonumber(a.now) >= tonumber(c.lease)",
     Guard.DUE: "tonumber(c.lease) <= tonumber(a.now)",
+    Guard.ADMITTED: "a.admitted == true",
+    Guard.REFUSED: "a.admitted == false",
 }
 
 

@@ -51,6 +51,7 @@ from agentfn_asgi.records import (
     CallRecord,
     ClaimOutcome,
     DeliveryRecord,
+    Limit,
     SavedResult,
     StoreStats,
 )
@@ -128,6 +129,7 @@ class Store(Protocol):
         lease_seconds: float,
         delivery_id: str | None = None,
         margin: float = 0.0,
+        limit: Limit | None = None,
     ) -> ClaimOutcome:
         """Atomically decide who runs a call.
 
@@ -139,6 +141,36 @@ class Store(Protocol):
         - ``claimed`` by another owner, lease live or expired by less than ``margin``: ``BUSY``;
         - ``succeeded``/``failed`` → ``SAVED``; ``submitted``/``stale``/``quarantined`` →
           ``DONE``.
+
+        With ``limit`` (a tool with ``concurrency=`` or ``rate=``), in the same transaction:
+        a call the claim takes is admitted as :meth:`admit_call` would (``take_slot``) or
+        left ``waiting`` for its holder to poll: ``WAITING``. A ``waiting`` call whose
+        waiter's lease lapsed more than ``margin`` ago is adopted (next attempt, not in
+        doubt: nothing ran) and admitted or left waiting the same way; our own live waiter,
+        claimed again, answers ``WAITING`` unchanged. An in-doubt claim is taken over only
+        when the limiter admits it (else ``BUSY``: the sweep tries again), so the in-doubt
+        flag is never lost to a wait.
+        """
+
+    async def admit_call(
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        attempt: int,
+        limit: Limit,
+        lease_seconds: float,
+        margin: float = 0.0,
+    ) -> ClaimOutcome | None:
+        """Ask ``limit`` for a slot for the call ``(owner, attempt)`` holds (flow control).
+
+        ``claimed`` without a slot or ``waiting``: admitted → ``claimed`` holding a slot of
+        ``limit.name`` (a token spent when it is rated): ``CLAIMED``; refused → ``waiting``
+        (its waiter's lease renewed to ``lease_seconds`` from now): ``WAITING``. Already
+        holding the slot (a retried admission) → ``CLAIMED``, unchanged. Not held by
+        ``(owner, attempt)`` any more → what a claim would answer (``BUSY``, ``SAVED``,
+        ``DONE``; None: the call is gone); the caller stops. The rule is
+        :func:`agentfn_asgi.states.admits`.
         """
 
     async def renew_lease(

@@ -33,6 +33,7 @@ from agentfn_asgi.records import (
     ClaimOutcome,
     ClaimStatus,
     DeliveryRecord,
+    Limit,
     SavedResult,
     StoreStats,
 )
@@ -40,7 +41,9 @@ from agentfn_asgi.states import (
     SAVED,
     TRANSITIONS,
     Transition,
+    admits,
     allows,
+    bucket_tokens,
     resulting_state,
 )
 from agentfn_asgi.store._codec import approval_detail, claim_status_for, saved_detail
@@ -60,6 +63,11 @@ class _Data:
     calls: dict[tuple[str, CallKey], CallRecord] = field(default_factory=dict)
     #: revoked token id -> expires_at (store-wide, see Store)
     revoked: dict[str, float] = field(default_factory=dict)
+    #: (namespace, limiter) -> the calls that held or waited for one of its slots (an index:
+    #: a call that moved on is dropped when next seen)
+    limited: dict[tuple[str, str], set[CallKey]] = field(default_factory=dict)
+    #: (namespace, limiter) -> (tokens, updated_at): its rate's bucket
+    buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -218,6 +226,7 @@ class MemoryStore:
         lease_seconds: float | None = None,
         result: SavedResult | None = None,
         detail: str = "",
+        limiter: str | None = None,
         **changes: object,
     ) -> CallRecord:
         """Make ``row`` happen to ``record`` (the caller checked :func:`allows`): its resulting
@@ -234,6 +243,8 @@ class MemoryStore:
             updated = dataclasses.replace(updated, lease_expires_at=now + lease_seconds)
         if result is not None:
             updated = dataclasses.replace(updated, result=result, next_attempt_at=now)
+        if row.limiter is not None:
+            updated = dataclasses.replace(updated, limiter=limiter if row.limiter else None)
         if row.event is not None:
             updated = _appended(updated, CallEvent(now, row.event, attempt, owner, detail))
         self._data.calls[(self.namespace, record.key)] = updated
@@ -248,6 +259,7 @@ class MemoryStore:
         lease_seconds: float,
         delivery_id: str | None = None,
         margin: float = 0.0,
+        limit: Limit | None = None,
     ) -> ClaimOutcome:
         """Decide who runs ``key``; see :meth:`Store.claim_call`."""
         self._check_open()
@@ -268,17 +280,28 @@ class MemoryStore:
                 history=(CallEvent(now, "claimed", 1, owner),),
             )
             self._data.calls[(self.namespace, key)] = record
-            return ClaimOutcome(ClaimStatus.CLAIMED, _plain(record))
+            return self._admitted(ClaimStatus.CLAIMED, record, limit, lease_seconds, margin)
         if allows(TRANSITIONS["reclaim"], record, now=now, owner=owner):
             # Our own claim, retried: it is ours already.
+            if record.state is CallState.WAITING:
+                return ClaimOutcome(ClaimStatus.WAITING, _plain(record))
             status = ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
+            if record.limiter is None:
+                return self._admitted(status, record, limit, lease_seconds, margin)
             return ClaimOutcome(status, _plain(record))
         retry = TRANSITIONS["retry"]
         if allows(retry, record, now=now):
             record = self._apply(retry, record, owner=owner, lease_seconds=lease_seconds)
-            return ClaimOutcome(ClaimStatus.RETRY, _plain(record))
+            return self._admitted(ClaimStatus.RETRY, record, limit, lease_seconds, margin)
+        adopt = TRANSITIONS["adopt"]
+        if allows(adopt, record, now=now, margin=margin):
+            record = self._apply(adopt, record, owner=owner, lease_seconds=lease_seconds)
+            return self._admitted(ClaimStatus.CLAIMED, record, limit, lease_seconds, margin)
         take_over = TRANSITIONS["take_over"]
         if allows(take_over, record, now=now, margin=margin):
+            if limit is not None and not self._admission(record, limit, margin)[0]:
+                # Taken over only with a slot: a wait would lose the in-doubt flag.
+                return ClaimOutcome(ClaimStatus.BUSY, _plain(record))
             record = self._apply(
                 take_over,
                 record,
@@ -286,8 +309,105 @@ class MemoryStore:
                 lease_seconds=lease_seconds,
                 delivery_id=record.delivery_id or delivery_id,
             )
-            return ClaimOutcome(ClaimStatus.IN_DOUBT, _plain(record))
+            return self._admitted(ClaimStatus.IN_DOUBT, record, limit, lease_seconds, margin)
         return ClaimOutcome(claim_status_for(record), _plain(record))
+
+    async def admit_call(
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        attempt: int,
+        limit: Limit,
+        lease_seconds: float,
+        margin: float = 0.0,
+    ) -> ClaimOutcome | None:
+        """Ask ``limit`` for a slot for the call we hold; see :meth:`Store.admit_call`."""
+        self._check_open()
+        record = self._get(key)
+        if record is None:
+            return None
+        held = record.owner == owner and record.attempt == attempt
+        if held and record.state is CallState.CLAIMED and record.limiter == limit.name:
+            return ClaimOutcome(ClaimStatus.CLAIMED, _plain(record))  # a retried admission
+        if not held or record.state not in (CallState.CLAIMED, CallState.WAITING):
+            return ClaimOutcome(claim_status_for(record), _plain(record))
+        return self._admitted(ClaimStatus.CLAIMED, record, limit, lease_seconds, margin)
+
+    def _admitted(
+        self,
+        status: ClaimStatus,
+        record: CallRecord,
+        limit: Limit | None,
+        lease_seconds: float,
+        margin: float,
+    ) -> ClaimOutcome:
+        """The holder of ``record`` (``claimed`` or ``waiting``) asks ``limit`` for a slot:
+        ``take_slot`` / ``admit`` (answering ``status``) or ``wait`` / ``keep_waiting``
+        (answering ``WAITING``). Without a limit, the claim stands as it is."""
+        if limit is None:
+            return ClaimOutcome(status, _plain(record))
+        admitted, reason = self._admission(record, limit, margin)
+        now = self._clock()
+        owner, attempt = record.owner, record.attempt
+        for name in ("take_slot", "wait", "admit", "keep_waiting"):
+            row = TRANSITIONS[name]
+            if allows(row, record, now=now, owner=owner, attempt=attempt, admitted=admitted):
+                break
+        else:  # pragma: no cover - the callers pass a held claimed or waiting call
+            raise AssertionError(f"no admission row for {record.state}")
+        # `wait` keeps when the call began to wait (its max_wait counts from it).
+        began = now if row.name == "wait" else record.next_attempt_at
+        record = self._apply(
+            row,
+            record,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            detail="" if admitted else reason,
+            limiter=limit.name,
+            next_attempt_at=began,
+        )
+        index = self._data.limited.setdefault((self.namespace, limit.name), set())
+        index.add(record.key)
+        if admitted and limit.rate is not None and row.name in ("take_slot", "admit"):
+            tokens = self._tokens(limit, now)
+            self._data.buckets[(self.namespace, limit.name)] = (tokens - 1.0, now)
+        return ClaimOutcome(status if admitted else ClaimStatus.WAITING, _plain(record))
+
+    def _tokens(self, limit: Limit, now: float) -> float:
+        assert limit.rate is not None
+        bucket = self._data.buckets.get((self.namespace, limit.name))
+        tokens, updated = (None, now) if bucket is None else bucket
+        return bucket_tokens(tokens, updated, now=now, rate=limit.rate, burst=limit.burst)
+
+    def _admission(self, record: CallRecord, limit: Limit, margin: float) -> tuple[bool, str]:
+        """The limiter's answer for ``record`` (:func:`admits`) and, when it refuses, why
+        (``concurrency`` or ``rate``, the history's detail)."""
+        now, ns = self._clock(), self.namespace
+        index = self._data.limited.get((ns, limit.name), set())
+        mine = (record.created_at, *_ordered(record.key))
+        holders = ahead = 0
+        for key in list(index):
+            other = self._data.calls.get((ns, key))
+            if other is None or other.limiter != limit.name or other.state not in _LIMITED:
+                index.discard(key)
+                continue
+            if key == record.key or other.lease_expires_at < now - margin:
+                continue
+            if other.state is CallState.CLAIMED:
+                holders += 1
+            elif (other.created_at, *_ordered(key)) < mine:
+                ahead += 1
+        tokens = 0.0 if limit.rate is None else self._tokens(limit, now)
+        verdict = admits(
+            concurrency=limit.concurrency,
+            rate=limit.rate,
+            holders=holders,
+            ahead=ahead,
+            tokens=tokens,
+        )
+        full = limit.concurrency is not None and holders + ahead >= limit.concurrency
+        return verdict, "" if verdict else ("concurrency" if full else "rate")
 
     async def renew_lease(
         self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
@@ -576,11 +696,15 @@ class MemoryStore:
         return found[: max(0, limit)]
 
     async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Claims whose lease expired more than ``margin`` ago, earliest expiry first."""
+        """Claims (and waiters) whose lease expired more than ``margin`` ago, earliest expiry
+        first."""
         self._check_open()
-        now, take_over = self._clock(), TRANSITIONS["take_over"]
+        now, take_over, adopt = self._clock(), TRANSITIONS["take_over"], TRANSITIONS["adopt"]
         found = [
-            _plain(c) for c in self._own_calls() if allows(take_over, c, now=now, margin=margin)
+            _plain(c)
+            for c in self._own_calls()
+            if allows(take_over, c, now=now, margin=margin)
+            or allows(adopt, c, now=now, margin=margin)
         ]
         found.sort(key=lambda c: c.lease_expires_at)
         return found[: max(0, limit)]
@@ -641,6 +765,15 @@ class MemoryStore:
 
 
 #: The row of the state table each decision makes.
+#: The states in which a call with a limiter holds (claimed) or waits for one of its slots.
+_LIMITED = frozenset({CallState.CLAIMED, CallState.WAITING})
+
+
+def _ordered(key: CallKey) -> tuple[str, str, str]:
+    """A call key's place among the waiters that arrived at the same time."""
+    return key.session_id, key.turn_id, key.call_id
+
+
 _DECISION_ROWS = {"approved": "approve", "denied": "deny", "expired": "expire_approval"}
 
 

@@ -79,13 +79,16 @@ class Replica:
     def pause(self) -> None:
         """SIGSTOP: the process keeps its sockets and leases but runs nothing."""
         if self.running is not None:
-            self.running.process.send_signal(signal.SIGSTOP)
-            self.paused = True
+            # A replica that just exited on its own (its process is gone) has nothing to pause.
+            with contextlib.suppress(ProcessLookupError):
+                self.running.process.send_signal(signal.SIGSTOP)
+                self.paused = True
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`."""
         if self.running is not None and self.paused:
-            self.running.process.send_signal(signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                self.running.process.send_signal(signal.SIGCONT)
         self.paused = False
 
     async def stop(self) -> None:

@@ -442,3 +442,44 @@ async def test_close_stops_a_wait_and_leaves_the_call_waiting_for_another_replic
     record = await store.get_call(waiter)
     assert record is not None and record.state is CallState.WAITING and record.owner == OWNER
     assert api.fake.submissions == []
+
+
+async def test_an_operators_rerun_asks_the_limiter_and_waits_its_turn(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """A call released by an operator (``settle --rerun``) of a limited tool waits while
+    another replica holds the slot, then runs, not in doubt."""
+    ran: list[str] = []
+    tools = FunctionTools()
+
+    @tools.function(concurrency=1)
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        ran.append(key)
+        return key
+
+    [held, doubtful] = session_of(
+        api, [FakeCall("lookup", {"key": "a"}, call_id="a"), FakeCall("lookup", {"key": "b"})]
+    )
+    # A replica died running `doubtful` (its claim lapsed, in doubt).
+    await store.claim_call(doubtful, tool_name="lookup", owner="gone", lease_seconds=LEASE)
+    clock.advance(LEASE + SETTINGS.fence_margin + 1)
+    limit = Limit(name="lookup", concurrency=1)
+    await store.claim_call(
+        held, tool_name="lookup", owner="replica-b", lease_seconds=LEASE, limit=limit
+    )
+    async with dispatching(api, store, clock, tools) as dispatcher:
+        status, _ = await dispatcher.settle(doubtful, rerun=True)
+        assert status == "running"
+        with anyio.fail_after(5):
+            while (record := await store.get_call(doubtful)) is None or (
+                record.state is not CallState.WAITING
+            ):
+                await anyio.sleep(0.01)
+        assert ran == []
+        await store.save_result(held, owner="replica-b", attempt=1, result=_result(held))
+        found = await answered(api, [doubtful])
+        await dispatcher.wait_for([doubtful])
+    assert found[doubtful.call_id].success and ran == ["b"]
+    kinds = [kind for kind, _ in await history(store, doubtful)]
+    assert kinds[kinds.index("released") :][:3] == ["released", "waiting", "admitted"]

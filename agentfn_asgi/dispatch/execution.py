@@ -394,7 +394,7 @@ class Executor:
             except Exception:
                 logger.exception("the concurrency_key of tool %s failed for call %s", name, key)
                 message = LIMIT_KEY_FAILED_MESSAGE.format(name=name)
-                return failure_result(key, message, "limit_key_error")
+                return failure_result(key, message, "limit_key_error", source="limit")
             name = f"{name}{LIMITER_KEY_SEPARATOR}{value}"
         return Limit(
             name=name, concurrency=policy.concurrency, rate=policy.rate, burst=policy.burst
@@ -459,7 +459,7 @@ class Executor:
                         stop_waiting()
                         self._wake(limit.name)  # the next in line here may go
                         message = MAX_WAIT_MESSAGE.format(name=tool.name, seconds=max_wait)
-                        failure = failure_result(key, message, "max_wait")
+                        failure = failure_result(key, message, "max_wait", source="limit")
                         return await self._execute(attempt_of(record, preset=failure))
                     sent = time.monotonic()
                     try:

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agentfn_asgi import RetryLater
 from agentfn_asgi.dispatch import Dispatcher
 from agentfn_asgi.messages import LIMIT_KEY_FAILED_MESSAGE, MAX_WAIT_MESSAGE
 from agentfn_asgi.records import LIMITER_KEY_SEPARATOR, CallKey, CallState, Limit
@@ -263,6 +264,7 @@ async def test_a_wait_past_max_wait_fails_telling_the_model_the_tool_is_busy(
     waited = attributes[LIMIT_WAITED]
     assert attributes["gen_ai.tool.call.id"] == "b"
     assert isinstance(waited, float) and waited >= 5
+    assert attributes["agentfn.call.source"] == "limit"
 
 
 async def test_a_waiting_call_holds_no_process_slot(api: API, store: MemoryStore) -> None:
@@ -483,3 +485,38 @@ async def test_an_operators_rerun_asks_the_limiter_and_waits_its_turn(
     assert found[doubtful.call_id].success and ran == ["b"]
     kinds = [kind for kind, _ in await history(store, doubtful)]
     assert kinds[kinds.index("released") :][:3] == ["released", "waiting", "admitted"]
+
+
+async def test_a_retry_of_a_limited_tool_takes_a_slot_like_any_claim(api: API) -> None:
+    """``concurrency=1``: a call asking to be retried frees its slot, the other call runs,
+    then the retry claims a slot again; never two at once, both answered."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    peak, attempts = Peak(), []
+    tools = FunctionTools()
+
+    @tools.function(concurrency=1)
+    async def lookup(ctx: ToolContext, key: str) -> str:
+        """Look a key up."""
+        attempts.append((key, ctx.attempt))
+        await peak.run("lookup", 0.01)
+        if (key, ctx.attempt) == ("a", 1):
+            raise RetryLater(after=2, reason="busy upstream")
+        return key
+
+    keys = session_of(api, [FakeCall("lookup", {"key": k}, call_id=k) for k in "ab"])
+    dispatcher = Dispatcher(
+        tools, api.client, store, settings=SETTINGS, owner=OWNER, clock=clock, sleep=clock.sleep
+    )
+    await dispatcher.start(recover=False)
+    try:
+        await dispatcher.resolve(keys[0].session_id)
+        found = await answered(api, keys)
+        await dispatcher.wait_for(keys)
+    finally:
+        await dispatcher.stop(drain_timeout=1.0)
+    assert peak.peak == {"lookup": 1}
+    assert found["a"].success and found["b"].success
+    assert sorted(attempts) == [("a", 1), ("a", 2), ("b", 1)]
+    record = await store.get_call(keys[0])
+    assert record is not None and record.limiter == "lookup"

@@ -507,14 +507,19 @@ class Executor:
             if limit is not None:
                 # Its limiter is asked as for any claim: the call runs when its turn comes.
                 claimed_at = time.monotonic()
-                outcome = await self._store.admit_call(
-                    record.key,
-                    owner=self._owner,
-                    attempt=record.attempt,
-                    limit=limit,
-                    lease_seconds=self._settings.lease_seconds,
-                    margin=self._settings.fence_margin,
-                )
+                try:
+                    outcome = await self._store.admit_call(
+                        record.key,
+                        owner=self._owner,
+                        attempt=record.attempt,
+                        limit=limit,
+                        lease_seconds=self._settings.lease_seconds,
+                        margin=self._settings.fence_margin,
+                    )
+                except StoreError as exc:
+                    # Claimed and never run: the sweep takes it over once its lease lapses.
+                    logger.warning("call %s: asking its limiter failed: %s", record.key, exc)
+                    return
                 if outcome is None or outcome.status not in (
                     ClaimStatus.CLAIMED,
                     ClaimStatus.WAITING,

@@ -520,3 +520,29 @@ async def test_a_retry_of_a_limited_tool_takes_a_slot_like_any_claim(api: API) -
     assert sorted(attempts) == [("a", 1), ("a", 2), ("b", 1)]
     record = await store.get_call(keys[0])
     assert record is not None and record.limiter == "lookup"
+
+
+async def test_arguments_that_do_not_parse_fail_validation_without_asking_the_key(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    asked: list[dict[str, Any]] = []
+    tools = FunctionTools()
+
+    def tenant_of(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        asked.append(arguments)
+        return "t"
+
+    @tools.function(concurrency=1, concurrency_key=tenant_of)
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+    [key] = session_of(api, [FakeCall("lookup", {"key": 7})])
+    async with dispatching(api, store, clock, tools) as dispatcher:
+        await dispatcher.resolve(key.session_id)
+        await dispatcher.wait_for([key])
+    [submission] = api.fake.submissions
+    assert not submission.success and asked == []
+    record = await store.get_call(key)
+    assert record is not None and record.result is not None and record.limiter is None
+    assert record.result.error_type == "validation_error"

@@ -8,6 +8,12 @@ conditional write matches nothing, the row is read back only to *report* what th
 already decided. The statements and the store's methods are shared with SQLite
 (:mod:`agentfn_asgi.store._sql`); this module is the asyncpg plumbing.
 
+Flow control is the one exception: the claim of a limited tool's call and its holder's poll
+count the limiter's holders, waiters and tokens and change the call in one transaction,
+under a transaction-scoped advisory lock on the schema, namespace and limiter (taken before
+any row lock, so two such transactions never wait for each other), with the call's row
+held ``FOR UPDATE``.
+
 Tables live in their own schema (``schema="agentfn"``), created or upgraded at
 :meth:`PostgresStore.open` under a transaction-level advisory lock so replicas starting
 together do not race on DDL, in one transaction (rows from before namespaces existed are

@@ -4,7 +4,10 @@ Concurrency. Every claim and every save is one conditional statement (an upsert 
 ``UPDATE … WHERE state = 'claimed'``, written once for SQLite and PostgreSQL in
 :mod:`agentfn_asgi.store._sql`), so several :class:`SQLiteStore` instances, in one process
 or in several, can share a file: SQLite serialises writers on the file lock and
-``busy_timeout`` makes a writer wait for it instead of failing at once.
+``busy_timeout`` makes a writer wait for it instead of failing at once. Flow control's
+claims and polls (several statements: count a limiter's holders, waiters and tokens, then
+change the call) run in a transaction begun with ``BEGIN IMMEDIATE``, which holds the write
+lock from its first read: one step for every process on the file.
 
 Event loop. The store's connection belongs to one writer thread, with group commit; the
 operations of one loop turn run inline, in one transaction, when that thread is idle and

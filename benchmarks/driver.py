@@ -58,8 +58,20 @@ def percentile(values: list[float], q: float) -> float:
 class TargetProcess:
     """One target app under uvicorn in a child process, with its CPU and memory readings."""
 
-    def __init__(self, name: str, args: list[str], *, api_url: str, secret: str, store_dir: str):
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        api_url: str,
+        secret: str,
+        store_dir: str,
+        code: Path | None = None,
+    ):
         self.name = name
+        # Another checkout's agentfn_asgi (``benchmarks.ab``): run from there, with this
+        # checkout's benchmarks package linked in.
+        self._cwd = code or _REPO
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/webhooks"
         self._argv = [
@@ -83,7 +95,7 @@ class TargetProcess:
 
     def launch(self) -> None:
         """Start the process (returns at once; see :meth:`wait_ready`)."""
-        self._popen = subprocess.Popen(self._argv, cwd=_REPO)
+        self._popen = subprocess.Popen(self._argv, cwd=self._cwd)
         self.proc = psutil.Process(self._popen.pid)
 
     async def counters(self) -> dict[str, float]:

@@ -34,7 +34,18 @@ COUNTS: Counter[str] = Counter()
 _CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "PRAGMA")
 
 
+#: Also count each statement by its opening words (``by:INSERT INTO … deliveries``) when set:
+#: which durable steps the round trips are (``--count-round-trips`` in the target sets it).
+BY_KIND = True
+
+
+def _kind(sql: str) -> str:
+    return " ".join(sql[:200].split()[:7])[:90]
+
+
 def _classify(sql: str) -> None:
+    if BY_KIND:
+        COUNTS["by:" + _kind(sql)] += 1
     head = sql.lstrip()[:10].upper()
     if head.startswith("COMMIT"):
         COUNTS["commits"] += 1
@@ -93,8 +104,18 @@ def _install_postgres() -> None:
 def _install_redis() -> None:
     from redis.asyncio.connection import AbstractConnection
 
-    def count(_args: tuple[Any, ...]) -> None:
+    def count(args: tuple[Any, ...]) -> None:
         COUNTS["round_trips"] += 1
+        if BY_KIND and args:
+            packed = args[0]
+            first = packed[0] if isinstance(packed, list) and packed else packed
+            if isinstance(first, (bytes, bytearray, memoryview)):
+                # RESP: *N\r\n$len\r\nNAME\r\n... ; a pipeline starts with MULTI or its first.
+                parts = bytes(first[:80]).split(b"\r\n")
+                name = parts[2].decode(errors="replace") if len(parts) > 2 else "?"
+                if name.upper() == "EVALSHA" and len(parts) > 4:
+                    name += " " + parts[4].decode(errors="replace")[:8]
+                COUNTS["by:" + name] += 1
 
     _wrap_async(AbstractConnection, "send_packed_command", count)
 

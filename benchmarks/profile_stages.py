@@ -137,6 +137,7 @@ async def profile(
     rate: int,
     keep: Path | None = None,
     serial: bool = False,
+    code: Path | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Run the rounds; returns the unprofiled CPU µs per call and each stage's share."""
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
@@ -152,7 +153,9 @@ async def profile(
         return await driver.burst(proc, sessions=calls, concurrency=64)
 
     with tempfile.TemporaryDirectory(prefix="agentfn-profile-") as tmp:
-        proc = TargetProcess("profiled", target_args, api_url=api_url, secret=secret, store_dir=tmp)
+        proc = TargetProcess(
+            "profiled", target_args, api_url=api_url, secret=secret, store_dir=tmp, code=code
+        )
         proc.launch()
         try:
             await proc.wait_ready()
@@ -221,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--keep", type=Path, help="copy py-spy's raw stacks into this folder")
     parser.add_argument("--serial", action="store_true", help="one call at a time instead")
+    parser.add_argument(
+        "--before", metavar="REF", help="also profile each target on the package at git REF"
+    )
     args = parser.parse_args(argv)
     if os.name != "posix":
         raise SystemExit("py-spy attaches to a process: Linux or macOS only")
@@ -228,22 +234,36 @@ def main(argv: list[str] | None = None) -> None:
     if args.matrix:
         targets = [*MATRIX]
     profiles = {}
-    for name in targets:
-        print(f"== {name}", file=sys.stderr, flush=True)
-        keep = None
-        if args.keep is not None:
-            keep = Path(args.keep, name)
-            keep.mkdir(parents=True, exist_ok=True)
-        profiles[name] = asyncio.run(
-            profile(
-                TARGETS[name],
-                calls=args.calls,
-                rounds=args.rounds,
-                rate=args.rate,
-                keep=keep,
-                serial=args.serial,
+    with tempfile.TemporaryDirectory(prefix="agentfn-before-") as tmp:
+        code = None
+        if args.before:
+            from benchmarks.ab import _export
+
+            code = Path(tmp, "code")
+            _export(args.before, code)
+        runs: list[tuple[str, Path | None]] = [(name, None) for name in targets]
+        if code is not None:
+            runs = [
+                run for name in targets for run in ((f"{name}@{args.before}", code), (name, None))
+            ]
+        for label, where in runs:
+            name = label.partition("@")[0]
+            print(f"== {label}", file=sys.stderr, flush=True)
+            keep = None
+            if args.keep is not None:
+                keep = Path(args.keep, label)
+                keep.mkdir(parents=True, exist_ok=True)
+            profiles[label] = asyncio.run(
+                profile(
+                    TARGETS[name],
+                    calls=args.calls,
+                    rounds=args.rounds,
+                    rate=args.rate,
+                    keep=keep,
+                    serial=args.serial,
+                    code=where,
+                )
             )
-        )
     load = "serial" if args.serial else f"saturation, {args.calls} calls a round"
     print(f"### CPU µs per call by stage ({load})\n\n{table(profiles)}")
 

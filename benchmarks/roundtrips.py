@@ -57,11 +57,11 @@ def _classify(sql: str) -> None:
 
 
 class _CountingConnection(sqlite3.Connection):
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
         _classify(sql)
         return super().execute(sql, *args)
 
-    def executemany(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+    def executemany(self, sql: str, *args: Any) -> sqlite3.Cursor:
         _classify(sql)
         return super().executemany(sql, *args)
 
@@ -72,7 +72,8 @@ def _install_sqlite() -> None:
     @functools.wraps(connect)
     def counting_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         kwargs.setdefault("factory", _CountingConnection)
-        return connect(*args, **kwargs)
+        conn: sqlite3.Connection = connect(*args, **kwargs)
+        return conn
 
     sqlite3.connect = counting_connect  # type: ignore[assignment]
 

@@ -144,7 +144,7 @@ def build_app(args: argparse.Namespace) -> Any:
     tools = FunctionTools()
     for handler in HANDLERS.values():
         tools.function(handler)
-    http_client = None
+    http_client: Any = None
     if args.inject != "none":
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         timeout = httpx.Timeout(30.0, connect=5.0)

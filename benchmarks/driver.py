@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import subprocess
 import sys
@@ -57,8 +58,20 @@ def percentile(values: list[float], q: float) -> float:
 class TargetProcess:
     """One target app under uvicorn in a child process, with its CPU and memory readings."""
 
-    def __init__(self, name: str, args: list[str], *, api_url: str, secret: str, store_dir: str):
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        *,
+        api_url: str,
+        secret: str,
+        store_dir: str,
+        code: Path | None = None,
+    ):
         self.name = name
+        # Another checkout's agentfn_asgi (``benchmarks.ab``): run from there, with this
+        # checkout's benchmarks package linked in.
+        self._cwd = code or _REPO
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/webhooks"
         self._argv = [
@@ -82,8 +95,21 @@ class TargetProcess:
 
     def launch(self) -> None:
         """Start the process (returns at once; see :meth:`wait_ready`)."""
-        self._popen = subprocess.Popen(self._argv, cwd=_REPO)
+        self._popen = subprocess.Popen(self._argv, cwd=self._cwd)
         self.proc = psutil.Process(self._popen.pid)
+
+    async def counters(self) -> dict[str, float]:
+        """The store round-trip counters (:mod:`benchmarks.roundtrips`); empty when not counted."""
+        if "--count-round-trips" not in self._argv:
+            return {}
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        try:
+            writer.write(b"GET /bench/counters HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            raw = await reader.read()
+        finally:
+            writer.close()
+        counts: dict[str, float] = json.loads(raw.partition(b"\r\n\r\n")[2])
+        return counts
 
     async def wait_ready(self) -> None:
         """Poll ``GET /ready`` until the app answers 200 (30 s at most)."""
@@ -180,6 +206,7 @@ class Driver:
         api.latency = latency
         api.reset_stats()
         sender = Sender(target.url, self.secret)
+        counts_before = await target.counters()
         target.reset_peak()
         rss_before = target.rss()
         cpu_before = target.cpu_seconds()
@@ -200,6 +227,7 @@ class Driver:
             api.latency = 0.0
         cpu = target.cpu_seconds() - cpu_before
         own = self._own.cpu_times()
+        counts_after = await target.counters()
         stats = api.reset_stats()
         wall = max(finished - started, 1e-9)
         sent_at = {d.session_id: d.sent_at for d in deliveries}
@@ -237,6 +265,9 @@ class Driver:
             "sender_retries": float(sender.retries),
             "replays": float(stats.replays),
         }
+        for key in ("round_trips", "statements", "commits"):
+            done = counts_after.get(key, math.nan) - counts_before.get(key, math.nan)
+            metrics[f"store_{key}_per_call"] = done / max(len(calls), 1)
         api.forget(calls)
         return RoundResult(metrics, lost=lost, duplicates=stats.duplicates + stats.unknown)
 

@@ -1,9 +1,10 @@
 """Where one call's CPU goes, stage by stage: ``python -m benchmarks.profile_stages``.
 
 Runs the saturation load (``--calls`` single-call deliveries, 64 in flight; ``--serial``: one
-call at a time) against one
-target process (default ``ours``; ``--target inline-httpx2`` profiles the hand-written
-baseline the same way) and, in alternate rounds of the same load:
+call at a time) against each ``--target`` in turn (repeatable; default ``ours``: SQLite,
+h11 + asyncio; ``ours-uv`` is uvloop + httptools, ``ours-pg``/``ours-redis`` the other stores,
+``inline-httpx2`` the hand-written baseline; ``--matrix`` profiles all of them) and, in
+alternate rounds of the same load:
 
 - an **unprofiled** round gives the target's CPU per call (user+system, psutil), the figure
   the benchmark tables report;
@@ -36,7 +37,7 @@ from pathlib import Path
 from benchmarks.bench_api import BenchAPI
 from benchmarks.driver import Driver, RoundResult, TargetProcess
 
-__all__ = ["STAGES", "classify", "main"]
+__all__ = ["MATRIX", "STAGES", "classify", "main", "table"]
 
 #: (stage, substrings of a py-spy frame ``function (file:line)``). A sample goes to the stage
 #: of its innermost frame named here: the work of one step, wherever it is called from.
@@ -63,11 +64,26 @@ CALLBACKS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "HTTP client, outside a request's task (socket callbacks)",
         ("aiohttp/", "httpcore", "httpx", "anyio/"),
     ),
+    ("store driver callbacks (asyncpg, redis-py)", ("asyncpg/", "redis/")),
     ("dispatch bookkeeping", ("agentfn_asgi/dispatch/",)),
 )
 STORE_THREAD = "store thread (SQLite statements, commits)"
 LOOP_OTHER = "event loop, other"
+#: ``--matrix``: both server configurations, the three stores, the baseline on each server.
+MATRIX = (
+    "ours",
+    "ours-uv",
+    "ours-pg",
+    "ours-pg-uv",
+    "ours-redis",
+    "ours-redis-uv",
+    "inline-httpx2",
+    "inline-httpx2-uv",
+)
 ORDER = [name for name, _ in STAGES] + [name for name, _ in CALLBACKS] + [STORE_THREAD, LOOP_OTHER]
+
+
+_UVLOOP_RUNNER = "asyncio/runners.py"
 
 
 def classify(line: str) -> tuple[str, int] | None:
@@ -82,10 +98,14 @@ def classify(line: str) -> tuple[str, int] | None:
     # In the loop but in no callback: the loop's own work (select, scheduling). A stack
     # without the loop's frames was cut short by the non-blocking read: what it shows.
     runs = [i for i, frame in enumerate(frames) if frame.startswith("Handle._run (")]
+    # uvloop runs callbacks from C: the callback's frames sit right under the runner's.
+    runner = [i for i, frame in enumerate(frames) if _UVLOOP_RUNNER in frame]
     if runs:
         frames = frames[runs[-1] + 1 :]
     elif any(frame.startswith("BaseEventLoop._run_once (") for frame in frames):
         frames = []
+    elif runner:
+        frames = frames[runner[-1] + 1 :]
     else:
         frames = frames[1:]
     for frame in reversed(frames):
@@ -117,8 +137,9 @@ async def profile(
     rate: int,
     keep: Path | None = None,
     serial: bool = False,
-) -> str:
-    """Run the rounds; returns the markdown table."""
+    code: Path | None = None,
+) -> tuple[float, dict[str, float]]:
+    """Run the rounds; returns the unprofiled CPU µs per call and each stage's share."""
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
     api = BenchAPI()
     api_url = await api.start()
@@ -132,7 +153,9 @@ async def profile(
         return await driver.burst(proc, sessions=calls, concurrency=64)
 
     with tempfile.TemporaryDirectory(prefix="agentfn-profile-") as tmp:
-        proc = TargetProcess("profiled", target_args, api_url=api_url, secret=secret, store_dir=tmp)
+        proc = TargetProcess(
+            "profiled", target_args, api_url=api_url, secret=secret, store_dir=tmp, code=code
+        )
         proc.launch()
         try:
             await proc.wait_ready()
@@ -168,15 +191,25 @@ async def profile(
             proc.stop()
             await api.stop()
     per_call = statistics.median(cpu)
-    lines = [
-        f"CPU per call (unprofiled, median of {rounds}): **{per_call:.0f} µs**",
-        "",
-        "| stage | share (median) | µs per call |",
-        "|---|---:|---:|",
-    ]
+    return per_call, {
+        stage: statistics.median(c[stage] / max(sum(c.values()), 1) for c in shares)
+        for stage in ORDER
+    }
+
+
+def table(profiles: dict[str, tuple[float, dict[str, float]]]) -> str:
+    """Stage rows, one column per target: µs per call (share)."""
+    names = list(profiles)
+    lines = ["| stage | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for stage in ORDER:
-        share = statistics.median(c[stage] / max(sum(c.values()), 1) for c in shares)
-        lines.append(f"| {stage} | {share * 100:.1f} % | {share * per_call:.0f} |")
+        cells = [
+            f"{cpu * shares[stage]:.0f} ({shares[stage] * 100:.0f} %)"
+            for cpu, shares in (profiles[n] for n in names)
+        ]
+        if any(profiles[n][1][stage] for n in names):
+            lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    total = [f"**{profiles[n][0]:.0f}**" for n in names]
+    lines.append("| **total (unprofiled CPU per call)** | " + " | ".join(total) + " |")
     return "\n".join(lines)
 
 
@@ -184,26 +217,55 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.run import TARGETS
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--target", default="ours", choices=sorted(TARGETS))
+    parser.add_argument("--target", action="append", choices=sorted(TARGETS))
+    parser.add_argument("--matrix", action="store_true", help="every server config and store")
     parser.add_argument("--calls", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--keep", type=Path, help="copy py-spy's raw stacks into this folder")
     parser.add_argument("--serial", action="store_true", help="one call at a time instead")
+    parser.add_argument(
+        "--before", metavar="REF", help="also profile each target on the package at git REF"
+    )
     args = parser.parse_args(argv)
     if os.name != "posix":
         raise SystemExit("py-spy attaches to a process: Linux or macOS only")
-    table = asyncio.run(
-        profile(
-            TARGETS[args.target],
-            calls=args.calls,
-            rounds=args.rounds,
-            rate=args.rate,
-            keep=args.keep,
-            serial=args.serial,
-        )
-    )
-    print(f"### {args.target}\n\n{table}")
+    targets = args.target or ["ours"]
+    if args.matrix:
+        targets = [*MATRIX]
+    profiles = {}
+    with tempfile.TemporaryDirectory(prefix="agentfn-before-") as tmp:
+        code = None
+        if args.before:
+            from benchmarks.ab import _export
+
+            code = Path(tmp, "code")
+            _export(args.before, code)
+        runs: list[tuple[str, Path | None]] = [(name, None) for name in targets]
+        if code is not None:
+            runs = [
+                run for name in targets for run in ((f"{name}@{args.before}", code), (name, None))
+            ]
+        for label, where in runs:
+            name = label.partition("@")[0]
+            print(f"== {label}", file=sys.stderr, flush=True)
+            keep = None
+            if args.keep is not None:
+                keep = Path(args.keep, label)
+                keep.mkdir(parents=True, exist_ok=True)
+            profiles[label] = asyncio.run(
+                profile(
+                    TARGETS[name],
+                    calls=args.calls,
+                    rounds=args.rounds,
+                    rate=args.rate,
+                    keep=keep,
+                    serial=args.serial,
+                    code=where,
+                )
+            )
+    load = "serial" if args.serial else f"saturation, {args.calls} calls a round"
+    print(f"### CPU µs per call by stage ({load})\n\n{table(profiles)}")
 
 
 if __name__ == "__main__":

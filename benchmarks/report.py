@@ -21,6 +21,9 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("peak_rss_mib", "peak RSS MiB", "{:.1f}"),
     ("rss_growth_mib", "RSS growth MiB", "{:.1f}"),
     ("second_half_rate_ratio", "2nd/1st half rate", "{:.2f}"),
+    ("store_round_trips_per_call", "store RT/call", "{:.1f}"),
+    ("store_statements_per_call", "statements/call", "{:.1f}"),
+    ("store_commits_per_call", "commits/call", "{:.2f}"),
 )
 
 
@@ -91,13 +94,17 @@ def markdown(results: dict[str, Any], checks: list[Check]) -> str:
         shown = [
             (key, head, spec)
             for key, head, spec in COLUMNS
-            if any(not math.isnan(t["metrics"][key]["median"]) for t in targets.values())
+            if any(
+                key in t["metrics"] and not math.isnan(t["metrics"][key]["median"])
+                for t in targets.values()
+            )
             and key in scenario.get("columns", [key])
         ]
         out.append("| target | " + " | ".join(h for _, h, _ in shown) + " | lost | dup |")
         out.append("|---|" + "---:|" * (len(shown) + 2))
         for target, data in targets.items():
-            cells = [_cell(data["metrics"][key], spec) for key, _, spec in shown]
+            nan = {"median": math.nan}
+            cells = [_cell(data["metrics"].get(key, nan), spec) for key, _, spec in shown]
             out.append(
                 f"| {target} | " + " | ".join(cells) + f" | {data['lost']} | {data['duplicates']} |"
             )

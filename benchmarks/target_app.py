@@ -13,9 +13,16 @@ Kinds:
 - ``inline``: the hand-written baseline of :mod:`benchmarks.baseline_app`, ``--client httpx``
   or ``httpx2``.
 
-Every target is served the same way: uvicorn, asyncio loop, h11, no access log, one worker.
-Nothing but the standard library is imported at module level, so the httpx2 alias can be
-installed first.
+``--store sqlite|memory|postgres|redis`` picks agentfn-asgi's store: PostgreSQL at
+``127.0.0.1:5432/test`` in the schema ``agentfn_bench_<name>``, Redis at ``127.0.0.1:6379``
+under the key prefix ``agentfn-bench:<name>:`` (so the test suite's data is never touched);
+the store is emptied when the process starts. ``--count-round-trips`` wraps the store's
+driver (:mod:`benchmarks.roundtrips`) and serves the counters at ``GET /bench/counters``.
+
+Every target is served the same way: uvicorn, one worker, no access log, and either
+``--server h11`` (asyncio loop, h11: pure Python) or ``--server uvloop`` (uvloop,
+httptools). Nothing but the standard library is imported at module level, so the httpx2
+alias can be installed first.
 """
 
 from __future__ import annotations
@@ -79,6 +86,36 @@ def _bounded_client(httpx: Any, *, max_in_flight: int | None, **options: Any) ->
     return BoundedAsyncClient()
 
 
+def store_url(kind: str, name: str, store_dir: str) -> str:
+    """The store URL of target ``name`` on ``kind``, in its own schema or key prefix."""
+    if kind == "memory":
+        return "memory://"
+    if kind == "postgres":
+        schema = "agentfn_bench_" + "".join(c if c.isalnum() else "_" for c in name)
+        return f"postgresql://127.0.0.1:5432/test?schema={schema}"
+    if kind == "redis":
+        return f"redis://127.0.0.1:6379/0?key_prefix=agentfn-bench:{name}:"
+    return f"sqlite:///{os.path.join(store_dir, name + '.sqlite3')}"
+
+
+def _empty(url: str) -> None:
+    """Delete what an earlier run left in this target's schema or key prefix."""
+    if not url.startswith(("postgresql:", "redis:")):
+        return
+    import asyncio
+
+    from agentfn_asgi.store import open_store
+
+    async def empty() -> None:
+        store = open_store(url)
+        try:
+            await store.destroy()  # type: ignore[attr-defined]
+        finally:
+            await store.close()
+
+    asyncio.run(empty())
+
+
 def build_app(args: argparse.Namespace) -> Any:
     """The ASGI app for ``args`` (see the module docstring)."""
     if args.kind == "inline":
@@ -94,7 +131,7 @@ def build_app(args: argparse.Namespace) -> Any:
     import httpx
     from starlette.applications import Starlette
     from starlette.requests import Request
-    from starlette.responses import PlainTextResponse
+    from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
     from agentfn_asgi.app import AgentWebhookApp
@@ -107,7 +144,7 @@ def build_app(args: argparse.Namespace) -> Any:
     tools = FunctionTools()
     for handler in HANDLERS.values():
         tools.function(handler)
-    http_client = None
+    http_client: Any = None
     if args.inject != "none":
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         timeout = httpx.Timeout(30.0, connect=5.0)
@@ -126,11 +163,8 @@ def build_app(args: argparse.Namespace) -> Any:
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
         )
     client = AgentsClient(api_key=API_KEY, base_url=args.api, http_client=http_client)
-    store = (
-        "memory://"
-        if args.store == "memory"
-        else f"sqlite:///{os.path.join(args.store_dir, args.name + '.sqlite3')}"
-    )
+    store = store_url(args.store, args.name, args.store_dir)
+    _empty(store)
     webhooks = AgentWebhookApp(
         tools,
         webhook_secret=args.secret,
@@ -143,8 +177,17 @@ def build_app(args: argparse.Namespace) -> Any:
     async def ready(_request: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
+    async def counters(_request: Request) -> JSONResponse:
+        from benchmarks.roundtrips import COUNTS
+
+        return JSONResponse(dict(COUNTS))
+
     return Starlette(
-        routes=[*webhook_routes(webhooks, "/webhooks"), Route("/ready", ready)],
+        routes=[
+            *webhook_routes(webhooks, "/webhooks"),
+            Route("/ready", ready),
+            Route("/bench/counters", counters),
+        ],
         lifespan=webhooks.lifespan,
     )
 
@@ -164,8 +207,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--secret", required=True)
     parser.add_argument("--store-dir", default=".")
     parser.add_argument("--profile", default="", help="cProfile output (SIGUSR1 dumps it)")
-    parser.add_argument("--store", choices=["sqlite", "memory"], default="sqlite")
+    parser.add_argument(
+        "--store", choices=["sqlite", "memory", "postgres", "redis"], default="sqlite"
+    )
+    parser.add_argument("--server", choices=["h11", "uvloop"], default="h11")
+    parser.add_argument("--count-round-trips", action="store_true")
     args = parser.parse_args(argv)
+    if args.count_round_trips:
+        from benchmarks.roundtrips import install
+
+        install(args.store)
     app = build_app(args)
     import uvicorn
 
@@ -174,8 +225,8 @@ def main(argv: list[str] | None = None) -> None:
             app,
             host="127.0.0.1",
             port=args.port,
-            loop="asyncio",
-            http="h11",
+            loop="uvloop" if args.server == "uvloop" else "asyncio",
+            http="httptools" if args.server == "uvloop" else "h11",
             lifespan="on",
             log_level="warning",
             access_log=False,

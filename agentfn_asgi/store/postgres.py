@@ -104,6 +104,13 @@ def _translate(action: str, exc: BaseException) -> StoreError:
     return StoreError(f"PostgreSQL store failed during {action}: {exc}")
 
 
+async def _keep_session(_conn: asyncpg.Connection[Any]) -> None:
+    """The pool's reset on release: nothing beyond asyncpg's own (which still rolls back an
+    open transaction). asyncpg's default sends ``RESET ALL``, ``UNLISTEN *``, ``CLOSE ALL`` and
+    releases advisory locks, one more round trip per store operation, for session state this
+    store never creates (no ``SET``, ``LISTEN``, cursors or session-level locks)."""
+
+
 class PostgresStore(SQLStore):
     """A :class:`~agentfn_asgi.store.base.Store` on PostgreSQL (11+) through an asyncpg pool.
 
@@ -163,6 +170,7 @@ class PostgresStore(SQLStore):
                 max_size=self._max_size,
                 command_timeout=self._timeout,
                 timeout=self._timeout,
+                reset=_keep_session,
             )
         except (pg_errors.ClientConfigurationError, ValueError) as exc:
             raise ConfigurationError(f"bad PostgreSQL store URL: {exc}") from exc

@@ -221,7 +221,7 @@ async def test_a_limiter_lives_under_its_namespace_and_its_sets_follow_the_calls
     writes none of it. The call hashes decide: a holder that saved (a script that knows
     nothing of limiters) leaves the holders when the limiter next counts."""
     clock = Clock()
-    store = await make_store(clock=clock, namespace="proj")
+    store: RedisStore = await make_store(clock=clock, namespace="proj")
     name = "report\x1fcustomer *?[1]"
     limit = Limit(name=name, concurrency=1, rate=100.0, burst=5)
     one, two, free = (CallKey("s", "t", f"c{n}") for n in range(3))

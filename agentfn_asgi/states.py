@@ -150,6 +150,10 @@ class Transition:
     #: Flow control: True sets the call's ``limiter`` (it holds or waits for a slot), False
     #: clears it (a claim entered another way holds no slot), None leaves it.
     limiter: bool | None = None
+    #: Whether the row sets ``updated_at`` (what ``unchanged_since`` compares). A waiter's
+    #: poll (``keep_waiting``) does not: renewing its place in the line is no change a reader
+    #: of the session could have missed, so a turn cancelled meanwhile still marks it stale.
+    touches: bool = True
 
     @property
     def sources(self) -> frozenset[CallState]:
@@ -234,6 +238,7 @@ _FLOW_CONTROL: Final = (
         "admit_call",
         (_from(CallState.WAITING, guards=_REFUSED),),
         Target.SAME,
+        touches=False,
     ),
     Transition(
         "adopt",
@@ -292,6 +297,9 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(*SAVED),),
             Target.SAME,
             event="submit_failed",
+            # It changes when the sweep looks again, not the record's age: what another
+            # replica saved stays newer than it (mark_stale's unchanged_since).
+            touches=False,
         ),
         Transition(
             "mark_stale",

@@ -699,7 +699,7 @@ if may_admit(c, a) then
   return {'claimed', redis.call('HGETALL', key)}
 end
 if may_keep_waiting(c, a) then
-  redis.call('HSET', key, 'lease_expires_at', ARGV[6], 'updated_at', now)
+  redis.call('HSET', key, 'lease_expires_at', ARGV[6])
   redis.call('ZADD', own.waiters, redis.call('HGET', key, 'created_at'), member)
   reindex_call(key, member)
   return {'waiting', redis.call('HGETALL', key)}

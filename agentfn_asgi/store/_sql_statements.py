@@ -319,7 +319,7 @@ ADMIT: Final = fill(
     RETURNING {columns}"""
 )
 KEEP_WAITING: Final = fill("""
-    UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
+    UPDATE {p}calls SET lease_expires_at = :lease_expires_at
     WHERE {key} AND {may_keep_waiting}
     RETURNING {columns}""")
 # An admission of a rated limiter spends one token of the bucket as it is now (computed by

@@ -234,7 +234,9 @@ class MemoryStore:
         now = self._clock()
         attempt = record.attempt + 1 if row.new_attempt else record.attempt
         state = resulting_state(row, record, success=None if result is None else result.success)
-        fields: dict[str, object] = {"state": state, "attempt": attempt, "updated_at": now}
+        fields: dict[str, object] = {"state": state, "attempt": attempt}
+        if row.touches:
+            fields["updated_at"] = now
         fields.update(changes)
         updated = dataclasses.replace(record, **fields)  # type: ignore[arg-type]
         if owner is not None and (row.new_attempt or result is not None):
@@ -453,15 +455,8 @@ class MemoryStore:
         self._check_open()
         record, row = self._get(key), TRANSITIONS["submission_failed"]
         if record is not None and allows(row, record, now=self._clock()):
-            # A failed submission changes when the sweep looks again, not the record's age:
-            # what another replica saved stays newer than it (mark_stale's unchanged_since).
             self._apply(
-                row,
-                record,
-                detail=detail,
-                failures=record.failures + 1,
-                next_attempt_at=retry_at,
-                updated_at=record.updated_at,
+                row, record, detail=detail, failures=record.failures + 1, next_attempt_at=retry_at
             )
 
     async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:

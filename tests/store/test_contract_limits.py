@@ -248,3 +248,22 @@ async def test_concurrent_claims_never_overfill_a_limiter(
         )
     )
     assert [o.status for o in polled if o is not None].count(ClaimStatus.CLAIMED) == 2
+
+
+async def test_a_waiters_poll_does_not_hide_it_from_a_stale_mark(
+    store: Store, clock: FakeClock
+) -> None:
+    """A turn cancelled while its call waits: the dispatcher read the session, the waiter
+    polled, then the dispatcher marks it stale unchanged since its read: it is stale, and
+    never runs."""
+    await claim(store, 1)
+    await claim(store, 2)
+    await claim(store, 3)
+    read_at = clock()
+    clock.advance(0.5)
+    assert (await admit(store, 3)).status is ClaimStatus.WAITING  # type: ignore[union-attr]
+    await store.mark_stale(key(3), unchanged_since=read_at)
+    record = await store.get_call(key(3))
+    assert record is not None and record.state is CallState.STALE
+    after = await admit(store, 3)
+    assert after is not None and after.status is ClaimStatus.DONE

@@ -241,3 +241,28 @@ def test_the_lua_guards_are_rendered_from_the_table() -> None:
                 assert "c.owner == a.owner and c.attempt == a.attempt" in function.group(1)
             if Guard.LEASE_LAPSED in way.guards:
                 assert "tonumber(c.lease) < tonumber(a.takeover_before)" in function.group(1)
+
+
+@pytest.mark.parametrize("row", sorted(TRANSITIONS))
+def test_a_row_sets_updated_at_exactly_when_the_table_says(row: str) -> None:
+    """``updated_at`` is what ``unchanged_since`` compares: the statements and scripts of a
+    row that changes the record set it; those of a row that does not (a failed submission,
+    a waiter's poll) leave it, so a session read before them can still mark the call
+    stale."""
+    transition = TRANSITIONS[row]
+    if transition.target is Target.REMOVED or row == "reclaim":
+        return  # nothing left to date; a retried claim changes nothing
+    for name in sql.ROWS[row]:
+        assert ("updated_at" in _sql_statement(name)) or not transition.touches, (row, name)
+        if not transition.touches:
+            assignments = _sql_statement(name).split("WHERE")[0]
+            assert "updated_at" not in assignments, (row, name)
+    if transition.touches:
+        return  # the generated histories compare every record's updated_at, Lua's included
+    for name in lua.ROWS[row]:
+        # The row's own branch, or (a script that returns when the row does not apply) the
+        # rest of the script.
+        body = _lua_script(name)
+        branch = re.search(rf"if may_{row}\(c, a\) then\n(.*?)\n(end|elseif)", body, re.S)
+        text = branch.group(1) if branch is not None else body.split(f"may_{row}(", 1)[1]
+        assert "'updated_at'" not in text, (row, name)

@@ -28,6 +28,7 @@ from agentfn_asgi.states import SAVED
 from agentfn_asgi.store._guards import LUA_GUARDS
 
 __all__ = [
+    "ADMIT",
     "APPROVED_CALLS",
     "CLAIM",
     "CLAIM_APPROVED",
@@ -105,7 +106,7 @@ local function reindex_call(key, member)
   local state, created = r[1], r[2]
   for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
   for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed', 'waiting',
-                         'approved', 'retry'}) do
+                         'approved', 'retry', 'queued'}) do
     redis.call('ZREM', I .. name, member)
   end
   redis.call('ZADD', I .. 'calls', created, member)
@@ -118,6 +119,8 @@ local function reindex_call(key, member)
     redis.call('ZADD', I .. 'approved', r[5], member)
   elseif state == 'retry_scheduled' then
     redis.call('ZADD', I .. 'retry', r[3], member)
+  elseif state == 'waiting' then
+    redis.call('ZADD', I .. 'queued', r[3], member)
   elseif SAVED[state] then
     redis.call('ZADD', I .. 'due', r[4], member)
   elseif state == 'submitted' or state == 'stale' then
@@ -468,16 +471,135 @@ return #ids
 
 # -- calls: the steps of a call's life -----------------------------------------------------
 
+# Flow control (agentfn_asgi.states): a limiter's keys live under the namespace at
+# {n}l:{h(name)}: (a name may hold any character): `holders` (members of the calls that
+# took a slot, scored by their lease then), `waiters` (members of the calls waiting for
+# one, scored by created_at: with the member's byte order, the line's order) and `bucket`
+# (its rate's {tokens, updated_at}). The call hashes are the authority: the sets only say
+# whom to look at, and the count drops every member whose hash says it moved on (saved,
+# quarantined, taken over, pruned...), so no other script has to know about them. Only
+# CLAIM (with a limit) and ADMIT read or change them.
+_ADMISSION = """
+local function limiter_keys(name)
+  local base = N .. 'l:' .. h(name) .. ':'
+  return {holders = base .. 'holders', waiters = base .. 'waiters', bucket = base .. 'bucket'}
+end
+
+-- The step's limit, from ARGV[at..at + 3]: name, concurrency, rate, burst ('' = no bound).
+local function read_limit(at)
+  return {name = ARGV[at], concurrency = tonumber(ARGV[at + 1]),
+          rate = tonumber(ARGV[at + 2]), burst = tonumber(ARGV[at + 3]),
+          keys = limiter_keys(ARGV[at])}
+end
+
+-- bucket_tokens() of agentfn_asgi.states: a new bucket is full; a clock that reads
+-- earlier than the last update refills nothing.
+local function bucket_tokens(L, now)
+  local b = redis.call('HMGET', L.keys.bucket, 'tokens', 'updated_at')
+  if not b[1] then return L.burst end
+  return math.min(L.burst,
+                  tonumber(b[1]) + math.max(0, tonumber(now) - tonumber(b[2])) * L.rate)
+end
+
+-- admits() of agentfn_asgi.states for the call at `key` (never counted itself): the
+-- limiter's answer, why it refuses ('concurrency' or 'rate') and the bucket's tokens now.
+-- Holders: claimed with this limiter, lease not before live_after (now - margin); ahead:
+-- waiting with it, as live, and before the call in (created_at, member) order, which is
+-- (created_at, session_id, turn_id, call_id).
+local function admission(L, key, member, now, live_after)
+  local live = tonumber(live_after)
+  local holders, ahead = 0, 0
+  for _, m in ipairs(redis.call('ZRANGE', L.keys.holders, 0, -1)) do
+    local f = redis.call('HMGET', call_key(m), 'state', 'limiter', 'lease_expires_at')
+    if f[1] ~= 'claimed' or f[2] ~= L.name then
+      redis.call('ZREM', L.keys.holders, m)
+    elseif m ~= member and tonumber(f[3]) >= live then
+      holders = holders + 1
+    end
+  end
+  local created = redis.call('HGET', key, 'created_at')
+  local mine = tonumber(created)
+  local line = redis.call('ZRANGEBYSCORE', L.keys.waiters, '-inf', created, 'WITHSCORES')
+  for i = 1, #line, 2 do
+    -- Once the slots are all taken, the rest of the line changes nothing.
+    if L.concurrency and holders + ahead >= L.concurrency then break end
+    local m = line[i]
+    local f = redis.call('HMGET', call_key(m), 'state', 'limiter', 'lease_expires_at')
+    if f[1] ~= 'waiting' or f[2] ~= L.name then
+      redis.call('ZREM', L.keys.waiters, m)
+    elseif tonumber(f[3]) >= live and (tonumber(line[i + 1]) < mine or bytes_less(m, member))
+    then
+      ahead = ahead + 1
+    end
+  end
+  if L.concurrency and holders + ahead >= L.concurrency then return false, 'concurrency', 0 end
+  if not L.rate then return true, '', 0 end
+  local tokens = bucket_tokens(L, now)
+  if tokens >= ahead + 1 then return true, '', tokens end
+  return false, 'rate', tokens
+end
+
+-- An admitted call of a rated limiter spends one token: the bucket is (tokens - 1, now),
+-- written with every digit (Lua's own formatting keeps 14).
+local function spend(L, now, tokens)
+  if L.rate then
+    redis.call('HSET', L.keys.bucket, 'tokens', string.format('%.17g', tokens - 1),
+               'updated_at', now)
+  end
+end
+
+-- The holder of a claimed call, answered by its limiter (a.admitted), takes a slot (true)
+-- or waits (false), its lease until `lease` either way; nil: neither row applies.
+local function take_slot_or_wait(key, member, c, a, L, now, lease, reason, tokens)
+  if may_take_slot(c, a) then
+    redis.call('HSET', key, 'limiter', L.name, 'lease_expires_at', lease, 'updated_at', now)
+    redis.call('ZADD', L.keys.holders, lease, member)
+    spend(L, now, tokens)
+    reindex_call(key, member)
+    return true
+  end
+  if not may_wait(c, a) then return nil end
+  -- next_attempt_at: when it began to wait (a tool's max_wait counts from it).
+  redis.call('HSET', key, 'state', 'waiting', 'limiter', L.name, 'lease_expires_at', lease,
+             'updated_at', now, 'next_attempt_at', now)
+  redis.call('ZADD', L.keys.waiters, redis.call('HGET', key, 'created_at'), member)
+  add_event(member, now, 'waiting', c.attempt, c.owner, reason)
+  reindex_call(key, member)
+  return false
+end
+"""
+
 # Guarantees: exactly one claimant gets an absent call (attempt 1) or an expired claim
 # (lease expired before takeover_before: attempt + 1, in doubt); the holder's own retried
-# claim (same owner, lease live) gets it back unchanged; everyone else is told its state.
+# claim (same owner, lease live) gets it back unchanged; a due retry or a waiter whose lease
+# lapsed is claimed as the next attempt (not in doubt); everyone else is told its state.
+# With a limit, in the same step: the claim taken takes a slot or waits (answer 'waiting');
+# an expired claim is taken over only if the limiter admits it (else 'busy', unchanged).
+# Without one, nothing of the limiters is read.
 # KEYS: the call's hash. ARGV: N, now, member, namespace, owner, lease_expires_at,
-# takeover_before, tool_name, session_id, turn_id, call_id, delivery_id ('' = none).
+# takeover_before, tool_name, session_id, turn_id, call_id, delivery_id ('' = none), then
+# only with a limit: its name, concurrency, rate, burst ('' = no bound).
 # Returns {status, hash fields}.
-CLAIM = _script("""
+CLAIM = _script(
+    _ADMISSION
+    + """
 local key, now, member, owner = KEYS[1], ARGV[2], ARGV[3], ARGV[5]
 local c = guard_fields(key)
 local a = {owner = owner, now = now, takeover_before = ARGV[7]}
+local L = nil
+if ARGV[13] then L = read_limit(13) end
+-- The claim as taken; with a limit, its holder then takes a slot or waits.
+local function taken(status)
+  if L then
+    local verdict, reason, tokens = admission(L, key, member, now, ARGV[7])
+    local held = guard_fields(key)
+    local b = {owner = held.owner, attempt = held.attempt, admitted = verdict}
+    if take_slot_or_wait(key, member, held, b, L, now, ARGV[6], reason, tokens) == false then
+      status = 'waiting'
+    end
+  end
+  return {status, redis.call('HGETALL', key)}
+end
 if may_claim(c, a) then
   redis.call('HSET', key, 'session_id', ARGV[9], 'turn_id', ARGV[10], 'call_id', ARGV[11],
              'tool_name', ARGV[8], 'state', 'claimed', 'attempt', '1', 'owner', owner,
@@ -488,35 +610,104 @@ if may_claim(c, a) then
   redis.call('SADD', N .. 'k:' .. h(ARGV[11]), member)
   add_event(member, now, 'claimed', 1, owner)
   reindex_call(key, member)
-  return {'claimed', redis.call('HGETALL', key)}
+  return taken('claimed')
 end
 if may_reclaim(c, a) then
+  if c.state == 'waiting' then return {'waiting', redis.call('HGETALL', key)} end
   local status = 'in_doubt'
   if c.attempt == '1' then status = 'claimed' end
+  -- Claimed without a limit before (an earlier claim of ours): it asks for a slot now.
+  if L and not redis.call('HGET', key, 'limiter') then return taken(status) end
   return {status, redis.call('HGETALL', key)}
 end
 if may_retry(c, a) then
   local attempt = redis.call('HINCRBY', key, 'attempt', 1)
+  redis.call('HDEL', key, 'limiter')
   redis.call('HSET', key, 'state', 'claimed', 'owner', owner, 'lease_expires_at', ARGV[6],
              'updated_at', now)
   add_event(member, now, 'retried', attempt, owner)
   reindex_call(key, member)
-  return {'retry', redis.call('HGETALL', key)}
+  return taken('retry')
+end
+if may_adopt(c, a) then
+  local attempt = redis.call('HINCRBY', key, 'attempt', 1)
+  redis.call('HDEL', key, 'limiter')
+  redis.call('HSET', key, 'state', 'claimed', 'owner', owner, 'lease_expires_at', ARGV[6],
+             'updated_at', now)
+  add_event(member, now, 'adopted', attempt, owner)
+  reindex_call(key, member)
+  return taken('claimed')
 end
 if may_take_over(c, a) then
+  -- Taken over only with a slot: a wait would lose the in-doubt flag.
+  if L and not admission(L, key, member, now, ARGV[7]) then
+    return {'busy', redis.call('HGETALL', key)}
+  end
   local attempt = redis.call('HINCRBY', key, 'attempt', 1)
+  redis.call('HDEL', key, 'limiter')
   redis.call('HSET', key, 'owner', owner, 'lease_expires_at', ARGV[6], 'updated_at', now)
   if ARGV[12] ~= '' then redis.call('HSETNX', key, 'delivery_id', ARGV[12]) end
   add_event(member, now, 'taken_over', attempt, owner)
   reindex_call(key, member)
-  return {'in_doubt', redis.call('HGETALL', key)}
+  return taken('in_doubt')
 end
-if c.state == 'claimed' or c.state == 'retry_scheduled' then
+if c.state == 'claimed' or c.state == 'retry_scheduled' or c.state == 'waiting' then
   return {'busy', redis.call('HGETALL', key)}
 end
 if SAVED[c.state] then return {'saved', redis.call('HGETALL', key)} end
 return {'done', redis.call('HGETALL', key)}
-""")
+"""
+)
+
+# Guarantees: the holder (owner, attempt) of a claimed call without this limiter's slot, or
+# of a waiting call, asks the limiter in one step: admitted, it holds a slot (take_slot /
+# admit; a rated limiter's token spent); refused, it waits (wait / keep_waiting), its lease
+# renewed until lease_expires_at. A claimed call holding the slot already (a retried
+# admission) is left as it is. KEYS: the call's hash. ARGV: N, now, member, owner, attempt,
+# lease_expires_at, takeover_before (now - margin), then the limit: name, concurrency,
+# rate, burst ('' = no bound). Returns {'claimed' | 'waiting', hash fields}; {'', hash
+# fields} when the call is not the caller's to admit (the store says what a claim would);
+# false when there is no call.
+ADMIT = _script(
+    _ADMISSION
+    + """
+local key, now, member = KEYS[1], ARGV[2], ARGV[3]
+local c = guard_fields(key)
+if not c.state then return false end
+local L = read_limit(8)
+local a = {owner = ARGV[4], attempt = ARGV[5], admitted = true}
+local limiter = redis.call('HGET', key, 'limiter')
+-- (take_slot's source with any answer: held and claimed.)
+if may_take_slot(c, a) and limiter == L.name then
+  return {'claimed', redis.call('HGETALL', key)}
+end
+if not (may_take_slot(c, a) or may_admit(c, a)) then return {'', redis.call('HGETALL', key)} end
+local reason, tokens
+a.admitted, reason, tokens = admission(L, key, member, now, ARGV[7])
+local took = take_slot_or_wait(key, member, c, a, L, now, ARGV[6], reason, tokens)
+if took ~= nil then
+  return {took and 'claimed' or 'waiting', redis.call('HGETALL', key)}
+end
+-- A waiter keeps its limiter: the line it stands in.
+local own = limiter_keys(limiter)
+if may_admit(c, a) then
+  redis.call('HSET', key, 'state', 'claimed', 'lease_expires_at', ARGV[6], 'updated_at', now)
+  redis.call('ZREM', own.waiters, member)
+  redis.call('ZADD', own.holders, ARGV[6], member)
+  spend(L, now, tokens)
+  add_event(member, now, 'admitted', c.attempt, c.owner)
+  reindex_call(key, member)
+  return {'claimed', redis.call('HGETALL', key)}
+end
+if may_keep_waiting(c, a) then
+  redis.call('HSET', key, 'lease_expires_at', ARGV[6], 'updated_at', now)
+  redis.call('ZADD', own.waiters, redis.call('HGET', key, 'created_at'), member)
+  reindex_call(key, member)
+  return {'waiting', redis.call('HGETALL', key)}
+end
+return {'', redis.call('HGETALL', key)}
+"""
+)
 
 # Guarantees: only the holder of the claim's current attempt extends its lease.
 # KEYS: the call's hash. ARGV: N, now, member, owner, attempt, lease_expires_at.
@@ -630,7 +821,7 @@ RELEASE = _script(
     """
 if not may_release(guard_fields(KEYS[1]), {takeover_before = ARGV[4]}) then return false end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HDEL', KEYS[1], 'quarantine_reason')
+redis.call('HDEL', KEYS[1], 'quarantine_reason', 'limiter')
 redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[5],
            'lease_expires_at', ARGV[6], 'updated_at', ARGV[2])
 add_event(ARGV[3], ARGV[2], 'released', attempt, ARGV[5])
@@ -733,6 +924,7 @@ CLAIM_APPROVED = _script(
 local c = guard_fields(KEYS[1])
 if not c.state or not may_run_approved(c, args(ARGV[2])) then return false end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
+redis.call('HDEL', KEYS[1], 'limiter')
 redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[4],
            'lease_expires_at', ARGV[5], 'updated_at', ARGV[2])
 add_event(ARGV[3], ARGV[2], 'claimed_approved', attempt, ARGV[4])
@@ -788,11 +980,27 @@ UNSUBMITTED = _script("""
 return read_calls(page_after(KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]))
 """)
 
-# Read: claims whose lease expired before takeover_before, earliest expiry first.
-# KEYS: the namespace's lease index. ARGV: N, takeover_before, limit.
+# Read: claims and waiters (for a limiter's slot) whose lease expired before
+# takeover_before, earliest expiry first (the two indexes merged).
+# KEYS: the namespace's lease and queued indexes. ARGV: N, takeover_before, limit.
 EXPIRED_CLAIMS = _script("""
-return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
-                             'LIMIT', 0, tonumber(ARGV[3])))
+local limit = tonumber(ARGV[3])
+local function lapsed(index)
+  return redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. ARGV[2], 'WITHSCORES',
+                    'LIMIT', 0, limit)
+end
+local claims, waiters = lapsed(KEYS[1]), lapsed(KEYS[2])
+local out, i, j = {}, 1, 1
+while #out < limit and (i <= #claims or j <= #waiters) do
+  if j > #waiters or (i <= #claims and tonumber(claims[i + 1]) <= tonumber(waiters[j + 1])) then
+    table.insert(out, claims[i])
+    i = i + 2
+  else
+    table.insert(out, waiters[j])
+    j = j + 2
+  end
+end
+return read_calls(out)
 """)
 
 # -- flow control: retries
@@ -907,4 +1115,9 @@ ROWS: dict[str, tuple[str, ...]] = {
     # flow control
     "schedule_retry": ("SCHEDULE_RETRY",),
     "retry": ("CLAIM",),
+    "take_slot": ("CLAIM", "ADMIT"),
+    "wait": ("CLAIM", "ADMIT"),
+    "admit": ("ADMIT",),
+    "keep_waiting": ("ADMIT",),
+    "adopt": ("CLAIM",),
 }

@@ -18,6 +18,11 @@ construction: every script is handed ``{n}`` and builds every key it touches on 
     {n}s:{h(session_id)}         set: the members of a session's calls
     {n}k:{h(call_id)}            set: the members of the calls with that call id
     {n}i:{index}                 sorted sets of the namespace (below)
+    {n}l:{h(limiter)}:holders    sorted set: the members of the calls that took one of
+                                 the limiter's slots (scored by their lease then)
+    {n}l:{h(limiter)}:waiters    sorted set: the members of the calls waiting for a slot,
+                                 by created_at (the line's order, ties by member)
+    {n}l:{h(limiter)}:bucket     hash: the limiter's rate bucket {tokens, updated_at}
     {p}r:{h(token_id)}           string: a revoked credential's expires_at (store-wide,
                                  random ids: no namespace needed)
 
@@ -36,6 +41,8 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
     lease               claimed calls, by lease_expires_at           (expired_claims)
     due                 saved, unsubmitted results, by next_attempt_at (the sweep)
     retry               scheduled retries, by their next attempt's time (due_retries)
+    queued              calls waiting for a limiter's slot, by lease_expires_at
+                        (expired_claims: a waiter whose lease lapsed is adopted)
     finished            submitted and stale calls, by updated_at     (prune)
     submitted_failed    submitted failures, by created_at            (stats)
     waiting             calls awaiting approval, by the request's expiry (expiry, lists)
@@ -43,6 +50,12 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
 
 and ``{n}a:{h(approval_id)}`` (a string: the member of the call whose approval request it
 is), so a person's decision finds its call.
+
+Flow control: a limiter's holders and waiters sets only say which calls to look at; the
+call hashes (``state``, ``limiter``, ``lease_expires_at``) decide. The claim or admission
+that counts them drops every member whose hash says it moved on, so a holder that saved,
+was quarantined or taken over frees its slot without the script that moved it knowing of
+limiters, and a renewal need not touch them. A claim without a limit reads none of them.
 
 A store sees and changes only its own namespace's records: the same call key or delivery
 id in two namespaces are two independent records.
@@ -87,12 +100,18 @@ from agentfn_asgi.records import (
     ClaimOutcome,
     ClaimStatus,
     DeliveryRecord,
+    Limit,
     SavedResult,
     StoreStats,
 )
 from agentfn_asgi.store import _redis_scripts as scripts
 from agentfn_asgi.store import redact_url
-from agentfn_asgi.store._codec import approval_detail, record_from_mapping, saved_detail
+from agentfn_asgi.store._codec import (
+    approval_detail,
+    claim_status_for,
+    record_from_mapping,
+    saved_detail,
+)
 
 try:
     import redis.asyncio as aioredis
@@ -141,13 +160,28 @@ def _record(reply: Sequence[Any], *, history: bool = False) -> CallRecord:
     flat, events = reply
     if not history:
         return _plain(flat)
-    return record_from_mapping({**_pairs(flat), "history": "\n".join(events)})
+    return _call({**_pairs(flat), "history": "\n".join(events)})
 
 
 def _plain(flat: Sequence[Any]) -> CallRecord:
     data = _pairs(flat)
     data.pop("history_dropped", None)
-    return record_from_mapping(data)
+    return _call(data)
+
+
+def _call(data: dict[str, Any]) -> CallRecord:
+    # The hash's `limiter` field is absent when the call holds or waits for no slot.
+    return dataclasses.replace(record_from_mapping(data), limiter=data.get("limiter"))
+
+
+def _limit_args(limit: Limit) -> list[str]:
+    """A limit as the scripts read it: name, concurrency, rate, burst ('' = no bound)."""
+    return [
+        limit.name,
+        "" if limit.concurrency is None else str(limit.concurrency),
+        "" if limit.rate is None else _num(limit.rate),
+        str(limit.burst),
+    ]
 
 
 def _delivery(flat: Sequence[Any]) -> DeliveryRecord:
@@ -508,8 +542,10 @@ class RedisStore:
         lease_seconds: float,
         delivery_id: str | None = None,
         margin: float = 0.0,
+        limit: Limit | None = None,
     ) -> ClaimOutcome:
-        """Decide who runs ``key`` in one script; see :meth:`Store.claim_call`."""
+        """Decide who runs ``key`` in one script (with ``limit``: admitted or waiting, in
+        the same script); see :meth:`Store.claim_call`."""
         now = self._clock()
         status, flat = await self._step(
             "claim",
@@ -523,9 +559,41 @@ class RedisStore:
             key.turn_id,
             key.call_id,
             delivery_id or "",
+            # Without a limit the script reads nothing of the limiters: nothing is passed.
+            *(() if limit is None else _limit_args(limit)),
             now=now,
         )
         return ClaimOutcome(ClaimStatus(status), _plain(flat))
+
+    async def admit_call(
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        attempt: int,
+        limit: Limit,
+        lease_seconds: float,
+        margin: float = 0.0,
+    ) -> ClaimOutcome | None:
+        """Ask ``limit`` for a slot for the call we hold, in one script; see
+        :meth:`Store.admit_call`."""
+        now = self._clock()
+        reply = await self._step(
+            "admit",
+            key,
+            owner,
+            attempt,
+            _num(now + lease_seconds),
+            _num(now - margin),
+            *_limit_args(limit),
+            now=now,
+        )
+        if not reply:
+            return None
+        status, flat = reply
+        record = _plain(flat)
+        # '': not the caller's to admit; it is told what a claim would be.
+        return ClaimOutcome(ClaimStatus(status) if status else claim_status_for(record), record)
 
     async def renew_lease(
         self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
@@ -769,11 +837,13 @@ class RedisStore:
         )
 
     async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Claims whose lease expired more than ``margin`` ago, earliest expiry first."""
+        """Claims (and waiters for a limiter's slot) whose lease expired more than
+        ``margin`` ago, earliest expiry first."""
         if limit <= 0:
             return []
         takeover_before = _num(self._clock() - margin)
-        return await self._calls("expired_claims", [self._index("lease")], takeover_before, limit)
+        indexes = [self._index("lease"), self._index("queued")]
+        return await self._calls("expired_claims", indexes, takeover_before, limit)
 
     async def stats(self) -> StoreStats:
         """Counts for operators, read in one script; every state is listed, zeros too."""

@@ -172,6 +172,44 @@ def test_each_lua_script_asks_its_row(row: str, script: str) -> None:
         assert not decisions, (row, script, decisions)
 
 
+_LIMITER_SET = r"'HSET', [^)]*'limiter', L\.name"
+_LIMITER_CLEARED = r"'HDEL', [^)]*'limiter'"
+
+
+@pytest.mark.parametrize(
+    ("row", "script"),
+    [
+        (row, script)
+        for row, scripts in lua.ROWS.items()
+        for script in scripts
+        if TRANSITIONS[row].limiter is not None
+    ],
+)
+def test_each_lua_script_sets_or_clears_the_limiter_as_its_row_says(row: str, script: str) -> None:
+    """Rows that take a slot or wait set the call's limiter to the step's; rows that enter
+    ``claimed`` any other way clear it (the call then holds no slot)."""
+    body = _lua_script(script)
+    pattern = _LIMITER_SET if TRANSITIONS[row].limiter else _LIMITER_CLEARED
+    assert re.search(pattern, body), (row, script)
+
+
+def test_only_the_limiter_rows_scripts_change_the_limiter() -> None:
+    """No script sets or clears a call's limiter but those of the rows that do."""
+    listed = {
+        name
+        for row, names in lua.ROWS.items()
+        if TRANSITIONS[row].limiter is not None
+        for name in names
+    }
+    changing = {
+        name
+        for name in lua.__all__
+        if not name.startswith("MIGRATE") and name != "LAYOUT"
+        if re.search(f"{_LIMITER_SET}|{_LIMITER_CLEARED}", _lua_script(name))
+    }
+    assert changing == listed
+
+
 def test_the_pruned_states_are_the_tables() -> None:
     """Only submitted and stale calls enter the index the pruner reads."""
     prelude = lua.CLAIM.split(LUA_GUARDS, 1)[0]

@@ -30,6 +30,8 @@ __all__ = [
     "INTERNAL_FAILURE_MESSAGE",
     "IN_DOUBT_MESSAGE",
     "JOB_DEADLINE_MESSAGE",
+    "LIMIT_KEY_FAILED_MESSAGE",
+    "MAX_WAIT_MESSAGE",
     "REDELIVERED_IN_DOUBT_MESSAGE",
     "RETRIED_SUFFIX",
     "RETRY_LATER_EXHAUSTED_MESSAGE",
@@ -105,6 +107,16 @@ RETRIED_SUFFIX = (
 )
 #: What the model is told when a sync handler could not start: every thread of the pool was
 #: busy (hung handlers hold their threads: Python cannot stop them).
+#: A call of a limited tool (``concurrency=`` / ``rate=``) waited ``max_wait`` for its turn.
+MAX_WAIT_MESSAGE = (
+    "Tool '{name}' is busy: this call waited {seconds:g} seconds for its turn and did not run."
+    " Try again later, or tell the user the tool is busy."
+)
+#: A tool's ``concurrency_key`` raised for this call (the call did not run).
+LIMIT_KEY_FAILED_MESSAGE = (
+    "Tool '{name}' could not run this call: the service could not tell which limit it falls"
+    " under. It did not run; tell the user."
+)
 THREADS_BUSY_MESSAGE = (
     "Tool '{name}' could not start: the service had no free thread for it within "
     "{seconds:g} seconds. It did not run; you may try again later."

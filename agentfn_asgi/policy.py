@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_JOB_DEADLINE",
+    "DEFAULT_MAX_WAIT",
     "DEFINITION_OPTIONS",
     "POLICY_OPTIONS",
     "ResolvedPolicy",
@@ -34,11 +35,20 @@ __all__ = [
     "ToolPolicy",
     "check_limits",
     "option_docs",
+    "parse_rate",
     "resolve",
 ]
 
 #: Seconds a job handed to ``enqueue=`` may take before its call fails (see agentfn_asgi.jobs).
 DEFAULT_JOB_DEADLINE = 3600.0
+
+#: Seconds a call of a limited tool (``concurrency=`` / ``rate=``) may wait for its limiter
+#: before it fails: past five minutes the model is better told the tool is busy (it can try
+#: again later, another way, or tell the user) than kept waiting with nothing to show.
+DEFAULT_MAX_WAIT = 300.0
+
+#: ``rate=`` units: seconds per unit.
+_RATE_UNITS: Final = {"s": 1.0, "min": 60.0, "h": 3600.0}
 
 #: ``(label, option name, value) -> the value to keep``, raising ToolDefinitionError.
 _Check = Callable[[str, str, Any], Any]
@@ -103,6 +113,61 @@ def _retry(label: str, name: str, value: Any) -> RetryPolicy | None:
     raise ToolDefinitionError(
         f"{label}: {name} must be a RetryPolicy(...) or a number of attempts, not {value!r}"
     )
+
+
+def _concurrency(label: str, name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value == 0:
+        raise ToolDefinitionError(
+            f"{label}: concurrency=0 would never run a call; set concurrency=1 or more, or drop"
+            " it for no bound"
+        )
+    return _count_or_none(label, name, value)
+
+
+def _count(label: str, name: str, value: Any) -> int:
+    checked = _count_or_none(label, name, value)
+    if checked is None:
+        raise ToolDefinitionError(f"{label}: {name} must be a whole number of at least 1")
+    return checked
+
+
+def parse_rate(text: str | float) -> float:
+    """``rate=`` in tokens per second: ``"N/s"``, ``"N/min"``, ``"N/h"`` (N a positive
+    number) or a positive number (per second). Raises ValueError naming the accepted forms."""
+    forms = "a rate such as '5/s', '30/min' or '100/h', or a number per second"
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        count, per = float(text), 1.0
+    elif isinstance(text, str) and text.count("/") == 1:
+        number, unit = (part.strip() for part in text.split("/"))
+        if unit not in _RATE_UNITS:
+            raise ValueError(f"unknown unit {unit!r}: use {forms}")
+        try:
+            count = float(number)
+        except ValueError:
+            raise ValueError(f"{number!r} is not a number: use {forms}") from None
+        per = _RATE_UNITS[unit]
+    else:
+        raise ValueError(f"{text!r} is not {forms}")
+    if not math.isfinite(count) or count < 0:
+        raise ValueError(f"{text!r} is not {forms}")
+    return count / per
+
+
+def _rate(label: str, name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        rate = parse_rate(value)
+    except ValueError as exc:
+        raise ToolDefinitionError(f"{label}: rate={value!r}: {exc}") from None
+    if rate == 0:
+        raise ToolDefinitionError(
+            f"{label}: rate={value!r} would never run a call; give a positive rate such as"
+            " rate='5/s', or drop it for no bound"
+        )
+    return rate
 
 
 def _meta(check: _Check, doc: str) -> dict[str, Any]:
@@ -258,6 +323,58 @@ class ToolPolicy:
         ),
     )
 
+    concurrency: int | None = field(
+        default=None,
+        metadata=_meta(
+            _concurrency,
+            "at most this many calls of the tool run at once across every replica sharing the"
+            " store; the others wait in the order they arrived, holding no slot and no thread"
+            " (None: no bound)",
+        ),
+    )
+    concurrency_key: Callable[..., Any] | None = field(
+        default=None,
+        metadata=_meta(
+            _callable_or_none,
+            "``(ctx, arguments) -> str``, sync or async: the limits (``concurrency=``,"
+            " ``rate=``) apply per value it returns (a tenant, an account) instead of to the"
+            " whole tool; ``ctx`` has attempt 0 and no deadline, asked before the call is"
+            " claimed; a key function that raises fails the call",
+        ),
+    )
+    rate: float | None = field(
+        default=None,
+        metadata=_meta(
+            _rate,
+            "``'N/s'``, ``'N/min'``, ``'N/h'`` (or a number per second): calls start at most at"
+            " this rate across every replica, a token bucket kept in the store; kept as tokens"
+            " per second (None: no bound)",
+        ),
+    )
+    burst: int = field(
+        default=1,
+        metadata=_meta(
+            _count,
+            "how many calls of a rated tool may start at once after a quiet spell (the"
+            " bucket's size); 1 keeps every window within the rate, which is what a"
+            " downstream's per-second quota checks",
+        ),
+    )
+    max_wait: float | None = field(
+        default=DEFAULT_MAX_WAIT,
+        metadata=_meta(
+            _seconds_or_none,
+            "seconds a call of a limited tool may wait for its turn before it fails with a"
+            " message telling the model the tool is busy (None: no bound); past five minutes"
+            " the model is better told than kept waiting",
+        ),
+    )
+
+    @property
+    def limited(self) -> bool:
+        """Calls of the tool wait for a limiter (``concurrency=`` or ``rate=``)."""
+        return self.concurrency is not None or self.rate is not None
+
     @classmethod
     def build(cls, label: str, options: Mapping[str, Any]) -> ToolPolicy:
         """The policy the run options among ``options`` describe, every one checked, and the
@@ -281,12 +398,31 @@ class ToolPolicy:
             raise ToolDefinitionError(
                 f"{label}: retry= applies to calls run here; a queued tool's worker retries"
             )
+        _check_flow_control(label, policy, options)
         check_deadline = getattr(policy.enqueue, "check_job_deadline", None)
         if callable(check_deadline):
             # An enqueue that knows its queue's limits (the Celery integration's) refuses a
             # deadline the queue cannot keep at registration, not at the first call.
             check_deadline(policy.job_deadline, label)
         return policy
+
+
+def _check_flow_control(label: str, policy: ToolPolicy, options: Mapping[str, Any]) -> None:
+    """Refuse the flow-control options that cannot work together, each with its fix."""
+    if "burst" in options and policy.rate is None:
+        raise ToolDefinitionError(f"{label}: burst= only applies with rate=; add rate='N/s'")
+    if not policy.limited:
+        for name in ("concurrency_key", "max_wait"):
+            if name in options and options[name] is not None:
+                raise ToolDefinitionError(
+                    f"{label}: {name}= only applies with concurrency= or rate=; add one of"
+                    " them or drop it"
+                )
+    if policy.limited and policy.enqueue is not None:
+        raise ToolDefinitionError(
+            f"{label}: concurrency= and rate= limit calls run here; a queued tool's worker is"
+            " limited by its queue (bound its workers), so drop them or drop enqueue="
+        )
 
 
 #: The run options: every field of :class:`ToolPolicy`.
@@ -323,6 +459,11 @@ class ResolvedPolicy:
     max_attempts: int
     thread_wait: float
     approval_timeout: float
+
+    @property
+    def max_wait(self) -> float | None:
+        """Seconds a call of a limited tool may wait for its limiter (None: no bound)."""
+        return self.policy.max_wait if self.policy.limited else None
 
     @property
     def retry(self) -> RetryPolicy | None:

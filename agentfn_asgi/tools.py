@@ -131,6 +131,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: ``approval(ctx, arguments) -> bool``, sync or async: does this call need a person's yes?
 ApprovalPredicate: TypeAlias = Callable[[ToolContext, dict[str, Any]], Any]
 
+#: ``concurrency_key(ctx, arguments) -> str``, sync or async: the limiter a call counts against.
+ConcurrencyKey: TypeAlias = Callable[[ToolContext, dict[str, Any]], Any]
+
 #: ``enqueue(job)``, sync or async: hands a call to the host's queue (agentfn_asgi.jobs).
 EnqueueHook: TypeAlias = Callable[[Job], Any]
 
@@ -154,6 +157,11 @@ class ToolOptions(TypedDict, total=False):
     job_deadline: float
     approval: bool | ApprovalPredicate
     approval_timeout: float | None
+    concurrency: int | None
+    concurrency_key: ConcurrencyKey | None
+    rate: str | float | None
+    burst: int
+    max_wait: float | None
 
 
 ToolOptions.__doc__ = (

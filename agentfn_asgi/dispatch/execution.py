@@ -7,6 +7,17 @@ durably and submits it, then gives the slot back. The slot is taken *before* the
 claimed call starts (and renews its lease) at once instead of waiting for a slot while its
 lease runs out.
 
+Flow control (a tool with ``concurrency=`` or ``rate=``): the claim also asks the tool's
+limiter (:class:`~agentfn_asgi.records.Limit`) for a slot. A call the limiter refuses is left
+``waiting`` in the store: its task gives the process slot back and polls
+(:meth:`~agentfn_asgi.store.base.Store.admit_call`), taking the process slot only for each
+poll, keeping it once admitted to run the call as a fresh attempt. A poll comes at once when
+a call of the same limiter ends in this process, else after a backoff (50 ms doubling to a
+second, and never later than a third of the lease: each poll renews the waiter's lease; for
+a rated limiter never sooner than the next token could exist). A wait past the tool's
+``max_wait`` fails the call with a message the model can act on; a shutdown stops polling
+(the waiter's lease lapses and another replica, or the sweep, adopts the call).
+
 In-doubt policy (a claim expired with no saved result, so the handler may have run): plain
 tools run again (at-least-once); side-effect tools ask their ``reconcile`` hook: ``Ran`` → its
 result is saved and submitted, ``NotRun`` → run now, ``Unknown`` (or no hook) → quarantine: by
@@ -17,6 +28,7 @@ an operator and nothing is sent.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 import secrets
@@ -45,6 +57,8 @@ from ..messages import (
     IN_DOUBT_MESSAGE,
     INTERNAL_FAILURE_MESSAGE,
     JOB_DEADLINE_MESSAGE,
+    LIMIT_KEY_FAILED_MESSAGE,
+    MAX_WAIT_MESSAGE,
     RETRIED_SUFFIX,
     RETRY_LATER_EXHAUSTED_MESSAGE,
     THREADS_BUSY_MESSAGE,
@@ -57,11 +71,13 @@ from ..messages import (
 )
 from ..policy import ResolvedPolicy, resolve
 from ..records import (
+    LIMITER_KEY_SEPARATOR,
     ApprovalRequest,
     CallKey,
     CallRecord,
     CallState,
     ClaimStatus,
+    Limit,
     SavedResult,
     arguments_digest,
 )
@@ -115,10 +131,27 @@ class _Attempt:
     created_at: float
     #: The call's approval request, when it has one (decided ``approved`` for a run).
     approval: ApprovalRequest | None = None
+    #: The limiter whose slot the attempt holds (flow control), if any.
+    limiter: str | None = None
+    #: Seconds the call waited for its limiter before this attempt (flow control).
+    waited: float | None = None
+    #: The result decided before anything runs (a wait past ``max_wait``, a
+    #: ``concurrency_key`` that raised): saved and submitted as it is.
+    preset: SavedResult | None = None
 
     @property
     def approved(self) -> bool:
         return self.approval is not None and self.approval.decision == "approved"
+
+
+#: A call's limits (flow control): its :class:`Limit`, None for a tool without limits, or
+#: the model-facing failure when the tool's ``concurrency_key`` raised.
+_Limiting = Limit | SavedResult | None
+
+#: The first pause of a waiting call between two polls of its limiter (doubling per poll).
+_FIRST_POLL = 0.05
+#: The longest pause between two polls (and never more than a third of the lease).
+_LONGEST_POLL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +200,9 @@ class Executor:
         self.on_approval_request: Callable[[CallRecord], None] | None = None
         self._closing = False
         self._closed: asyncio.Event | None = None
+        #: limiter name -> set (and dropped) when a call holding one of its slots ends
+        #: here: the calls waiting for it here poll at once.
+        self._freed: dict[str, asyncio.Event] = {}
 
     def close(self) -> None:
         """Claim nothing more: call tasks that have not claimed yet give up (shutdown), and
@@ -209,14 +245,20 @@ class Executor:
         claims it first runs it.
         """
         try:
-            due = await self._claim_and_run(key, action, tool, delivery_id, claimed)
-            await self._follow_retries(key, action, tool, due)
+            limiting = await self._limiting(key, action, tool)
+            due = await self._claim_and_run(key, action, tool, delivery_id, claimed, limiting)
+            await self._follow_retries(key, action, tool, due, limiting)
         finally:
             if not claimed.done():  # cancelled before the claim was decided
                 claimed.cancel()
 
     async def _follow_retries(
-        self, key: CallKey, action: FunctionCallAction, tool: FunctionTool | None, due: float | None
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        due: float | None,
+        limiting: _Limiting,
     ) -> None:
         """Wait for each scheduled retry's time, then claim and run it (flow control)."""
         while due is not None and not self._closing:
@@ -225,22 +267,32 @@ class Executor:
             await self._wait_unless_closed(max(0.0, due - self._clock()))
             if self._closing:
                 return  # the retry stays scheduled in the store for the next process
-            due = await self._claim_and_run(key, action, tool, None, None)
+            due = await self._claim_and_run(key, action, tool, None, None, limiting)
 
-    async def _wait_unless_closed(self, seconds: float) -> None:
+    async def _wait_unless_closed(self, seconds: float, *, freed: str | None = None) -> None:
         """Sleep ``seconds``, or until :meth:`close`: a waiting retry never holds up a
-        shutdown (it stays scheduled in the store for whoever runs next)."""
-        closed = self._closed
+        shutdown (it stays scheduled in the store for whoever runs next). With ``freed`` (a
+        limiter's name), also until a call holding one of its slots ends here."""
+        events = [self._closed]
+        if freed is not None:
+            events.append(self._freed.setdefault(freed, asyncio.Event()))
         async with anyio.create_task_group() as group:
 
-            async def stop_when_closed() -> None:
-                if closed is not None:
-                    await closed.wait()
+            async def stop_when_set(event: asyncio.Event | None) -> None:
+                if event is not None:
+                    await event.wait()
                 group.cancel_scope.cancel()
 
-            group.start_soon(stop_when_closed)
+            for event in events:
+                group.start_soon(stop_when_set, event)
             await self._sleep(seconds)
             group.cancel_scope.cancel()
+
+    def _wake(self, limiter: str) -> None:
+        """A slot of ``limiter`` was freed here: its waiters here poll now."""
+        event = self._freed.pop(limiter, None)
+        if event is not None:
+            event.set()
 
     async def _claim_and_run(
         self,
@@ -249,10 +301,13 @@ class Executor:
         tool: FunctionTool | None,
         delivery_id: str | None,
         claimed: asyncio.Future[None] | None,
+        limiting: _Limiting = None,
     ) -> float | None:
-        """One claim and, if it is ours, one attempt. The time of the retry to wait for
-        (scheduled by this attempt, or found scheduled and not due yet), else None."""
+        """One claim and, if it is ours, one attempt (after a wait for the tool's limiter,
+        holding no slot). The time of the retry to wait for (scheduled by this attempt, or
+        found scheduled and not due yet), else None."""
         assert self._slots is not None, "start() first"
+        limit = limiting if isinstance(limiting, Limit) else None
         async with self._slots:
             if self._closing:
                 return None  # shutting down: the call stays for the next process
@@ -265,6 +320,9 @@ class Executor:
                     lease_seconds=self._settings.lease_seconds,
                     delivery_id=delivery_id,
                     margin=self._settings.fence_margin,
+                    # Only for a limited tool: a store without flow control still runs
+                    # every other tool.
+                    **({} if limit is None else {"limit": limit}),
                 )
             except Exception as exc:
                 if claimed is None:
@@ -287,13 +345,148 @@ class Executor:
                     lease=self._leases.lease(key, attempt=record.attempt, claimed_at=sent),
                     created_at=record.created_at,
                     approval=record.approval,
+                    limiter=None if limit is None else limit.name,
+                    preset=None if isinstance(limiting, Limit) else limiting,
                 )
                 return await self._execute(attempt)
             if status is ClaimStatus.SAVED:
                 await self.resubmit(record, delivery_id)
             elif record.state is CallState.RETRY_SCHEDULED:
                 return record.lease_expires_at  # its next attempt's time
-        return None
+            if status is not ClaimStatus.WAITING or limit is None or tool is None:
+                return None
+        # Waiting for the limiter: the process slot is free for others meanwhile.
+        return await self._wait_for_turn(record, action, tool, limit, delivery_id, sent)
+
+    async def _limiting(
+        self, key: CallKey, action: FunctionCallAction, tool: FunctionTool | None
+    ) -> _Limiting:
+        """The call's :class:`Limit` (flow control), None without one.
+
+        The limiter is the tool's name, plus the ``concurrency_key``'s value when it has
+        one: the key function gets the parsed arguments and a :class:`ToolContext` for the
+        call with attempt 0 and no deadline (it is asked before the call is claimed). Its
+        value is made a string. Arguments that do not parse give no limit: the call fails
+        validation without running. A key function that raises fails the call (the model is
+        told it did not run); the exception is logged."""
+        if tool is None or not tool.policy.limited or action.unreadable is not None:
+            return None
+        policy, name = tool.policy, tool.name
+        if policy.concurrency_key is not None:
+            try:
+                arguments = tool.parse_arguments(action.arguments)
+            except ArgumentValidationError:
+                return None
+            context = ToolContext(
+                session_id=key.session_id,
+                turn_id=key.turn_id,
+                call_id=key.call_id,
+                tool_name=tool.name,
+                attempt=0,
+                deadline=None,
+                idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
+                resources=self._resources,
+            )
+            try:
+                value = policy.concurrency_key(context, arguments)
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception:
+                logger.exception("the concurrency_key of tool %s failed for call %s", name, key)
+                message = LIMIT_KEY_FAILED_MESSAGE.format(name=name)
+                return failure_result(key, message, "limit_key_error")
+            name = f"{name}{LIMITER_KEY_SEPARATOR}{value}"
+        return Limit(
+            name=name, concurrency=policy.concurrency, rate=policy.rate, burst=policy.burst
+        )
+
+    async def _wait_for_turn(
+        self,
+        record: CallRecord,
+        action: FunctionCallAction,
+        tool: FunctionTool,
+        limit: Limit,
+        delivery_id: str | None,
+        sent: float,
+    ) -> float | None:
+        """Poll ``limit`` for the ``waiting`` call ``record`` (ours) until it is admitted
+        (then run it as a fresh attempt, keeping the process slot the poll took), it is not
+        ours any more, its wait passes the tool's ``max_wait`` (then its failure is saved
+        and submitted), or :meth:`close`. ``sent``: the monotonic time of the request that
+        left it waiting (its lease counts from it). See the module docstring."""
+        assert self._slots is not None
+        key, number, began = record.key, record.attempt, record.next_attempt_at
+        max_wait = self._policy(tool).max_wait
+        cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
+        floor = 0.0 if limit.rate is None else 1.0 / limit.rate
+        pause = _FIRST_POLL
+        _log_waiting(record, limit, _wait_reason(limit))
+        self._telemetry.add_calls_waiting(tool.name, 1)
+        waiting = True
+
+        def stop_waiting() -> None:
+            nonlocal waiting
+            if waiting:
+                waiting = False
+                self._telemetry.add_calls_waiting(tool.name, -1)
+
+        def attempt_of(held: CallRecord, **extra: Any) -> _Attempt:
+            return _Attempt(
+                key=key,
+                action=action,
+                tool=tool,
+                number=held.attempt,
+                in_doubt=False,  # nothing ran while it waited
+                delivery_id=delivery_id,
+                lease=self._leases.lease(key, attempt=held.attempt, claimed_at=sent),
+                created_at=held.created_at,
+                approval=held.approval,
+                waited=max(0.0, self._clock() - began),
+                **extra,
+            )
+
+        try:
+            while not self._closing:
+                nap = min(max(pause, floor), cap)
+                if max_wait is not None:
+                    nap = min(nap, max(0.0, began + max_wait - self._clock()))
+                await self._wait_unless_closed(nap, freed=limit.name)
+                pause = min(pause * 2, cap)
+                async with self._slots:
+                    if self._closing:
+                        return None  # the waiter's lease lapses; another replica adopts it
+                    if max_wait is not None and self._clock() >= began + max_wait:
+                        stop_waiting()
+                        self._wake(limit.name)  # the next in line here may go
+                        message = MAX_WAIT_MESSAGE.format(name=tool.name, seconds=max_wait)
+                        failure = failure_result(key, message, "max_wait")
+                        return await self._execute(attempt_of(record, preset=failure))
+                    sent = time.monotonic()
+                    try:
+                        outcome = await self._store.admit_call(
+                            key,
+                            owner=self._owner,
+                            attempt=number,
+                            limit=limit,
+                            lease_seconds=self._settings.lease_seconds,
+                            margin=self._settings.fence_margin,
+                        )
+                    except StoreError as exc:
+                        # The next poll may succeed; past the lease, another replica adopts.
+                        logger.warning("call %s: asking its limiter failed: %s", key, exc)
+                        continue
+                    if outcome is None or outcome.status not in (
+                        ClaimStatus.CLAIMED,
+                        ClaimStatus.WAITING,
+                    ):
+                        return None  # not ours any more: settled, stale or adopted
+                    record = outcome.record
+                    if outcome.status is ClaimStatus.CLAIMED:
+                        stop_waiting()
+                        return await self._execute(attempt_of(record, limiter=limit.name))
+            return None
+        finally:
+            stop_waiting()
 
     async def rerun(
         self,
@@ -307,20 +500,47 @@ class Executor:
         attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
         ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
+        limiting = await self._limiting(record.key, action, tool)
+        limit = limiting if isinstance(limiting, Limit) else None
+        due: float | None = None
         async with self._slots:
-            attempt = _Attempt(
-                key=record.key,
-                action=action,
-                tool=tool,
-                number=record.attempt,
-                in_doubt=False,
-                delivery_id=None,
-                lease=self._leases.lease(record.key, attempt=record.attempt, claimed_at=claimed_at),
-                created_at=record.created_at,
-                approval=record.approval,
-            )
-            due = await self._execute(attempt)
-        await self._follow_retries(record.key, action, tool, due)
+            if limit is not None:
+                # Its limiter is asked as for any claim: the call runs when its turn comes.
+                claimed_at = time.monotonic()
+                outcome = await self._store.admit_call(
+                    record.key,
+                    owner=self._owner,
+                    attempt=record.attempt,
+                    limit=limit,
+                    lease_seconds=self._settings.lease_seconds,
+                    margin=self._settings.fence_margin,
+                )
+                if outcome is None or outcome.status not in (
+                    ClaimStatus.CLAIMED,
+                    ClaimStatus.WAITING,
+                ):
+                    return  # not ours any more
+                record = outcome.record
+            if record.state is not CallState.WAITING:
+                attempt = _Attempt(
+                    key=record.key,
+                    action=action,
+                    tool=tool,
+                    number=record.attempt,
+                    in_doubt=False,
+                    delivery_id=None,
+                    lease=self._leases.lease(
+                        record.key, attempt=record.attempt, claimed_at=claimed_at
+                    ),
+                    created_at=record.created_at,
+                    approval=record.approval,
+                    limiter=None if limit is None else limit.name,
+                    preset=None if isinstance(limiting, Limit) else limiting,
+                )
+                due = await self._execute(attempt)
+        if record.state is CallState.WAITING and limit is not None and tool is not None:
+            due = await self._wait_for_turn(record, action, tool, limit, None, claimed_at)
+        await self._follow_retries(record.key, action, tool, due, limiting)
 
     async def _execute(self, attempt: _Attempt) -> float | None:
         """Run one claimed attempt to its end: saved and submitted, held, handed off, or a
@@ -341,6 +561,8 @@ class Executor:
                 span.set_arguments(action.arguments)
                 if attempt.approval is not None:
                     span.note_approval(attempt.approval)
+                if attempt.waited is not None:
+                    span.note_wait(attempt.waited)
                 try:
                     result = await self._obtain_result_safely(attempt)
                     if result is not None:
@@ -381,6 +603,8 @@ class Executor:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
             self._running_since.pop(key, None)
+            if attempt.limiter is not None:
+                self._wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
         return None
 
     async def _schedule_retry(self, attempt: _Attempt, retry: _Retry, span: Any) -> float | None:
@@ -452,6 +676,8 @@ class Executor:
 
     async def _obtain_result(self, attempt: _Attempt) -> SavedResult | _Retry | None:
         key, action, tool = attempt.key, attempt.action, attempt.tool
+        if attempt.preset is not None:
+            return attempt.preset  # decided before it could run (flow control)
         if tool is None:
             message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
             return failure_result(key, message, "unknown_tool")
@@ -845,5 +1071,37 @@ def _log_finished(
         fields["attempt"],
         submitted,
         seconds,
+        extra={"agentfn": fields},
+    )
+
+
+def _wait_reason(limit: Limit) -> str:
+    """Why a call of ``limit`` waits, for the log line: ``concurrency`` or ``rate`` (the
+    call's history says which refused it when the tool has both)."""
+    if limit.rate is None:
+        return "concurrency"
+    return "rate" if limit.concurrency is None else "concurrency or rate"
+
+
+def _log_waiting(record: CallRecord, limit: Limit, reason: str) -> None:
+    """One INFO line when a call begins to wait for its limiter (never per poll)."""
+    key = record.key
+    limiter = limit.name.replace(LIMITER_KEY_SEPARATOR, ":")
+    fields = {
+        "tool": record.tool_name,
+        "session_id": key.session_id,
+        "turn_id": key.turn_id,
+        "call_id": key.call_id,
+        "limiter": limiter,
+        "reason": reason,
+        "attempt": record.attempt,
+    }
+    logger.info(
+        "call waiting for its limit: tool=%s session=%s call=%s limiter=%s reason=%s",
+        record.tool_name,
+        key.session_id,
+        key.call_id,
+        limiter,
+        reason,
         extra={"agentfn": fields},
     )

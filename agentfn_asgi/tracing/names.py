@@ -46,6 +46,8 @@ APPROVAL_DECISION: Final = "agentfn.approval.decision"
 APPROVAL_DECIDED_BY: Final = "agentfn.approval.decided_by"
 APPROVAL_DECIDED_VIA: Final = "agentfn.approval.decided_via"
 APPROVAL_WAITED: Final = "agentfn.approval.waited_s"
+#: Seconds the call waited for its tool's limiter (``concurrency=`` / ``rate=``).
+LIMIT_WAITED: Final = "agentfn.limit.waited_s"
 WEBHOOK_ID: Final = "agentfn.webhook.id"
 WEBHOOK_EVENT_TYPE: Final = "agentfn.webhook.event_type"
 DELIVERY_OUTCOME: Final = "agentfn.delivery.outcome"
@@ -74,6 +76,7 @@ METRIC_OLDEST_PENDING: Final = "agentfn.calls.oldest_pending.age"
 METRIC_RECOVERY_FAILURES: Final = "agentfn.recovery.failures"
 METRIC_APPROVALS_WAITING: Final = "agentfn.approvals.waiting"
 METRIC_APPROVAL_DECISION: Final = "agentfn.approval.time_to_decision"
+METRIC_CALLS_WAITING: Final = "agentfn.tool.calls.waiting"
 #: Seconds from an approval request to its decision: a person decides in minutes to a day.
 DECISION_BUCKETS: Final = (1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0)
 RECOVERY_KIND: Final = "agentfn.recovery.kind"

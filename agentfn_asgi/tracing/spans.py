@@ -57,6 +57,7 @@ from .names import (
     GEN_AI_TOOL_CALL_RESULT,
     HTTP_RESPONSE_STATUS_CODE,
     ID_LIMIT,
+    LIMIT_WAITED,
     RETRY_ATTEMPT,
     RETRY_DELAY,
     RETRY_REASON,
@@ -394,6 +395,10 @@ class CallSpan(_SpanScope):
             if request.decided_at is not None:
                 waited = max(0.0, request.decided_at - request.requested_at)
                 self.span.set_attribute(APPROVAL_WAITED, round(waited, 3))
+
+    def note_wait(self, seconds: float) -> None:
+        """Note on the span how long the call waited for its tool's limiter (flow control)."""
+        self.span.set_attribute(LIMIT_WAITED, round(max(0.0, seconds), 3))
 
     def set_error(
         self, error_type: str, message: str | None = None, exc: BaseException | None = None

@@ -38,6 +38,7 @@ from .names import (
     LINK_CACHE_SIZE,
     METRIC_APPROVAL_DECISION,
     METRIC_APPROVALS_WAITING,
+    METRIC_CALLS_WAITING,
     METRIC_DELIVERIES,
     METRIC_DELIVERY_TO_RESULT,
     METRIC_OLDEST_PENDING,
@@ -140,6 +141,11 @@ class Telemetry:
             METRIC_RECOVERY_FAILURES,
             unit="{failure}",
             description="Records the recovery sweep failed on (retried later with backoff).",
+        )
+        self._calls_waiting = meter.create_up_down_counter(
+            METRIC_CALLS_WAITING,
+            unit="{call}",
+            description="Calls waiting here for their tool's concurrency or rate limit, by tool.",
         )
         self._approvals_waiting: int | None = None
         self._approval_gauge: object | None = None
@@ -276,6 +282,11 @@ class Telemetry:
     def record_recovery_failure(self, kind: str) -> None:
         """Count one record the sweep could not finish (``delivery`` or ``submission``)."""
         self._recovery_failures.add(1, {RECOVERY_KIND: kind})
+
+    def add_calls_waiting(self, tool_name: str, delta: int) -> None:
+        """A call of ``tool_name`` began (+1) or stopped (-1) waiting in this process for its
+        tool's limiter, the gauge ``agentfn.tool.calls.waiting`` (flow control)."""
+        self._calls_waiting.add(delta, {GEN_AI_TOOL_NAME: tool_name})
 
     def set_approvals_waiting(self, count: int) -> None:
         """The number of approval requests waiting for a person (the store's count, as the

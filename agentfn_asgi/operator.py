@@ -7,6 +7,8 @@ when asked for (``content=True``): it may hold personal data.
 
 Display states of a call (``CallSummary.state``) are the store's states plus ``in_doubt``
 (claimed, but its lease expired with no saved result: the handler may or may not have run).
+A ``waiting`` call waits for its tool's concurrency or rate limit (flow control): its
+summary names the limiter and since when it waits.
 
 :class:`Operator` is the real view over an app's dispatcher (its store, its API client and
 its settling rules): ``AgentWebhookApp.operator()`` builds one, and the CLI builds one over
@@ -33,7 +35,15 @@ from .errors import (
     OperatorInputError,
     StoreError,
 )
-from .records import CallEvent, CallKey, CallQuery, CallRecord, CallState, DeliveryRecord
+from .records import (
+    LIMITER_KEY_SEPARATOR,
+    CallEvent,
+    CallKey,
+    CallQuery,
+    CallRecord,
+    CallState,
+    DeliveryRecord,
+)
 from .states import settleable
 from .store.base import ApprovalStore, Store
 
@@ -53,6 +63,7 @@ __all__ = [
     "Overview",
     "SettleOutcome",
     "json_or_text",
+    "limiter_label",
     "outcome_of",
     "parse_duration",
 ]
@@ -69,6 +80,7 @@ DisplayState = Literal[
     "awaiting_approval",
     "approved",
     "retry_scheduled",
+    "waiting",
 ]
 
 #: What became of a call, in an operator's words (the page's badges and counts): ``running``
@@ -76,7 +88,8 @@ DisplayState = Literal[
 #: saved, not yet accepted), ``succeeded`` / ``failed`` (the API accepted a success / a
 #: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator),
 #: ``awaiting_approval`` (waiting for a person), ``approved`` (approved, about to run),
-#: ``retrying`` (an attempt failed; the next one is scheduled, see ``next_attempt_at``).
+#: ``retrying`` (an attempt failed; the next one is scheduled, see ``next_attempt_at``),
+#: ``waiting`` (waiting for its tool's concurrency or rate limit; nothing ran yet).
 Outcome = Literal[
     "running",
     "in_doubt",
@@ -88,6 +101,7 @@ Outcome = Literal[
     "awaiting_approval",
     "approved",
     "retrying",
+    "waiting",
 ]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
@@ -109,6 +123,8 @@ def outcome_of(record: CallRecord, now: float) -> Outcome:
         return "approved"
     if state is CallState.RETRY_SCHEDULED:
         return "retrying"
+    if state is CallState.WAITING:
+        return "waiting"
     return "held"
 
 
@@ -140,6 +156,11 @@ class CallSummary:
     error_type: str | None = None
     reason: str | None = None  # why it is quarantined (held for an operator), if it is
     outcome: str = ""  # what became of it (:data:`Outcome`)
+    #: Flow control: the limiter whose slot it holds or waits for (``tool`` or
+    #: ``tool:key`` with a ``concurrency_key``), if any.
+    limiter: str | None = None
+    #: Flow control: since when a ``waiting`` call waits (Unix time).
+    waiting_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +228,10 @@ class Overview:
     failing_deliveries: tuple[DeliveryView, ...] = ()  # the sweep keeps failing on these
     oldest_pending_at: float | None = None
     approvals_waiting: int = 0  # calls waiting for a person's approval
+    #: Calls waiting for their tool's concurrency or rate limit, and how many per tool
+    #: (counted among the first :data:`WAITING_COUNT_LIMIT` listed).
+    calls_waiting: int = 0
+    waiting_by_tool: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -336,6 +361,8 @@ def _refuse_constant(name: str) -> Any:
 
 #: How many in-doubt and quarantined calls the overview names.
 ATTENTION_LIMIT = 50
+#: How many waiting calls the overview reads to count them per tool (the total is exact).
+WAITING_COUNT_LIMIT = 1000
 
 
 class Operator:
@@ -394,7 +421,13 @@ class Operator:
             "awaiting_approval": counts.get("awaiting_approval", 0),
             "approved": counts.get("approved", 0),
             "retrying": counts.get("retry_scheduled", 0),
+            "waiting": counts.get("waiting", 0),
         }
+        by_tool: dict[str, int] = {}
+        if counts.get("waiting", 0):
+            query = CallQuery(state=CallState.WAITING.value, limit=WAITING_COUNT_LIMIT)
+            for record in await self._store.list_calls(query):
+                by_tool[record.tool_name] = by_tool.get(record.tool_name, 0) + 1
         return Overview(
             store=self._location,
             healthy=True,
@@ -408,6 +441,8 @@ class Operator:
             failing_deliveries=tuple(failing[:ATTENTION_LIMIT]),
             oldest_pending_at=stats.oldest_pending_at,
             approvals_waiting=counts.get("awaiting_approval", 0),
+            calls_waiting=counts.get("waiting", 0),
+            waiting_by_tool=dict(sorted(by_tool.items())),
         )
 
     async def calls(self, query: CallFilter) -> CallPage:
@@ -585,10 +620,18 @@ class Operator:
             error_type=None if result is None else result.error_type,
             reason=record.quarantine_reason,
             outcome=outcome_of(record, self._clock()),
+            limiter=None if record.limiter is None else limiter_label(record.limiter),
+            waiting_since=(record.next_attempt_at if record.state is CallState.WAITING else None),
         )
 
     def _settleable(self, record: CallRecord) -> bool:
         return settleable(record, now=self._clock(), margin=self._margin)
+
+
+def limiter_label(name: str) -> str:
+    """A limiter's name as an operator reads it: ``tool``, or ``tool:key`` for a tool with a
+    ``concurrency_key`` (a tool's name never holds a colon)."""
+    return name.replace(LIMITER_KEY_SEPARATOR, ":")
 
 
 def _event_view(event: CallEvent) -> CallEventView:

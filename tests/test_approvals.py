@@ -385,3 +385,81 @@ def test_status_counts_the_waiting_requests() -> None:
         approvals_waiting=2,
     )
     assert "approvals       2 waiting (agentfn-asgi approvals)" in format_overview(overview, now=0)
+
+
+async def test_an_approved_call_asking_to_be_retried_reruns_without_a_second_approval() -> None:
+    """An approved call whose handler raises RetryLater is tried again at its time, still
+    approved: nobody is asked twice, and the second attempt's result is the answer."""
+    from agentfn_asgi import RetryLater
+
+    attempts: list[int] = []
+    tools = FunctionTools()
+
+    @tools.function(approval=True)
+    def transfer(ctx: ToolContext, amount: int) -> str:
+        """Transfer money."""
+        attempts.append(ctx.attempt)
+        if len(attempts) == 1:
+            raise RetryLater(after=0.05, reason="bank busy")
+        return f"sent {amount}"
+
+    async with running_stack(tools, settings=SETTINGS) as stack:
+        sid = stack.fake.create_session([[FakeCall("transfer", {"amount": 5}, call_id="r1")]])
+        waiting = await until_state(stack, sid, "r1", CallState.AWAITING_APPROVAL)
+        assert waiting.approval is not None
+        await stack.app.approve(waiting.approval.approval_id, by="alice")
+        submission = await submitted(stack, "r1")
+        record = await stack.store.get_call(waiting.key, history=True)
+    assert submission.success and "sent 5" in submission.output
+    assert len(attempts) == 2
+    assert record is not None
+    kinds = [e.kind for e in record.history]
+    assert kinds.count("approval_requested") == 1 and "retry_scheduled" in kinds
+
+
+async def test_an_approved_call_of_a_limited_tool_waits_for_its_turn_then_runs() -> None:
+    """``approval=`` with ``concurrency=1``: once approved, the call asks its limiter like
+    any claim (its slot held by another replica's call: it waits), then runs, approved."""
+    from agentfn_asgi.records import Limit
+
+    ran: list[str] = []
+    tools = FunctionTools()
+
+    @tools.function(approval=True, concurrency=1)
+    def transfer(ctx: ToolContext, amount: int) -> str:
+        """Transfer money."""
+        ran.append(ctx.call_id)
+        return f"sent {amount}"
+
+    async with running_stack(tools, settings=SETTINGS) as stack:
+        sid = stack.fake.create_session(
+            [
+                [
+                    FakeCall("transfer", {"amount": 5}, call_id="l1"),
+                    FakeCall("transfer", {"amount": 6}, call_id="l2"),
+                ]
+            ]
+        )
+        first = await until_state(stack, sid, "l1", CallState.AWAITING_APPROVAL)
+        other = await until_state(stack, sid, "l2", CallState.AWAITING_APPROVAL)
+        assert first.approval is not None and other.approval is not None
+        # Another replica holds the tool's only slot (a call of another session).
+        blocker = CallKey("sess_other", "turn", "call")
+        limit = Limit(name="transfer", concurrency=1)
+        await stack.store.claim_call(
+            blocker, tool_name="transfer", owner="replica-b", lease_seconds=60, limit=limit
+        )
+        await stack.app.approve(first.approval.approval_id, by="alice")
+        await until_state(stack, sid, "l1", CallState.WAITING)
+        assert ran == []
+        await stack.store.quarantine(blocker, owner="replica-b", attempt=1, reason="freed")
+        submission = await submitted(stack, "l1")
+        record = await stack.store.get_call(first.key, history=True)
+    assert submission.success and ran == ["l1"]
+    assert record is not None
+    kinds = [e.kind for e in record.history]
+    assert kinds[kinds.index("claimed_approved") :][:3] == [
+        "claimed_approved",
+        "waiting",
+        "admitted",
+    ]

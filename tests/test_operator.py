@@ -6,7 +6,7 @@ import pytest
 
 from agentfn_asgi.errors import AgentFnError, CallNotFoundError, OperatorError, OperatorInputError
 from agentfn_asgi.operator import OUTCOMES, CallFilter, Operator, outcome_of, parse_duration
-from agentfn_asgi.records import CallKey, SavedResult
+from agentfn_asgi.records import CallKey, Limit, SavedResult
 from agentfn_asgi.store.memory import MemoryStore
 
 from .support.clock import FakeClock
@@ -57,6 +57,11 @@ async def _seed(store: MemoryStore, clock: FakeClock) -> dict[str, str]:
     key = await claim("c_retrying")
     await store.schedule_retry(key, owner="o", attempt=1, at=clock() + 5, reason="429")
     expected["c_retrying"] = "retrying"
+    limit = Limit(name="t_limited", concurrency=1)
+    for call_id, outcome in (("c_slot", "running"), ("c_waiting", "waiting")):
+        key = CallKey("sess", "turn", call_id)
+        await store.claim_call(key, tool_name="t", owner="o", lease_seconds=LEASE, limit=limit)
+        expected[call_id] = outcome
     return expected
 
 

@@ -115,6 +115,7 @@ OUTCOME_LABELS = {
     "awaiting_approval": "waiting for approval",
     "approved": "approved",
     "retrying": "retrying",
+    "waiting": "waiting for a limit",
 }
 
 

@@ -119,6 +119,7 @@ _OUTCOME_FILTERS = {
     "awaiting_approval": (("awaiting_approval", "waiting for approval"),),
     "approved": (("approved", "approved, about to run"),),
     "retrying": (("retry_scheduled", "retry scheduled"),),
+    "waiting": (("waiting", "waiting for a limit"),),
 }
 
 

@@ -121,12 +121,26 @@ def settle_form(ctx: Context, call: CallSummary, *, mode: str = "output", value:
     )
 
 
+def _limit_rows(ctx: Context, call: CallSummary) -> Safe:
+    """Flow control: the limiter the call holds or waits for, and since when it waits."""
+    if call.limiter is None:
+        return Safe("")
+    waiting = (
+        render("<dt>Waiting since</dt><dd>{since}</dd>", since=when(ctx, call.waiting_since))
+        if call.waiting_since is not None
+        else ""
+    )
+    return render(
+        "<dt>Limit</dt><dd><code>{limit}</code></dd>{waiting}", limit=call.limiter, waiting=waiting
+    )
+
+
 def call_summary(ctx: Context, call: CallSummary) -> Safe:
     """One call's facts as a definition list (no content)."""
     return render(
         '<dl class="summary"><dt>Tool</dt><dd><code>{tool}</code></dd>'
         "<dt>Outcome</dt><dd>{state}</dd><dt>Reason</dt><dd>{reason}</dd>"
-        "<dt>Error type</dt><dd>{error}</dd>"
+        "<dt>Error type</dt><dd>{error}</dd>{limit}"
         "<dt>Session</dt><dd>{session}</dd><dt>Turn</dt><dd><code>{turn}</code></dd>"
         "<dt>Call</dt><dd><code>{call}</code></dd><dt>Attempt</dt><dd>{attempt}</dd>"
         "<dt>First seen</dt><dd>{created}</dd><dt>Last change</dt><dd>{updated}</dd></dl>",
@@ -134,6 +148,7 @@ def call_summary(ctx: Context, call: CallSummary) -> Safe:
         state=outcome_badge(call.outcome or call.state),
         reason=or_dash(call.reason),
         error=or_dash(call.error_type),
+        limit=_limit_rows(ctx, call),
         session=session_link(ctx, call.session_id),
         turn=call.turn_id,
         call=call.call_id,

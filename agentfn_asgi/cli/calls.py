@@ -118,7 +118,7 @@ def format_calls(calls: list[CallSummary], *, now: float) -> str:
             c.state,
             str(c.attempt),
             ago(c.created_at, now),
-            c.error_type or c.reason or "",
+            c.error_type or c.reason or (f"limit {c.limiter}" if c.waiting_since else ""),
         )
         for c in calls
     ]
@@ -144,6 +144,11 @@ def format_call(detail: CallDetail, *, now: float) -> str:
         lines.append(f"error     {c.error_type}")
     if c.reason:
         lines.append(f"held      {c.reason}")
+    if c.limiter is not None:
+        lines.append(f"limit     {c.limiter}")
+    if c.waiting_since is not None:
+        since = f"{_stamp(c.waiting_since)} UTC ({ago(c.waiting_since, now)})"
+        lines.append(f"waiting   since {since}, for a slot of its limit")
     if detail.approval is not None:
         lines += _approval_lines(detail)
     lines.append("")

@@ -46,6 +46,7 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
         ("quarantined", str(overview.calls_by_state.get("quarantined", 0))),
         ("approvals", f"{overview.approvals_waiting} waiting (agentfn-asgi approvals)"),
         ("retrying", str(overview.calls_by_state.get("retry_scheduled", 0))),
+        ("waiting", _waiting(overview)),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)
@@ -66,6 +67,14 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
                 f"{delivery.attempts}x: {delivery.last_error}"
             )
     return "\n".join(lines)
+
+
+def _waiting(overview: Overview) -> str:
+    """Calls waiting for their tool's limit, per tool when there are any."""
+    if not overview.calls_waiting:
+        return "0"
+    tools = ", ".join(f"{name} {n}" for name, n in overview.waiting_by_tool.items())
+    return f"{overview.calls_waiting} for a tool's limit ({tools})"
 
 
 async def _status(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ _OUTCOME_OF_STATE = {
     "failed": "submitting",
     "stale": "stale",
     "quarantined": "held",
+    "waiting": "waiting",
 }
 
 

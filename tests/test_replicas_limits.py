@@ -145,7 +145,7 @@ def _assert_answered_once(fake: FakeAgentsAPI, plans: list[list[list[FakeCall]]]
         call = expected[submission.call_id]
         assert submission.success, submission.error
         assert isinstance(call.arguments, Mapping)
-        assert json.loads(submission.output or "") == call.arguments["text"]
+        assert submission.output == call.arguments["text"]
 
 
 async def _wait_for_slot_held_by(url: str, pid: int) -> None:

@@ -108,4 +108,5 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         history_dropped=dropped,
         # A request is kept whole as JSON; its id has a column of its own to be found by.
         approval=ApprovalRequest.from_json(row.get("approval")) if row.get("approval_id") else None,
+        limiter=row.get("limiter") or None,
     )

@@ -8,12 +8,12 @@ makes, and that none changes a state the table does not allow.
 
 SQL: :func:`sql_guard` gives a condition over the named parameters ``:owner``,
 ``:attempt``, ``:now``, ``:takeover_before``, ``:since`` and ``:admitted`` (1 or 0: the
-limiter's answer, which the statement's caller computed in the same transaction). Lua: :data:`LUA_GUARDS` defines
-``may_<row>(c, a)`` for every row, where ``c`` is the call as :data:`LUA_READ` reads it
-(``state``, ``owner``, ``attempt``, ``lease``, ``updated``; ``state`` false when absent) and
-``a`` the script's arguments (``owner``, ``attempt``, ``now``, ``takeover_before``,
-``since``; ``since`` '' when not asked for; ``admitted``, a boolean the script sets from the
-limiter's answer before it asks a flow-control row).
+limiter's answer, which the statement's caller computed in the same transaction).
+Lua: :data:`LUA_GUARDS` defines ``may_<row>(c, a)`` for every row, where ``c`` is the call
+as :data:`LUA_READ` reads it (``state``, ``owner``, ``attempt``, ``lease``, ``updated``;
+``state`` false when absent) and ``a`` the script's arguments (``owner``, ``attempt``,
+``now``, ``takeover_before``, ``since``; ``since`` '' when not asked for; ``admitted``, a
+boolean the script sets from the limiter's answer before it asks a flow-control row).
 """
 
 from __future__ import annotations

@@ -7,8 +7,16 @@ The fragments they share and the schema are in :mod:`agentfn_asgi.store._sql_sch
    are decided there, inside one statement each, never by reading and then writing from
    Python.
 4. :class:`SQLStore`, here: every :class:`~agentfn_asgi.store.base.Store` method over those
-   statements. A backend subclasses it and supplies only the plumbing: connecting, and three
+   statements. A backend subclasses it and supplies only the plumbing: connecting, and four
    primitives that run statements with its driver.
+
+Flow control (a claim with a ``limit``, ``admit_call``) is the one place where a decision
+needs several statements: the limiter's holders, waiters and bucket are counted, the rule
+(:func:`~agentfn_asgi.states.admits`) is applied here, and the call's row changes by the
+answer, all in one transaction that holds the limiter's lock (PostgreSQL: an advisory lock
+on the namespace and limiter; SQLite: the write lock, taken when the transaction begins).
+Such a transaction is written once, as a generator of statements (:data:`Steps`) that each
+backend runs with its driver; every statement still carries its row's guard.
 
 How the text is written. Parameters are named (``:now``). ``{p}`` before every table and
 index name, the column types (``{text}``…) and the rest of what the two databases spell
@@ -39,8 +47,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import (
@@ -52,9 +61,11 @@ from agentfn_asgi.records import (
     ClaimOutcome,
     ClaimStatus,
     DeliveryRecord,
+    Limit,
     SavedResult,
     StoreStats,
 )
+from agentfn_asgi.states import TRANSITIONS, admits, allows, bucket_tokens
 from agentfn_asgi.store._codec import (
     approval_detail,
     claim_status_for,
@@ -63,11 +74,15 @@ from agentfn_asgi.store._codec import (
 )
 from agentfn_asgi.store._sql_schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
 from agentfn_asgi.store._sql_statements import (
+    ADMISSION,
+    ADMIT,
+    ADOPT,
     APPROVE,
     APPROVED_CALLS,
     CALLS_FOR_SESSION,
     CLAIM,
     CLAIM_APPROVED,
+    CLAIM_NEW,
     DELIVERY_FAILED,
     DENY,
     DUE_RETRIES,
@@ -77,6 +92,8 @@ from agentfn_asgi.store._sql_statements import (
     FIND_CALLS,
     GET_CALL,
     GET_CALL_DETAIL,
+    GET_CALL_FOR_UPDATE,
+    KEEP_WAITING,
     LIST_DELIVERIES,
     LIST_UNRESOLVED,
     MARK_STALE,
@@ -96,23 +113,35 @@ from agentfn_asgi.store._sql_statements import (
     SAVE_RESULT,
     SCHEDULE_RETRY,
     SETTLE,
+    SPEND_TOKEN,
     STATS,
     SUBMISSION_FAILED,
+    TAKE_SLOT,
     TOKEN_REVOKED,
     TOKENS_EXPIRED,
     UNRESOLVED_DELIVERIES,
     UNRESOLVED_DELIVERIES_AFTER,
     UNSUBMITTED_RESULTS,
     UNSUBMITTED_RESULTS_AFTER,
+    WAIT,
     WAITING_APPROVALS,
     WAITING_APPROVALS_EXPIRED,
     list_calls_statement,
 )
 
-__all__ = ["SQLStore", "Statement"]
+__all__ = ["SQLStore", "Statement", "Steps", "run_steps"]
+
+_T = TypeVar("_T")
 
 #: The statement of each decision on an approval request (rows of the state table).
 _DECISIONS = {"approved": APPROVE, "denied": DENY, "expired": EXPIRE_APPROVAL}
+#: The statement of each admission row, by the call's state and the limiter's answer.
+_ADMISSIONS = {
+    (CallState.CLAIMED, True): TAKE_SLOT,
+    (CallState.CLAIMED, False): WAIT,
+    (CallState.WAITING, True): ADMIT,
+    (CallState.WAITING, False): KEEP_WAITING,
+}
 
 
 # -- 4. the store, over three primitives ---------------------------------------------------
@@ -126,9 +155,42 @@ class Statement:
     params: Mapping[str, object] = field(default_factory=dict)
 
 
+#: A transaction's work, written once for both databases: it yields each statement to run
+#: and is sent back that statement's rows; what it returns is the transaction's answer.
+Steps = Generator[Statement, list[Row], _T]
+
+
+def run_steps(steps: Steps[_T], run: Callable[[Statement], list[Row]]) -> _T:
+    """Run ``steps`` with ``run`` (a synchronous driver: SQLite's), to its answer."""
+    try:
+        statement = next(steps)
+        while True:
+            statement = steps.send(run(statement))
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True, slots=True)
+class _Admission:
+    """The limiter's answer for one call, with why it refused (the ``waiting`` event's
+    detail: ``concurrency`` or ``rate``) and the bucket's tokens now."""
+
+    admitted: bool
+    reason: str
+    tokens: float
+
+
 def _call_record(row: Row) -> CallRecord:
     names = DETAIL_COLUMNS if len(row) == len(DETAIL_COLUMNS) else HOT_COLUMNS
     return record_from_mapping(dict(zip(names, row, strict=True)))
+
+
+def _reclaimed(record: CallRecord) -> ClaimStatus:
+    """What our own retried claim answers: it waits still, or it is ours (in doubt when it
+    is not the first attempt)."""
+    if record.state is CallState.WAITING:
+        return ClaimStatus.WAITING
+    return ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
 
 
 def _delivery(row: Row) -> DeliveryRecord:
@@ -192,6 +254,13 @@ class SQLStore(abc.ABC):
 
         Returns that statement's index and first row, or None when none returned a row.
         """
+
+    @abc.abstractmethod
+    async def _transaction(self, action: str, limiter: str, work: Callable[[], Steps[_T]]) -> _T:
+        """Run the statements of ``work()`` in one transaction holding ``limiter``'s lock in
+        this namespace (no other such transaction of the limiter runs meanwhile, from any
+        replica), and rows read in it unchanged by others to its end; its answer. A retried
+        transaction calls ``work`` again."""
 
     async def _calls(
         self, action: str, template: str, params: Mapping[str, object]
@@ -285,48 +354,203 @@ class SQLStore(abc.ABC):
         lease_seconds: float,
         delivery_id: str | None = None,
         margin: float = 0.0,
+        limit: Limit | None = None,
     ) -> ClaimOutcome:
         """Decide who runs ``key`` with one upsert; see :meth:`Store.claim_call`."""
         now = self._clock()
-        claim = Statement(
-            CLAIM,
-            {
-                **self._key(key),
-                "tool_name": tool_name,
-                "owner": owner,
-                "now": now,
-                "takeover_before": now - margin,
-                "lease_expires_at": now + lease_seconds,
-                "delivery_id": delivery_id,
-            },
-        )
-        retry = Statement(
-            RETRY_CALL,
-            {
-                **self._key(key),
-                "owner": owner,
-                "now": now,
-                "lease_expires_at": now + lease_seconds,
-            },
-        )
+        params = {
+            **self._key(key),
+            "tool_name": tool_name,
+            "owner": owner,
+            "now": now,
+            "takeover_before": now - margin,
+            "lease_expires_at": now + lease_seconds,
+            "delivery_id": delivery_id,
+        }
+        if limit is not None:
+            return await self._transaction(
+                "claim_call",
+                limit.name,
+                lambda: self._claim_limited(key, params, limit, now=now, margin=margin),
+            )
+        # Without a limit: one statement for a new call. The retry of a due call and the
+        # adoption of a dead waiter follow on the same connection only when the upsert
+        # declined the row.
+        claim, retry, adopt = (Statement(t, params) for t in (CLAIM, RETRY_CALL, ADOPT))
         read = Statement(GET_CALL, self._key(key))
         # Left alone, the row is read back only to report what the upsert decided: states
         # never return to "claimed", so that read classifies correctly (claim_status_for
         # has the one clock-skew case). It finds nothing only when prune() removed a
         # finished call in between; the next upsert then inserts it afresh.
         for _ in range(3):
-            found = await self._first_row("claim_call", claim, retry, read)
+            found = await self._first_row("claim_call", claim, retry, adopt, read)
             if found is None:
                 continue
             taken, row = found
             record = _call_record(row)
             if taken == 0:
-                status = ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
-                return ClaimOutcome(status, record)
+                return ClaimOutcome(_reclaimed(record), record)
             if taken == 1:
                 return ClaimOutcome(ClaimStatus.RETRY, record)
+            if taken == 2:
+                return ClaimOutcome(ClaimStatus.CLAIMED, record)
             return ClaimOutcome(claim_status_for(record), record)
         raise StoreError(f"call {key} changed under the claim three times")
+
+    def _claim_limited(
+        self, key: CallKey, params: Mapping[str, object], limit: Limit, *, now: float, margin: float
+    ) -> Steps[ClaimOutcome]:
+        """The claim of a limited tool's call, in the limiter's transaction: the memory
+        store's ``claim_call`` step by step (the same rows, in the same order), each row's
+        statement carrying its guard, then the admission of the call it took."""
+        owner = params["owner"]
+        for _ in range(3):
+            rows = yield Statement(CLAIM_NEW, params)
+            if rows:
+                return (yield from self._admitted(ClaimStatus.CLAIMED, rows[0], limit, params, now))
+            rows = yield Statement(GET_CALL_FOR_UPDATE, self._key(key))
+            if not rows:
+                continue  # pruned since the insert met it: insert it afresh
+            record = _call_record(rows[0])
+            if allows(TRANSITIONS["reclaim"], record, now=now, owner=str(owner)):
+                # Our own claim, retried: it is ours already (and asks for a slot if it
+                # holds none yet).
+                status = _reclaimed(record)
+                if record.state is CallState.CLAIMED and record.limiter is None:
+                    return (yield from self._admitted(status, rows[0], limit, params, now))
+                return ClaimOutcome(status, record)
+            if allows(TRANSITIONS["retry"], record, now=now):
+                rows = yield Statement(RETRY_CALL, params)
+                status = ClaimStatus.RETRY
+            elif allows(TRANSITIONS["adopt"], record, now=now, margin=margin):
+                rows = yield Statement(ADOPT, params)
+                status = ClaimStatus.CLAIMED
+            elif allows(TRANSITIONS["take_over"], record, now=now, margin=margin):
+                # Taken over only with a slot: a wait would lose the in-doubt flag.
+                admission = yield from self._admission(record, limit, params, now)
+                if not admission.admitted:
+                    return ClaimOutcome(ClaimStatus.BUSY, record)
+                rows = yield Statement(CLAIM, params)
+                if rows:
+                    return (
+                        yield from self._admitted(
+                            ClaimStatus.IN_DOUBT, rows[0], limit, params, now, admission
+                        )
+                    )
+                continue
+            else:
+                return ClaimOutcome(claim_status_for(record), record)
+            if rows:
+                return (yield from self._admitted(status, rows[0], limit, params, now))
+        raise StoreError(f"call {key} changed under the claim three times")
+
+    async def admit_call(
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        attempt: int,
+        limit: Limit,
+        lease_seconds: float,
+        margin: float = 0.0,
+    ) -> ClaimOutcome | None:
+        """Ask ``limit`` for a slot for the call we hold; see :meth:`Store.admit_call`."""
+        now = self._clock()
+        params = {
+            **self._key(key),
+            "owner": owner,
+            "now": now,
+            "takeover_before": now - margin,
+            "lease_expires_at": now + lease_seconds,
+        }
+
+        def steps() -> Steps[ClaimOutcome | None]:
+            rows = yield Statement(GET_CALL_FOR_UPDATE, self._key(key))
+            if not rows:
+                return None
+            record = _call_record(rows[0])
+            held = record.owner == owner and record.attempt == attempt
+            if held and record.state is CallState.CLAIMED and record.limiter == limit.name:
+                return ClaimOutcome(ClaimStatus.CLAIMED, record)  # a retried admission
+            if not held or record.state not in (CallState.CLAIMED, CallState.WAITING):
+                return ClaimOutcome(claim_status_for(record), record)
+            return (yield from self._admitted(ClaimStatus.CLAIMED, rows[0], limit, params, now))
+
+        return await self._transaction("admit_call", limit.name, steps)
+
+    def _admitted(
+        self,
+        status: ClaimStatus,
+        row: Row,
+        limit: Limit,
+        params: Mapping[str, object],
+        now: float,
+        admission: _Admission | None = None,
+    ) -> Steps[ClaimOutcome]:
+        """The holder of ``row``'s call (``claimed`` or ``waiting``) asks ``limit`` for a
+        slot: ``take_slot`` / ``admit`` (answering ``status``, a token spent when rated) or
+        ``wait`` / ``keep_waiting`` (answering ``WAITING``), its lease renewed either way."""
+        record = _call_record(row)
+        if admission is None:
+            admission = yield from self._admission(record, limit, params, now)
+        template = _ADMISSIONS[(record.state, admission.admitted)]
+        changed = yield Statement(
+            template,
+            {
+                **params,
+                "owner": record.owner,
+                "attempt": record.attempt,
+                "admitted": int(admission.admitted),
+                "limiter": limit.name,
+                "detail": admission.reason,
+            },
+        )
+        if not changed:  # pragma: no cover - the row is held to the end of the transaction
+            raise StoreError(f"call {record.key} changed during its admission")
+        if admission.admitted and limit.rate is not None:
+            spent = {
+                "namespace": self.namespace,
+                "limiter": limit.name,
+                "tokens": admission.tokens - 1.0,
+                "now": now,
+            }
+            yield Statement(SPEND_TOKEN, spent)
+        outcome = status if admission.admitted else ClaimStatus.WAITING
+        return ClaimOutcome(outcome, _call_record(changed[0]))
+
+    def _admission(
+        self, record: CallRecord, limit: Limit, params: Mapping[str, object], now: float
+    ) -> Steps[_Admission]:
+        """The limiter's answer for ``record`` (:func:`~agentfn_asgi.states.admits`), from
+        its holders, the live waiters ahead of the call and its bucket, counted now."""
+        found = yield Statement(
+            ADMISSION,
+            {
+                **self._key(record.key),
+                "limiter": limit.name,
+                "takeover_before": params["takeover_before"],
+                "created_at": record.created_at,
+            },
+        )
+        counted_holders, counted_ahead, stored, updated_at = found[0]
+        holders, ahead, tokens = int(counted_holders), int(counted_ahead), 0.0
+        if limit.rate is not None:
+            tokens = bucket_tokens(
+                None if stored is None else float(stored),
+                now if updated_at is None else float(updated_at),
+                now=now,
+                rate=limit.rate,
+                burst=limit.burst,
+            )
+        admitted = admits(
+            concurrency=limit.concurrency,
+            rate=limit.rate,
+            holders=holders,
+            ahead=ahead,
+            tokens=tokens,
+        )
+        full = limit.concurrency is not None and holders + ahead >= limit.concurrency
+        return _Admission(admitted, "" if admitted else ("concurrency" if full else "rate"), tokens)
 
     async def renew_lease(
         self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
@@ -614,7 +838,8 @@ class SQLStore(abc.ABC):
         return await self._calls("unsubmitted_results", template, params)
 
     async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Claims whose lease expired more than ``margin`` ago, earliest expiry first."""
+        """Claims (and waiters) whose lease expired more than ``margin`` ago, earliest expiry
+        first."""
         params = {
             "namespace": self.namespace,
             "takeover_before": self._clock() - margin,

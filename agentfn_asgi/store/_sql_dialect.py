@@ -8,6 +8,9 @@ The statements of :mod:`agentfn_asgi.store._sql` are written once, with named pa
 - ``{text}``, ``{real}``, ``{integer}``, ``{boolean}``: the column types (SQLite keeps a
   boolean as an integer; ``true``/``false`` are literals in both);
 - ``{rowid}``, ``{skip_locked}``: how prune addresses small batches of rows;
+- ``{for_update}``: after a read inside a transaction, lock the rows read until it ends
+  (PostgreSQL); nothing in SQLite, whose transactions that change anything begin with the
+  write lock (``BEGIN IMMEDIATE``);
 - ``{json_object}``: the function that builds a JSON object from key/value pairs (a call's
   history events are built inside the statement that makes the change);
 - ``{strpos}``, ``{newline}``: where a text occurs in another (same argument order in both)
@@ -38,6 +41,7 @@ WORDS: Final = (
     "boolean",
     "rowid",
     "skip_locked",
+    "for_update",
     "json_object",
     "strpos",
     "newline",
@@ -69,6 +73,7 @@ class Dialect:
     boolean: str
     rowid: str  # the physical address of a row: prune deletes small batches by it
     skip_locked: str  # after prune's inner SELECT: leave rows another writer holds
+    for_update: str  # after a SELECT in a transaction: hold its rows until the end
     json_object: str  # json_object(k1, v1, ...) in SQLite, json_build_object in PostgreSQL
     strpos: str  # strpos(text, sought): 1-based position, 0 when absent
     newline: str  # a newline character, as an SQL expression
@@ -99,6 +104,7 @@ SQLITE: Final = Dialect(
     boolean="INTEGER",
     rowid="rowid",
     skip_locked="",  # SQLite has one writer at a time: nothing to skip
+    for_update="",  # the transaction holds the write lock from BEGIN IMMEDIATE on
     json_object="json_object",
     strpos="instr",
     newline="char(10)",
@@ -123,6 +129,7 @@ def postgres_dialect(schema: str) -> Dialect:
         boolean="boolean",
         rowid="ctid",
         skip_locked="FOR UPDATE SKIP LOCKED",
+        for_update="FOR UPDATE",
         json_object="json_build_object",
         strpos="strpos",
         newline="chr(10)",

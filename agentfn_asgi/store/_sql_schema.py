@@ -23,6 +23,7 @@ from agentfn_asgi.store._guards import sql_guard, sql_states
 from agentfn_asgi.store._sql_dialect import WORDS
 
 __all__ = [
+    "BUCKET_COLUMNS",
     "CALL_COLUMNS",
     "COLUMN_LIST",
     "DELIVERY_LIST",
@@ -77,6 +78,7 @@ FRAGMENTS: Final[Mapping[str, str]] = {
     "key": "namespace = :namespace AND session_id = :session_id AND turn_id = :turn_id"
     " AND call_id = :call_id",
     "claimed": _state_in(CallState.CLAIMED),
+    "waiting": _state_in(CallState.WAITING),
     "awaiting_approval": _state_in(CallState.AWAITING_APPROVAL),
     "approved": _state_in(CallState.APPROVED),
     "saved": sql_states(SAVED),
@@ -152,7 +154,7 @@ def fill(template: str) -> str:
 
 #: Bump with an entry in UPGRADES. SQLite keeps it in ``PRAGMA user_version``, PostgreSQL in
 #: the ``schema_version`` table of the store's schema.
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 
 DELIVERY_COLUMNS: Final = (
     ("delivery_id", "{text} NOT NULL"),
@@ -200,6 +202,9 @@ CALL_COLUMNS: Final = (
     # JSON (ApprovalRequest.to_json), decided or not; NULL for calls that never asked
     ("approval_id", "{text}"),
     ("approval", "{text}"),
+    # flow control (schema 6): the limiter whose slot the call holds (claimed) or waits for
+    # (waiting), kept when it moves on; NULL for calls that never asked for a slot
+    ("limiter", "{text}"),
     # the bounded history (see append_sql): the first events, the last ones, how many in all
     ("history", "{text}"),
     ("history_tail", "{text}"),
@@ -215,6 +220,15 @@ REVOKED_TOKEN_COLUMNS: Final = (
     ("token_id", "{text} NOT NULL"),
     ("expires_at", "{real} NOT NULL"),
 )
+#: Flow control (schema 6): each rated limiter's token bucket, as it was when a call last
+#: spent a token (its tokens then, and when); refilled by the clock on reading
+#: (:func:`~agentfn_asgi.states.bucket_tokens`). A limiter without a row has a full bucket.
+BUCKET_COLUMNS: Final = (
+    ("namespace", "{text} NOT NULL"),
+    ("limiter", "{text} NOT NULL"),
+    ("tokens", "{real} NOT NULL"),
+    ("updated_at", "{real} NOT NULL"),
+)
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
 DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 
@@ -223,6 +237,7 @@ TABLES: Final = {
     "deliveries": (DELIVERY_COLUMNS, ("namespace", "delivery_id")),
     "calls": (CALL_COLUMNS, ("namespace", "session_id", "turn_id", "call_id")),
     "revoked_tokens": (REVOKED_TOKEN_COLUMNS, ("token_id",)),
+    "buckets": (BUCKET_COLUMNS, ("namespace", "limiter")),
 }
 
 # Each one serves a query below, so recovery and pruning never scan the whole table; the
@@ -251,6 +266,13 @@ INDEXES: Final = (
     " ON {p}calls (namespace, lease_expires_at) WHERE {awaiting_approval}",
     "CREATE INDEX IF NOT EXISTS calls_approved"
     " ON {p}calls (namespace, updated_at) WHERE {approved}",
+    # flow control: a limiter's holders and live waiters, counted at every admission (only
+    # calls of limited tools are in it)
+    "CREATE INDEX IF NOT EXISTS calls_limiter"
+    " ON {p}calls (namespace, limiter, state, lease_expires_at) WHERE limiter IS NOT NULL",
+    # expired_claims: the waiters whose lease lapsed (their holder died), to be adopted
+    "CREATE INDEX IF NOT EXISTS calls_waiters"
+    " ON {p}calls (namespace, lease_expires_at) WHERE {waiting}",
 )
 
 #: version -> what brings the data of the version before to it, run once, after the tables
@@ -300,6 +322,10 @@ UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
     # every existing call, which never asked) and three partial indexes (made below). The
     # "oldest pending" statistic now counts the two new pending states; no row changes.
     5: (),
+    # Version 6 adds flow control: the limiter column (NULL for every existing call: none
+    # holds or waits for a slot), the buckets table (made above, empty: full buckets) and
+    # two partial indexes (made below); no row changes.
+    6: (),
 }
 
 #: The named parameters of the upgrade statements, but ``namespace``.

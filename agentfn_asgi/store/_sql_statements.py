@@ -26,11 +26,15 @@ from agentfn_asgi.store._sql_schema import (
 )
 
 __all__ = [
+    "ADMISSION",
+    "ADMIT",
+    "ADOPT",
     "APPROVE",
     "APPROVED_CALLS",
     "CALLS_FOR_SESSION",
     "CLAIM",
     "CLAIM_APPROVED",
+    "CLAIM_NEW",
     "DELIVERY_FAILED",
     "DENY",
     "DUE_RETRIES",
@@ -40,6 +44,8 @@ __all__ = [
     "FIND_CALLS",
     "GET_CALL",
     "GET_CALL_DETAIL",
+    "GET_CALL_FOR_UPDATE",
+    "KEEP_WAITING",
     "LIST_DELIVERIES",
     "LIST_FILTERS",
     "LIST_UNRESOLVED",
@@ -61,14 +67,17 @@ __all__ = [
     "SAVE_RESULT",
     "SCHEDULE_RETRY",
     "SETTLE",
+    "SPEND_TOKEN",
     "STATS",
     "SUBMISSION_FAILED",
+    "TAKE_SLOT",
     "TOKENS_EXPIRED",
     "TOKEN_REVOKED",
     "UNRESOLVED_DELIVERIES",
     "UNRESOLVED_DELIVERIES_AFTER",
     "UNSUBMITTED_RESULTS",
     "UNSUBMITTED_RESULTS_AFTER",
+    "WAIT",
     "WAITING_APPROVALS",
     "WAITING_APPROVALS_EXPIRED",
     "list_calls_statement",
@@ -109,22 +118,32 @@ LIST_UNRESOLVED: Final = fill(
     _LISTED.format(delivery_list=DELIVERY_LIST, unresolved="AND NOT resolved")
 )
 
-# The claim. Absent: insert it claimed, attempt 1. Claimed with a lease expired before
-# :takeover_before (now minus the margin): take it over, attempt + 1. Claimed by the same
-# owner with a live lease (our own claim, retried after its answer was lost): return it
-# unchanged (every column: the retried claim is the same claim). Anything else: leave it,
-# and RETURNING yields no row. A fresh insert is told
-# from a takeover by the attempt it returns: 1, against the old attempt + 1 >= 2.
-CLAIM: Final = fill(
-    """
+
+def _claim(on_conflict: str) -> str:
+    """The insert of a new call, claimed (the ``claim`` row), and what else it does when the
+    call exists."""
+    return fill(
+        """
     INSERT INTO {p}calls AS c (session_id, turn_id, call_id, tool_name, state, attempt, owner,
                                lease_expires_at, created_at, updated_at, delivery_id,
                                next_attempt_at, namespace, history, history_count)
     VALUES (:session_id, :turn_id, :call_id, :tool_name, 'claimed', 1, :owner,
             :lease_expires_at, :now, :now, :delivery_id, :now, :namespace, """
-    + event_sql("claimed", "1", owner=OWNER_SQL)
-    + """, 1)
-    ON CONFLICT (namespace, session_id, turn_id, call_id) DO UPDATE SET
+        + event_sql("claimed", "1", owner=OWNER_SQL)
+        + """, 1)
+    ON CONFLICT (namespace, session_id, turn_id, call_id) """
+        + on_conflict
+    )
+
+
+# The claim. Absent: insert it claimed, attempt 1. Claimed with a lease expired before
+# :takeover_before (now minus the margin): take it over, attempt + 1, holding no slot.
+# Claimed (or waiting) by the same owner with a live lease (our own claim, retried after
+# its answer was lost): return it unchanged (every column: the retried claim is the same
+# claim). Anything else: leave it, and RETURNING yields no row. A fresh insert is told
+# from a takeover by the attempt it returns: 1, against the old attempt + 1 >= 2.
+CLAIM: Final = _claim(
+    """DO UPDATE SET
         attempt = CASE WHEN {may_reclaim_upsert} THEN c.attempt ELSE c.attempt + 1 END,
         """
     + append_sql(
@@ -139,11 +158,16 @@ CLAIM: Final = fill(
         updated_at = CASE WHEN {may_reclaim_upsert} THEN c.updated_at
                           ELSE excluded.updated_at END,
         delivery_id = CASE WHEN {may_reclaim_upsert} THEN c.delivery_id
-                           ELSE coalesce(c.delivery_id, excluded.delivery_id) END
+                           ELSE coalesce(c.delivery_id, excluded.delivery_id) END,
+        limiter = CASE WHEN {may_reclaim_upsert} THEN c.limiter ELSE NULL END
     WHERE {may_take_over_upsert} OR {may_reclaim_upsert}
     RETURNING {columns}"""
 )
+# The claim of a limited tool (claim_call with a limit) runs in a transaction: the insert of
+# a new call first, and when the call exists, a read that holds its row to the end.
+CLAIM_NEW: Final = _claim("DO NOTHING RETURNING {columns}")
 GET_CALL: Final = fill("SELECT {columns} FROM {p}calls WHERE {key}")
+GET_CALL_FOR_UPDATE: Final = fill("SELECT {columns} FROM {p}calls WHERE {key} {for_update}")
 GET_CALL_DETAIL: Final = fill("SELECT {detail_columns} FROM {p}calls WHERE {key}")
 # Fenced: only the holder of the claim's current attempt renews, saves or quarantines.
 RENEW_LEASE: Final = fill("""
@@ -227,13 +251,85 @@ SCHEDULE_RETRY: Final = fill(
 RETRY_CALL: Final = fill(
     """
     UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
-        lease_expires_at = :lease_expires_at, updated_at = :now,
+        lease_expires_at = :lease_expires_at, updated_at = :now, limiter = NULL,
         """
     + append_sql(event_sql("retried", "attempt + 1", owner=OWNER_SQL))
     + """
     WHERE {key} AND {may_retry}
     RETURNING {columns}"""
 )
+# -- flow control: limits ---------------------------------------------------------
+# A waiter whose lease lapsed past the margin (its replica died) is adopted by whoever claims
+# it next, as the next attempt (nothing ran: not in doubt), holding no slot yet; run by
+# claim_call after the upsert and the retry declined the row.
+ADOPT: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
+        lease_expires_at = :lease_expires_at, updated_at = :now, limiter = NULL,
+        """
+    + append_sql(event_sql("adopted", "attempt + 1", owner=OWNER_SQL))
+    + """
+    WHERE {key} AND {may_adopt}
+    RETURNING {columns}"""
+)
+# What the limiter's rule (states.admits) needs for one call, read in the transaction that
+# then admits it or not, after the limiter's lock: the others holding a slot (claimed with
+# the limiter, lease not lapsed past the margin), the live waiters that arrived before it
+# (in the order (created_at, key)), and the bucket as last stored (NULL: none yet, full).
+ADMISSION: Final = fill("""
+    SELECT
+        (SELECT count(*) FROM {p}calls
+         WHERE namespace = :namespace AND limiter = :limiter AND {claimed}
+           AND lease_expires_at >= :takeover_before
+           AND (session_id, turn_id, call_id) <> (:session_id, :turn_id, :call_id)),
+        (SELECT count(*) FROM {p}calls
+         WHERE namespace = :namespace AND limiter = :limiter AND {waiting}
+           AND lease_expires_at >= :takeover_before
+           AND (created_at, session_id, turn_id, call_id)
+               < (:created_at, :session_id, :turn_id, :call_id)),
+        (SELECT tokens FROM {p}buckets WHERE namespace = :namespace AND limiter = :limiter),
+        (SELECT updated_at FROM {p}buckets WHERE namespace = :namespace AND limiter = :limiter)
+    """)
+# The holder's call, by the limiter's answer (:admitted, 1 or 0): a claimed call takes a
+# slot or begins to wait (its max_wait counts from next_attempt_at); a waiting one is
+# admitted or keeps waiting. Each renews the holder's lease: a live waiter keeps its place.
+TAKE_SLOT: Final = fill("""
+    UPDATE {p}calls SET limiter = :limiter, lease_expires_at = :lease_expires_at,
+        updated_at = :now
+    WHERE {key} AND {may_take_slot}
+    RETURNING {columns}""")
+WAIT: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'waiting', limiter = :limiter,
+        lease_expires_at = :lease_expires_at, updated_at = :now, next_attempt_at = :now,
+        """
+    + append_sql(event_sql("waiting", "attempt", owner=OWNER_SQL, detail=DETAIL_SQL))
+    + """
+    WHERE {key} AND {may_wait}
+    RETURNING {columns}"""
+)
+ADMIT: Final = fill(
+    """
+    UPDATE {p}calls SET state = 'claimed', lease_expires_at = :lease_expires_at,
+        updated_at = :now,
+        """
+    + append_sql(event_sql("admitted", "attempt", owner=OWNER_SQL))
+    + """
+    WHERE {key} AND {may_admit}
+    RETURNING {columns}"""
+)
+KEEP_WAITING: Final = fill("""
+    UPDATE {p}calls SET lease_expires_at = :lease_expires_at, updated_at = :now
+    WHERE {key} AND {may_keep_waiting}
+    RETURNING {columns}""")
+# An admission of a rated limiter spends one token of the bucket as it is now (computed by
+# the admission from the row ADMISSION read, in the same transaction).
+SPEND_TOKEN: Final = fill("""
+    INSERT INTO {p}buckets AS b (namespace, limiter, tokens, updated_at)
+    VALUES (:namespace, :limiter, :tokens, :now)
+    ON CONFLICT (namespace, limiter) DO UPDATE SET tokens = excluded.tokens,
+        updated_at = excluded.updated_at""")
+
 DUE_RETRIES: Final = fill("""
     SELECT {columns} FROM {p}calls
     WHERE namespace = :namespace AND {may_retry}
@@ -254,6 +350,7 @@ RELEASE: Final = fill(
     """
     UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
         lease_expires_at = :lease_expires_at, updated_at = :now, quarantine_reason = NULL,
+        limiter = NULL,
         """
     + append_sql(event_sql("released", "attempt + 1", owner=OWNER_SQL))
     + """
@@ -309,7 +406,7 @@ EXPIRE_APPROVAL: Final = _decided_failure("approval_expired", "{may_expire_appro
 CLAIM_APPROVED: Final = fill(
     """
     UPDATE {p}calls SET state = 'claimed', attempt = attempt + 1, owner = :owner,
-        lease_expires_at = :lease_expires_at, updated_at = :now,
+        lease_expires_at = :lease_expires_at, updated_at = :now, limiter = NULL,
         """
     + append_sql(event_sql("claimed_approved", "attempt + 1", owner=OWNER_SQL))
     + """
@@ -347,9 +444,14 @@ UNSUBMITTED_RESULTS_AFTER: Final = fill(
         " > (:after_at, :after_session, :after_turn, :after_call)"
     )
 )
+# Claims in doubt (to take over) and waiters whose holder died (to adopt), each from its
+# own partial index.
 EXPIRED_CLAIMS: Final = fill("""
     SELECT {columns} FROM {p}calls
     WHERE namespace = :namespace AND {claimed} AND lease_expires_at < :takeover_before
+    UNION ALL
+    SELECT {columns} FROM {p}calls
+    WHERE namespace = :namespace AND {waiting} AND lease_expires_at < :takeover_before
     ORDER BY lease_expires_at LIMIT :limit""")
 #: list_calls' filters, each a condition over named parameters, joined in this order.
 LIST_FILTERS: Final = {
@@ -413,7 +515,7 @@ TOKEN_REVOKED: Final = fill("""
 #: name; ``tests/store/test_state_table.py`` holds each to its row's guard, state and event,
 #: and refuses a statement that changes a call without being listed here.
 ROWS: Final[Mapping[str, tuple[str, ...]]] = {
-    "claim": ("CLAIM",),
+    "claim": ("CLAIM", "CLAIM_NEW"),
     "reclaim": ("CLAIM",),
     "take_over": ("CLAIM",),
     "renew": ("RENEW_LEASE",),
@@ -433,4 +535,9 @@ ROWS: Final[Mapping[str, tuple[str, ...]]] = {
     # flow control
     "schedule_retry": ("SCHEDULE_RETRY",),
     "retry": ("RETRY_CALL",),
+    "take_slot": ("TAKE_SLOT",),
+    "wait": ("WAIT",),
+    "admit": ("ADMIT",),
+    "keep_waiting": ("KEEP_WAITING",),
+    "adopt": ("ADOPT",),
 }

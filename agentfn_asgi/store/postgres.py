@@ -8,6 +8,12 @@ conditional write matches nothing, the row is read back only to *report* what th
 already decided. The statements and the store's methods are shared with SQLite
 (:mod:`agentfn_asgi.store._sql`); this module is the asyncpg plumbing.
 
+Flow control is the one exception: the claim of a limited tool's call and its holder's poll
+count the limiter's holders, waiters and tokens and change the call in one transaction,
+under a transaction-scoped advisory lock on the schema, namespace and limiter (taken before
+any row lock, so two such transactions never wait for each other), with the call's row
+held ``FOR UPDATE``.
+
 Tables live in their own schema (``schema="agentfn"``), created or upgraded at
 :meth:`PostgresStore.open` under a transaction-level advisory lock so replicas starting
 together do not race on DDL, in one transaction (rows from before namespaces existed are
@@ -28,7 +34,7 @@ from typing import Any, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.store import redact_url
-from agentfn_asgi.store._sql import SQLStore, Statement
+from agentfn_asgi.store._sql import SQLStore, Statement, Steps
 from agentfn_asgi.store._sql_dialect import postgres_dialect, quote_identifier
 from agentfn_asgi.store._sql_schema import (
     LONG_HISTORIES,
@@ -276,6 +282,26 @@ class PostgresStore(SQLStore):
             return None
 
         return await self._with_conn(action, work)
+
+    async def _transaction(self, action: str, limiter: str, work: Callable[[], Steps[_T]]) -> _T:
+        # The limiter's lock is taken first, before any row's: every transaction takes its
+        # locks in that order, so two never wait for each other.
+        lock = f"agentfn-asgi limiter {self._schema}\x1f{self.namespace}\x1f{limiter}"
+
+        async def work_in(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> _T:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lock)
+                steps = work()
+                try:
+                    statement = next(steps)
+                    while True:
+                        query = self._dialect.render(statement.template)
+                        rows = await conn.fetch(query.text, *query.arguments(statement.params))
+                        statement = steps.send(rows)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+
+        return await self._with_conn(action, work_in)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:

@@ -4,7 +4,10 @@ Concurrency. Every claim and every save is one conditional statement (an upsert 
 ``UPDATE … WHERE state = 'claimed'``, written once for SQLite and PostgreSQL in
 :mod:`agentfn_asgi.store._sql`), so several :class:`SQLiteStore` instances, in one process
 or in several, can share a file: SQLite serialises writers on the file lock and
-``busy_timeout`` makes a writer wait for it instead of failing at once.
+``busy_timeout`` makes a writer wait for it instead of failing at once. Flow control's
+claims and polls (several statements: count a limiter's holders, waiters and tokens, then
+change the call) run in a transaction begun with ``BEGIN IMMEDIATE``, which holds the write
+lock from its first read: one step for every process on the file.
 
 Event loop. The store's connection belongs to one writer thread, with group commit; the
 operations of one loop turn run inline, in one transaction, when that thread is idle and
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
-from agentfn_asgi.store._sql import SQLStore, Statement
+from agentfn_asgi.store._sql import SQLStore, Statement, Steps, run_steps
 from agentfn_asgi.store._sql_dialect import SQLITE
 from agentfn_asgi.store._sql_schema import (
     LONG_HISTORIES,
@@ -156,6 +159,29 @@ def _first_row_job(
     return None
 
 
+def _transaction_job(work: Callable[[], Steps[T]], conn: sqlite3.Connection) -> T:
+    # A batch run inline or grouped on the thread is one transaction begun with BEGIN
+    # IMMEDIATE already (this job has a savepoint of it); a job run alone on the thread is
+    # in autocommit mode and begins its own. Either way the transaction holds the file's
+    # write lock from its start: no other connection, of any process, changes anything
+    # until it ends, so it holds every limiter's lock.
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        answer = run_steps(
+            work(),
+            lambda s: conn.execute(SQLITE.render(s.template).text, s.params).fetchall(),
+        )
+    except BaseException:
+        if own and conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    if own:
+        conn.execute("COMMIT")
+    return answer
+
+
 class SQLiteStore(SQLStore):
     """SQLite-backed :class:`~agentfn_asgi.store.base.Store`. See the module docstring.
 
@@ -242,6 +268,9 @@ class SQLiteStore(SQLStore):
     async def _first_row(self, action: str, *statements: Statement) -> tuple[int, Row] | None:
         queries = [(SQLITE.render(s.template).text, s.params) for s in statements]
         return await self._call(functools.partial(_first_row_job, queries))
+
+    async def _transaction(self, action: str, limiter: str, work: Callable[[], Steps[T]]) -> T:
+        return await self._call(functools.partial(_transaction_job, work))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:

@@ -15,7 +15,10 @@ Keys, owners and delivery ids come from small pools, and the steps on calls most
 call that exists, in a state where the step does something (sometimes through the other
 namespace), so that steps collide: claims race, leases run out and are taken over,
 superseded holders try to save, operators settle and release, refused submissions run a
-history past its bound, results are pruned, listed and paged.
+history past its bound, results are pruned, listed and paged. Flow control: claims of
+limited tools (a few fixed limits sharing two limiters: one or two slots, a rate with a
+burst of 1) take slots or wait, their holders poll (``admit_call``), waiters die and are
+adopted, and every record's ``limiter`` is compared with the rest.
 
 Times are compared exactly: both stores read the one clock, which only the ``advance`` rule
 moves. ``AGENTFN_HISTORY_EXAMPLES`` sets the examples per backend (200 by default, the same
@@ -55,6 +58,7 @@ from agentfn_asgi.records import (
     CallState,
     ClaimOutcome,
     DeliveryRecord,
+    Limit,
     SavedResult,
     StoreStats,
 )
@@ -106,6 +110,15 @@ results = st.builds(
     full_output=st.sampled_from([None, "a long output"]),
 )
 durations = st.sampled_from([None, 0.25, 1.5])
+#: Flow control: the limits a limited tool's claim and its holder's polls ask with. Two
+#: limiters (a limit's name), one of them asked with two concurrencies; the rate gives a
+#: token every 10 s (the ``advance`` steps cross that), from a bucket of one.
+LIMITS = (
+    Limit(name="lookup", concurrency=1),
+    Limit(name="lookup", concurrency=2),
+    Limit(name="refund", rate=0.1, burst=1),
+)
+flow_limits = st.sampled_from(LIMITS)
 #: Where time goes relative to a claim's lease end before a step that compares with it:
 #: exactly at it, just past it, at the end of a 5 s margin and past that; None: stays.
 lease_ends = st.sampled_from([None, 0.0, 0.5, 5.0, 5.5])
@@ -140,6 +153,10 @@ def calls_view(records: list[CallRecord], *, history: bool = False) -> object:
 
 def claim_view(outcome: ClaimOutcome) -> object:
     return (outcome.status.value, call_view(outcome.record))
+
+
+def admission_view(outcome: ClaimOutcome | None) -> object:
+    return None if outcome is None else claim_view(outcome)
 
 
 def deliveries_view(records: list[DeliveryRecord]) -> object:
@@ -211,6 +228,7 @@ async def _reset_sqlite(backend: Backend) -> None:
     with sqlite3.connect(path) as conn:  # the stores' writers are idle between steps
         conn.execute("DELETE FROM calls")
         conn.execute("DELETE FROM deliveries")
+        conn.execute("DELETE FROM buckets")
     conn.close()
 
 
@@ -219,7 +237,10 @@ async def _reset_postgres(backend: Backend) -> None:
     schema = store._s  # type: ignore[attr-defined]  # the quoted schema name
     pool = store._pool  # type: ignore[attr-defined]
     async with pool.acquire() as conn:
-        await conn.execute(f"DELETE FROM {schema}.calls; DELETE FROM {schema}.deliveries")  # noqa: S608
+        await conn.execute(
+            f"DELETE FROM {schema}.calls; DELETE FROM {schema}.deliveries;"  # noqa: S608
+            f" DELETE FROM {schema}.buckets"
+        )
 
 
 async def _reset_redis(backend: Backend) -> None:
@@ -432,17 +453,18 @@ class Histories(RuleBasedStateMachine):
     @precondition(lambda self: self.calls_exist)
     @rule(data=st.data(), offset=lease_ends)
     def advance_to_lease_end(self, data: st.DataObject, offset: float | None) -> None:
-        """Move time to a live claim's lease end plus ``offset`` (see ``lease_ends``)."""
-        ns, key = self.target(data, "claimed")
+        """Move time to a live claim's (or waiter's) lease end plus ``offset`` (see
+        ``lease_ends``)."""
+        ns, key = self.target(data, "claimed", "waiting")
         self.wait_for_lease_end(ns, key, offset)
 
     def wait_for_lease_end(self, ns: str, key: CallKey, offset: float | None) -> None:
-        """If ``key`` is claimed or waits for a retry, move time (forward only) to its lease
-        end (the retry's time) plus ``offset``."""
+        """If ``key`` is claimed, waits for a slot or waits for a retry, move time (forward
+        only) to its lease end (the retry's time) plus ``offset``."""
         if offset is None:
             return
         record = self.backend.run(self.reference[ns].get_call(key))
-        if record is not None and record.state.value in ("claimed", "retry_scheduled"):
+        if record is not None and record.state.value in ("claimed", "waiting", "retry_scheduled"):
             self.clock.now = max(self.clock.now, record.lease_expires_at + offset)
 
     # -- deliveries ----------------------------------------------------------------------
@@ -516,7 +538,7 @@ class Histories(RuleBasedStateMachine):
         margin: float,
         wait: float | None,
     ) -> None:
-        ns, key = self.target(data, "lapsed", "retry_scheduled")
+        ns, key = self.target(data, "lapsed", "retry_scheduled", "waiting")
         self.wait_for_lease_end(ns, key, wait)
         self.both(
             f"claim_call({key}, tool_name={tool_name!r}, owner={owner!r}, lease_seconds={lease},"
@@ -531,6 +553,98 @@ class Histories(RuleBasedStateMachine):
                 margin=margin,
             ),
             claim_view,
+            key=key,
+        )
+
+    # -- flow control ----------------------------------------------------------------------
+    @rule(
+        data=st.data(),
+        limit=flow_limits,
+        lease=leases,
+        delivery_id=st.sampled_from([None, "d1"]),
+        margin=margins,
+        wait=lease_ends,
+        more=st.sampled_from([0, 1, 2]),
+    )
+    def claim_limited(
+        self,
+        data: st.DataObject,
+        limit: Limit,
+        lease: float,
+        delivery_id: str | None,
+        margin: float,
+        wait: float | None,
+        more: int,
+    ) -> None:
+        """A limited tool's claim: a new call takes a slot or waits; our own claim without
+        a slot asks for one; a due retry, a dead waiter (adopted) or a call in doubt (taken
+        over only with a slot) likewise. Then ``more`` claims of any key in the same
+        namespace, at the same time, so that calls contend for the slots."""
+        ns, key = self.target(data, "lapsed", "retry_scheduled", "waiting", "claimed")
+        self.wait_for_lease_end(ns, key, wait)
+        for n in range(1 + more):
+            if n:
+                key = data.draw(keys, label="another key")
+            owner = data.draw(owners, label="owner")
+            self.both(
+                f"claim_call({key}, tool_name={limit.name!r}, owner={owner!r}, "
+                f"lease_seconds={lease}, delivery_id={delivery_id!r}, margin={margin}, "
+                f"limit={limit!r})",
+                ns,
+                lambda s, key=key, owner=owner: s.claim_call(  # type: ignore[misc]
+                    key,
+                    tool_name=limit.name,
+                    owner=owner,
+                    lease_seconds=lease,
+                    delivery_id=delivery_id,
+                    margin=margin,
+                    limit=limit,
+                ),
+                claim_view,
+                key=key,
+            )
+
+    @precondition(lambda self: self.calls_exist)
+    @rule(
+        data=st.data(),
+        limit=flow_limits,
+        who=whos,
+        owner=owners,
+        attempt=attempts,
+        lease=leases,
+        margin=margins,
+    )
+    def admit_call(
+        self,
+        data: st.DataObject,
+        limit: Limit,
+        who: str,
+        owner: str,
+        attempt: int,
+        lease: float,
+        margin: float,
+    ) -> None:
+        """A holder's poll of its limiter (or a superseded holder's, or anyone's), mostly
+        with a limit of the limiter the call waits for (or holds)."""
+        ns, key = self.target(data, "waiting", "claimed", "lapsed")
+        owner, attempt = self.fenced(ns, key, who, owner, attempt)
+        record = self.backend.run(self.reference[ns].get_call(key))
+        own = [known for known in LIMITS if record is not None and known.name == record.limiter]
+        if own and data.draw(st.integers(0, 3), label="its own limiter (else: any)") > 0:
+            limit = data.draw(st.sampled_from(own), label="its limit")
+        self.both(
+            f"admit_call({key}, owner={owner!r}, attempt={attempt}, limit={limit!r},"
+            f" lease_seconds={lease}, margin={margin})",
+            ns,
+            lambda s: s.admit_call(
+                key,
+                owner=owner,
+                attempt=attempt,
+                limit=limit,
+                lease_seconds=lease,
+                margin=margin,
+            ),
+            admission_view,
             key=key,
         )
 
@@ -566,7 +680,7 @@ class Histories(RuleBasedStateMachine):
         result: SavedResult,
         duration: float | None,
     ) -> None:
-        ns, key = self.target(data, "claimed", "lapsed")
+        ns, key = self.target(data, "claimed", "lapsed", "waiting")
         owner, attempt = self.fenced(ns, key, who, owner, attempt)
         self.both(
             f"save_result({key}, owner={owner!r}, attempt={attempt}, result={result!r}, "
@@ -625,7 +739,9 @@ class Histories(RuleBasedStateMachine):
         since=st.sampled_from([None, "now", "now-1", "updated_at", "updated_at-0.5"]),
     )
     def mark_stale(self, data: st.DataObject, since: str | None) -> None:
-        ns, key = self.target(data, "claimed", "lapsed", "retry_scheduled", "succeeded", "failed")
+        ns, key = self.target(
+            data, "claimed", "lapsed", "waiting", "retry_scheduled", "succeeded", "failed"
+        )
         unchanged_since: float | None = None
         if since is not None:
             base = self.now()

@@ -146,6 +146,7 @@ async def test_schemas_isolate_stores_and_destroy_drops_only_its_own(
         other,
     )
     assert [row["table_name"] for row in tables] == [
+        "buckets",
         "calls",
         "deliveries",
         "revoked_tokens",
@@ -259,7 +260,10 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
         "calls_approval",
         "calls_waiting",
         "calls_approved",
+        "calls_limiter",
+        "calls_waiters",
         "revoked_tokens_pkey",
+        "buckets_pkey",
     }
     fresh = await store.claim_call(
         CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5

@@ -49,8 +49,11 @@ def test_the_claim_says_what_it_does_to_which_state() -> None:
     assert "THEN c.attempt ELSE c.attempt + 1 END" in text
     assert (
         "WHERE ((c.state = 'claimed' AND c.lease_expires_at < :takeover_before))"
-        " OR ((c.state = 'claimed' AND c.owner = excluded.owner AND c.lease_expires_at >= :now))"
+        " OR ((c.state IN ('claimed', 'waiting') AND c.owner = excluded.owner"
+        " AND c.lease_expires_at >= :now))"
     ) in text
+    # A take-over holds no slot of a limiter; our own retried claim keeps what it held.
+    assert "THEN c.limiter ELSE NULL END" in text
 
 
 def test_a_fresh_database_gets_tables_and_indexes_only() -> None:
@@ -65,7 +68,7 @@ def test_a_fresh_database_gets_tables_and_indexes_only() -> None:
 
 def test_an_older_database_gets_only_its_missing_columns() -> None:
     """Existing tables are altered, never re-created, and only by the columns they lack;
-    a table they lack (revocations, schema 4) is created."""
+    a table they lack (revocations, schema 4; buckets, schema 6) is created."""
     calls = [name for name, _ in CALL_COLUMNS if name != "quarantine_reason"]
     deliveries = [name for name, _ in TABLES["deliveries"][0]]
     revoked = [name for name, _ in TABLES["revoked_tokens"][0]]
@@ -74,6 +77,9 @@ def test_an_older_database_gets_only_its_missing_columns() -> None:
         "ALTER TABLE {p}calls ADD COLUMN quarantine_reason {text}",
         "CREATE TABLE IF NOT EXISTS {p}revoked_tokens (token_id {text} NOT NULL,"
         " expires_at {real} NOT NULL, CONSTRAINT revoked_tokens_pkey PRIMARY KEY (token_id))",
+        "CREATE TABLE IF NOT EXISTS {p}buckets (namespace {text} NOT NULL,"
+        " limiter {text} NOT NULL, tokens {real} NOT NULL, updated_at {real} NOT NULL,"
+        " CONSTRAINT buckets_pkey PRIMARY KEY (namespace, limiter))",
     ]
     current = schema_changes(
         SCHEMA_VERSION,
@@ -81,6 +87,7 @@ def test_an_older_database_gets_only_its_missing_columns() -> None:
             "calls": [*calls, "quarantine_reason"],
             "deliveries": deliveries,
             "revoked_tokens": revoked,
+            "buckets": [name for name, _ in TABLES["buckets"][0]],
         },
         rekey="constraint",
     )

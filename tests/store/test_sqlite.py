@@ -23,6 +23,7 @@ from agentfn_asgi.store import SQLiteStore
 from agentfn_asgi.store._sql_dialect import SQLITE
 from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 from agentfn_asgi.store._sql_statements import (
+    ADMISSION,
     EXPIRED_CLAIMS,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
@@ -332,13 +333,14 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
             )
         }
         names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
-        assert names[-9:] == [
+        assert names[-10:] == [
             "quarantine_reason",
             "next_attempt_at",
             "failures",
             "namespace",
             "approval_id",
             "approval",
+            "limiter",
             "history",
             "history_tail",
             "history_count",
@@ -352,6 +354,8 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
         "calls_approval",
         "calls_waiting",
         "calls_approved",
+        "calls_limiter",
+        "calls_waiters",
     }
 
 
@@ -367,19 +371,27 @@ async def test_recovery_and_prune_queries_use_the_partial_indexes(
         "before": 0.0,
         "limit": 10,
         "batch": 10,
+        # flow control's admission: one call's limiter and place
+        "limiter": "report",
+        "session_id": "s",
+        "turn_id": "t",
+        "call_id": "c",
+        "created_at": 0.0,
     }
     expected = {
-        UNRESOLVED_DELIVERIES: "deliveries_due",
-        UNSUBMITTED_RESULTS: "calls_due",
-        EXPIRED_CLAIMS: "calls_claimed",
-        PRUNE_DELIVERIES: "deliveries_received",
-        PRUNE_CALLS: "calls_finished",
+        UNRESOLVED_DELIVERIES: ("deliveries_due",),
+        UNSUBMITTED_RESULTS: ("calls_due",),
+        EXPIRED_CLAIMS: ("calls_claimed", "calls_waiters"),
+        PRUNE_DELIVERIES: ("deliveries_received",),
+        PRUNE_CALLS: ("calls_finished",),
+        ADMISSION: ("calls_limiter",),
     }
     with sqlite3.connect(db_path) as raw:
-        for template, index in expected.items():
+        for template, indexes in expected.items():
             query = "EXPLAIN QUERY PLAN " + SQLITE.render(template).text
             plan = " ".join(str(row[3]) for row in raw.execute(query, params))
-            assert f"INDEX {index}" in plan, (index, plan)
+            for index in indexes:
+                assert f"INDEX {index}" in plan, (index, plan)
 
 
 async def test_closed_store_refuses_then_reopens(db_path: Path) -> None:

@@ -91,11 +91,22 @@ def test_each_sql_statement_has_its_rows_guard_state_and_event(row: str, stateme
     if transition.new_attempt:
         assert "attempt + 1" in text, (row, statement)
     # No state condition in the statement's WHERE beyond the guard's own.
-    where = text.rsplit("WHERE", 1)[1]
-    for guard in _sql_guards(transition, statement):
-        where = where.replace(guard, "")
     if transition.name != "claim" and row not in _UPSERT:
+        where = text.rsplit("WHERE", 1)[1]
+        for guard in _sql_guards(transition, statement):
+            where = where.replace(guard, "")
         assert not re.search(r"\bstate\s*(=|IN)", where), (row, statement, where)
+    # Flow control: the rows that set a call's limiter set it, those that clear it clear it
+    # (the upsert only when it takes over), the others leave it.
+    assignments = text.split("WHERE")[0] if transition.name != "claim" else text
+    if transition.limiter is True:
+        assert "limiter = :limiter" in assignments, (row, statement)
+    elif transition.limiter is False and row in _UPSERT:
+        assert "THEN c.limiter ELSE NULL END" in assignments, (row, statement)
+    elif transition.limiter is False:
+        assert "limiter = NULL" in assignments, (row, statement)
+    elif transition.name != "claim" and row not in _UPSERT:
+        assert not re.search(r"\blimiter\s*=", assignments), (row, statement)
 
 
 def test_the_sql_state_fragments_are_the_tables_sets() -> None:

@@ -26,10 +26,11 @@ import sys
 import tempfile
 from typing import Any
 
+from agentfn_asgi.tools import FunctionTools
 from benchmarks.bench_api import BenchAPI
 from benchmarks.driver import Driver, RoundResult, TargetProcess
 
-__all__ = ["LIMITS", "TARGET_RATIO", "build_app", "main", "run"]
+__all__ = ["LIMITS", "TARGET_RATIO", "build_app", "build_tools", "main", "run"]
 
 #: The ratio of CPU per call, limited / plain, the limits may cost at most.
 TARGET_RATIO = 1.10
@@ -41,9 +42,21 @@ LIMITS: dict[str, Any] = {"concurrency": 100_000, "rate": "100000/s", "burst": 1
 _API_KEY = "sk-bench"
 
 
+def build_tools(*, limited: bool) -> FunctionTools:
+    """``benchmarks.handlers.get_customer`` alone, registered with :data:`LIMITS` when
+    ``limited``."""
+    from benchmarks.handlers import get_customer
+
+    tools = FunctionTools()
+    if limited:
+        tools.add(get_customer, **LIMITS)
+    else:
+        tools.add(get_customer)
+    return tools
+
+
 def build_app(*, limited: bool, api_url: str, secret: str, store_path: str) -> Any:
-    """The target app: ``benchmarks.target_app``'s ``ours`` with ``get_customer`` only,
-    registered with :data:`LIMITS` when ``limited``."""
+    """The target app: ``benchmarks.target_app``'s ``ours`` serving :func:`build_tools`."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse
@@ -53,16 +66,9 @@ def build_app(*, limited: bool, api_url: str, secret: str, store_path: str) -> A
     from agentfn_asgi.client import AgentsClient
     from agentfn_asgi.dispatch import DispatchSettings
     from agentfn_asgi.integrations.starlette import webhook_routes
-    from agentfn_asgi.tools import FunctionTools
-    from benchmarks.handlers import get_customer
 
-    tools = FunctionTools()
-    if limited:
-        tools.add(get_customer, **LIMITS)
-    else:
-        tools.add(get_customer)
     webhooks = AgentWebhookApp(
-        tools,
+        build_tools(limited=limited),
         webhook_secret=secret,
         client=AgentsClient(api_key=_API_KEY, base_url=api_url),
         store=f"sqlite:///{store_path}",

@@ -322,13 +322,52 @@ def _side_effects_without_reconcile() -> None:
     REGISTERING,
     "I misspelled an option: @tools.function(timout=5)",
     "@tools.function: unknown option 'timout' (did you mean 'timeout'?); the options are"
-    " approval, approval_timeout, background, defer_loading, description, enqueue, in_doubt,"
-    " job_deadline, max_attempts, name, reconcile, retry, side_effects, timeout,"
-    " truncate_oversize",
+    " approval, approval_timeout, background, burst, concurrency, concurrency_key,"
+    " defer_loading, description, enqueue, in_doubt, job_deadline, max_attempts, max_wait,"
+    " name, rate, reconcile, retry, side_effects, timeout, truncate_oversize",
 )
 def _misspelled_option() -> None:
     tools = FunctionTools()
     tools.function(timout=5)  # type: ignore[call-overload]
+
+
+@mistake(
+    REGISTERING,
+    "A limit that could never run a call: @tools.function(concurrency=0)",
+    "tool function …lookup: concurrency=0 would never run a call; set concurrency=1 or more,"
+    " or drop it for no bound",
+)
+def _concurrency_zero() -> None:
+    @FunctionTools().function(concurrency=0)
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+
+@mistake(
+    REGISTERING,
+    "A rate of zero: @tools.function(rate='0/s')",
+    "tool function …lookup: rate='0/s' would never run a call; give a positive rate such as"
+    " rate='5/s', or drop it for no bound",
+)
+def _rate_zero() -> None:
+    @FunctionTools().function(rate="0/s")
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+
+@mistake(
+    REGISTERING,
+    "A limit on a tool handed to a queue: @tools.function(enqueue=..., concurrency=4)",
+    "tool function …lookup: concurrency= and rate= limit calls run here; a queued tool's"
+    " worker is limited by its queue (bound its workers), so drop them or drop enqueue=",
+)
+def _limit_with_enqueue() -> None:
+    @FunctionTools().function(enqueue=lambda job: None, concurrency=4)
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
 
 
 @mistake(

@@ -8,11 +8,13 @@ import pytest
 
 from agentfn_asgi import ConfigurationError, DispatchSettings, FunctionTools, ToolDefinitionError
 from agentfn_asgi.policy import (
+    DEFAULT_MAX_WAIT,
     DEFINITION_OPTIONS,
     POLICY_OPTIONS,
     RetryPolicy,
     ToolPolicy,
     check_limits,
+    parse_rate,
     resolve,
 )
 from agentfn_asgi.tools import ToolOptions
@@ -59,6 +61,26 @@ def test_resolve_merges_the_tool_over_the_settings() -> None:
         ({"retry": "often"}, "retry must be a RetryPolicy"),
         ({"retry": 3, "side_effects": True}, r"raise RetryLater\(after=\.\.\.\)"),
         ({"job_deadline": 0}, "job_deadline must be a positive number of seconds"),
+        ({"concurrency": 0}, "concurrency=0 would never run a call; set concurrency=1 or more"),
+        ({"concurrency": 1.5}, "concurrency must be a whole number of at least 1"),
+        ({"rate": "0/s"}, r"rate='0/s' would never run a call; give a positive rate"),
+        ({"rate": 0}, "rate=0 would never run a call"),
+        ({"rate": "5/day"}, r"unknown unit 'day': use a rate such as '5/s'"),
+        ({"rate": "many/s"}, r"'many' is not a number"),
+        ({"rate": "-1/s"}, r"'-1/s' is not a rate such as"),
+        ({"rate": True}, r"True is not a rate such as"),
+        ({"rate": "2/s", "burst": 0}, "burst must be a whole number of at least 1"),
+        ({"burst": 2}, r"burst= only applies with rate=; add rate='N/s'"),
+        ({"concurrency": 2, "burst": 2}, r"burst= only applies with rate="),
+        ({"max_wait": 10}, "max_wait= only applies with concurrency= or rate="),
+        ({"concurrency_key": lambda c, a: "k"}, "concurrency_key= only applies with"),
+        ({"concurrency": 1, "concurrency_key": "tenant"}, "concurrency_key must be callable"),
+        ({"concurrency": 1, "max_wait": 0}, "max_wait must be a positive number of seconds"),
+        (
+            {"concurrency": 1, "enqueue": lambda job: None},
+            "a queued tool's worker is limited by its queue",
+        ),
+        ({"rate": "1/s", "enqueue": lambda job: None}, "drop them or drop enqueue="),
     ],
 )
 def test_bad_run_options_are_refused_naming_the_fix(
@@ -98,3 +120,30 @@ def test_a_retry_deadline_shorter_than_the_timeout_is_refused_at_start_up(
     assert "\n" not in str(caught.value) and "RetryPolicy(deadline=...)" in str(caught.value)
     if tool_timeout is None:  # the same tool under a shorter default works
         check_limits(((t.name, t.policy) for t in tools), DispatchSettings(default_timeout=5.0))
+
+
+@pytest.mark.parametrize(
+    ("rate", "per_second"),
+    [("5/s", 5.0), ("30/min", 0.5), ("90 / h", 0.025), ("2.5/s", 2.5), (3, 3.0), (0.5, 0.5)],
+)
+def test_a_rate_is_kept_in_tokens_per_second(rate: str | float, per_second: float) -> None:
+    assert parse_rate(rate) == pytest.approx(per_second)
+    tool = FunctionTools().add(_lookup, rate=rate)
+    assert tool.policy.rate == pytest.approx(per_second)
+
+
+def test_the_flow_control_defaults_and_what_the_dispatcher_merges() -> None:
+    """burst 1 (never more than the rate in any window), max_wait 300 s for a limited tool,
+    None (no bound) when asked; a tool without limits has no wait to bound."""
+    limited = FunctionTools().add(_lookup, concurrency=3)
+    assert (limited.policy.burst, limited.policy.max_wait) == (1, DEFAULT_MAX_WAIT)
+    assert DEFAULT_MAX_WAIT == 300.0 and limited.policy.limited
+    assert resolve(limited.policy, DispatchSettings()).max_wait == 300.0
+    unbounded = FunctionTools().add(_lookup, rate="1/s", burst=5, max_wait=None)
+    assert (
+        unbounded.policy.burst == 5
+        and resolve(unbounded.policy, DispatchSettings()).max_wait is None
+    )
+    plain = FunctionTools().add(_lookup)
+    assert not plain.policy.limited and resolve(plain.policy, DispatchSettings()).max_wait is None
+    assert "(default 300.0)" in (ToolOptions.__doc__ or "")

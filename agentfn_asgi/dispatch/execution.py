@@ -394,7 +394,7 @@ class Executor:
             except Exception:
                 logger.exception("the concurrency_key of tool %s failed for call %s", name, key)
                 message = LIMIT_KEY_FAILED_MESSAGE.format(name=name)
-                return failure_result(key, message, "limit_key_error")
+                return failure_result(key, message, "limit_key_error", source="limit")
             name = f"{name}{LIMITER_KEY_SEPARATOR}{value}"
         return Limit(
             name=name, concurrency=policy.concurrency, rate=policy.rate, burst=policy.burst
@@ -459,7 +459,7 @@ class Executor:
                         stop_waiting()
                         self._wake(limit.name)  # the next in line here may go
                         message = MAX_WAIT_MESSAGE.format(name=tool.name, seconds=max_wait)
-                        failure = failure_result(key, message, "max_wait")
+                        failure = failure_result(key, message, "max_wait", source="limit")
                         return await self._execute(attempt_of(record, preset=failure))
                     sent = time.monotonic()
                     try:
@@ -507,14 +507,19 @@ class Executor:
             if limit is not None:
                 # Its limiter is asked as for any claim: the call runs when its turn comes.
                 claimed_at = time.monotonic()
-                outcome = await self._store.admit_call(
-                    record.key,
-                    owner=self._owner,
-                    attempt=record.attempt,
-                    limit=limit,
-                    lease_seconds=self._settings.lease_seconds,
-                    margin=self._settings.fence_margin,
-                )
+                try:
+                    outcome = await self._store.admit_call(
+                        record.key,
+                        owner=self._owner,
+                        attempt=record.attempt,
+                        limit=limit,
+                        lease_seconds=self._settings.lease_seconds,
+                        margin=self._settings.fence_margin,
+                    )
+                except StoreError as exc:
+                    # Claimed and never run: the sweep takes it over once its lease lapses.
+                    logger.warning("call %s: asking its limiter failed: %s", record.key, exc)
+                    return
                 if outcome is None or outcome.status not in (
                     ClaimStatus.CLAIMED,
                     ClaimStatus.WAITING,

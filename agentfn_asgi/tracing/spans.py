@@ -378,7 +378,8 @@ class CallSpan(_SpanScope):
 
     def set_source(self, source: str) -> None:
         """How the result was obtained: ``ran``, ``saved`` (resubmitted), ``reconciled``,
-        ``quarantined`` or ``worker``."""
+        ``quarantined``, ``worker`` or ``limit`` (decided by flow control: a wait past
+        ``max_wait``, a ``concurrency_key`` that raised; nothing ran)."""
         self._source = source
         self.span.set_attribute(CALL_SOURCE, source)
 

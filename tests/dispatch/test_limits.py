@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agentfn_asgi import RetryLater
 from agentfn_asgi.dispatch import Dispatcher
 from agentfn_asgi.messages import LIMIT_KEY_FAILED_MESSAGE, MAX_WAIT_MESSAGE
 from agentfn_asgi.records import LIMITER_KEY_SEPARATOR, CallKey, CallState, Limit
@@ -263,6 +264,7 @@ async def test_a_wait_past_max_wait_fails_telling_the_model_the_tool_is_busy(
     waited = attributes[LIMIT_WAITED]
     assert attributes["gen_ai.tool.call.id"] == "b"
     assert isinstance(waited, float) and waited >= 5
+    assert attributes["agentfn.call.source"] == "limit"
 
 
 async def test_a_waiting_call_holds_no_process_slot(api: API, store: MemoryStore) -> None:
@@ -442,3 +444,105 @@ async def test_close_stops_a_wait_and_leaves_the_call_waiting_for_another_replic
     record = await store.get_call(waiter)
     assert record is not None and record.state is CallState.WAITING and record.owner == OWNER
     assert api.fake.submissions == []
+
+
+async def test_an_operators_rerun_asks_the_limiter_and_waits_its_turn(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """A call released by an operator (``settle --rerun``) of a limited tool waits while
+    another replica holds the slot, then runs, not in doubt."""
+    ran: list[str] = []
+    tools = FunctionTools()
+
+    @tools.function(concurrency=1)
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        ran.append(key)
+        return key
+
+    [held, doubtful] = session_of(
+        api, [FakeCall("lookup", {"key": "a"}, call_id="a"), FakeCall("lookup", {"key": "b"})]
+    )
+    # A replica died running `doubtful` (its claim lapsed, in doubt).
+    await store.claim_call(doubtful, tool_name="lookup", owner="gone", lease_seconds=LEASE)
+    clock.advance(LEASE + SETTINGS.fence_margin + 1)
+    limit = Limit(name="lookup", concurrency=1)
+    await store.claim_call(
+        held, tool_name="lookup", owner="replica-b", lease_seconds=LEASE, limit=limit
+    )
+    async with dispatching(api, store, clock, tools) as dispatcher:
+        status, _ = await dispatcher.settle(doubtful, rerun=True)
+        assert status == "running"
+        with anyio.fail_after(5):
+            while (record := await store.get_call(doubtful)) is None or (
+                record.state is not CallState.WAITING
+            ):
+                await anyio.sleep(0.01)
+        assert ran == []
+        await store.save_result(held, owner="replica-b", attempt=1, result=_result(held))
+        found = await answered(api, [doubtful])
+        await dispatcher.wait_for([doubtful])
+    assert found[doubtful.call_id].success and ran == ["b"]
+    kinds = [kind for kind, _ in await history(store, doubtful)]
+    assert kinds[kinds.index("released") :][:3] == ["released", "waiting", "admitted"]
+
+
+async def test_a_retry_of_a_limited_tool_takes_a_slot_like_any_claim(api: API) -> None:
+    """``concurrency=1``: a call asking to be retried frees its slot, the other call runs,
+    then the retry claims a slot again; never two at once, both answered."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    peak, attempts = Peak(), []
+    tools = FunctionTools()
+
+    @tools.function(concurrency=1)
+    async def lookup(ctx: ToolContext, key: str) -> str:
+        """Look a key up."""
+        attempts.append((key, ctx.attempt))
+        await peak.run("lookup", 0.01)
+        if (key, ctx.attempt) == ("a", 1):
+            raise RetryLater(after=2, reason="busy upstream")
+        return key
+
+    keys = session_of(api, [FakeCall("lookup", {"key": k}, call_id=k) for k in "ab"])
+    dispatcher = Dispatcher(
+        tools, api.client, store, settings=SETTINGS, owner=OWNER, clock=clock, sleep=clock.sleep
+    )
+    await dispatcher.start(recover=False)
+    try:
+        await dispatcher.resolve(keys[0].session_id)
+        found = await answered(api, keys)
+        await dispatcher.wait_for(keys)
+    finally:
+        await dispatcher.stop(drain_timeout=1.0)
+    assert peak.peak == {"lookup": 1}
+    assert found["a"].success and found["b"].success
+    assert sorted(attempts) == [("a", 1), ("a", 2), ("b", 1)]
+    record = await store.get_call(keys[0])
+    assert record is not None and record.limiter == "lookup"
+
+
+async def test_arguments_that_do_not_parse_fail_validation_without_asking_the_key(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    asked: list[dict[str, Any]] = []
+    tools = FunctionTools()
+
+    def tenant_of(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        asked.append(arguments)
+        return "t"
+
+    @tools.function(concurrency=1, concurrency_key=tenant_of)
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+    [key] = session_of(api, [FakeCall("lookup", {"key": 7})])
+    async with dispatching(api, store, clock, tools) as dispatcher:
+        await dispatcher.resolve(key.session_id)
+        await dispatcher.wait_for([key])
+    [submission] = api.fake.submissions
+    assert not submission.success and asked == []
+    record = await store.get_call(key)
+    assert record is not None and record.result is not None and record.limiter is None
+    assert record.result.error_type == "validation_error"

@@ -373,17 +373,16 @@ class SQLStore(abc.ABC):
                 limit.name,
                 lambda: self._claim_limited(key, params, limit, now=now, margin=margin),
             )
-        # Without a limit: one statement for a new call. The retry of a due call and the
-        # adoption of a dead waiter follow on the same connection only when the upsert
-        # declined the row.
-        claim, retry, adopt = (Statement(t, params) for t in (CLAIM, RETRY_CALL, ADOPT))
+        # Without a limit: one statement for a new call; the retry of a due call follows on
+        # the same connection only when the upsert declined the row.
+        claim, retry = Statement(CLAIM, params), Statement(RETRY_CALL, params)
         read = Statement(GET_CALL, self._key(key))
         # Left alone, the row is read back only to report what the upsert decided: states
         # never return to "claimed", so that read classifies correctly (claim_status_for
         # has the one clock-skew case). It finds nothing only when prune() removed a
         # finished call in between; the next upsert then inserts it afresh.
         for _ in range(3):
-            found = await self._first_row("claim_call", claim, retry, adopt, read)
+            found = await self._first_row("claim_call", claim, retry, read)
             if found is None:
                 continue
             taken, row = found
@@ -392,8 +391,14 @@ class SQLStore(abc.ABC):
                 return ClaimOutcome(_reclaimed(record), record)
             if taken == 1:
                 return ClaimOutcome(ClaimStatus.RETRY, record)
-            if taken == 2:
-                return ClaimOutcome(ClaimStatus.CLAIMED, record)
+            if allows(TRANSITIONS["adopt"], record, now=now, margin=margin):
+                # A dead waiter, claimed without a limit (rare: its tool's claims pass one):
+                # adopted, as the next attempt. Its statement's guard decides; asked only
+                # when the read saw one, so no other claim pays a statement for it.
+                adopted = await self._first_row("claim_call", Statement(ADOPT, params))
+                if adopted is None:
+                    continue
+                return ClaimOutcome(ClaimStatus.CLAIMED, _call_record(adopted[1]))
             return ClaimOutcome(claim_status_for(record), record)
         raise StoreError(f"call {key} changed under the claim three times")
 

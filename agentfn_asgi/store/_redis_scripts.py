@@ -106,12 +106,13 @@ local function reindex_call(key, member)
   local state, created = r[1], r[2]
   for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
   for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed', 'waiting',
-                         'approved', 'retry', 'queued'}) do
+                         'approved', 'retry'}) do
     redis.call('ZREM', I .. name, member)
   end
   redis.call('ZADD', I .. 'calls', created, member)
   redis.call('ZADD', I .. 'state:' .. state, created, member)
-  if state == 'claimed' then
+  -- A lapsed waiter (for a limiter's slot) is adopted as a lapsed claim is taken over.
+  if state == 'claimed' or state == 'waiting' then
     redis.call('ZADD', I .. 'lease', r[3], member)
   elseif state == 'awaiting_approval' then
     redis.call('ZADD', I .. 'waiting', r[3], member)
@@ -119,8 +120,6 @@ local function reindex_call(key, member)
     redis.call('ZADD', I .. 'approved', r[5], member)
   elseif state == 'retry_scheduled' then
     redis.call('ZADD', I .. 'retry', r[3], member)
-  elseif state == 'waiting' then
-    redis.call('ZADD', I .. 'queued', r[3], member)
   elseif SAVED[state] then
     redis.call('ZADD', I .. 'due', r[4], member)
   elseif state == 'submitted' or state == 'stale' then
@@ -980,28 +979,14 @@ UNSUBMITTED = _script("""
 return read_calls(page_after(KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]))
 """)
 
-# Read: claims and waiters (for a limiter's slot) whose lease expired before
-# takeover_before, earliest expiry first (the two indexes merged).
-# KEYS: the namespace's lease and queued indexes. ARGV: N, takeover_before, limit.
+# Read: claims, and waiters for a limiter's slot, whose lease expired before
+# takeover_before, earliest expiry first.
+# KEYS: the namespace's lease index. ARGV: N, takeover_before, limit.
 EXPIRED_CLAIMS = _script("""
-local limit = tonumber(ARGV[3])
-local function lapsed(index)
-  return redis.call('ZRANGEBYSCORE', index, '-inf', '(' .. ARGV[2], 'WITHSCORES',
-                    'LIMIT', 0, limit)
-end
-local claims, waiters = lapsed(KEYS[1]), lapsed(KEYS[2])
-local out, i, j = {}, 1, 1
-while #out < limit and (i <= #claims or j <= #waiters) do
-  if j > #waiters or (i <= #claims and tonumber(claims[i + 1]) <= tonumber(waiters[j + 1])) then
-    table.insert(out, claims[i])
-    i = i + 2
-  else
-    table.insert(out, waiters[j])
-    j = j + 2
-  end
-end
-return read_calls(out)
+return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
+                             'LIMIT', 0, tonumber(ARGV[3])))
 """)
+
 
 # -- flow control: retries
 # Guarantees: fenced like QUARANTINE: only the holder schedules its call's next attempt, at
@@ -1067,11 +1052,17 @@ return {out, last[1], last[2]}
 # failing, in doubt, submitted failures, the count of each state (CallState order), then
 # the oldest pending call's created_at ('' when none).
 STATS = _script("""
+-- In doubt: claimed with a lapsed lease; the lease index also holds waiters for a slot
+-- (few lapse: their holders poll, and the sweep adopts those that did).
+local in_doubt = 0
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', I .. 'lease', '-inf', '(' .. ARGV[2])) do
+  if redis.call('HGET', call_key(m), 'state') == 'claimed' then in_doubt = in_doubt + 1 end
+end
 local out = {
   redis.call('ZCARD', I .. 'deliveries'),
   redis.call('ZCARD', I .. 'unresolved'),
   redis.call('ZCARD', I .. 'failing'),
-  redis.call('ZCOUNT', I .. 'lease', '-inf', '(' .. ARGV[2]),
+  in_doubt,
   redis.call('ZCARD', I .. 'submitted_failed'),
 }
 local oldest, oldest_text = nil, ''

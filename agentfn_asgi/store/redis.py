@@ -38,11 +38,10 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
     failing             unresolved deliveries with a failed resolve  (stats)
     calls               every call, by created_at                    (list_calls)
     state:{state}       the calls in that state, by created_at       (list_calls, stats)
-    lease               claimed calls, by lease_expires_at           (expired_claims)
+    lease               claimed calls and calls waiting for a limiter's slot, by
+                        lease_expires_at                 (expired_claims, stats)
     due                 saved, unsubmitted results, by next_attempt_at (the sweep)
     retry               scheduled retries, by their next attempt's time (due_retries)
-    queued              calls waiting for a limiter's slot, by lease_expires_at
-                        (expired_claims: a waiter whose lease lapsed is adopted)
     finished            submitted and stale calls, by updated_at     (prune)
     submitted_failed    submitted failures, by created_at            (stats)
     waiting             calls awaiting approval, by the request's expiry (expiry, lists)
@@ -842,8 +841,8 @@ class RedisStore:
         if limit <= 0:
             return []
         takeover_before = _num(self._clock() - margin)
-        indexes = [self._index("lease"), self._index("queued")]
-        return await self._calls("expired_claims", indexes, takeover_before, limit)
+        index = self._index("lease")
+        return await self._calls("expired_claims", [index], takeover_before, limit)
 
     async def stats(self) -> StoreStats:
         """Counts for operators, read in one script; every state is listed, zeros too."""

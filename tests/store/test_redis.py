@@ -23,6 +23,7 @@ from agentfn_asgi.records import (
     CallQuery,
     CallState,
     ClaimStatus,
+    Limit,
     SavedResult,
     parse_history,
 )
@@ -210,6 +211,54 @@ async def test_nothing_done_in_one_namespace_touches_another_s_keys(
     assert all(k.startswith(b._space) for k in outside)
     assert (await a.get_call(claimed)) is not None
     assert [r.key for r in await a.expired_claims()] == [claimed]
+
+
+async def test_a_limiter_lives_under_its_namespace_and_its_sets_follow_the_calls(
+    make_store: StoreMaker,
+) -> None:
+    """A limiter (any name: a concurrency_key's value may hold any character) keeps its
+    holders, its waiters and its bucket at ``{n}l:{h(name)}:``; a claim without a limit
+    writes none of it. The call hashes decide: a holder that saved (a script that knows
+    nothing of limiters) leaves the holders when the limiter next counts."""
+    clock = Clock()
+    store: RedisStore = await make_store(clock=clock, namespace="proj")
+    name = "report\x1fcustomer *?[1]"
+    limit = Limit(name=name, concurrency=1, rate=100.0, burst=5)
+    one, two, free = (CallKey("s", "t", f"c{n}") for n in range(3))
+
+    async def claim(key: CallKey, limit: Limit | None) -> ClaimStatus:
+        outcome = await store.claim_call(
+            key, tool_name="t", owner="a", lease_seconds=30, limit=limit
+        )
+        return outcome.status
+
+    assert await claim(free, None) is ClaimStatus.CLAIMED
+    assert await _keys(f"{store._space}l:*") == []
+    assert await claim(one, limit) is ClaimStatus.CLAIMED
+    assert await claim(two, limit) is ClaimStatus.WAITING
+    base = f"{store._space}l:{redis_store._h(name)}:"
+    assert set(await _keys(f"{store._space}l:*")) == {
+        base + "holders",
+        base + "waiters",
+        base + "bucket",
+    }
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+
+        async def members(name: str) -> list[str]:
+            return list(await client.zrange(base + name, 0, -1))
+
+        assert await members("holders") == [redis_store._member(one)]
+        assert await members("waiters") == [redis_store._member(two)]
+        assert await client.hget(base + "bucket", "tokens") == "4"
+        await store.save_result(one, owner="a", attempt=1, result=_result())
+        assert await members("holders") == [redis_store._member(one)]
+        admitted = await store.admit_call(two, owner="a", attempt=1, limit=limit, lease_seconds=30)
+        assert admitted is not None and admitted.status is ClaimStatus.CLAIMED
+        assert await members("holders") == [redis_store._member(two)]
+        assert await members("waiters") == []
+    finally:
+        await client.aclose()
 
 
 async def test_nothing_expires_by_ttl(make_store: StoreMaker) -> None:

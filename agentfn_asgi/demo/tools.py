@@ -12,6 +12,10 @@
 - ``flaky_lookup(key, fail_times)``: fails with a transient error on its first
   ``fail_times`` executions of a call, counted in the ledger, and is retried (4 attempts,
   0.2 s backoff doubling): the flow-control tests use it.
+- ``limited_echo(text, delay_ms)``: at most two at a time across every replica
+  (``concurrency=2``; ``EXAMPLE_RATE``, e.g. ``5/s``, adds that rate with a burst of 1):
+  waits without blocking other calls, appends ``{"call_id", "tool": "limited_echo",
+  "start", "end"}`` (Unix times: the handler's start and end) to the ledger, echoes.
 
 They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
 the examples (``examples/``) import them from here rather than keep a copy. It is user code:
@@ -33,6 +37,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +47,28 @@ import anyio.to_thread
 
 from agentfn_asgi import FunctionTools, NotRun, Ran, RetryPolicy, ToolContext, ToolError
 
-__all__ = ["CUSTOMERS", "FLAKY_RETRY", "ExampleResources", "Ledger", "build_tools", "tools"]
+__all__ = [
+    "CUSTOMERS",
+    "FLAKY_RETRY",
+    "LIMITED_CONCURRENCY",
+    "ExampleResources",
+    "Ledger",
+    "build_tools",
+    "example_rate",
+    "tools",
+]
 
 #: flaky_lookup's retry policy: 4 attempts, 0.2 s then 0.4 s then 0.8 s (no jitter).
 FLAKY_RETRY = RetryPolicy(attempts=4, initial_backoff=0.2, multiplier=2.0, max_backoff=5.0)
+
+#: How many limited_echo calls run at once, across every replica sharing the store.
+LIMITED_CONCURRENCY = 2
+
+
+def example_rate() -> str | None:
+    """limited_echo's rate from ``EXAMPLE_RATE`` (``"5/s"``...), or None when unset."""
+    return os.environ.get("EXAMPLE_RATE", "").strip() or None
+
 
 #: The one customer of the guide's example.
 CUSTOMERS: dict[str, dict[str, str]] = {"123": {"name": "Example Customer", "plan": "pro"}}
@@ -206,6 +229,31 @@ def build_tools() -> FunctionTools:
         if k + 1 <= fail_times:
             raise ConnectionError(f"upstream unavailable (attempt {k + 1})")  # transient
         return {"key": key, "attempts": k + 1}
+
+    rate = example_rate()
+    # burst= is refused without rate=: a burst of 1 keeps every second within the rate.
+    limits = (
+        registry.function(concurrency=LIMITED_CONCURRENCY, rate=rate, burst=1)
+        if rate is not None
+        else registry.function(concurrency=LIMITED_CONCURRENCY)
+    )
+
+    @limits
+    async def limited_echo(ctx: ToolContext, text: str, delay_ms: int) -> str:
+        """Wait, then echo the text back; at most two run at once.
+
+        Args:
+            text: What to echo.
+            delay_ms: How long to wait first, in milliseconds.
+        """
+        start = time.time()
+        await anyio.sleep(max(delay_ms, 0) / 1000)
+        # Taken before the append: the line's interval lies within the handler's run, so
+        # overlapping lines prove overlapping runs.
+        end = time.time()
+        entry = {"call_id": ctx.call_id, "tool": "limited_echo", "start": start, "end": end}
+        await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
+        return text
 
     return registry
 

@@ -4,12 +4,19 @@ account closure's ledger lines and reconcile hooks, and the ledger's whole-line 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
-from agentfn_asgi.demo.tools import ExampleResources, Ledger, build_tools, tools
+from agentfn_asgi.demo.tools import (
+    LIMITED_CONCURRENCY,
+    ExampleResources,
+    Ledger,
+    build_tools,
+    tools,
+)
 from agentfn_asgi.errors import ToolError
 from agentfn_asgi.tools import NotRun, Ran, ToolContext, derive_idempotency_key
 
@@ -37,6 +44,7 @@ def test_definitions_match_the_contract() -> None:
         "slow_echo",
         "close_account",
         "flaky_lookup",
+        "limited_echo",
     }
     close = tools.get("close_account")
     assert close is not None and close.side_effects and close.approval is True
@@ -150,3 +158,54 @@ async def test_refund_waits_delay_ms_before_its_side_effect(tmp_path: Path) -> N
     quick = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 1500, "delay_ms": 1})
     assert (await refund.invoke(quick, ctx))["order_id"] == "ord_1"
     assert [e["call_id"] for e in ledger.entries()] == ["call_1"]
+
+
+@pytest.mark.anyio
+async def test_limited_echo_writes_its_interval_and_echoes(tmp_path: Path) -> None:
+    """``limited_echo`` waits ``delay_ms`` without blocking others (two 200 ms calls at
+    once take well under 400 ms), then appends one ``{call_id, tool, start, end}`` line
+    (Unix times around the wait) and echoes the text."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    echo = tools.get("limited_echo")
+    assert echo is not None
+    answers: dict[str, str] = {}
+
+    async def call(call_id: str, text: str) -> None:
+        args = echo.parse_arguments({"text": text, "delay_ms": 200})
+        answers[call_id] = await echo.invoke(args, _context(call_id, ledger))
+
+    before = time.time()
+    async with anyio.create_task_group() as group:
+        group.start_soon(call, "call_1", "left")
+        group.start_soon(call, "call_2", "right")
+    after = time.time()
+    assert answers == {"call_1": "left", "call_2": "right"}
+    assert after - before < 0.39
+    lines = sorted(ledger.entries(), key=lambda e: e["call_id"])
+    assert [(e["call_id"], e["tool"]) for e in lines] == [
+        ("call_1", "limited_echo"),
+        ("call_2", "limited_echo"),
+    ]
+    for entry in lines:
+        assert set(entry) == {"call_id", "tool", "start", "end"}
+        assert before <= entry["start"] and entry["start"] + 0.2 <= entry["end"] <= after
+
+
+def test_limited_echo_runs_two_at_once_and_example_rate_adds_a_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``concurrency=2``; without ``EXAMPLE_RATE`` no rate, with ``EXAMPLE_RATE=5/s`` that
+    rate with a burst of 1 (read when the registry is built)."""
+    echo = tools.get("limited_echo")
+    assert echo is not None
+    monkeypatch.delenv("EXAMPLE_RATE", raising=False)
+    plain = build_tools().get("limited_echo")
+    assert plain is not None
+    assert plain.policy.concurrency == LIMITED_CONCURRENCY == 2
+    assert plain.policy.rate is None
+    monkeypatch.setenv("EXAMPLE_RATE", "5/s")
+    rated = build_tools().get("limited_echo")
+    assert rated is not None
+    assert (rated.policy.concurrency, rated.policy.rate, rated.policy.burst) == (2, 5.0, 1)
+    definition = next(d for d in tools.definitions() if d["name"] == "limited_echo")
+    assert definition["parameters"]["required"] == ["text", "delay_ms"]

@@ -14,7 +14,8 @@ limiter (:class:`~agentfn_asgi.records.Limit`) for a slot. A call the limiter re
 poll, keeping it once admitted to run the call as a fresh attempt. A poll comes at once when
 a call of the same limiter ends in this process, else after a backoff (50 ms doubling to a
 second, and never later than a third of the lease: each poll renews the waiter's lease; for
-a rated limiter never sooner than the next token could exist). A wait past the tool's
+a rated limiter every half token interval, 25 ms at least, so the first in line takes its
+token soon after it exists). A wait past the tool's
 ``max_wait`` fails the call with a message the model can act on; a shutdown stops polling
 (the waiter's lease lapses and another replica, or the sweep, adopts the call).
 
@@ -418,7 +419,10 @@ class Executor:
         key, number, began = record.key, record.attempt, record.next_attempt_at
         max_wait = self._policy(tool).max_wait
         cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
-        floor = 0.0 if limit.rate is None else 1.0 / limit.rate
+        # A rated limiter's first waiter must ask soon after its token exists, or the rate
+        # goes unused (a backoff to a second gave 5/s about 1.5 calls a second): its waiters
+        # poll every half token interval instead of backing off.
+        rated = None if limit.rate is None else min(max(0.5 / limit.rate, _FIRST_POLL / 2), cap)
         pause = _FIRST_POLL
         _log_waiting(record, limit, _wait_reason(limit))
         self._telemetry.add_calls_waiting(tool.name, 1)
@@ -447,7 +451,7 @@ class Executor:
 
         try:
             while not self._closing:
-                nap = min(max(pause, floor), cap)
+                nap = min(pause, cap) if rated is None else rated
                 if max_wait is not None:
                     nap = min(nap, max(0.0, began + max_wait - self._clock()))
                 await self._wait_unless_closed(nap, freed=limit.name)

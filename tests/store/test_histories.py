@@ -21,8 +21,8 @@ burst of 1) take slots or wait, their holders poll (``admit_call``), waiters die
 adopted, and every record's ``limiter`` is compared with the rest.
 
 Times are compared exactly: both stores read the one clock, which only the ``advance`` rule
-moves. ``AGENTFN_HISTORY_EXAMPLES`` sets the examples per backend (200 by default, the same
-ones on every run; ten times more, new ones each run, in ``make histories-long``);
+moves. ``AGENTFN_HISTORY_EXAMPLES`` sets the examples per backend (120 by default, the same
+ones on every run; 2,000, new ones each run, in ``make histories-long``);
 ``AGENTFN_HISTORY_STEPS`` the steps per example (30). A failure prints the shrunk sequence
 of steps (``AGENTFN_HISTORY_SHRINK=0``: the first one found, at once).
 """
@@ -67,8 +67,9 @@ from tests.store.conftest import FakeClock, _postgres_backend, _redis_backend, r
 
 T = TypeVar("T")
 
-#: Examples per backend: a few hundred in ``make test``; ``make histories-long`` runs 10x.
-EXAMPLES = int(os.environ.get("AGENTFN_HISTORY_EXAMPLES", "200"))
+#: Examples per backend: 120 in ``make test`` (about a minute on the four backends);
+#: ``make histories-long`` runs 2,000.
+EXAMPLES = int(os.environ.get("AGENTFN_HISTORY_EXAMPLES", "120"))
 #: Steps per example (hypothesis shrinks a failing sequence to the steps that matter).
 STEPS = int(os.environ.get("AGENTFN_HISTORY_STEPS", "30"))
 #: ``AGENTFN_HISTORY_SHRINK=0`` reports the first failing sequence as found: seconds instead

@@ -5,7 +5,6 @@ arguments); the dispatcher, the worker and the Celery integration run tools thro
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import logging
@@ -88,12 +87,19 @@ async def invoke(
     keeps running in its thread until it returns: Python cannot stop a thread.
     """
     call = tool.bind(arguments, context)
-    with anyio.fail_after(time_limit) if tool.is_async else contextlib.nullcontext():
-        if tool.is_async:
+    if not tool.is_async:
+        pool = threads if threads is not None else default_thread_pool()
+        result = await pool.run(call, time_limit=time_limit, wait_limit=wait_limit)
+    elif time_limit is None:
+        result = await call()
+    else:
+        # What ``anyio.fail_after`` does, without its two generator-based context managers
+        # and their backend look-ups (17 against 12 µs a call, timed on asyncio).
+        scope = anyio.CancelScope(deadline=anyio.current_time() + time_limit)
+        with scope:
             result = await call()
-        else:
-            pool = threads if threads is not None else default_thread_pool()
-            result = await pool.run(call, time_limit=time_limit, wait_limit=wait_limit)
+        if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
+            raise TimeoutError
     if inspect.isawaitable(result):  # a sync wrapper's (or an SDK tool's) coroutine
         with anyio.fail_after(time_limit):
             result = await result

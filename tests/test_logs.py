@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -70,3 +71,22 @@ def test_a_host_that_configured_logging_is_left_alone(bare_logging: Callable[[],
     logging.getLogger(logs.PACKAGE_LOGGER).setLevel(logging.WARNING)
     assert logs.show_by_default() is False
     assert logging.getLogger(logs.PACKAGE_LOGGER).handlers == []
+
+
+def test_the_default_line_is_the_standard_formatters_to_the_character() -> None:
+    """The handler's formatter (the time formatted once a second) writes exactly what
+    ``logging.Formatter`` with the same format would, across seconds and with a traceback."""
+    ours, standard = logs._Formatter(), logging.Formatter(logs._FORMAT)
+    logger = logging.getLogger("agentfn_asgi.dispatch.execution")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failure = sys.exc_info()
+    for i, created in enumerate((1764760000.0, 1764760000.9994, 1764760001.5, 1764760000.25)):
+        record = logger.makeRecord(
+            logger.name, logging.INFO, __file__, 1, "call finished: tool=%s n=%d", ("é", i), None
+        )
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        if i == 2:
+            record.exc_info, record.levelno, record.levelname = failure, logging.ERROR, "ERROR"
+        assert ours.format(record) == standard.format(record)

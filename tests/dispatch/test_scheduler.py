@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from agentfn_asgi.errors import APIError, SessionNotFoundYetError
+from agentfn_asgi.dispatch.scheduler import _claimed
+from agentfn_asgi.errors import APIError, SessionNotFoundYetError, StoreError
 from agentfn_asgi.records import CallState
 from agentfn_asgi.store.memory import MemoryStore
 
@@ -90,3 +93,28 @@ async def test_the_sweep_marks_calls_of_a_cancelled_turn_stale(
     record = await store.get_call(key)
     assert record is not None and record.state is CallState.STALE
     assert api.fake.submissions == []
+
+
+async def test_waiting_for_one_claim_says_what_a_gather_of_it_would() -> None:
+    """A delivery's single claim is awaited directly: its failure is raised as it is, a
+    claim cancelled before the store decided it is a StoreError (the delivery stays for the
+    sweep), and a cancelled resolver stays cancelled."""
+    loop = asyncio.get_running_loop()
+    failed: asyncio.Future[None] = loop.create_future()
+    failed.set_exception(StoreError("down"))
+    with pytest.raises(StoreError, match="down"):
+        await _claimed([failed])
+    interrupted: asyncio.Future[None] = loop.create_future()
+    interrupted.cancel()
+    with pytest.raises(StoreError, match="interrupted"):
+        await _claimed([interrupted])
+    done: asyncio.Future[None] = loop.create_future()
+    done.set_result(None)
+    await _claimed([done])
+    pending: asyncio.Future[None] = loop.create_future()
+    waiter = asyncio.ensure_future(_claimed([pending]))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert pending.cancelled()  # as a gather cancels what it waits for

@@ -64,8 +64,10 @@ histories-long: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/python -m tests.soak
 
+# The full matrix, then what flow control's limits cost when never reached (target <= 1.10x).
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.limits_cost
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick

@@ -25,7 +25,7 @@ from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 from .support.backends import SHARED, store_url_for
 from .support.ports import free_port
-from .support.replicas import replicas
+from .support.replicas import replicas, taken_over_calls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
 
@@ -52,16 +52,6 @@ async def _wait_for_claim_by(url: str, pid: int) -> None:
             await anyio.sleep(0.001)
     finally:
         await store.close()
-
-
-async def _taken_over(url: str, session_ids: list[str]) -> int:
-    """Calls that needed a second attempt: the killed replica's, finished by the others."""
-    store = open_store(url)
-    try:
-        records = [r for sid in session_ids for r in await store.calls_for_session(sid)]
-    finally:
-        await store.close()
-    return sum(1 for r in records if r.attempt > 1)
 
 
 def _sessions() -> list[list[list[FakeCall]]]:
@@ -128,7 +118,7 @@ async def test_three_replicas_one_store_one_result_per_call(
                 logs = "\n".join(r.log()[-3000:] for r in running)
                 pytest.fail(f"not finished: {len(fake.submissions)} results\n{logs}")
             elapsed = time.monotonic() - began
-        taken_over = await _taken_over(url, session_ids)
+        taken_over = await taken_over_calls(url, session_ids)
     per_call = Counter(s.call_id for s in fake.submissions)
     assert set(per_call) == expected
     assert set(per_call.values()) == {1}, [c for c, n in per_call.items() if n > 1]

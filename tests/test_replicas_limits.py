@@ -26,7 +26,7 @@ from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 from .support.backends import SHARED, store_url_for
 from .support.ports import free_port
-from .support.replicas import replicas
+from .support.replicas import replicas, taken_over_calls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
 
@@ -163,15 +163,6 @@ async def _wait_for_slot_held_by(url: str, pid: int) -> None:
         await store.close()
 
 
-async def _taken_over(url: str, sessions: list[str]) -> int:
-    store = open_store(url)
-    try:
-        records = [r for sid in sessions for r in await store.calls_for_session(sid)]
-    finally:
-        await store.close()
-    return sum(1 for r in records if r.attempt > 1)
-
-
 @pytest.mark.parametrize("backend", SHARED)
 async def test_never_more_than_two_at_once_across_three_replicas(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -207,7 +198,7 @@ async def test_a_sigkilled_holders_slot_is_free_after_its_lease(
         killed_at = time.time()
         await victim.process.wait()
         await _finish(fake, sessions, running)
-        taken_over = await _taken_over(url, sessions)
+        taken_over = await taken_over_calls(url, sessions)
     _assert_answered_once(fake, plans)
     runs = _runs(tmp_path / "ledger.jsonl")
     assert {r.call_id for r in runs} == {s.call_id for s in fake.submissions}

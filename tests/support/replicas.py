@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from agentfn_asgi.demo import RunningExample, run_example
+from agentfn_asgi.store import open_store
 
-__all__ = ["replicas"]
+__all__ = ["replicas", "taken_over_calls"]
 
 
 @contextlib.asynccontextmanager
@@ -29,3 +30,14 @@ async def replicas(
             )
             for n, port in enumerate(ports)
         ]
+
+
+async def taken_over_calls(url: str, session_ids: Sequence[str]) -> int:
+    """How many calls of these sessions needed a second attempt (a killed replica's,
+    finished by the others), read from the store at ``url``."""
+    store = open_store(url)
+    try:
+        records = [r for sid in session_ids for r in await store.calls_for_session(sid)]
+    finally:
+        await store.close()
+    return sum(1 for r in records if r.attempt > 1)

@@ -6,6 +6,8 @@ Steps 6-11 of "One delivery, end to end" (docs/how-it-works/architecture.md), cu
   session, the recovery sweep, worker completions;
 - :mod:`.execution`: one call's life: concurrency slot, claim, run (handler, reconcile hook
   or worker hand-off), save, submit; the in-doubt policy;
+- :mod:`.limits`: flow control's side of a call: its limit, and its wait for a turn of its
+  tool's limiter, holding no slot;
 - :mod:`.submission`: sending a saved result, and settling a refusal (stale);
 - :mod:`.leases`: renewing a claim's lease while work on it runs, and fencing the holder
   that could not renew it;

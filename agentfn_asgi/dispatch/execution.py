@@ -8,16 +8,8 @@ claimed call starts (and renews its lease) at once instead of waiting for a slot
 lease runs out.
 
 Flow control (a tool with ``concurrency=`` or ``rate=``): the claim also asks the tool's
-limiter (:class:`~agentfn_asgi.records.Limit`) for a slot. A call the limiter refuses is left
-``waiting`` in the store: its task gives the process slot back and polls
-(:meth:`~agentfn_asgi.store.base.Store.admit_call`), taking the process slot only for each
-poll, keeping it once admitted to run the call as a fresh attempt. A poll comes at once when
-a call of the same limiter ends in this process, else after a backoff (50 ms doubling to a
-second, and never later than a third of the lease: each poll renews the waiter's lease; for
-a rated limiter every half token interval, 25 ms at least, so the first in line takes its
-token soon after it exists). A wait past the tool's
-``max_wait`` fails the call with a message the model can act on; a shutdown stops polling
-(the waiter's lease lapses and another replica, or the sweep, adopts the call).
+limiter for a slot; a call it refuses waits, holding no slot, in
+:mod:`agentfn_asgi.dispatch.limits`, and runs here when its turn comes.
 
 In-doubt policy (a claim expired with no saved result, so the handler may have run): plain
 tools run again (at-least-once); side-effect tools ask their ``reconcile`` hook: ``Ran`` → its
@@ -29,7 +21,6 @@ an operator and nothing is sent.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 import secrets
@@ -58,8 +49,6 @@ from ..messages import (
     IN_DOUBT_MESSAGE,
     INTERNAL_FAILURE_MESSAGE,
     JOB_DEADLINE_MESSAGE,
-    LIMIT_KEY_FAILED_MESSAGE,
-    MAX_WAIT_MESSAGE,
     RETRIED_SUFFIX,
     RETRY_LATER_EXHAUSTED_MESSAGE,
     THREADS_BUSY_MESSAGE,
@@ -72,7 +61,6 @@ from ..messages import (
 )
 from ..policy import ResolvedPolicy, resolve
 from ..records import (
-    LIMITER_KEY_SEPARATOR,
     ApprovalRequest,
     CallKey,
     CallRecord,
@@ -89,6 +77,7 @@ from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_k
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .leases import Lease, LeaseKeeper, LeaseLostError
+from .limits import Limiting, Turn, Waiter, limit_for
 from .settings import DispatchSettings
 from .submission import Submitter
 
@@ -145,16 +134,6 @@ class _Attempt:
         return self.approval is not None and self.approval.decision == "approved"
 
 
-#: A call's limits (flow control): its :class:`Limit`, None for a tool without limits, or
-#: the model-facing failure when the tool's ``concurrency_key`` raised.
-_Limiting = Limit | SavedResult | None
-
-#: The first pause of a waiting call between two polls of its limiter (doubling per poll).
-_FIRST_POLL = 0.05
-#: The longest pause between two polls (and never more than a third of the lease).
-_LONGEST_POLL = 1.0
-
-
 @dataclass(frozen=True, slots=True)
 class _Retry:
     """An attempt that asks for another one at ``at`` (Unix time), for ``reason``."""
@@ -201,9 +180,7 @@ class Executor:
         self.on_approval_request: Callable[[CallRecord], None] | None = None
         self._closing = False
         self._closed: asyncio.Event | None = None
-        #: limiter name -> set (and dropped) when a call holding one of its slots ends
-        #: here: the calls waiting for it here poll at once.
-        self._freed: dict[str, asyncio.Event] = {}
+        self._waiter = Waiter(store, settings, telemetry, owner=owner, clock=clock)
 
     def close(self) -> None:
         """Claim nothing more: call tasks that have not claimed yet give up (shutdown), and
@@ -246,7 +223,7 @@ class Executor:
         claims it first runs it.
         """
         try:
-            limiting = await self._limiting(key, action, tool)
+            limiting = await limit_for(key, action, tool, self._resources)
             due = await self._claim_and_run(key, action, tool, delivery_id, claimed, limiting)
             await self._follow_retries(key, action, tool, due, limiting)
         finally:
@@ -259,7 +236,7 @@ class Executor:
         action: FunctionCallAction,
         tool: FunctionTool | None,
         due: float | None,
-        limiting: _Limiting,
+        limiting: Limiting,
     ) -> None:
         """Wait for each scheduled retry's time, then claim and run it (flow control)."""
         while due is not None and not self._closing:
@@ -276,7 +253,7 @@ class Executor:
         limiter's name), also until a call holding one of its slots ends here."""
         events = [self._closed]
         if freed is not None:
-            events.append(self._freed.setdefault(freed, asyncio.Event()))
+            events.append(self._waiter.freed(freed))
         async with anyio.create_task_group() as group:
 
             async def stop_when_set(event: asyncio.Event | None) -> None:
@@ -289,12 +266,6 @@ class Executor:
             await self._sleep(seconds)
             group.cancel_scope.cancel()
 
-    def _wake(self, limiter: str) -> None:
-        """A slot of ``limiter`` was freed here: its waiters here poll now."""
-        event = self._freed.pop(limiter, None)
-        if event is not None:
-            event.set()
-
     async def _claim_and_run(
         self,
         key: CallKey,
@@ -302,7 +273,7 @@ class Executor:
         tool: FunctionTool | None,
         delivery_id: str | None,
         claimed: asyncio.Future[None] | None,
-        limiting: _Limiting = None,
+        limiting: Limiting = None,
     ) -> float | None:
         """One claim and, if it is ours, one attempt (after a wait for the tool's limiter,
         holding no slot). The time of the retry to wait for (scheduled by this attempt, or
@@ -359,48 +330,6 @@ class Executor:
         # Waiting for the limiter: the process slot is free for others meanwhile.
         return await self._wait_for_turn(record, action, tool, limit, delivery_id, sent)
 
-    async def _limiting(
-        self, key: CallKey, action: FunctionCallAction, tool: FunctionTool | None
-    ) -> _Limiting:
-        """The call's :class:`Limit` (flow control), None without one.
-
-        The limiter is the tool's name, plus the ``concurrency_key``'s value when it has
-        one: the key function gets the parsed arguments and a :class:`ToolContext` for the
-        call with attempt 0 and no deadline (it is asked before the call is claimed). Its
-        value is made a string. Arguments that do not parse give no limit: the call fails
-        validation without running. A key function that raises fails the call (the model is
-        told it did not run); the exception is logged."""
-        if tool is None or not tool.policy.limited or action.unreadable is not None:
-            return None
-        policy, name = tool.policy, tool.name
-        if policy.concurrency_key is not None:
-            try:
-                arguments = tool.parse_arguments(action.arguments)
-            except ArgumentValidationError:
-                return None
-            context = ToolContext(
-                session_id=key.session_id,
-                turn_id=key.turn_id,
-                call_id=key.call_id,
-                tool_name=tool.name,
-                attempt=0,
-                deadline=None,
-                idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
-                resources=self._resources,
-            )
-            try:
-                value = policy.concurrency_key(context, arguments)
-                if inspect.isawaitable(value):
-                    value = await value
-            except Exception:
-                logger.exception("the concurrency_key of tool %s failed for call %s", name, key)
-                message = LIMIT_KEY_FAILED_MESSAGE.format(name=name)
-                return failure_result(key, message, "limit_key_error", source="limit")
-            name = f"{name}{LIMITER_KEY_SEPARATOR}{value}"
-        return Limit(
-            name=name, concurrency=policy.concurrency, rate=policy.rate, burst=policy.burst
-        )
-
     async def _wait_for_turn(
         self,
         record: CallRecord,
@@ -410,87 +339,42 @@ class Executor:
         delivery_id: str | None,
         sent: float,
     ) -> float | None:
-        """Poll ``limit`` for the ``waiting`` call ``record`` (ours) until it is admitted
-        (then run it as a fresh attempt, keeping the process slot the poll took), it is not
-        ours any more, its wait passes the tool's ``max_wait`` (then its failure is saved
-        and submitted), or :meth:`close`. ``sent``: the monotonic time of the request that
-        left it waiting (its lease counts from it). See the module docstring."""
+        """Wait for the ``waiting`` call ``record``'s turn (:class:`Waiter`), then run it
+        as a fresh attempt (nothing ran while it waited), or save its ``max_wait``
+        failure."""
         assert self._slots is not None
-        key, number, began = record.key, record.attempt, record.next_attempt_at
-        max_wait = self._policy(tool).max_wait
-        cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
-        # A rated limiter's first waiter must ask soon after its token exists, or the rate
-        # goes unused (a backoff to a second gave 5/s about 1.5 calls a second): its waiters
-        # poll every half token interval instead of backing off.
-        rated = None if limit.rate is None else min(max(0.5 / limit.rate, _FIRST_POLL / 2), cap)
-        pause = _FIRST_POLL
-        _log_waiting(record, limit, _wait_reason(limit))
-        self._telemetry.add_calls_waiting(tool.name, 1)
-        waiting = True
 
-        def stop_waiting() -> None:
-            nonlocal waiting
-            if waiting:
-                waiting = False
-                self._telemetry.add_calls_waiting(tool.name, -1)
-
-        def attempt_of(held: CallRecord, **extra: Any) -> _Attempt:
-            return _Attempt(
-                key=key,
+        async def run(turn: Turn) -> float | None:
+            held = turn.record
+            attempt = _Attempt(
+                key=held.key,
                 action=action,
                 tool=tool,
                 number=held.attempt,
-                in_doubt=False,  # nothing ran while it waited
+                in_doubt=False,
                 delivery_id=delivery_id,
-                lease=self._leases.lease(key, attempt=held.attempt, claimed_at=sent),
+                lease=self._leases.lease(held.key, attempt=held.attempt, claimed_at=turn.sent),
                 created_at=held.created_at,
                 approval=held.approval,
-                waited=max(0.0, self._clock() - began),
-                **extra,
+                waited=turn.waited,
+                limiter=None if turn.failure is not None else limit.name,
+                preset=turn.failure,
             )
+            return await self._execute(attempt)
 
-        try:
-            while not self._closing:
-                nap = min(pause, cap) if rated is None else rated
-                if max_wait is not None:
-                    nap = min(nap, max(0.0, began + max_wait - self._clock()))
-                await self._wait_unless_closed(nap, freed=limit.name)
-                pause = min(pause * 2, cap)
-                async with self._slots:
-                    if self._closing:
-                        return None  # the waiter's lease lapses; another replica adopts it
-                    if max_wait is not None and self._clock() >= began + max_wait:
-                        stop_waiting()
-                        self._wake(limit.name)  # the next in line here may go
-                        message = MAX_WAIT_MESSAGE.format(name=tool.name, seconds=max_wait)
-                        failure = failure_result(key, message, "max_wait", source="limit")
-                        return await self._execute(attempt_of(record, preset=failure))
-                    sent = time.monotonic()
-                    try:
-                        outcome = await self._store.admit_call(
-                            key,
-                            owner=self._owner,
-                            attempt=number,
-                            limit=limit,
-                            lease_seconds=self._settings.lease_seconds,
-                            margin=self._settings.fence_margin,
-                        )
-                    except StoreError as exc:
-                        # The next poll may succeed; past the lease, another replica adopts.
-                        logger.warning("call %s: asking its limiter failed: %s", key, exc)
-                        continue
-                    if outcome is None or outcome.status not in (
-                        ClaimStatus.CLAIMED,
-                        ClaimStatus.WAITING,
-                    ):
-                        return None  # not ours any more: settled, stale or adopted
-                    record = outcome.record
-                    if outcome.status is ClaimStatus.CLAIMED:
-                        stop_waiting()
-                        return await self._execute(attempt_of(record, limiter=limit.name))
-            return None
-        finally:
-            stop_waiting()
+        async def nap(seconds: float, limiter: str) -> None:
+            await self._wait_unless_closed(seconds, freed=limiter)
+
+        return await self._waiter.wait(
+            record,
+            limit,
+            sent=sent,
+            max_wait=self._policy(tool).max_wait,
+            slots=self._slots,
+            closing=lambda: self._closing,
+            nap=nap,
+            run=run,
+        )
 
     async def rerun(
         self,
@@ -504,31 +388,21 @@ class Executor:
         attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
         ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
-        limiting = await self._limiting(record.key, action, tool)
+        limiting = await limit_for(record.key, action, tool, self._resources)
         limit = limiting if isinstance(limiting, Limit) else None
         due: float | None = None
         async with self._slots:
             if limit is not None:
                 # Its limiter is asked as for any claim: the call runs when its turn comes.
-                claimed_at = time.monotonic()
                 try:
-                    outcome = await self._store.admit_call(
-                        record.key,
-                        owner=self._owner,
-                        attempt=record.attempt,
-                        limit=limit,
-                        lease_seconds=self._settings.lease_seconds,
-                        margin=self._settings.fence_margin,
-                    )
+                    asked = await self._waiter.ask(record.key, attempt=record.attempt, limit=limit)
                 except StoreError as exc:
                     # Claimed and never run: the sweep takes it over once its lease lapses.
                     logger.warning("call %s: asking its limiter failed: %s", record.key, exc)
                     return
-                if outcome is None or outcome.status not in (
-                    ClaimStatus.CLAIMED,
-                    ClaimStatus.WAITING,
-                ):
+                if asked is None:
                     return  # not ours any more
+                outcome, claimed_at = asked
                 record = outcome.record
             if record.state is not CallState.WAITING:
                 attempt = _Attempt(
@@ -613,7 +487,7 @@ class Executor:
         finally:
             self._running_since.pop(key, None)
             if attempt.limiter is not None:
-                self._wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
+                self._waiter.wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
         return None
 
     async def _schedule_retry(self, attempt: _Attempt, retry: _Retry, span: Any) -> float | None:
@@ -1080,37 +954,5 @@ def _log_finished(
         fields["attempt"],
         submitted,
         seconds,
-        extra={"agentfn": fields},
-    )
-
-
-def _wait_reason(limit: Limit) -> str:
-    """Why a call of ``limit`` waits, for the log line: ``concurrency`` or ``rate`` (the
-    call's history says which refused it when the tool has both)."""
-    if limit.rate is None:
-        return "concurrency"
-    return "rate" if limit.concurrency is None else "concurrency or rate"
-
-
-def _log_waiting(record: CallRecord, limit: Limit, reason: str) -> None:
-    """One INFO line when a call begins to wait for its limiter (never per poll)."""
-    key = record.key
-    limiter = limit.name.replace(LIMITER_KEY_SEPARATOR, ":")
-    fields = {
-        "tool": record.tool_name,
-        "session_id": key.session_id,
-        "turn_id": key.turn_id,
-        "call_id": key.call_id,
-        "limiter": limiter,
-        "reason": reason,
-        "attempt": record.attempt,
-    }
-    logger.info(
-        "call waiting for its limit: tool=%s session=%s call=%s limiter=%s reason=%s",
-        record.tool_name,
-        key.session_id,
-        key.call_id,
-        limiter,
-        reason,
         extra={"agentfn": fields},
     )

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agentfn_asgi import RetryLater
 from agentfn_asgi.dispatch import Dispatcher
 from agentfn_asgi.messages import LIMIT_KEY_FAILED_MESSAGE, MAX_WAIT_MESSAGE
-from agentfn_asgi.records import LIMITER_KEY_SEPARATOR, CallKey, CallState, Limit
+from agentfn_asgi.records import LIMITER_KEY_SEPARATOR, CallKey, CallState, ClaimOutcome, Limit
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext
@@ -73,6 +73,18 @@ async def answered(api: API, keys: list[CallKey]) -> dict[str, Any]:
             if all(key.call_id in found for key in keys):
                 return found
             await anyio.sleep(0.01)
+
+
+async def held_by_another_replica(store: MemoryStore, key: CallKey, tool: str) -> ClaimOutcome:
+    """Another replica ("replica-b") claims ``key`` and takes the only slot of ``tool``'s
+    limiter (``concurrency=1``), as a running call of it would."""
+    return await store.claim_call(
+        key,
+        tool_name=tool,
+        owner="replica-b",
+        lease_seconds=LEASE,
+        limit=Limit(name=tool, concurrency=1),
+    )
 
 
 async def history(store: MemoryStore, key: CallKey) -> list[tuple[str, str]]:
@@ -290,13 +302,7 @@ async def test_a_waiting_call_holds_no_process_slot(api: API, store: MemoryStore
     )
     [other] = session_of(api, [FakeCall("free", {"key": "c"})])
     # Another replica holds the only slot of `limited` and is running its first call.
-    outcome = await store.claim_call(
-        held,
-        tool_name="limited",
-        owner="replica-b",
-        lease_seconds=LEASE,
-        limit=Limit(name="limited", concurrency=1),
-    )
+    outcome = await held_by_another_replica(store, held, "limited")
     assert outcome.status.value == "claimed"
     settings = dataclasses.replace(SETTINGS, max_concurrency=1)
     async with dispatching(api, store, clock, tools, settings) as dispatcher:
@@ -363,13 +369,7 @@ async def test_the_gauge_counts_the_calls_waiting_here(
     [held, waiter] = session_of(
         api, [FakeCall("lookup", {"key": "a"}, call_id="a"), FakeCall("lookup", {"key": "b"})]
     )
-    await store.claim_call(
-        held,
-        tool_name="lookup",
-        owner="replica-b",
-        lease_seconds=LEASE,
-        limit=Limit(name="lookup", concurrency=1),
-    )
+    await held_by_another_replica(store, held, "lookup")
 
     def gauge() -> list[tuple[Any, int]]:
         data = reader.get_metrics_data()
@@ -427,13 +427,7 @@ async def test_close_stops_a_wait_and_leaves_the_call_waiting_for_another_replic
     [held, waiter] = session_of(
         api, [FakeCall("lookup", {"key": "a"}, call_id="a"), FakeCall("lookup", {"key": "b"})]
     )
-    await store.claim_call(
-        held,
-        tool_name="lookup",
-        owner="replica-b",
-        lease_seconds=LEASE,
-        limit=Limit(name="lookup", concurrency=1),
-    )
+    await held_by_another_replica(store, held, "lookup")
     with anyio.fail_after(5):
         async with dispatching(api, store, clock, tools) as dispatcher:
             await dispatcher.resolve(waiter.session_id)
@@ -466,10 +460,7 @@ async def test_an_operators_rerun_asks_the_limiter_and_waits_its_turn(
     # A replica died running `doubtful` (its claim lapsed, in doubt).
     await store.claim_call(doubtful, tool_name="lookup", owner="gone", lease_seconds=LEASE)
     clock.advance(LEASE + SETTINGS.fence_margin + 1)
-    limit = Limit(name="lookup", concurrency=1)
-    await store.claim_call(
-        held, tool_name="lookup", owner="replica-b", lease_seconds=LEASE, limit=limit
-    )
+    await held_by_another_replica(store, held, "lookup")
     async with dispatching(api, store, clock, tools) as dispatcher:
         status, _ = await dispatcher.settle(doubtful, rerun=True)
         assert status == "running"

@@ -90,6 +90,18 @@ logger = logging.getLogger("agentfn_asgi.dispatch.execution")
 CompletionStatus = Literal["accepted", "duplicate", "conflict", "stale", "unknown_tool"]
 
 
+def _claim_options(limit: Limit | None, *, resolves: bool) -> dict[str, Any]:
+    """``claim_call``'s optional arguments, each passed only when used: a store written
+    before flow control (or before claims resolved deliveries) still runs every call that
+    needs neither."""
+    options: dict[str, Any] = {}
+    if limit is not None:
+        options["limit"] = limit
+    if resolves:
+        options["resolves_delivery"] = True
+    return options
+
+
 class JobHandoff(Protocol):
     """Hands a validated call of an ``enqueue=`` tool to its queue (see
     :mod:`agentfn_asgi.jobs`, which implements it for the app)."""
@@ -212,19 +224,24 @@ class Executor:
         tool: FunctionTool | None,
         delivery_id: str | None,
         claimed: asyncio.Future[None],
+        *,
+        resolves: bool = False,
     ) -> None:
         """Claim ``key`` and see it through (the whole life of one call task).
 
         ``claimed`` is resolved once the claim is decided in the store (or fails with the
         store's error), so the resolver marks a delivery resolved only after every call it
         names is durably claimed: a crash in between leaves claims for the sweep to find.
+        With ``resolves``, the first claim resolves ``delivery_id`` in the same store step.
         A retry scheduled in the store (by this attempt or an earlier one) is waited for
         here, holding no slot and no thread, and claimed at its time: whichever replica
         claims it first runs it.
         """
         try:
             limiting = await limit_for(key, action, tool, self._resources)
-            due = await self._claim_and_run(key, action, tool, delivery_id, claimed, limiting)
+            due = await self._claim_and_run(
+                key, action, tool, delivery_id, claimed, limiting, resolves=resolves
+            )
             await self._follow_retries(key, action, tool, due, limiting)
         finally:
             if not claimed.done():  # cancelled before the claim was decided
@@ -274,10 +291,13 @@ class Executor:
         delivery_id: str | None,
         claimed: asyncio.Future[None] | None,
         limiting: Limiting = None,
+        *,
+        resolves: bool = False,
     ) -> float | None:
         """One claim and, if it is ours, one attempt (after a wait for the tool's limiter,
-        holding no slot). The time of the retry to wait for (scheduled by this attempt, or
-        found scheduled and not due yet), else None."""
+        holding no slot); with ``resolves``, the claim resolves ``delivery_id`` too. The
+        time of the retry to wait for (scheduled by this attempt, or found scheduled and
+        not due yet), else None."""
         assert self._slots is not None, "start() first"
         limit = limiting if isinstance(limiting, Limit) else None
         async with self._slots:
@@ -292,9 +312,7 @@ class Executor:
                     lease_seconds=self._settings.lease_seconds,
                     delivery_id=delivery_id,
                     margin=self._settings.fence_margin,
-                    # Only for a limited tool: a store without flow control still runs
-                    # every other tool.
-                    **({} if limit is None else {"limit": limit}),
+                    **_claim_options(limit, resolves=resolves),
                 )
             except Exception as exc:
                 if claimed is None:

@@ -442,26 +442,37 @@ class Dispatcher:
             await self._settle_missing(session_id, pending=set(), read_at=read_at)
         else:
             self.alarm.cleared()
-            pending, claims = self._start_calls(session, delivery_id)
+            # Settling comes between the claims and the resolution: only without it can the
+            # resolution ride on the claim.
+            pending, claims, carried = self._start_calls(session, delivery_id, carry=not settle)
             await _claimed(claims)
             if settle:
                 await self._settle_missing(session.id, pending, read_at=read_at)
+            if carried:
+                delivery_id = None  # resolved by its call's claim
         if delivery_id is not None:
             await self.store.mark_delivery_resolved(delivery_id)
             self._missing_told.discard(delivery_id)
 
     def _start_calls(
-        self, session: AgentSession, delivery_id: str | None
-    ) -> tuple[set[CallKey], list[asyncio.Future[None]]]:
-        """One task per pending call not already in flight here; returns the pending keys
-        and one future per task, resolved when its claim is decided.
+        self, session: AgentSession, delivery_id: str | None, *, carry: bool
+    ) -> tuple[set[CallKey], list[asyncio.Future[None]], bool]:
+        """One task per pending call not already in flight here; returns the pending keys,
+        one future per task, resolved when its claim is decided, and whether the claim
+        resolves the delivery too.
 
         The tasks claim together, so a turn's parallel calls share store transactions (the
-        SQLite store commits queued work as one group).
+        SQLite store commits queued work as one group). With ``carry``, a delivery whose
+        session waits for one call only is resolved by that call's claim, in the same store
+        step (one round trip fewer): once the claim is durable, the call's record carries
+        the work. With several calls, each claim is its own step and the delivery is
+        resolved after the last one is decided.
         """
         loop = asyncio.get_running_loop()
         pending: set[CallKey] = set()
         claims: list[asyncio.Future[None]] = []
+        carried = False
+        carry = carry and delivery_id is not None and len(session.function_calls) == 1
         for action in session.function_calls:
             key = CallKey(session.id, action.turn_id, action.call_id)
             pending.add(key)
@@ -472,8 +483,12 @@ class Dispatcher:
                 continue  # another service sharing this agent answers it
             claimed: asyncio.Future[None] = loop.create_future()
             claims.append(claimed)
-            self._track(key, self._executor.run(key, action, tool, delivery_id, claimed))
-        return pending, claims
+            carried = carry
+            self._track(
+                key,
+                self._executor.run(key, action, tool, delivery_id, claimed, resolves=carried),
+            )
+        return pending, claims, carried
 
     async def _settle_missing(
         self, session_id: str, pending: set[CallKey], *, read_at: float

@@ -575,13 +575,16 @@ end
 # With a limit, in the same step: the claim taken takes a slot or waits (answer 'waiting');
 # an expired claim is taken over only if the limiter admits it (else 'busy', unchanged).
 # Without one, nothing of the limiters is read.
-# KEYS: the call's hash. ARGV: N, now, member, namespace, owner, lease_expires_at,
-# takeover_before, tool_name, session_id, turn_id, call_id, delivery_id ('' = none), then
-# only with a limit: its name, concurrency, rate, burst ('' = no bound).
+# With a second key (the delivery's hash), that delivery is resolved in the same script,
+# whatever the claim decides (claim_call's resolves_delivery).
+# KEYS: the call's hash[, the delivery's hash]. ARGV: N, now, member, namespace, owner,
+# lease_expires_at, takeover_before, tool_name, session_id, turn_id, call_id, delivery_id
+# ('' = none), then only with a limit: its name, concurrency, rate, burst ('' = no bound).
 # Returns {status, hash fields}.
 CLAIM = _script(
     _ADMISSION
     + """
+local function decide()
 local key, now, member, owner = KEYS[1], ARGV[2], ARGV[3], ARGV[5]
 local c = guard_fields(key)
 local a = {owner = owner, now = now, takeover_before = ARGV[7]}
@@ -655,6 +658,15 @@ if c.state == 'claimed' or c.state == 'retry_scheduled' or c.state == 'waiting' 
 end
 if SAVED[c.state] then return {'saved', redis.call('HGETALL', key)} end
 return {'done', redis.call('HGETALL', key)}
+end
+-- Decided first: a script that fails half way leaves its writes, and the delivery must
+-- never be resolved by a claim that was not written.
+local reply = decide()
+if KEYS[2] and redis.call('HGET', KEYS[2], 'resolved') == '0' then
+  redis.call('HSET', KEYS[2], 'resolved', '1')
+  reindex_delivery(KEYS[2], ARGV[12])
+end
+return reply
 """
 )
 

@@ -249,10 +249,15 @@ class SQLStore(abc.ABC):
         """Run one statement; every row it returned."""
 
     @abc.abstractmethod
-    async def _first_row(self, action: str, *statements: Statement) -> tuple[int, Row] | None:
+    async def _first_row(
+        self, action: str, *statements: Statement, also: Statement | None = None
+    ) -> tuple[int, Row] | None:
         """Run statements in order on one connection until one returns a row.
 
         Returns that statement's index and first row, or None when none returned a row.
+        ``also`` (a write returning nothing, with the first statement's parameters) commits
+        atomically with the first statement, in the same round trip where the database
+        allows it.
         """
 
     @abc.abstractmethod
@@ -355,6 +360,7 @@ class SQLStore(abc.ABC):
         delivery_id: str | None = None,
         margin: float = 0.0,
         limit: Limit | None = None,
+        resolves_delivery: bool = False,
     ) -> ClaimOutcome:
         """Decide who runs ``key`` with one upsert; see :meth:`Store.claim_call`."""
         now = self._clock()
@@ -367,11 +373,19 @@ class SQLStore(abc.ABC):
             "lease_expires_at": now + lease_seconds,
             "delivery_id": delivery_id,
         }
+        # The delivery's resolution rides on the claim's first statement.
+        resolve = (
+            Statement(RESOLVE_DELIVERY, params)
+            if resolves_delivery and delivery_id is not None
+            else None
+        )
         if limit is not None:
             return await self._transaction(
                 "claim_call",
                 limit.name,
-                lambda: self._claim_limited(key, params, limit, now=now, margin=margin),
+                lambda: self._claim_limited(
+                    key, params, limit, now=now, margin=margin, resolve=resolve
+                ),
             )
         # Without a limit: one statement for a new call; the retry of a due call follows on
         # the same connection only when the upsert declined the row.
@@ -382,7 +396,8 @@ class SQLStore(abc.ABC):
         # has the one clock-skew case). It finds nothing only when prune() removed a
         # finished call in between; the next upsert then inserts it afresh.
         for _ in range(3):
-            found = await self._first_row("claim_call", claim, retry, read)
+            found = await self._first_row("claim_call", claim, retry, read, also=resolve)
+            resolve = None  # committed with the first statement
             if found is None:
                 continue
             taken, row = found
@@ -403,12 +418,22 @@ class SQLStore(abc.ABC):
         raise StoreError(f"call {key} changed under the claim three times")
 
     def _claim_limited(
-        self, key: CallKey, params: Mapping[str, object], limit: Limit, *, now: float, margin: float
+        self,
+        key: CallKey,
+        params: Mapping[str, object],
+        limit: Limit,
+        *,
+        now: float,
+        margin: float,
+        resolve: Statement | None,
     ) -> Steps[ClaimOutcome]:
         """The claim of a limited tool's call, in the limiter's transaction: the memory
         store's ``claim_call`` step by step (the same rows, in the same order), each row's
-        statement carrying its guard, then the admission of the call it took."""
+        statement carrying its guard, then the admission of the call it took (and
+        ``resolve``, the delivery's resolution, in the same transaction)."""
         owner = params["owner"]
+        if resolve is not None:
+            yield resolve
         for _ in range(3):
             rows = yield Statement(CLAIM_NEW, params)
             if rows:

@@ -130,6 +130,7 @@ class Store(Protocol):
         delivery_id: str | None = None,
         margin: float = 0.0,
         limit: Limit | None = None,
+        resolves_delivery: bool = False,
     ) -> ClaimOutcome:
         """Atomically decide who runs a call.
 
@@ -150,6 +151,12 @@ class Store(Protocol):
         claimed again, answers ``WAITING`` unchanged. An in-doubt claim is taken over only
         when the limiter admits it (else ``BUSY``: the sweep tries again), so the in-doubt
         flag is never lost to a wait.
+
+        With ``resolves_delivery`` and a ``delivery_id``, the same atomic step also marks
+        that delivery resolved (as :meth:`mark_delivery_resolved`), whatever the claim
+        decides: when the claim is its delivery's only one, the call's record carries the
+        work from then on, and the delivery needs no write of its own (one round trip
+        fewer per delivery). If the claim fails, the delivery stays unresolved.
         """
 
     async def admit_call(

@@ -262,9 +262,25 @@ class MemoryStore:
         delivery_id: str | None = None,
         margin: float = 0.0,
         limit: Limit | None = None,
+        resolves_delivery: bool = False,
     ) -> ClaimOutcome:
         """Decide who runs ``key``; see :meth:`Store.claim_call`."""
         self._check_open()
+        outcome = self._claim(key, tool_name, owner, lease_seconds, delivery_id, margin, limit)
+        if resolves_delivery and delivery_id is not None:
+            self._update_unresolved(delivery_id, resolved=True)
+        return outcome
+
+    def _claim(
+        self,
+        key: CallKey,
+        tool_name: str,
+        owner: str,
+        lease_seconds: float,
+        delivery_id: str | None,
+        margin: float,
+        limit: Limit | None,
+    ) -> ClaimOutcome:
         now = self._clock()
         record = self._get(key)
         if record is None:

@@ -414,11 +414,18 @@ class RedisStore:
         return [_record(r, history=history) for r in await self._run(script, keys, *args)]
 
     async def _step(
-        self, script: str, key: CallKey, *args: object, now: float | None = None
+        self,
+        script: str,
+        key: CallKey,
+        *args: object,
+        now: float | None = None,
+        also: Sequence[str] = (),
     ) -> Any:
-        """A step on one call: its hash, then ``now`` and its member, then ``args``."""
+        """A step on one call: its hash (then the keys ``also``), then ``now`` and its
+        member, then ``args``."""
         now = self._clock() if now is None else now
-        return await self._run(script, [self._call_key(key)], _num(now), _member(key), *args)
+        keys = [self._call_key(key), *also]
+        return await self._run(script, keys, _num(now), _member(key), *args)
 
     async def _drain(self, script: str, keys: Sequence[str], *args: object) -> int:
         """Run a batch script until a batch comes back short; the records it removed."""
@@ -542,10 +549,13 @@ class RedisStore:
         delivery_id: str | None = None,
         margin: float = 0.0,
         limit: Limit | None = None,
+        resolves_delivery: bool = False,
     ) -> ClaimOutcome:
         """Decide who runs ``key`` in one script (with ``limit``: admitted or waiting, in
-        the same script); see :meth:`Store.claim_call`."""
+        the same script; with ``resolves_delivery``: the delivery resolved in it too); see
+        :meth:`Store.claim_call`."""
         now = self._clock()
+        resolve = () if delivery_id is None or not resolves_delivery else (delivery_id,)
         status, flat = await self._step(
             "claim",
             key,
@@ -561,6 +571,7 @@ class RedisStore:
             # Without a limit the script reads nothing of the limiters: nothing is passed.
             *(() if limit is None else _limit_args(limit)),
             now=now,
+            also=[self._delivery_key(d) for d in resolve],
         )
         return ClaimOutcome(ClaimStatus(status), _plain(flat))
 

@@ -159,6 +159,31 @@ def _first_row_job(
     return None
 
 
+def _first_row_also_job(
+    also: tuple[str, Mapping[str, object]],
+    queries: list[tuple[str, Mapping[str, object]]],
+    conn: sqlite3.Connection,
+) -> tuple[int, Row] | None:
+    # ``also`` and the first query commit together: in the group's transaction when the
+    # job is grouped, else in one of its own (SQLite has no data-modifying WITH).
+    own = not conn.in_transaction
+    if own:
+        conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(*also).fetchall()
+        found = _first_row_job(queries[:1], conn)
+    except BaseException:
+        if own and conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    if own:
+        conn.execute("COMMIT")
+    if found is not None:
+        return found
+    later = _first_row_job(queries[1:], conn)
+    return None if later is None else (later[0] + 1, later[1])
+
+
 def _transaction_job(work: Callable[[], Steps[T]], conn: sqlite3.Connection) -> T:
     # A batch run inline or grouped on the thread is one transaction begun with BEGIN
     # IMMEDIATE already (this job has a savepoint of it); a job run alone on the thread is
@@ -265,9 +290,14 @@ class SQLiteStore(SQLStore):
         text = SQLITE.render(statement.template).text
         return await self._call(functools.partial(_rows_job, text, statement.params))
 
-    async def _first_row(self, action: str, *statements: Statement) -> tuple[int, Row] | None:
+    async def _first_row(
+        self, action: str, *statements: Statement, also: Statement | None = None
+    ) -> tuple[int, Row] | None:
         queries = [(SQLITE.render(s.template).text, s.params) for s in statements]
-        return await self._call(functools.partial(_first_row_job, queries))
+        if also is None:
+            return await self._call(functools.partial(_first_row_job, queries))
+        first = (SQLITE.render(also.template).text, also.params)
+        return await self._call(functools.partial(_first_row_also_job, first, queries))
 
     async def _transaction(self, action: str, limiter: str, work: Callable[[], Steps[T]]) -> T:
         return await self._call(functools.partial(_transaction_job, work))

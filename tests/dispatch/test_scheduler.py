@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from agentfn_asgi.dispatch.scheduler import _claimed
-from agentfn_asgi.errors import APIError, SessionNotFoundYetError, StoreError
-from agentfn_asgi.records import CallState
+from agentfn_asgi.errors import (
+    APIError,
+    SessionNotFoundYetError,
+    StoreError,
+    StoreUnavailableError,
+)
+from agentfn_asgi.records import CallKey, CallState, ClaimOutcome
 from agentfn_asgi.store.memory import MemoryStore
+from agentfn_asgi.testing import FakeCall
 
 from ..support.clock import FakeClock
 from .conftest import API, SETTINGS, dispatching, lookup_tools, saved
@@ -118,3 +125,69 @@ async def test_waiting_for_one_claim_says_what_a_gather_of_it_would() -> None:
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert pending.cancelled()  # as a gather cancels what it waits for
+
+
+class _Logged(MemoryStore):
+    """The memory store, noting the delivery-related writes the dispatcher asks of it."""
+
+    def __init__(self, clock: FakeClock, *, failing_claims: bool = False) -> None:
+        super().__init__(clock=clock)
+        self.log: list[tuple[str, bool]] = []
+        self.failing_claims = failing_claims
+
+    async def claim_call(self, key: CallKey, **options: Any) -> ClaimOutcome:
+        self.log.append(("claim", bool(options.get("resolves_delivery"))))
+        if self.failing_claims:
+            raise StoreUnavailableError("the store went away")
+        return await super().claim_call(key, **options)
+
+    async def mark_delivery_resolved(self, delivery_id: str) -> None:
+        self.log.append(("resolve", False))
+        await super().mark_delivery_resolved(delivery_id)
+
+
+@pytest.mark.parametrize(
+    ("calls", "settle", "expected"),
+    [
+        # The usual delivery: its one call's claim resolves it, in the same store step.
+        (1, False, [("claim", True)]),
+        # Several calls: each claim is its own step; the delivery after the last one.
+        (2, False, [("claim", False), ("claim", False), ("resolve", False)]),
+        # The sweep settles between the claims and the resolution: nothing rides.
+        (1, True, [("claim", False), ("resolve", False)]),
+    ],
+    ids=["one-call", "two-calls", "sweep"],
+)
+async def test_a_delivery_is_resolved_by_its_only_claim(
+    api: API, clock: FakeClock, calls: int, settle: bool, expected: list[tuple[str, bool]]
+) -> None:
+    """A delivery waiting for one call is resolved by that call's claim (one round trip
+    fewer per delivery); otherwise by its own write once every claim is decided."""
+    store = _Logged(clock)
+    turn = [FakeCall("lookup", {"key": f"k{n}"}, call_id=f"c{n}") for n in range(calls)]
+    session_id = api.fake.create_session([turn])
+    async with dispatching(api, store, clock, lookup_tools()) as dispatcher:
+        await store.record_delivery("d1", session_id)
+        await dispatcher.resolve(session_id, delivery_id="d1", settle=settle)
+        assert store.log == expected
+        assert await store.unresolved_deliveries(due_before=clock() + 1) == []
+        keys = [record.key for record in await store.calls_for_session(session_id)]
+        await dispatcher.wait_for(keys)
+    assert len(api.fake.submissions) == calls
+
+
+async def test_a_claim_that_fails_leaves_its_delivery_for_the_sweep(
+    api: API, clock: FakeClock
+) -> None:
+    """The claim that would have resolved the delivery fails: the delivery stays
+    unresolved (the sweep reads the session again), and no call was recorded."""
+    store = _Logged(clock, failing_claims=True)
+    key = api.one_call()
+    async with dispatching(api, store, clock, lookup_tools()) as dispatcher:
+        await store.record_delivery("d1", key.session_id)
+        with pytest.raises(StoreUnavailableError):
+            await dispatcher.resolve(key.session_id, delivery_id="d1", settle=False)
+    assert store.log == [("claim", True)]
+    [left] = await store.unresolved_deliveries(due_before=clock() + 1)
+    assert left.delivery_id == "d1"
+    assert await store.get_call(key) is None

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import urllib.parse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,14 +135,23 @@ async def deployment_of(
 
 
 async def run_case(
-    tmp_path: Path, point: str, kind: str, *, redeliver: bool, retry_delays: tuple[float, ...]
+    tmp_path: Path,
+    point: str,
+    kind: str,
+    *,
+    redeliver: bool,
+    retry_delays: tuple[float, ...],
+    left: Callable[[str, str], Awaitable[None]] | None = None,
 ) -> tuple[Deployment, str, CallRecord]:
-    """Crash at ``point`` while serving one call of ``kind``; restart; wait until settled."""
+    """Crash at ``point`` while serving one call of ``kind``; restart; wait until settled.
+    ``left(store_url, session_id)`` looks at what the crash left, before the restart."""
     async with deployment_of(tmp_path, retry_delays) as deployment:
         fake, app = deployment.fake, deployment.app
         await app.start(crash_at=crash_spec(point, kind))
         session_id = fake.create_session([[FakeCall(kind, {"order_id": "o1"}, call_id="c1")]])
         assert await app.wait_exit() == -signal.SIGKILL, app.log_text()
+        if left is not None:
+            await left(app.store_url, session_id)
         await app.start()
         if redeliver:
             fake.redeliver(session_id)  # None when the call was answered before the crash
@@ -221,6 +230,35 @@ async def test_recovery_sweep_alone_finishes_the_work(
         tmp_path, point, kind, redeliver=False, retry_delays=()
     )
     check_outcome(deployment, session_id, record, point, kind)
+
+
+async def test_a_crash_after_the_claim_leaves_the_claim_not_the_delivery(
+    tmp_path: Path,
+) -> None:
+    """The delivery of a single call is resolved by the call's claim, in the same store
+    step: a crash right after it leaves a resolved delivery and the claimed call, whose
+    expired lease alone brings the call back (no redelivery, no sender retry)."""
+
+    async def resolved_by_the_claim(store_url: str, session_id: str) -> None:
+        store = open_store(store_url)
+        try:
+            [claimed] = await store.calls_for_session(session_id)
+            assert (claimed.state, claimed.attempt) == (CallState.CLAIMED, 1)
+            assert claimed.delivery_id is not None
+            [delivery] = await store.list_deliveries()
+            assert (delivery.delivery_id, delivery.resolved) == (claimed.delivery_id, True)
+        finally:
+            await store.close()
+
+    deployment, session_id, record = await run_case(
+        tmp_path,
+        "after_claim",
+        PLAIN,
+        redeliver=False,
+        retry_delays=(),
+        left=resolved_by_the_claim,
+    )
+    check_outcome(deployment, session_id, record, "after_claim", PLAIN)
 
 
 # -- the store unreachable for longer than the lease while a handler runs (issue 14) --------

@@ -11,7 +11,14 @@ import json
 import pytest
 
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus, DeliveryRecord, SavedResult
+from agentfn_asgi.records import (
+    CallKey,
+    CallState,
+    ClaimStatus,
+    DeliveryRecord,
+    Limit,
+    SavedResult,
+)
 from agentfn_asgi.store import Store
 from tests.store.conftest import KEY, LEASE, StoreFactory, claim, require_service, result
 from tests.support.clock import FakeClock
@@ -121,6 +128,74 @@ async def test_unresolved_deliveries_and_mark_resolved(store: Store, clock: Fake
     found = await store.unresolved_deliveries(due_before=clock.now)
     assert [d.delivery_id for d in found] == ["msg_2", "msg_3"]
     assert await store.record_delivery("msg_1", "sess_1") is False
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+async def test_a_claim_can_resolve_its_delivery_in_the_same_step(
+    store: Store, clock: FakeClock, limited: bool
+) -> None:
+    """``resolves_delivery`` resolves the claim's delivery with the claim, whatever the claim
+    decides (taken, or held by another); without it, or without a delivery id, the delivery
+    stays for the sweep. Only the named delivery changes, in this namespace only."""
+    limit = Limit(name="lookup", concurrency=1) if limited else None
+    for delivery in ("d_plain", "d_taken", "d_busy", "d_other", "d_none"):
+        await store.record_delivery(delivery, "sess_1")
+
+    async def unresolved() -> list[str]:
+        return [d.delivery_id for d in await store.unresolved_deliveries(due_before=clock.now)]
+
+    first = CallKey("sess_1", "turn_1", "call_1")
+    await store.claim_call(
+        first,
+        tool_name="lookup",
+        owner="a",
+        lease_seconds=LEASE,
+        delivery_id="d_plain",
+        limit=limit,
+    )
+    taken = await store.claim_call(
+        CallKey("sess_1", "turn_1", "call_2"),
+        tool_name="lookup",
+        owner="a",
+        lease_seconds=LEASE,
+        delivery_id="d_taken",
+        resolves_delivery=True,
+        limit=limit,
+    )
+    busy = await store.claim_call(
+        first,
+        tool_name="lookup",
+        owner="b",
+        lease_seconds=LEASE,
+        delivery_id="d_busy",
+        resolves_delivery=True,
+        limit=limit,
+    )
+    unnamed = await store.claim_call(
+        CallKey("sess_1", "turn_1", "call_3"),
+        tool_name="lookup",
+        owner="a",
+        lease_seconds=LEASE,
+        resolves_delivery=True,
+        limit=limit,
+    )
+    expected_taken = ClaimStatus.WAITING if limited else ClaimStatus.CLAIMED
+    assert (taken.status, busy.status) == (expected_taken, ClaimStatus.BUSY)
+    assert taken.record.delivery_id == "d_taken"
+    assert unnamed.record.delivery_id is None
+    assert await unresolved() == ["d_none", "d_other", "d_plain"]
+    # The resolution is idempotent: a retried claim of the same delivery changes nothing.
+    again = await store.claim_call(
+        CallKey("sess_1", "turn_1", "call_2"),
+        tool_name="lookup",
+        owner="a",
+        lease_seconds=LEASE,
+        delivery_id="d_taken",
+        resolves_delivery=True,
+        limit=limit,
+    )
+    assert again.status is expected_taken
+    assert await unresolved() == ["d_none", "d_other", "d_plain"]
 
 
 # -- claims --------------------------------------------------------------------------------

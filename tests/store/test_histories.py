@@ -362,12 +362,14 @@ class Histories(RuleBasedStateMachine):
 
         ``touches`` says which records the step may change, in either namespace (``calls``,
         ``deliveries``, ``all``, or ``""`` for reads): they are compared after it. A step on
-        one call (``key``) is followed by a look at that call only, in both namespaces; every
-        record is compared again at the end of the example (``teardown``).
+        one call (``key``) is followed by a look at that call only, in both namespaces (and
+        at what ``touches`` names besides its calls: a claim that resolves its delivery
+        touches ``deliveries``); every record is compared again at the end of the example
+        (``teardown``).
         """
-        if touches == "calls" and key is not None:
+        if key is not None:
             self.touched_keys.add(key)
-        else:
+        if touches != "calls" or key is None:
             self.touched.update({"all": ("calls", "deliveries")}.get(touches, (touches,)))
             self.touched.discard("")
 
@@ -528,6 +530,7 @@ class Histories(RuleBasedStateMachine):
         delivery_id=st.sampled_from([None, "d1"]),
         margin=margins,
         wait=lease_ends,
+        resolves=st.booleans(),
     )
     def claim_call(
         self,
@@ -538,12 +541,13 @@ class Histories(RuleBasedStateMachine):
         delivery_id: str | None,
         margin: float,
         wait: float | None,
+        resolves: bool,
     ) -> None:
         ns, key = self.target(data, "lapsed", "retry_scheduled", "waiting")
         self.wait_for_lease_end(ns, key, wait)
         self.both(
             f"claim_call({key}, tool_name={tool_name!r}, owner={owner!r}, lease_seconds={lease},"
-            f" delivery_id={delivery_id!r}, margin={margin})",
+            f" delivery_id={delivery_id!r}, margin={margin}, resolves_delivery={resolves})",
             ns,
             lambda s: s.claim_call(
                 key,
@@ -552,9 +556,11 @@ class Histories(RuleBasedStateMachine):
                 lease_seconds=lease,
                 delivery_id=delivery_id,
                 margin=margin,
+                resolves_delivery=resolves,
             ),
             claim_view,
             key=key,
+            touches="deliveries" if resolves else "calls",
         )
 
     # -- flow control ----------------------------------------------------------------------
@@ -566,6 +572,7 @@ class Histories(RuleBasedStateMachine):
         margin=margins,
         wait=lease_ends,
         more=st.sampled_from([0, 1, 2]),
+        resolves=st.booleans(),
     )
     def claim_limited(
         self,
@@ -576,6 +583,7 @@ class Histories(RuleBasedStateMachine):
         margin: float,
         wait: float | None,
         more: int,
+        resolves: bool,
     ) -> None:
         """A limited tool's claim: a new call takes a slot or waits; our own claim without
         a slot asks for one; a due retry, a dead waiter (adopted) or a call in doubt (taken
@@ -590,7 +598,7 @@ class Histories(RuleBasedStateMachine):
             self.both(
                 f"claim_call({key}, tool_name={limit.name!r}, owner={owner!r}, "
                 f"lease_seconds={lease}, delivery_id={delivery_id!r}, margin={margin}, "
-                f"limit={limit!r})",
+                f"limit={limit!r}, resolves_delivery={resolves})",
                 ns,
                 lambda s, key=key, owner=owner: s.claim_call(  # type: ignore[misc]
                     key,
@@ -600,9 +608,11 @@ class Histories(RuleBasedStateMachine):
                     delivery_id=delivery_id,
                     margin=margin,
                     limit=limit,
+                    resolves_delivery=resolves,
                 ),
                 claim_view,
                 key=key,
+                touches="deliveries" if resolves else "calls",
             )
 
     @precondition(lambda self: self.calls_exist)

@@ -164,20 +164,12 @@ def _first_row_also_job(
     queries: list[tuple[str, Mapping[str, object]]],
     conn: sqlite3.Connection,
 ) -> tuple[int, Row] | None:
-    # ``also`` and the first query commit together: in the group's transaction when the
-    # job is grouped, else in one of its own (SQLite has no data-modifying WITH).
-    own = not conn.in_transaction
-    if own:
-        conn.execute("BEGIN IMMEDIATE")
-    try:
+    # ``also`` and the first query commit together (SQLite has no data-modifying WITH).
+    def first(conn: sqlite3.Connection) -> tuple[int, Row] | None:
         conn.execute(*also).fetchall()
-        found = _first_row_job(queries[:1], conn)
-    except BaseException:
-        if own and conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    if own:
-        conn.execute("COMMIT")
+        return _first_row_job(queries[:1], conn)
+
+    found = _in_transaction(first, conn)
     if found is not None:
         return found
     later = _first_row_job(queries[1:], conn)
@@ -185,6 +177,16 @@ def _first_row_also_job(
 
 
 def _transaction_job(work: Callable[[], Steps[T]], conn: sqlite3.Connection) -> T:
+    return _in_transaction(
+        lambda conn: run_steps(
+            work(),
+            lambda s: conn.execute(SQLITE.render(s.template).text, s.params).fetchall(),
+        ),
+        conn,
+    )
+
+
+def _in_transaction(work: Callable[[sqlite3.Connection], T], conn: sqlite3.Connection) -> T:
     # A batch run inline or grouped on the thread is one transaction begun with BEGIN
     # IMMEDIATE already (this job has a savepoint of it); a job run alone on the thread is
     # in autocommit mode and begins its own. Either way the transaction holds the file's
@@ -194,10 +196,7 @@ def _transaction_job(work: Callable[[], Steps[T]], conn: sqlite3.Connection) -> 
     if own:
         conn.execute("BEGIN IMMEDIATE")
     try:
-        answer = run_steps(
-            work(),
-            lambda s: conn.execute(SQLITE.render(s.template).text, s.params).fetchall(),
-        )
+        answer = work(conn)
     except BaseException:
         if own and conn.in_transaction:
             conn.execute("ROLLBACK")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 
 import pytest
 
@@ -14,6 +15,7 @@ from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
     CallKey,
     CallState,
+    ClaimOutcome,
     ClaimStatus,
     DeliveryRecord,
     Limit,
@@ -136,7 +138,7 @@ async def test_a_claim_can_resolve_its_delivery_in_the_same_step(
 ) -> None:
     """``resolves_delivery`` resolves the claim's delivery with the claim, whatever the claim
     decides (taken, or held by another); without it, or without a delivery id, the delivery
-    stays for the sweep. Only the named delivery changes, in this namespace only."""
+    stays for the sweep. Only the named delivery changes."""
     limit = Limit(name="lookup", concurrency=1) if limited else None
     for delivery in ("d_plain", "d_taken", "d_busy", "d_other", "d_none"):
         await store.record_delivery(delivery, "sess_1")
@@ -144,56 +146,31 @@ async def test_a_claim_can_resolve_its_delivery_in_the_same_step(
     async def unresolved() -> list[str]:
         return [d.delivery_id for d in await store.unresolved_deliveries(due_before=clock.now)]
 
-    first = CallKey("sess_1", "turn_1", "call_1")
-    await store.claim_call(
-        first,
-        tool_name="lookup",
-        owner="a",
-        lease_seconds=LEASE,
-        delivery_id="d_plain",
-        limit=limit,
-    )
-    taken = await store.claim_call(
-        CallKey("sess_1", "turn_1", "call_2"),
-        tool_name="lookup",
-        owner="a",
-        lease_seconds=LEASE,
-        delivery_id="d_taken",
-        resolves_delivery=True,
-        limit=limit,
-    )
-    busy = await store.claim_call(
-        first,
-        tool_name="lookup",
-        owner="b",
-        lease_seconds=LEASE,
-        delivery_id="d_busy",
-        resolves_delivery=True,
-        limit=limit,
-    )
-    unnamed = await store.claim_call(
-        CallKey("sess_1", "turn_1", "call_3"),
-        tool_name="lookup",
-        owner="a",
-        lease_seconds=LEASE,
-        resolves_delivery=True,
-        limit=limit,
-    )
+    def claim_for(
+        call: str, owner: str, delivery: str | None, *, resolves: bool = True
+    ) -> Awaitable[ClaimOutcome]:
+        key = CallKey("sess_1", "turn_1", call)
+        return store.claim_call(
+            key,
+            tool_name="lookup",
+            owner=owner,
+            lease_seconds=LEASE,
+            delivery_id=delivery,
+            limit=limit,
+            resolves_delivery=resolves,
+        )
+
+    await claim_for("call_1", "a", "d_plain", resolves=False)
+    taken = await claim_for("call_2", "a", "d_taken")
+    busy = await claim_for("call_1", "b", "d_busy")
+    unnamed = await claim_for("call_3", "a", None)
     expected_taken = ClaimStatus.WAITING if limited else ClaimStatus.CLAIMED
     assert (taken.status, busy.status) == (expected_taken, ClaimStatus.BUSY)
     assert taken.record.delivery_id == "d_taken"
     assert unnamed.record.delivery_id is None
     assert await unresolved() == ["d_none", "d_other", "d_plain"]
     # The resolution is idempotent: a retried claim of the same delivery changes nothing.
-    again = await store.claim_call(
-        CallKey("sess_1", "turn_1", "call_2"),
-        tool_name="lookup",
-        owner="a",
-        lease_seconds=LEASE,
-        delivery_id="d_taken",
-        resolves_delivery=True,
-        limit=limit,
-    )
+    again = await claim_for("call_2", "a", "d_taken")
     assert again.status is expected_taken
     assert await unresolved() == ["d_none", "d_other", "d_plain"]
 

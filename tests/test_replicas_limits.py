@@ -181,6 +181,7 @@ async def test_never_more_than_two_at_once_across_three_replicas(
         print(f"\n[limits/{backend}] 30 calls of 300 ms at concurrency 2: {elapsed:.2f} s")
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("backend", SHARED)
 async def test_a_sigkilled_holders_slot_is_free_after_its_lease(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -218,6 +219,7 @@ async def test_a_sigkilled_holders_slot_is_free_after_its_lease(
         )
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize("backend", SHARED)
 async def test_a_rate_holds_across_three_replicas(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -72,6 +72,7 @@ async def test_demo_failure_is_clear_and_cleans_up() -> None:
     assert not _workdir(output).exists()
 
 
+@pytest.mark.exclusive
 @pytest.mark.slow
 def test_cli_demo_exits_0_within_seconds_from_any_folder(tmp_path: Path) -> None:
     """``python -m agentfn_asgi demo`` (what ``make demo`` runs) ends by itself, fast, from

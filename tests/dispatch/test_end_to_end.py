@@ -253,6 +253,7 @@ async def test_an_oversize_result_fails_with_its_size_and_is_kept() -> None:
     assert got["b2"][0] is True and len(got["b2"][1]) < 4_194_304
 
 
+@pytest.mark.exclusive
 async def test_ack_arrives_before_a_slow_handler_finishes() -> None:
     """The webhook answers while a 1 s handler is still running."""
     async with running_stack(customer_tools(), webhooks=False) as stack:

@@ -107,6 +107,7 @@ def lookup_session(fake: FakeAgentsAPI, call_id: str = "c1") -> str:
     return fake.create_session([[FakeCall("lookup", {"order_id": "o1"}, call_id=call_id)]])
 
 
+@pytest.mark.exclusive
 async def test_read_timeouts_are_retried_boundedly_then_recovered() -> None:
     """A session read slower than the client timeout: bounded attempts, then success later.
 
@@ -228,6 +229,7 @@ async def test_5xx_bursts_within_the_retry_budget_recover_in_one_pass() -> None:
     assert tools.runs == {"lookup": 1}
 
 
+@pytest.mark.exclusive
 async def test_a_long_503_outage_costs_bounded_requests() -> None:
     """Submissions fail for a whole second: each pass makes ``max_retries + 1`` attempts and
     passes come once per sweep interval; the result is sent when the API is back."""
@@ -247,6 +249,7 @@ async def test_a_long_503_outage_costs_bounded_requests() -> None:
     assert len(stack.fake.submissions) == 1
 
 
+@pytest.mark.exclusive
 async def test_the_client_gives_up_by_its_total_deadline() -> None:
     """Permanent 503 with generous ``max_retries``: real backoff sleeps stop at the total
     deadline, never past it."""

@@ -138,6 +138,7 @@ async def test_a_chunked_oversized_body_gets_413_from_uvicorn() -> None:
     assert answered_after < 8 * CAP
 
 
+@pytest.mark.exclusive
 async def test_a_slow_sender_is_timed_out_by_uvicorn() -> None:
     """Headers, then one body byte every 0.1 s: 408 after ``body_timeout`` (0.5 s)."""
     async with serve_app(offline_app(body_timeout=0.5)) as root:
@@ -174,6 +175,7 @@ def _envelope(data_suffix: bytes, created_at: bytes = b"1") -> bytes:
     )
 
 
+@pytest.mark.exclusive
 @pytest.mark.parametrize(
     ("label", "body"),
     [

@@ -15,7 +15,7 @@ import pytest
 from .config import SoakConfig
 from .run import soak
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.backends, pytest.mark.exclusive]
 
 #: The seed of the short run (SOAK_SEED overrides it); fixed, so a failure replays.
 SEED = 27

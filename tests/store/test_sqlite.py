@@ -114,6 +114,7 @@ def test_two_processes_claim_each_call_once(tmp_path: Path) -> None:
     assert set(won[0]).isdisjoint(won[1])
 
 
+@pytest.mark.exclusive
 async def test_event_loop_keeps_running_during_writes(store: SQLiteStore) -> None:
     """2000 writes run on the store's thread while an asyncio ticker keeps ticking."""
     ticks: list[float] = []

@@ -250,14 +250,14 @@ class SQLStore(abc.ABC):
 
     @abc.abstractmethod
     async def _first_row(
-        self, action: str, *statements: Statement, also: Statement | None = None
+        self, action: str, *statements: Statement, also: str | None = None
     ) -> tuple[int, Row] | None:
         """Run statements in order on one connection until one returns a row.
 
         Returns that statement's index and first row, or None when none returned a row.
-        ``also`` (a write returning nothing, with the first statement's parameters) commits
-        atomically with the first statement, in the same round trip where the database
-        allows it.
+        ``also`` (the template of a write returning nothing, bound to the first statement's
+        parameters) commits atomically with the first statement, in the same round trip
+        where the database allows it.
         """
 
     @abc.abstractmethod
@@ -374,11 +374,7 @@ class SQLStore(abc.ABC):
             "delivery_id": delivery_id,
         }
         # The delivery's resolution rides on the claim's first statement.
-        resolve = (
-            Statement(RESOLVE_DELIVERY, params)
-            if resolves_delivery and delivery_id is not None
-            else None
-        )
+        resolve = RESOLVE_DELIVERY if resolves_delivery and delivery_id is not None else None
         if limit is not None:
             return await self._transaction(
                 "claim_call",
@@ -425,7 +421,7 @@ class SQLStore(abc.ABC):
         *,
         now: float,
         margin: float,
-        resolve: Statement | None,
+        resolve: str | None,
     ) -> Steps[ClaimOutcome]:
         """The claim of a limited tool's call, in the limiter's transaction: the memory
         store's ``claim_call`` step by step (the same rows, in the same order), each row's
@@ -433,7 +429,7 @@ class SQLStore(abc.ABC):
         ``resolve``, the delivery's resolution, in the same transaction)."""
         owner = params["owner"]
         if resolve is not None:
-            yield resolve
+            yield Statement(resolve, params)
         for _ in range(3):
             rows = yield Statement(CLAIM_NEW, params)
             if rows:

@@ -280,13 +280,13 @@ class PostgresStore(SQLStore):
         return await self._with_conn(action, work)
 
     async def _first_row(
-        self, action: str, *statements: Statement, also: Statement | None = None
+        self, action: str, *statements: Statement, also: str | None = None
     ) -> tuple[int, Row] | None:
         templates = [s.template for s in statements]
         if also is not None:
             # A data-modifying WITH runs once, to completion, whether or not the statement
             # reads it: one statement, so one commit and one round trip for both.
-            templates[0] = f"WITH also AS ({also.template}) {templates[0]}"
+            templates[0] = f"WITH also AS ({also}) {templates[0]}"
         queries = [self._dialect.render(template) for template in templates]
 
         async def work(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> tuple[int, Row] | None:

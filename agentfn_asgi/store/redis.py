@@ -555,7 +555,7 @@ class RedisStore:
         the same script; with ``resolves_delivery``: the delivery resolved in it too); see
         :meth:`Store.claim_call`."""
         now = self._clock()
-        resolve = () if delivery_id is None or not resolves_delivery else (delivery_id,)
+        resolved = [] if delivery_id is None or not resolves_delivery else [delivery_id]
         status, flat = await self._step(
             "claim",
             key,
@@ -571,7 +571,7 @@ class RedisStore:
             # Without a limit the script reads nothing of the limiters: nothing is passed.
             *(() if limit is None else _limit_args(limit)),
             now=now,
-            also=[self._delivery_key(d) for d in resolve],
+            also=[self._delivery_key(d) for d in resolved],
         )
         return ClaimOutcome(ClaimStatus(status), _plain(flat))
 

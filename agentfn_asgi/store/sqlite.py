@@ -160,13 +160,11 @@ def _first_row_job(
 
 
 def _first_row_also_job(
-    also: tuple[str, Mapping[str, object]],
-    queries: list[tuple[str, Mapping[str, object]]],
-    conn: sqlite3.Connection,
+    also: str, queries: list[tuple[str, Mapping[str, object]]], conn: sqlite3.Connection
 ) -> tuple[int, Row] | None:
     # ``also`` and the first query commit together (SQLite has no data-modifying WITH).
     def first(conn: sqlite3.Connection) -> tuple[int, Row] | None:
-        conn.execute(*also).fetchall()
+        conn.execute(also, queries[0][1]).fetchall()
         return _first_row_job(queries[:1], conn)
 
     found = _in_transaction(first, conn)
@@ -290,13 +288,13 @@ class SQLiteStore(SQLStore):
         return await self._call(functools.partial(_rows_job, text, statement.params))
 
     async def _first_row(
-        self, action: str, *statements: Statement, also: Statement | None = None
+        self, action: str, *statements: Statement, also: str | None = None
     ) -> tuple[int, Row] | None:
         queries = [(SQLITE.render(s.template).text, s.params) for s in statements]
         if also is None:
             return await self._call(functools.partial(_first_row_job, queries))
-        first = (SQLITE.render(also.template).text, also.params)
-        return await self._call(functools.partial(_first_row_also_job, first, queries))
+        text = SQLITE.render(also).text
+        return await self._call(functools.partial(_first_row_also_job, text, queries))
 
     async def _transaction(self, action: str, limiter: str, work: Callable[[], Steps[T]]) -> T:
         return await self._call(functools.partial(_transaction_job, work))

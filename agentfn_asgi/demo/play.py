@@ -197,11 +197,15 @@ async def _demo(workdir: Path, *, time_limit: float, verbose: bool, out: TextIO)
         ) as app:
             print(f"  setup  ready in {time.time() - started:.1f} s\n", file=out, flush=True)
             store = open_store(store_url)
+            played = False
             try:
                 views = await _play(fake, store, out=out, time_limit=time_limit)
+                played = True
             finally:
                 await store.close()
-                if verbose:
+                # A demo that fails shows the app's side too: what the app logged is what
+                # tells a stuck call from a refused one.
+                if verbose or not played:
                     print("\napp log:\n" + (app.log() or "(empty)"), file=out)
         _summary(fake, views, ledger, out=out)
 

@@ -61,13 +61,16 @@ async def test_demo_plays_the_session_and_cleans_up() -> None:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_demo_failure_is_clear_and_cleans_up() -> None:
-    """A demo that cannot finish in time exits 1 with the reason, and still stops the
-    example and removes its folder."""
+    """A demo that cannot finish in time exits 1 with the reason and the app's own log
+    (without ``--verbose``: it is what tells a stuck call from a refused one), and still
+    stops the example and removes its folder."""
     out = io.StringIO()
     code = await run_demo(time_limit=0.0, out=out)
     output = out.getvalue()
     assert code == 1
     assert "demo FAILED: the session was not finished" in output
+    assert "app log:" in output
+    assert "agentfn-asgi started: 6 tools" in output.split("app log:")[1]
     assert psutil.Process().children(recursive=True) == []
     assert not _workdir(output).exists()
 

@@ -2,7 +2,10 @@
 
 Every step is one Lua script (:mod:`agentfn_asgi.store._redis_scripts`), so it is atomic
 inside Redis: a record, its history and the indexes over it change together, and a retried
-or concurrent step from another replica never falls into a gap.
+or concurrent step from another replica never falls into a gap. The scripts started in one
+turn of the event loop go to Redis together, as one pipeline on one connection
+(:mod:`agentfn_asgi.store._redis_batch`): one write and one read for many steps, each still
+atomic on its own and answered on its own.
 
 Keys, all under ``key_prefix`` ``{p}``; ``h()`` is SHA-1 in hex (Lua computes the same with
 ``redis.sha1hex``), so identifiers of any length and content are safe. Everything but the
@@ -117,6 +120,8 @@ try:
     from redis import exceptions as redis_errors
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialBackoff
+
+    from agentfn_asgi.store._redis_batch import ScriptBatcher  # imports the driver too
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
         "the redis:// store needs the redis driver: pip install 'agentfn-asgi[redis]'"
@@ -276,6 +281,8 @@ class RedisStore:
         self._max_connections = max_connections
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
+        # One loop turn's scripts share one pipeline (see _redis_batch).
+        self._batcher = ScriptBatcher()
         self._closed = False
         self._layout_checked = False
 
@@ -341,7 +348,7 @@ class RedisStore:
             await self._check_layout(client)
         argv = [self._space, *(str(arg) for arg in args)]
         with _translated(script):
-            return await self._scripts[script](keys=list(keys), args=argv, client=client)
+            return await self._batcher.run(self._scripts[script], list(keys), argv, client)
 
     async def _check_layout(self, client: Any) -> None:
         with _translated("open"):
@@ -450,6 +457,7 @@ class RedisStore:
         self._closed = True
         if client is not None:
             with _translated("close"):
+                await self._batcher.wait_sent()  # scripts already sent get their answers
                 await client.aclose()
                 # A pool handed to Redis() is not the client's to close: close it here.
                 await client.connection_pool.disconnect()

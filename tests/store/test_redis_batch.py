@@ -1,0 +1,149 @@
+"""The Redis store's loop-turn batching (:mod:`agentfn_asgi.store._redis_batch`), on a real
+Redis: the scripts of one turn share one write, and each caller still gets its own answer.
+
+Needs Redis on 127.0.0.1:6379; skipped when it is unreachable, failed instead under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentfn_asgi.errors import StoreUnavailableError
+
+from ..support.ports import free_port
+from .conftest import REDIS_URL, require_service
+
+pytestmark = [pytest.mark.anyio, pytest.mark.backends]
+
+redis_asyncio = pytest.importorskip("redis.asyncio")
+from redis.asyncio.connection import AbstractConnection  # noqa: E402
+from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
+from redis.exceptions import ResponseError  # noqa: E402
+
+from agentfn_asgi.store._redis_batch import ScriptBatcher  # noqa: E402
+from agentfn_asgi.store.redis import RedisStore  # noqa: E402
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Any]:
+    redis = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        await redis.ping()
+    except (OSError, RedisConnectionError) as exc:
+        require_service("redis", str(exc))
+    yield redis
+    await redis.aclose()
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[RedisStore]:
+    opened = RedisStore(REDIS_URL, key_prefix=f"agentfn-test:{uuid.uuid4().hex}:")
+    try:
+        await opened.open()
+    except StoreUnavailableError as exc:
+        require_service("redis", str(exc))
+    yield opened
+    await opened.destroy()
+    await opened.close()
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many packed writes each connection sent (one per command, or per pipeline)."""
+    sent: list[int] = []
+    original = AbstractConnection.send_packed_command
+
+    async def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> None:
+        sent.append(1)
+        await original(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    return sent
+
+
+async def test_one_turns_steps_share_one_write_and_each_gets_its_own_answer(
+    store: RedisStore, writes: list[int]
+) -> None:
+    await store.record_delivery("warm", "sess_0")  # the pool's connection is open
+    writes.clear()
+    new = [f"wh_{n}" for n in range(16)]
+    assert await asyncio.gather(*(store.record_delivery(d, "sess_1") for d in new)) == [True] * 16
+    assert len(writes) == 1
+    # Known and new ids mixed in one batch: each answer is its own delivery's.
+    mixed = [new[0], "wh_new_a", new[5], "wh_new_b"]
+    writes.clear()
+    found = await asyncio.gather(*(store.record_delivery(d, "sess_1") for d in mixed))
+    assert found == [False, True, False, True]
+    assert len(writes) == 1
+
+
+async def test_one_step_at_a_time_is_sent_alone(store: RedisStore, writes: list[int]) -> None:
+    await store.record_delivery("warm", "sess_0")
+    writes.clear()
+    for n in range(3):
+        assert await store.record_delivery(f"wh_{n}", "sess_1") is True
+    assert len(writes) == 3
+
+
+async def test_an_error_reply_reaches_only_its_caller(client: Any) -> None:
+    echo = client.register_script("return ARGV[1]")
+    fail = client.register_script("return redis.error_reply('refused: ' .. ARGV[1])")
+    await echo(keys=[], args=["load"], client=client)
+    await client.script_load(fail.script)
+    batcher = ScriptBatcher()
+    answers = await asyncio.gather(
+        batcher.run(echo, [], ["a"], client),
+        batcher.run(fail, [], ["b"], client),
+        batcher.run(echo, [], ["c"], client),
+        return_exceptions=True,
+    )
+    assert answers[0] == "a" and answers[2] == "c"
+    assert isinstance(answers[1], ResponseError) and "refused: b" in str(answers[1])
+
+
+async def test_scripts_redis_does_not_know_are_loaded_and_sent_again(client: Any) -> None:
+    # A body of its own: no other test or process has loaded it (NOSCRIPT on first send).
+    body = f"-- {uuid.uuid4().hex}\nreturn ARGV[1] .. '!'"
+    script = client.register_script(body)
+    assert await client.script_exists(script.sha) == [False]
+    batcher = ScriptBatcher()
+    answers = await asyncio.gather(*(batcher.run(script, [], [x], client) for x in "xyz"))
+    assert answers == ["x!", "y!", "z!"]
+    assert await client.script_exists(script.sha) == [True]
+
+
+async def test_a_cancelled_caller_never_takes_the_others_scripts_with_it(client: Any) -> None:
+    echo = client.register_script("return ARGV[1]")
+    await echo(keys=[], args=["load"], client=client)
+    for cancelled in (0, 1):  # the caller that sends the batch, then one that joined it
+        batcher = ScriptBatcher()
+        tasks = [asyncio.create_task(batcher.run(echo, [], [str(n)], client)) for n in range(3)]
+        await asyncio.sleep(0)  # every task has started: the first waits for the turn's end
+        tasks[cancelled].cancel()
+        # Bounded: a batch its sender dropped would leave the others waiting for ever.
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        assert isinstance(done[cancelled], asyncio.CancelledError)
+        assert [d for n, d in enumerate(done) if n != cancelled] == [
+            str(n) for n in range(3) if n != cancelled
+        ]
+        await batcher.wait_sent()
+
+
+async def test_a_failed_connection_fails_every_script_of_the_batch(client: Any) -> None:
+    dead = redis_asyncio.Redis.from_url(
+        f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1.0
+    )
+    echo = dead.register_script("return ARGV[1]")
+    batcher = ScriptBatcher()
+    try:
+        answers = await asyncio.gather(
+            *(batcher.run(echo, [], [x], dead) for x in "abc"), return_exceptions=True
+        )
+    finally:
+        await dead.aclose()
+    assert all(isinstance(answer, RedisConnectionError) for answer in answers), answers

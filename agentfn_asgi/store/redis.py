@@ -457,10 +457,13 @@ class RedisStore:
         self._closed = True
         if client is not None:
             with _translated("close"):
-                await self._batcher.wait_sent()  # scripts already sent get their answers
-                await client.aclose()
-                # A pool handed to Redis() is not the client's to close: close it here.
-                await client.connection_pool.disconnect()
+                try:
+                    # Scripts started before close() (their batch too) get their answers.
+                    await self._batcher.wait_sent()
+                finally:
+                    await client.aclose()
+                    # A pool handed to Redis() is not the client's to close: close it here.
+                    await client.connection_pool.disconnect()
 
     async def ping(self) -> None:
         """``PING``; raises :class:`StoreUnavailableError` when Redis cannot be reached."""

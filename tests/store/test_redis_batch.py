@@ -25,7 +25,7 @@ from redis.asyncio.connection import AbstractConnection  # noqa: E402
 from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
 from redis.exceptions import ResponseError  # noqa: E402
 
-from agentfn_asgi.store._redis_batch import ScriptBatcher  # noqa: E402
+from agentfn_asgi.store._redis_batch import BATCH_MAX, ScriptBatcher  # noqa: E402
 from agentfn_asgi.store.redis import RedisStore  # noqa: E402
 
 
@@ -54,12 +54,14 @@ async def store() -> AsyncIterator[RedisStore]:
 
 @pytest.fixture
 def writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many packed writes each connection sent (one per command, or per pipeline)."""
+    """How many writes carried scripts (one per lone script, or per batch)."""
     sent: list[int] = []
     original = AbstractConnection.send_packed_command
 
     async def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> None:
-        sent.append(1)
+        first = command[0] if isinstance(command, list) and command else command
+        if b"EVALSHA" in bytes(first)[:64]:  # not a new connection's handshake
+            sent.append(1)
         await original(self, command, *args, **kwargs)
 
     monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
@@ -110,11 +112,29 @@ async def test_scripts_redis_does_not_know_are_loaded_and_sent_again(client: Any
     # A body of its own: no other test or process has loaded it (NOSCRIPT on first send).
     body = f"-- {uuid.uuid4().hex}\nreturn ARGV[1] .. '!'"
     script = client.register_script(body)
+    known = client.register_script("return ARGV[1]")
+    await client.script_load(known.script)
     assert await client.script_exists(script.sha) == [False]
     batcher = ScriptBatcher()
-    answers = await asyncio.gather(*(batcher.run(script, [], [x], client) for x in "xyz"))
-    assert answers == ["x!", "y!", "z!"]
+    answers = await asyncio.gather(
+        batcher.run(script, [], ["x"], client),
+        batcher.run(known, [], ["y"], client),
+        batcher.run(script, [], ["z"], client),
+    )
+    assert answers == ["x!", "y", "z!"]
     assert await client.script_exists(script.sha) == [True]
+
+
+async def test_more_callers_than_a_batch_holds_start_the_next_batch(
+    store: RedisStore, writes: list[int]
+) -> None:
+    await store.record_delivery("warm", "sess_0")
+    writes.clear()
+    ids = [f"wh_{n}" for n in range(2 * BATCH_MAX + 22)]
+    assert await asyncio.gather(*(store.record_delivery(d, "sess_1") for d in ids)) == [True] * len(
+        ids
+    )
+    assert len(writes) == 3
 
 
 async def test_a_cancelled_caller_never_takes_the_others_scripts_with_it(client: Any) -> None:
@@ -147,3 +167,52 @@ async def test_a_failed_connection_fails_every_script_of_the_batch(client: Any) 
     finally:
         await dead.aclose()
     assert all(isinstance(answer, RedisConnectionError) for answer in answers), answers
+
+
+async def test_a_batch_cut_short_fails_its_callers_with_a_lost_connection(client: Any) -> None:
+    """The task sending a batch cancelled while Redis has not answered (a Redis that
+    accepts and never answers): every caller fails with a connection error of its own,
+    none waits for ever and none sees a cancellation it never asked for."""
+
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+        await reader.read(1 << 16)
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    mute = redis_asyncio.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_timeout=30)
+    echo = mute.register_script("return ARGV[1]")
+    batcher = ScriptBatcher()
+    try:
+        callers = [asyncio.create_task(batcher.run(echo, [], [x], mute)) for x in "abc"]
+        await asyncio.sleep(0.2)  # the batch is with its task, waiting for Redis
+        (sender,) = batcher._tasks
+        sender.cancel()
+        answers = await asyncio.wait_for(asyncio.gather(*callers, return_exceptions=True), 10)
+    finally:
+        await mute.aclose()
+        for writer in accepted:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert all(isinstance(a, RedisConnectionError) for a in answers), answers
+    assert len({id(a) for a in answers}) == 3  # each caller raises its own exception
+
+
+async def test_closing_waits_for_the_batch_still_gathering_its_turn() -> None:
+    prefix = f"agentfn-test:{uuid.uuid4().hex}:"
+    store = RedisStore(REDIS_URL, key_prefix=prefix)
+    try:
+        await store.open()
+    except StoreUnavailableError as exc:
+        require_service("redis", str(exc))
+    callers = [asyncio.create_task(store.record_delivery(f"wh_{n}", "s")) for n in range(3)]
+    await asyncio.sleep(0)  # the first waits for the end of the turn, the others joined it
+    await store.close()
+    assert all(caller.done() for caller in callers)
+    assert [caller.result() for caller in callers] == [True] * 3
+    cleanup = RedisStore(REDIS_URL, key_prefix=prefix)
+    await cleanup.destroy()
+    await cleanup.close()

@@ -121,7 +121,7 @@ async def test_scripts_redis_does_not_know_are_loaded_and_sent_again(client: Any
         batcher.run(known, [], ["y"], client),
         batcher.run(script, [], ["z"], client),
     )
-    assert answers == ["x!", "y", "z!"]
+    assert list(answers) == ["x!", "y", "z!"]
     assert await client.script_exists(script.sha) == [True]
 
 

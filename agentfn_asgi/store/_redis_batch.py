@@ -5,9 +5,8 @@ together) and each makes its next durable step: one Lua script each. Sent one by
 script pays for a pool checkout, a socket write and a read wake-up of its own, which cost
 more than the script itself. :class:`ScriptBatcher` gathers the scripts started in one turn
 and sends them as one **non-transactional** pipeline of ``EVALSHA`` commands on one pooled
-connection: one checkout, one write, then the replies read in order (measured in-process at
-64 callers: ≈ 110 against ≈ 180 µs of CPU per script 4 at a time, ≈ 80 against ≈ 200 µs 8
-at a time).
+connection: one checkout, one write, then the replies read in order (measured in-process,
+CPU per script: ≈ 50 against ≈ 85 µs 4 at a time, ≈ 38 against ≈ 95 µs 8 at a time).
 
 What does not change:
 

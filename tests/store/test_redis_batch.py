@@ -216,3 +216,52 @@ async def test_closing_waits_for_the_batch_still_gathering_its_turn() -> None:
     cleanup = RedisStore(REDIS_URL, key_prefix=prefix)
     await cleanup.destroy()
     await cleanup.close()
+
+
+async def test_a_connection_lost_part_way_keeps_the_answers_already_read() -> None:
+    """Redis answers the first script of a batch, then the connection drops: that caller
+    keeps its answer, the others fail with a connection error each (their scripts may have
+    run), and the batch is not sent again (it would run the first script twice)."""
+
+    batches: list[bytes] = []
+
+    async def answer_one_then_drop(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        received = b""
+        while received.count(b"EVALSHA") < 3:
+            chunk = await reader.read(1 << 16)
+            if not chunk:
+                return
+            # The connection's handshake (CLIENT SETINFO ...) is answered OK.
+            writer.write(b"+OK\r\n" * chunk.count(b"CLIENT"))
+            received += chunk
+        batches.append(received)
+        writer.write(b"$5\r\nfirst\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer_one_then_drop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    # RESP2: the handshake is two CLIENT SETINFO, answered above (RESP3's HELLO needs a map).
+    flaky = redis_asyncio.Redis.from_url(
+        f"redis://127.0.0.1:{port}/0", protocol=2, socket_timeout=10
+    )
+    echo = flaky.register_script("return ARGV[1]")
+    batcher = ScriptBatcher()
+    try:
+        answers = await asyncio.wait_for(
+            asyncio.gather(
+                *(batcher.run(echo, [], [x], flaky) for x in "abc"), return_exceptions=True
+            ),
+            10,
+        )
+        await batcher.wait_sent()
+    finally:
+        await flaky.aclose()
+        server.close()
+        await server.wait_closed()
+    assert answers[0] == b"first"
+    assert all(isinstance(a, RedisConnectionError) for a in answers[1:]), answers
+    assert answers[1] is not answers[2]
+    assert len(batches) == 1  # sent once, never again on a new connection

@@ -323,6 +323,10 @@ class RedisStore:
                     socket_timeout=self._socket_timeout,
                     socket_connect_timeout=self._socket_timeout,
                     decode_responses=True,
+                    # RESP2 whatever the driver's default (redis-py 8.2 moved to RESP3): the
+                    # scripts' replies convert as written for (a Lua false is nil, not a
+                    # boolean), and a new connection needs no HELLO round trip.
+                    protocol=2,
                     # Few, quick retries on a dropped connection (one reconnect after a
                     # restart); never on timeouts, which would multiply the wait.
                     retry=Retry(

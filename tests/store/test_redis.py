@@ -452,6 +452,15 @@ def test_bad_url_is_a_configuration_error() -> None:
         store._redis()
 
 
+async def test_speaks_resp2_whatever_the_drivers_default(make_store: StoreMaker) -> None:
+    """The scripts' replies are read as RESP2 converts them (redis-py 8.2 defaults to RESP3,
+    where a script's ``false`` arrives as a boolean instead of nil)."""
+    store = await make_store(clock=Clock())
+    await store.record_delivery("m", "s")
+    info = await store._redis().client_info()
+    assert str(info["resp"]) == "2"
+
+
 async def test_recovers_after_its_connections_are_killed(make_store: StoreMaker) -> None:
     """CLIENT KILL of every connection of the store: the next call reconnects and succeeds."""
     name = f"agentfn-test-{uuid.uuid4().hex[:12]}"

@@ -51,6 +51,8 @@ from agentfn_asgi.store._sql_schema import (
 try:
     import asyncpg
     from asyncpg import exceptions as pg_errors
+
+    from agentfn_asgi.store._pg_pool import ConnectionPool  # imports the driver too
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
         "the postgresql:// store needs the asyncpg driver: pip install 'agentfn-asgi[postgres]'"
@@ -87,13 +89,6 @@ _DRIVER_ERRORS: tuple[type[Exception], ...] = (
 _CLOSE_ERRORS: tuple[type[Exception], ...] = (TimeoutError, *_UNAVAILABLE)
 
 
-def _is_closed(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> bool:
-    try:
-        return conn.is_closed()
-    except pg_errors.InterfaceError:
-        return True  # the pool already detached the proxy because its connection closed
-
-
 def _translate(action: str, exc: BaseException) -> StoreError:
     if isinstance(exc, pg_errors.ClientConfigurationError):
         return StoreError(f"PostgreSQL store misconfigured ({action}): {exc}")
@@ -104,17 +99,13 @@ def _translate(action: str, exc: BaseException) -> StoreError:
     return StoreError(f"PostgreSQL store failed during {action}: {exc}")
 
 
-async def _keep_session(_conn: asyncpg.Connection[Any]) -> None:
-    """The pool's reset on release: nothing beyond asyncpg's own (which still rolls back an
-    open transaction). asyncpg's default sends ``RESET ALL``, ``UNLISTEN *``, ``CLOSE ALL`` and
-    releases advisory locks, one more round trip per store operation, for session state this
-    store never creates (no ``SET``, ``LISTEN``, cursors or session-level locks)."""
-
-
 class PostgresStore(SQLStore):
-    """A :class:`~agentfn_asgi.store.base.Store` on PostgreSQL (11+) through an asyncpg pool.
+    """A :class:`~agentfn_asgi.store.base.Store` on PostgreSQL (11+) through asyncpg.
 
-    Every query is bounded by ``command_timeout`` (also the connect and pool-acquire timeout),
+    Its connections are kept by a small pool of its own
+    (:class:`~agentfn_asgi.store._pg_pool.ConnectionPool`: a checkout costs no task or timer);
+    ``max_size`` connections at most, ``min_size`` opened at start. Every query is bounded by
+    ``command_timeout`` (also the connect timeout and the wait for a free connection),
     after which :class:`StoreUnavailableError` is raised. A connection that died (server
     restart, terminated backend) is replaced by the pool; the request that met it is tried
     once more on a fresh connection.
@@ -141,7 +132,7 @@ class PostgresStore(SQLStore):
         self._min_size = min_size
         self._max_size = max_size
         self._timeout = command_timeout
-        self._pool: asyncpg.Pool[asyncpg.Record] | None = None
+        self._pool: ConnectionPool | None = None
         self._lock = asyncio.Lock()
         self._closed = False
 
@@ -152,7 +143,7 @@ class PostgresStore(SQLStore):
         return where + (f", namespace {self.namespace})" if self.namespace else ")")
 
     # -- plumbing --------------------------------------------------------------------------
-    async def _ensure_pool(self) -> asyncpg.Pool[asyncpg.Record]:
+    async def _ensure_pool(self) -> ConnectionPool:
         if self._closed:
             raise StoreUnavailableError("the PostgreSQL store is closed")
         if self._pool is not None:
@@ -162,22 +153,24 @@ class PostgresStore(SQLStore):
                 self._pool = await self._create_pool()
             return self._pool
 
-    async def _create_pool(self) -> asyncpg.Pool[asyncpg.Record]:
+    async def _connect(self) -> asyncpg.Connection[Any]:
+        return await asyncpg.connect(
+            self._url, timeout=self._timeout, command_timeout=self._timeout
+        )
+
+    async def _create_pool(self) -> ConnectionPool:
+        pool = ConnectionPool(self._connect, max_size=self._max_size, timeout=self._timeout)
         try:
-            pool = await asyncpg.create_pool(
-                self._url,
-                min_size=self._min_size,
-                max_size=self._max_size,
-                command_timeout=self._timeout,
-                timeout=self._timeout,
-                reset=_keep_session,
-            )
+            await pool.start(self._min_size)
         except (pg_errors.ClientConfigurationError, ValueError) as exc:
+            pool.terminate()
             raise ConfigurationError(f"bad PostgreSQL store URL: {exc}") from exc
         except Exception as exc:
+            pool.terminate()
             raise _translate("connect", exc) from exc
         try:
-            async with pool.acquire(timeout=self._timeout) as conn, conn.transaction():
+            conn = await pool.acquire()
+            async with conn.transaction():
                 # Serialise DDL across replicas starting at once (CREATE ... IF NOT EXISTS
                 # alone can still fail with a duplicate-key error when two run together).
                 await conn.execute(
@@ -185,6 +178,7 @@ class PostgresStore(SQLStore):
                     f"agentfn-asgi schema {self._schema}",
                 )
                 await self._upgrade_schema(conn)
+            pool.release(conn)
         except StoreError:
             pool.terminate()
             raise
@@ -193,7 +187,7 @@ class PostgresStore(SQLStore):
             raise _translate("schema creation", exc) from exc
         return pool
 
-    async def _upgrade_schema(self, conn: asyncpg.pool.PoolConnectionProxy[Any]) -> None:
+    async def _upgrade_schema(self, conn: asyncpg.Connection[Any]) -> None:
         # A schema made before versions were recorded reads as version 0.
         await conn.execute(
             f"CREATE SCHEMA IF NOT EXISTS {self._s};"
@@ -233,22 +227,30 @@ class PostgresStore(SQLStore):
         )
 
     async def _with_conn(
-        self, action: str, work: Callable[[asyncpg.pool.PoolConnectionProxy[Any]], Awaitable[_T]]
+        self, action: str, work: Callable[[asyncpg.Connection[Any]], Awaitable[_T]]
     ) -> _T:
         pool = await self._ensure_pool()
         retried = False
         while True:
             conn_lost = False
             try:
-                async with pool.acquire(timeout=self._timeout) as conn:
-                    try:
-                        return await work(conn)
-                    except _DRIVER_ERRORS:
-                        # asyncpg reports a connection dying mid-query in several shapes
-                        # (ConnectionDoesNotExistError, AdminShutdownError, even an
-                        # InternalClientError); the connection's own state is what tells.
-                        conn_lost = _is_closed(conn)
-                        raise
+                conn = await pool.acquire()
+                done = False
+                try:
+                    result = await work(conn)
+                    done = True
+                    return result
+                except _DRIVER_ERRORS:
+                    # asyncpg reports a connection dying mid-query in several shapes
+                    # (ConnectionDoesNotExistError, AdminShutdownError, even an
+                    # InternalClientError); the connection's own state is what tells.
+                    conn_lost = conn.is_closed()
+                    if conn_lost:  # its siblings are likely gone too: retry on a new one
+                        pool.expire(conn)
+                    raise
+                finally:
+                    # A connection whose work failed or was cancelled is not reused.
+                    pool.release(conn, reusable=done)
             except _DRIVER_ERRORS as exc:
                 if (conn_lost or isinstance(exc, _RECONNECT)) and not retried:
                     retried = True  # the pool replaces the dead connection
@@ -260,7 +262,7 @@ class PostgresStore(SQLStore):
                 raise _translate(action, exc) from exc
 
     async def _execute(self, action: str, query: str, *args: object) -> str:
-        async def work(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> str:
+        async def work(conn: asyncpg.Connection[Any]) -> str:
             return await conn.execute(query, *args)
 
         return await self._with_conn(action, work)
@@ -274,7 +276,7 @@ class PostgresStore(SQLStore):
     async def _rows(self, action: str, statement: Statement) -> list[Row]:
         query = self._dialect.render(statement.template)
 
-        async def work(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> list[Row]:
+        async def work(conn: asyncpg.Connection[Any]) -> list[Row]:
             return await conn.fetch(query.text, *query.arguments(statement.params))
 
         return await self._with_conn(action, work)
@@ -289,7 +291,7 @@ class PostgresStore(SQLStore):
             templates[0] = f"WITH also AS ({also}) {templates[0]}"
         queries = [self._dialect.render(template) for template in templates]
 
-        async def work(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> tuple[int, Row] | None:
+        async def work(conn: asyncpg.Connection[Any]) -> tuple[int, Row] | None:
             for index, (query, statement) in enumerate(zip(queries, statements, strict=True)):
                 row = await conn.fetchrow(query.text, *query.arguments(statement.params))
                 if row is not None:
@@ -303,7 +305,7 @@ class PostgresStore(SQLStore):
         # locks in that order, so two never wait for each other.
         lock = f"agentfn-asgi limiter {self._schema}\x1f{self.namespace}\x1f{limiter}"
 
-        async def work_in(conn: asyncpg.pool.PoolConnectionProxy[Any]) -> _T:
+        async def work_in(conn: asyncpg.Connection[Any]) -> _T:
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", lock)
                 steps = work()

@@ -236,12 +236,11 @@ async def _reset_sqlite(backend: Backend) -> None:
 async def _reset_postgres(backend: Backend) -> None:
     store = backend.stores[NAMESPACES[0]]
     schema = store._s  # type: ignore[attr-defined]  # the quoted schema name
-    pool = store._pool  # type: ignore[attr-defined]
-    async with pool.acquire() as conn:
-        await conn.execute(
-            f"DELETE FROM {schema}.calls; DELETE FROM {schema}.deliveries;"  # noqa: S608
-            f" DELETE FROM {schema}.buckets"
-        )
+    await store._execute(  # type: ignore[attr-defined]
+        "reset",
+        f"DELETE FROM {schema}.calls; DELETE FROM {schema}.deliveries;"  # noqa: S608
+        f" DELETE FROM {schema}.buckets",
+    )
 
 
 async def _reset_redis(backend: Backend) -> None:

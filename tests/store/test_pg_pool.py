@@ -1,0 +1,254 @@
+"""The PostgreSQL store's connection pool (:mod:`agentfn_asgi.store._pg_pool`), on a real
+PostgreSQL: connections reused, callers served in line, failed and lost connections never
+handed out again, nothing leaked when a caller gives up.
+
+Needs PostgreSQL on 127.0.0.1:5432 (database ``test``, user ``postgres``); skipped when it is
+unreachable, failed instead under CI=true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from ..support.clock import FakeClock
+from .conftest import POSTGRES_URL, require_service
+
+pytestmark = [pytest.mark.anyio, pytest.mark.backends]
+
+asyncpg = pytest.importorskip("asyncpg")
+from agentfn_asgi.store._pg_pool import ConnectionPool  # noqa: E402 - after the driver check
+
+PoolMaker = Callable[..., Any]
+
+
+@pytest.fixture
+async def make_pool() -> AsyncIterator[PoolMaker]:
+    pools: list[ConnectionPool] = []
+
+    async def make(max_size: int = 2, wait: float = 5.0, **options: Any) -> ConnectionPool:
+        name = f"agentfn-pool-{uuid.uuid4().hex[:12]}"
+
+        async def connect() -> Any:
+            return await asyncpg.connect(
+                POSTGRES_URL, timeout=wait, server_settings={"application_name": name}
+            )
+
+        pool = ConnectionPool(connect, max_size=max_size, timeout=wait, **options)
+        pool.name = name  # type: ignore[attr-defined]  # for the admin queries below
+        try:
+            await pool.start(1)
+        except (OSError, asyncpg.PostgresError) as exc:
+            require_service("postgres", str(exc))
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        await asyncio.wait_for(pool.close(), 10)
+
+
+async def _backends(name: str) -> list[int]:
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        rows = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1", name
+        )
+        return [row["pid"] for row in rows]
+    finally:
+        await conn.close()
+
+
+async def _terminate(name: str) -> None:
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            name,
+        )
+    finally:
+        await conn.close()
+
+
+async def _pid(pool: ConnectionPool) -> int:
+    conn = await pool.acquire()
+    try:
+        pid: int = await conn.fetchval("SELECT pg_backend_pid()")
+        return pid
+    finally:
+        pool.release(conn)
+
+
+async def test_one_step_at_a_time_reuses_one_connection(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=4)
+    pids = {await _pid(pool) for _ in range(20)}
+    assert len(pids) == 1 and pool.size == 1
+
+
+async def test_never_more_than_max_size_and_callers_in_line_are_all_served(
+    make_pool: PoolMaker,
+) -> None:
+    pool = await make_pool(max_size=3)
+
+    async def step(n: int) -> int:
+        conn = await pool.acquire()
+        try:
+            value: int = await conn.fetchval("SELECT $1::int FROM pg_sleep(0.01)", n)
+            return value
+        finally:
+            pool.release(conn)
+
+    assert await asyncio.gather(*(step(n) for n in range(40))) == list(range(40))
+    assert pool.size == 3
+    assert len(await _backends(pool.name)) == 3
+
+
+async def test_waiting_for_a_connection_is_bounded_by_the_timeout(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=1, wait=0.3)
+    held = await pool.acquire()
+    with pytest.raises(TimeoutError, match=r"no PostgreSQL connection within 0\.3 s"):
+        await pool.acquire()
+    pool.release(held)
+    assert await _pid(pool) > 0  # the caller that timed out left nothing behind
+
+
+async def test_a_released_connection_goes_to_the_first_caller_in_line(
+    make_pool: PoolMaker,
+) -> None:
+    pool = await make_pool(max_size=1)
+    held = await pool.acquire()
+    order: list[str] = []
+
+    async def wait(name: str) -> None:
+        conn = await pool.acquire()
+        order.append(name)
+        await asyncio.sleep(0.01)
+        pool.release(conn)
+
+    first = asyncio.create_task(wait("first"))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(wait("second"))
+    await asyncio.sleep(0.01)
+    pool.release(held)
+    await asyncio.gather(first, second)
+    assert order == ["first", "second"]
+
+
+async def test_a_connection_handed_to_a_cancelled_caller_goes_to_the_next(
+    make_pool: PoolMaker,
+) -> None:
+    pool = await make_pool(max_size=1, wait=2.0)
+    held = await pool.acquire()
+    doomed = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0.01)  # in line
+    pool.release(held)  # handed to it; its task has not run yet
+    doomed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    # The connection was passed on, not lost with the cancelled caller: no timeout here.
+    assert await _pid(pool) > 0
+    assert pool.size == 1
+
+
+async def test_a_failed_step_s_connection_is_closed_not_reused(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=2)
+    before = await _pid(pool)
+    conn = await pool.acquire()
+    with pytest.raises(asyncpg.PostgresError):
+        await conn.execute("SELECT no_such_column FROM pg_class")
+    pool.release(conn, reusable=False)
+    assert await _pid(pool) != before
+
+
+async def test_a_step_cancelled_mid_query_leaves_a_working_pool(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=1)
+    before = await _pid(pool)
+
+    async def slow() -> None:
+        conn = await pool.acquire()
+        done = False
+        try:
+            await conn.execute("SELECT pg_sleep(5)")
+            done = True
+        finally:
+            pool.release(conn, reusable=done)
+
+    task = asyncio.create_task(slow())
+    await asyncio.sleep(0.2)  # the query is running on the server
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The cancelled connection is closed once its cancellation is through; a new one serves.
+    after = await asyncio.wait_for(_pid(pool), 5)
+    assert after != before
+
+
+async def test_after_a_lost_connection_no_older_connection_is_reused(
+    make_pool: PoolMaker,
+) -> None:
+    pool = await make_pool(max_size=3)
+    conns = [await pool.acquire() for _ in range(3)]
+    old = {await conn.fetchval("SELECT pg_backend_pid()") for conn in conns}
+    pool.release(conns[1])
+    pool.release(conns[2])  # idle, as far as the pool can tell
+    pool.expire(conns[0])  # the first died under its caller
+    pool.release(conns[0], reusable=False)
+    pids = set()
+    held = []
+    for _ in range(3):
+        conn = await pool.acquire()
+        held.append(conn)
+        pids.add(await conn.fetchval("SELECT pg_backend_pid()"))
+    assert pids.isdisjoint(old)
+    for conn in held:
+        pool.release(conn)
+
+
+async def test_idle_connections_killed_by_the_server_are_skipped(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=2)
+    first, second = await pool.acquire(), await pool.acquire()
+    pool.release(first)
+    pool.release(second)
+    await _terminate(pool.name)
+    await asyncio.sleep(0.2)  # the sockets' EOF reaches the loop
+    assert await _pid(pool) > 0
+
+
+async def test_a_connection_idle_too_long_is_replaced(make_pool: PoolMaker) -> None:
+    clock = FakeClock()
+    pool = await make_pool(max_size=2, idle_lifetime=60.0, clock=clock)
+    before = await _pid(pool)
+    clock.advance(30)
+    assert await _pid(pool) == before
+    clock.advance(61)
+    assert await _pid(pool) != before
+
+
+async def test_close_waits_for_connections_in_use_and_then_refuses(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=2)
+    conn = await pool.acquire()
+    closing = asyncio.create_task(pool.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done()
+    with pytest.raises(asyncpg.InterfaceError, match="closed"):
+        await pool.acquire()
+    pool.release(conn)
+    await asyncio.wait_for(closing, 5)
+    assert conn.is_closed()
+    assert await _backends(pool.name) == []
+
+
+async def test_a_caller_in_line_is_told_when_the_pool_closes(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=1)
+    held = await pool.acquire()
+    waiting = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0.01)
+    pool.terminate()
+    with pytest.raises(asyncpg.InterfaceError, match="closed"):
+        await waiting
+    assert held.is_closed()
+    pool.release(held)  # after terminate(): nothing to do, nothing raised

@@ -27,7 +27,9 @@ connections in a list and hands them out directly:
   all, and their sockets may not show it yet, so the caller's retry runs on a connection
   opened after the loss;
 - a connection idle for longer than ``idle_lifetime`` (asyncpg's default, 300 s) is closed
-  when it would next be handed out, so one a firewall dropped in silence is not used.
+  when it would next be handed out, or when another is given back (so the pool shrinks
+  after a burst), and one a firewall dropped in silence is not used. An idle connection
+  has nothing in flight, so its room is free at once, whatever its close takes.
 
 What the store does not use is left out: no per-connection ``setup``/``init``, no session
 reset on release (the store keeps no session state: no ``SET``, ``LISTEN``, cursors or
@@ -37,6 +39,7 @@ session-level locks). One pool belongs to one event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -80,7 +83,10 @@ class ConnectionPool:
         # A caller in line gets a connection, or None: there is room to open one.
         self._waiters: deque[asyncio.Future[Connection[Any] | None]] = deque()
         self._opening: set[asyncio.Task[Connection[Any]]] = set()
-        self._retiring: dict[Connection[Any], asyncio.Task[None]] = {}  # closing
+        # Closing in the background: failed ones (still counted in _size until closed)
+        # and idle ones (not counted: nothing was in flight on them).
+        self._retiring: dict[Connection[Any], asyncio.Task[None]] = {}
+        self._dropping: set[asyncio.Task[None]] = set()
         self._closing = False
         self._returned = asyncio.Event()  # closing: the last connection in use came back
 
@@ -92,6 +98,8 @@ class ConnectionPool:
     async def start(self, count: int) -> None:
         """Open ``count`` connections now (at least one: a wrong URL or password shows at
         start, not at the first step)."""
+        if count > self._max:
+            raise ValueError(f"cannot open {count} connections in a pool of {self._max}")
         opened = [await self.acquire() for _ in range(max(count, 1))]
         for conn in opened:
             self.release(conn)
@@ -113,8 +121,8 @@ class ConnectionPool:
     def release(self, conn: Connection[Any], *, reusable: bool = True) -> None:
         """Give ``conn`` back; ``reusable=False`` (its work failed) closes it."""
         generation = self._in_use.pop(conn, None)
-        if generation is None:  # handed out before terminate(), or given back twice
-            conn.terminate()
+        if generation is None:  # handed out before terminate() (a second release of one
+            conn.terminate()  # checkout is the caller's bug: the pool cannot tell)
             return
         if (
             not reusable
@@ -132,7 +140,10 @@ class ConnectionPool:
                     self._in_use[conn] = generation
                     waiter.set_result(conn)
                     return
-            self._idle.append((conn, generation, self._clock()))
+            now = self._clock()
+            self._idle.append((conn, generation, now))
+            if now - self._idle[0][2] > self._idle_lifetime:  # the longest idle: shrink
+                self._drop(self._idle.popleft()[0])
         if self._closing and not self._in_use:
             self._returned.set()
 
@@ -143,7 +154,7 @@ class ConnectionPool:
             return  # an older loss already expired it
         self._generation += 1
         while self._idle:
-            self._retire(self._idle.pop()[0])
+            self._drop(self._idle.pop()[0])
 
     async def close(self) -> None:
         """Refuse new checkouts, wait for the connections in use to come back, close all
@@ -152,24 +163,29 @@ class ConnectionPool:
         self._fail_waiters()
         if self._in_use:
             await self._returned.wait()
-        # A connection still being made is closed as soon as it is made.
-        await asyncio.gather(*self._opening, return_exceptions=True)
+        # A connection still being made is closed as soon as it is made. asyncio.wait, not
+        # gather: a close() cut short by its caller's timeout must not cancel them.
+        if self._opening:
+            await asyncio.wait(set(self._opening))
         while self._idle:
-            self._retire(self._idle.pop()[0])
-        await asyncio.gather(*self._retiring.values())
+            self._drop(self._idle.pop()[0])
+        closing = {*self._retiring.values(), *self._dropping}
+        if closing:
+            await asyncio.wait(closing)
 
     def terminate(self) -> None:
         """Close every connection at once, in use or not."""
         self._closing = True
         self._fail_waiters()
+        # The connections being made keep their count: each drops it when made.
+        self._size -= len(self._idle) + len(self._in_use) + len(self._retiring)
         for conn in [*(idle[0] for idle in self._idle), *self._in_use, *self._retiring]:
             conn.terminate()
-        for task in self._retiring.values():
+        for task in [*self._retiring.values(), *self._dropping]:
             task.cancel()
         self._idle.clear()
         self._in_use.clear()
         self._retiring.clear()
-        self._size = 0
         self._returned.set()
 
     # -- inside ----------------------------------------------------------------------------
@@ -180,7 +196,7 @@ class ConnectionPool:
         while self._idle:
             conn, generation, since = self._idle.pop()
             if conn.is_closed() or now - since > self._idle_lifetime:
-                self._retire(conn)
+                self._drop(conn)
                 continue
             self._in_use[conn] = generation
             return conn
@@ -192,15 +208,17 @@ class ConnectionPool:
             if conn is not None:
                 return conn
             if self._size < self._max:
+                self._size += 1
                 return await self._open()
             handed = await self._wait()
             if handed is not None:
                 return handed
-            # None: a connection was closed, so there is room to open one (or an idle one
-            # came back meanwhile): look again.
+            # None: a connection was closed and its room kept for this caller (counted in
+            # _size already), so a caller arriving later cannot take it first.
+            return await self._open()
 
     async def _open(self) -> Connection[Any]:
-        self._size += 1
+        """Make a connection in the room the caller holds (counted in ``_size``)."""
         opening: asyncio.Task[Connection[Any]] = asyncio.get_running_loop().create_task(
             self._connect()
         )
@@ -252,7 +270,8 @@ class ConnectionPool:
                 waiter.cancel()
             elif not waiter.cancelled() and waiter.exception() is None:
                 handed = waiter.result()
-                if handed is None:
+                if handed is None:  # the room kept for us goes to the next one
+                    self._size -= 1
                     self._wake_for_room()
                 else:
                     self.release(handed)
@@ -267,6 +286,21 @@ class ConnectionPool:
             return
         self._retiring[conn] = asyncio.get_running_loop().create_task(self._close(conn))
 
+    def _drop(self, conn: Connection[Any]) -> None:
+        """Close an idle ``conn`` (nothing in flight on it): its room is free at once."""
+        self._size -= 1
+        self._wake_for_room()
+        if conn.is_closed():
+            conn.terminate()
+            return
+        task = asyncio.get_running_loop().create_task(self._close_idle(conn))
+        self._dropping.add(task)
+        task.add_done_callback(self._dropping.discard)
+
+    async def _close_idle(self, conn: Connection[Any]) -> None:
+        with contextlib.suppress(Exception):  # closed either way: close() aborts on failure
+            await conn.close(timeout=self._timeout)
+
     async def _close(self, conn: Connection[Any]) -> None:
         try:
             # Waits for a cancellation still in flight; aborts the connection on failure.
@@ -279,11 +313,13 @@ class ConnectionPool:
                 self._wake_for_room()
 
     def _wake_for_room(self) -> None:
+        """Room was freed: keep it for the first caller in line, if any."""
         if self._size >= self._max:
             return
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
+                self._size += 1  # the room is that caller's now
                 waiter.set_result(None)
                 return
 

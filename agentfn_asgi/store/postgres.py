@@ -124,6 +124,11 @@ class PostgresStore(SQLStore):
     ) -> None:
         if not schema:
             raise ConfigurationError("the PostgreSQL store needs a non-empty schema name")
+        if not 0 <= min_size <= max_size or max_size < 1:
+            raise ConfigurationError(
+                f"the PostgreSQL store needs 0 <= min_size <= max_size and max_size >= 1"
+                f" (got min_size={min_size}, max_size={max_size})"
+            )
         super().__init__(clock=clock, namespace=namespace)
         self._url = url
         self._schema = schema
@@ -161,30 +166,31 @@ class PostgresStore(SQLStore):
     async def _create_pool(self) -> ConnectionPool:
         pool = ConnectionPool(self._connect, max_size=self._max_size, timeout=self._timeout)
         try:
-            await pool.start(self._min_size)
-        except (pg_errors.ClientConfigurationError, ValueError) as exc:
-            pool.terminate()
-            raise ConfigurationError(f"bad PostgreSQL store URL: {exc}") from exc
-        except Exception as exc:
-            pool.terminate()
-            raise _translate("connect", exc) from exc
-        try:
-            conn = await pool.acquire()
-            async with conn.transaction():
-                # Serialise DDL across replicas starting at once (CREATE ... IF NOT EXISTS
-                # alone can still fail with a duplicate-key error when two run together).
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                    f"agentfn-asgi schema {self._schema}",
-                )
-                await self._upgrade_schema(conn)
-            pool.release(conn)
-        except StoreError:
+            try:
+                await pool.start(self._min_size)
+            except (pg_errors.ClientConfigurationError, ValueError) as exc:
+                raise ConfigurationError(f"bad PostgreSQL store URL: {exc}") from exc
+            except Exception as exc:
+                raise _translate("connect", exc) from exc
+            try:
+                conn = await pool.acquire()
+                async with conn.transaction():
+                    # Serialise DDL across replicas starting at once (CREATE ... IF NOT
+                    # EXISTS alone can still fail with a duplicate-key error when two run
+                    # together).
+                    await conn.execute(
+                        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                        f"agentfn-asgi schema {self._schema}",
+                    )
+                    await self._upgrade_schema(conn)
+                pool.release(conn)
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise _translate("schema creation", exc) from exc
+        except BaseException:  # a cancelled open() too: no connection is left open
             pool.terminate()
             raise
-        except Exception as exc:
-            pool.terminate()
-            raise _translate("schema creation", exc) from exc
         return pool
 
     async def _upgrade_schema(self, conn: asyncpg.Connection[Any]) -> None:

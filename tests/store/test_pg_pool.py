@@ -252,3 +252,95 @@ async def test_a_caller_in_line_is_told_when_the_pool_closes(make_pool: PoolMake
         await waiting
     assert held.is_closed()
     pool.release(held)  # after terminate(): nothing to do, nothing raised
+
+
+class _BlackHole:
+    """A TCP proxy to PostgreSQL that, once frozen, swallows everything in both directions
+    without closing: what a firewall that dropped an idle flow looks like."""
+
+    def __init__(self) -> None:
+        self.frozen = False
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port: int = self.server.sockets[0].getsockname()[1]
+        return port
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5432)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(1 << 16):
+                if not self.frozen:
+                    dst.write(data)
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+async def test_stale_idle_connections_never_hold_up_a_caller(make_pool: PoolMaker) -> None:
+    """A full pool whose idle connections have all outlived ``idle_lifetime``, on flows a
+    firewall dropped (their close would wait for its timeout): the next caller gets a new
+    connection at once instead of waiting for room."""
+    hole = _BlackHole()
+    port = await hole.start()
+    clock = FakeClock()
+    made: list[Any] = []
+
+    async def connect() -> Any:
+        url = f"postgresql://postgres@127.0.0.1:{port}/test" if not made else POSTGRES_URL
+        conn = await asyncpg.connect(url, timeout=5)
+        made.append(conn)
+        return conn
+
+    pool = ConnectionPool(connect, max_size=1, timeout=1.0, idle_lifetime=60.0, clock=clock)
+    try:
+        await pool.start(1)  # through the proxy
+        hole.frozen = True
+        clock.advance(61)
+        conn = await pool.acquire()  # timed out waiting for the old one's close before
+        assert conn is made[1]
+        assert await conn.fetchval("SELECT 1") == 1
+        pool.release(conn)
+    finally:
+        pool.terminate()
+        await hole.close()
+
+
+async def test_terminate_while_connecting_keeps_the_count_right(make_pool: PoolMaker) -> None:
+    pool = await make_pool(max_size=2)
+    held = await pool.acquire()
+    connecting = asyncio.create_task(pool.acquire())  # room for one more: it connects
+    await asyncio.sleep(0)
+    pool.terminate()
+    with pytest.raises(asyncpg.InterfaceError, match="closed"):
+        await connecting
+    assert pool.size == 0
+    pool.release(held)
+    assert pool.size == 0
+
+
+async def test_room_freed_for_the_caller_in_line_is_not_taken_by_a_later_one(
+    make_pool: PoolMaker,
+) -> None:
+    pool = await make_pool(max_size=1)
+    held = await pool.acquire()
+    order: list[str] = []
+
+    async def take(name: str) -> None:
+        conn = await pool.acquire()
+        order.append(name)
+        pool.release(conn)
+
+    first = asyncio.create_task(take("first in line"))
+    await asyncio.sleep(0.01)
+    later = asyncio.create_task(take("later"))  # runs before the woken caller resumes
+    held.terminate()  # lost: its room is free at once, for the caller in line
+    pool.release(held, reusable=False)
+    await asyncio.wait_for(asyncio.gather(first, later), 10)
+    assert order == ["first in line", "later"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.errors import StoreError, StoreUnavailableError
+from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey, CallState, ClaimStatus
 from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
@@ -187,6 +187,47 @@ async def test_unreachable_postgres_raises_unavailable_quickly() -> None:
         await store.record_delivery("m", "s")
     assert time.monotonic() - started < 3.0
     await store.close()
+
+
+@pytest.mark.parametrize(("min_size", "max_size"), [(3, 2), (0, 0), (-1, 4)])
+def test_pool_sizes_that_cannot_work_are_a_configuration_error(
+    min_size: int, max_size: int
+) -> None:
+    with pytest.raises(ConfigurationError, match="min_size"):
+        PostgresStore(POSTGRES_URL, min_size=min_size, max_size=max_size)
+
+
+async def test_an_open_cancelled_half_way_leaves_no_connection_open() -> None:
+    """open() cancelled while it waits for the schema lock (another replica upgrading):
+    the connections it opened are closed, not left to the garbage collector."""
+    name = f"agentfn-test-{uuid.uuid4().hex[:12]}"
+    schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
+    try:
+        other = await asyncpg.connect(POSTGRES_URL)
+    except OSError as exc:
+        require_service("postgres", str(exc))
+    try:
+        async with other.transaction():
+            await other.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                f"agentfn-asgi schema {schema}",
+            )
+            store = PostgresStore(
+                f"{POSTGRES_URL}?application_name={name}", schema=schema, min_size=2
+            )
+            opening = asyncio.create_task(store.open())
+            await asyncio.sleep(0.5)  # connected, waiting for the lock
+            assert len(await _query(_BY_NAME, name)) == 2
+            opening.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await opening
+        await asyncio.sleep(0.2)  # the server sees the sockets close
+        assert await _query(_BY_NAME, name) == []
+    finally:
+        await other.close()
+
+
+_BY_NAME = "SELECT pid FROM pg_stat_activity WHERE application_name = $1"
 
 
 async def test_recovers_after_its_backends_are_terminated(make_store: StoreMaker) -> None:

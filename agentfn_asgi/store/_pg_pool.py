@@ -9,10 +9,10 @@ connections in a list and hands them out directly:
 
 - a free connection is taken with no task, timer or wait (the most recently used first, so
   a quiet store keeps using the same warm connection);
-- when none is free and the pool is full, the caller waits in line; a released connection
-  is handed to the first caller in line, never to one that arrives later; waiting and
-  opening a connection are bounded together by ``timeout`` (then :class:`TimeoutError`,
-  which the store reports as unavailable);
+- when none is free and the pool is full, the caller waits in line; a released connection,
+  or the room a closed one frees, goes to the first caller in line, never to one that
+  arrives later; waiting and opening a connection are bounded together by ``timeout``
+  (then :class:`TimeoutError`, which the store reports as unavailable);
 - a connection is made by a task of its own, to the end: a caller that stops waiting
   (cancelled, timed out) leaves it to the next caller, and asyncpg's connect is never cut
   half way (that leaves a failed future of its TLS negotiation behind);
@@ -22,8 +22,8 @@ connections in a list and hands them out directly:
   query on it. It is closed in the background with ``Connection.close()``, which first
   lets that cancellation finish, and it counts towards ``max_size`` until it is closed. A
   connection left inside a transaction, or closed by the server, is never handed out again;
-- after a connection is lost (:meth:`ConnectionPool.expire`), every connection opened
-  before it is closed instead of reused: a server restart or a mass termination ends them
+- after a connection is lost (:meth:`ConnectionPool.expire`), every connection made before
+  the loss is closed instead of reused: a server restart or a mass termination ends them
   all, and their sockets may not show it yet, so the caller's retry runs on a connection
   opened after the loss;
 - a connection idle for longer than ``idle_lifetime`` (asyncpg's default, 300 s) is closed

@@ -83,6 +83,14 @@ async def _pid(pool: ConnectionPool) -> int:
         pool.release(conn)
 
 
+async def _take(pool: ConnectionPool, name: str, order: list[str]) -> None:
+    """Take a connection, note who got it, hold it a moment, give it back."""
+    conn = await pool.acquire()
+    order.append(name)
+    await asyncio.sleep(0.01)
+    pool.release(conn)
+
+
 async def test_one_step_at_a_time_reuses_one_connection(make_pool: PoolMaker) -> None:
     pool = await make_pool(max_size=4)
     pids = {await _pid(pool) for _ in range(20)}
@@ -122,16 +130,9 @@ async def test_a_released_connection_goes_to_the_first_caller_in_line(
     pool = await make_pool(max_size=1)
     held = await pool.acquire()
     order: list[str] = []
-
-    async def wait(name: str) -> None:
-        conn = await pool.acquire()
-        order.append(name)
-        await asyncio.sleep(0.01)
-        pool.release(conn)
-
-    first = asyncio.create_task(wait("first"))
+    first = asyncio.create_task(_take(pool, "first", order))
     await asyncio.sleep(0.01)
-    second = asyncio.create_task(wait("second"))
+    second = asyncio.create_task(_take(pool, "second", order))
     await asyncio.sleep(0.01)
     pool.release(held)
     await asyncio.gather(first, second)
@@ -331,15 +332,9 @@ async def test_room_freed_for_the_caller_in_line_is_not_taken_by_a_later_one(
     pool = await make_pool(max_size=1)
     held = await pool.acquire()
     order: list[str] = []
-
-    async def take(name: str) -> None:
-        conn = await pool.acquire()
-        order.append(name)
-        pool.release(conn)
-
-    first = asyncio.create_task(take("first in line"))
+    first = asyncio.create_task(_take(pool, "first in line", order))
     await asyncio.sleep(0.01)
-    later = asyncio.create_task(take("later"))  # runs before the woken caller resumes
+    later = asyncio.create_task(_take(pool, "later", order))  # runs before the woken caller resumes
     held.terminate()  # lost: its room is free at once, for the caller in line
     pool.release(held, reusable=False)
     await asyncio.wait_for(asyncio.gather(first, later), 10)

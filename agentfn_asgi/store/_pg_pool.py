@@ -239,17 +239,18 @@ class ConnectionPool:
         self._in_use[conn] = self._generation
         return conn
 
-    def _opened(self, opening: asyncio.Task[Connection[Any]]) -> None:
-        """Bookkeeping once a connection is made, or failed to be."""
+    def _opened(self, opening: asyncio.Task[Connection[Any]]) -> bool:
+        """Bookkeeping once a connection is made, or failed to be; whether it was made."""
         self._opening.discard(opening)
         if opening.cancelled() or opening.exception() is not None:
             self._size -= 1
             self._wake_for_room()
+            return False
+        return True
 
     def _adopt(self, opening: asyncio.Task[Connection[Any]]) -> None:
         """A connection made for a caller that stopped waiting: the next caller's."""
-        self._opened(opening)
-        if opening.cancelled() or opening.exception() is not None:
+        if not self._opened(opening):
             return
         conn = opening.result()
         if self._closing:
@@ -293,22 +294,19 @@ class ConnectionPool:
         if conn.is_closed():
             conn.terminate()
             return
-        task = asyncio.get_running_loop().create_task(self._close_idle(conn))
+        task = asyncio.get_running_loop().create_task(self._close(conn))
         self._dropping.add(task)
         task.add_done_callback(self._dropping.discard)
 
-    async def _close_idle(self, conn: Connection[Any]) -> None:
-        with contextlib.suppress(Exception):  # closed either way: close() aborts on failure
-            await conn.close(timeout=self._timeout)
-
     async def _close(self, conn: Connection[Any]) -> None:
+        """Close ``conn`` gracefully; a retired one gives its room back once closed."""
         try:
-            # Waits for a cancellation still in flight; aborts the connection on failure.
-            await conn.close(timeout=self._timeout)
-        except Exception:  # noqa: S110 - closed either way: close() aborts what it cannot end
-            pass
+            # Waits for a cancellation still in flight; closed either way, since close()
+            # aborts the connection when it cannot end it cleanly.
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=self._timeout)
         finally:
-            if self._retiring.pop(conn, None) is not None:  # not after terminate()
+            if self._retiring.pop(conn, None) is not None:  # retired, and not terminate()d
                 self._size -= 1
                 self._wake_for_room()
 

@@ -52,26 +52,25 @@ async def make_pool() -> AsyncIterator[PoolMaker]:
         await asyncio.wait_for(pool.close(), 10)
 
 
-async def _backends(name: str) -> list[int]:
+async def _on_backends(what: str, name: str) -> list[Any]:
+    """``SELECT what`` for each server backend of the pool named ``name``, from outside it."""
     conn = await asyncpg.connect(POSTGRES_URL)
     try:
         rows = await conn.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = $1", name
+            f"SELECT {what} FROM pg_stat_activity WHERE application_name = $1",  # noqa: S608
+            name,
         )
-        return [row["pid"] for row in rows]
+        return [row[0] for row in rows]
     finally:
         await conn.close()
+
+
+async def _backends(name: str) -> list[Any]:
+    return await _on_backends("pid", name)
 
 
 async def _terminate(name: str) -> None:
-    conn = await asyncpg.connect(POSTGRES_URL)
-    try:
-        await conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-            name,
-        )
-    finally:
-        await conn.close()
+    await _on_backends("pg_terminate_backend(pid)", name)
 
 
 async def _pid(pool: ConnectionPool) -> int:

@@ -163,8 +163,8 @@ async def test_refund_waits_delay_ms_before_its_side_effect(tmp_path: Path) -> N
 @pytest.mark.anyio
 async def test_limited_echo_writes_its_interval_and_echoes(tmp_path: Path) -> None:
     """``limited_echo`` waits ``delay_ms`` without blocking others (two 200 ms calls at
-    once take well under 400 ms), then appends one ``{call_id, tool, start, end}`` line
-    (Unix times around the wait) and echoes the text."""
+    once overlap: each starts before the other ends), then appends one
+    ``{call_id, tool, start, end}`` line (Unix times around the wait) and echoes the text."""
     ledger = Ledger(tmp_path / "ledger.jsonl")
     echo = tools.get("limited_echo")
     assert echo is not None
@@ -180,7 +180,6 @@ async def test_limited_echo_writes_its_interval_and_echoes(tmp_path: Path) -> No
         group.start_soon(call, "call_2", "right")
     after = time.time()
     assert answers == {"call_1": "left", "call_2": "right"}
-    assert after - before < 0.39
     lines = sorted(ledger.entries(), key=lambda e: e["call_id"])
     assert [(e["call_id"], e["tool"]) for e in lines] == [
         ("call_1", "limited_echo"),
@@ -189,6 +188,8 @@ async def test_limited_echo_writes_its_interval_and_echoes(tmp_path: Path) -> No
     for entry in lines:
         assert set(entry) == {"call_id", "tool", "start", "end"}
         assert before <= entry["start"] and entry["start"] + 0.2 <= entry["end"] <= after
+    # Not a bound on the wall time (a stalled machine breaks that): the two waits overlap.
+    assert max(e["start"] for e in lines) < min(e["end"] for e in lines)
 
 
 def test_limited_echo_runs_two_at_once_and_example_rate_adds_a_rate(

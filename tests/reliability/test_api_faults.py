@@ -36,6 +36,7 @@ from agentfn_asgi.testing.fake_validation import error_body
 from agentfn_asgi.tools import FunctionTools, ToolContext
 
 from ..support.stack import SECRET
+from ..support.waiting import until
 from .stacks import API_KEY, fault_stack
 
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
@@ -355,7 +356,12 @@ async def test_a_vanished_session_is_forgotten_without_a_hot_loop() -> None:
         await wait_state(stack, sid, "c1", CallState.STALE)
         body, headers = signed_delivery(SECRET, action_required_event(sid))
         assert (await stack.post_webhook(body, headers)).status_code == 200
-        await anyio.sleep(0.2)
+
+        async def new_delivery_settled() -> bool:
+            reads = [r for r in stack.fake.requests if sid in r.path and r.route == "retrieve"]
+            return len(reads) >= 3 and (await stack.store.stats()).unresolved_deliveries == 0
+
+        await until(new_delivery_settled)
         quiet_from = time.time()
         await anyio.sleep(1.0)
         stats = await stack.store.stats()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ..support.clock import FakeClock
+from ..support.waiting import until
 from .conftest import POSTGRES_URL, require_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
@@ -214,7 +215,11 @@ async def test_idle_connections_killed_by_the_server_are_skipped(make_pool: Pool
     pool.release(first)
     pool.release(second)
     await _terminate(pool.name)
-    await asyncio.sleep(0.2)  # the sockets' EOF reaches the loop
+
+    async def seen_closed() -> bool:  # the sockets' EOF has reached the loop
+        return bool(first.is_closed() and second.is_closed())
+
+    await until(seen_closed)  # not a fixed sleep: pg_terminate_backend only signals
     assert await _pid(pool) > 0
 
 

@@ -21,6 +21,7 @@ from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
 from ..support.clock import FakeClock as Clock
 from ..support.ports import free_port
+from ..support.waiting import until
 from .conftest import require_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
@@ -216,18 +217,21 @@ async def test_an_open_cancelled_half_way_leaves_no_connection_open() -> None:
                 f"{POSTGRES_URL}?application_name={name}", schema=schema, min_size=2
             )
             opening = asyncio.create_task(store.open())
-            await asyncio.sleep(0.5)  # connected, waiting for the lock
-            assert len(await _query(_BY_NAME, name)) == 2
+            # connected, waiting for the lock
+            await until(lambda: _count(_BY_NAME, name, 2))
             opening.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await opening
-        await asyncio.sleep(0.2)  # the server sees the sockets close
-        assert await _query(_BY_NAME, name) == []
+        await until(lambda: _count(_BY_NAME, name, 0))  # the server sees the sockets close
     finally:
         await other.close()
 
 
 _BY_NAME = "SELECT pid FROM pg_stat_activity WHERE application_name = $1"
+
+
+async def _count(sql: str, name: str, n: int) -> bool:
+    return len(await _query(sql, name)) == n
 
 
 async def test_recovers_after_its_backends_are_terminated(make_store: StoreMaker) -> None:

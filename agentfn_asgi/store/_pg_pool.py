@@ -219,6 +219,9 @@ class ConnectionPool:
 
     async def _open(self) -> Connection[Any]:
         """Make a connection in the room the caller holds (counted in ``_size``)."""
+        if self._closing:  # room kept for this caller just before close(): connect nothing
+            self._size -= 1
+            raise _closed_error()
         opening: asyncio.Task[Connection[Any]] = asyncio.get_running_loop().create_task(
             self._connect()
         )

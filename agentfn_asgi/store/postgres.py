@@ -342,6 +342,9 @@ class PostgresStore(SQLStore):
                 await asyncio.wait_for(pool.close(), timeout=self._timeout)
             except _CLOSE_ERRORS:
                 pool.terminate()
+            except BaseException:  # close() itself cancelled: the store no longer holds
+                pool.terminate()  # the pool, so nothing else would ever close it
+                raise
 
     async def ping(self) -> None:
         """``SELECT 1``; raises :class:`StoreUnavailableError` when PostgreSQL is unreachable."""

@@ -343,3 +343,34 @@ async def test_room_freed_for_the_caller_in_line_is_not_taken_by_a_later_one(
     pool.release(held, reusable=False)
     await asyncio.wait_for(asyncio.gather(first, later), 10)
     assert order == ["first in line", "later"]
+
+
+@pytest.mark.parametrize("how", ["close", "terminate"])
+async def test_room_kept_for_a_caller_in_line_as_the_pool_closes_opens_nothing(
+    make_pool: PoolMaker, how: str
+) -> None:
+    """A lost connection frees room for the caller in line, and the pool closes in the same
+    turn: that caller is told the pool is closed without connecting first (a connect after
+    close() returned would outlive it, and be cut half way when the loop stops)."""
+    pool = await make_pool(max_size=1)
+    connects = 0
+    connect = pool._connect
+
+    async def counted() -> Any:
+        nonlocal connects
+        connects += 1
+        return await connect()
+
+    pool._connect = counted
+    held = await pool.acquire()
+    waiting = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0.01)
+    held.terminate()
+    pool.release(held, reusable=False)  # its room is the caller in line's
+    if how == "close":
+        await pool.close()
+    else:
+        pool.terminate()
+    with pytest.raises(asyncpg.InterfaceError, match="closed"):
+        await waiting
+    assert (connects, pool.size) == (0, 0)

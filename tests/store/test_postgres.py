@@ -227,7 +227,25 @@ async def test_an_open_cancelled_half_way_leaves_no_connection_open() -> None:
         await other.close()
 
 
+async def test_a_cancelled_close_still_closes_every_connection(make_store: StoreMaker) -> None:
+    """close() cancelled while a step is in flight (a host's shutdown cut short): the pool
+    is terminated, not dropped with its connections open."""
+    name = f"agentfn-test-{uuid.uuid4().hex[:12]}"
+    store = await make_store(f"{POSTGRES_URL}?application_name={name}", min_size=2)
+    step = asyncio.create_task(store._execute("sleep", "SELECT pg_sleep(0.5)"))
+    await until(lambda: _count(_BY_NAME_RUNNING, name, 1))
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0.05)  # waiting for the step's connection to come back
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await asyncio.gather(step, return_exceptions=True)  # terminated under it, or done
+    await until(lambda: _count(_BY_NAME, name, 0))
+    await store.close()  # still idempotent
+
+
 _BY_NAME = "SELECT pid FROM pg_stat_activity WHERE application_name = $1"
+_BY_NAME_RUNNING = _BY_NAME + " AND query LIKE 'SELECT pg_sleep%' AND state = 'active'"
 
 
 async def _count(sql: str, name: str, n: int) -> bool:

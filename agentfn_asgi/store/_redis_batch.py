@@ -15,7 +15,11 @@ What does not change:
   connections. Every caller gets its own script's reply, or its own error, as soon as it is
   read: an error reply of one script never reaches another caller.
 - A script alone in its turn (one call at a time) is sent as before, from its caller's task
-  and through redis-py's own command path (one pass of the loop later).
+  and through redis-py's own command path (one pass of the loop later). So is a script with
+  long arguments (a large saved result: over :data:`ALONE_OVER` characters), so that it
+  has the socket timeout to itself.
+- A caller's arguments that the driver cannot encode (a lone surrogate), or a reply it
+  cannot parse, fail that caller alone, as they would a lone command.
 - A script Redis does not know (``NOSCRIPT``: Redis restarted or ``SCRIPT FLUSH``) did not
   run; it is loaded and sent again on its own, as :class:`redis.asyncio.client.Script`
   does.
@@ -31,8 +35,9 @@ when retried. The pool checks a connection before handing it out (a socket Redis
 reopened then), so a restart of Redis costs the first batch nothing.
 
 The batch is sent by a task of its own, so a caller cancelled meanwhile (its own future
-cancelled) never cancels the others' scripts; its script may still run, as a cancelled
-single command may have. A store is used from one event loop at a time (its connections
+cancelled) never cancels the others' scripts. A caller cancelled before the batch is
+written is left out of it; once written, its script runs, as a cancelled single command's
+may have. A store is used from one event loop at a time (its connections
 belong to it); a script started on another loop never joins this loop's batch.
 """
 
@@ -44,11 +49,16 @@ from typing import Any, Final
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["BATCH_MAX", "ScriptBatcher"]
+__all__ = ["ALONE_OVER", "BATCH_MAX", "ScriptBatcher"]
 
 #: At most this many scripts share one pipeline; the next ones start a batch of their own.
 BATCH_MAX: Final = 64
+
+#: A script whose arguments are longer than this (characters) is sent alone: a batch is
+#: written under one socket timeout, which 64 saved results of 4 MiB would not meet.
+ALONE_OVER: Final = 64 * 1024
 
 # (script, keys, args, the caller's future: None for the caller that sends a lone script)
 _Entry = tuple[Any, list[str], list[str], "asyncio.Future[Any] | None"]
@@ -67,6 +77,8 @@ class ScriptBatcher:
         """Run ``script`` (a registered script) with ``keys`` and ``args`` on ``client``,
         in one pipeline with the others started in this loop turn; its reply (decoded as
         the client decodes), or its error raised (redis-py's exceptions)."""
+        if sum(map(len, args)) > ALONE_OVER:
+            return await script(keys=keys, args=args, client=client)
         loop = asyncio.get_running_loop()
         group = self._open
         if group is not None and self._open_loop is loop and len(group) < self._max:
@@ -143,10 +155,22 @@ async def _pipeline(group: list[_Entry], client: Any) -> list[_Entry]:
     pool = client.connection_pool
     conn = await pool.get_connection()
     try:
+        # A caller cancelled before the write: its script is not sent, as a lone command
+        # cancelled before its write never runs.
+        group = [entry for entry in group if entry[3] is None or not entry[3].done()]
+        if not group:
+            return []
         commands = [
             ("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args, _ in group
         ]
-        await conn.send_packed_command(conn.pack_commands(commands))
+        try:
+            packed = conn.pack_commands(commands)
+        except Exception:  # one caller's arguments cannot be encoded: it alone fails
+            group, commands = _encodable(conn, group, commands)
+            if not group:
+                return []
+            packed = conn.pack_commands(commands)
+        await conn.send_packed_command(packed)
         unknown: list[_Entry] = []
         for entry in group:
             try:
@@ -155,11 +179,34 @@ async def _pipeline(group: list[_Entry], client: Any) -> list[_Entry]:
                 unknown.append(entry)
             except ResponseError as exc:  # this script's error reply: the next ones follow
                 _settle(entry[3], exc, failed=True)
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                raise  # the scripts not answered yet fail as a lost connection
+            except Exception as exc:
+                # A reply the driver could not parse is this script's error; the driver
+                # dropped the connection, so the next replies are lost with it.
+                _settle(entry[3], exc, failed=True)
+                raise RedisConnectionError(f"the connection failed after a reply: {exc}") from exc
             else:
                 _settle(entry[3], reply, failed=False)
         return unknown
     finally:
         await pool.release(conn)
+
+
+def _encodable(
+    conn: Any, group: list[_Entry], commands: list[tuple[Any, ...]]
+) -> tuple[list[_Entry], list[tuple[Any, ...]]]:
+    """The entries whose command the driver can encode, and their commands; each other
+    entry's caller gets its own encoding error (a lone command would have raised it)."""
+    kept: list[tuple[_Entry, tuple[Any, ...]]] = []
+    for entry, command in zip(group, commands, strict=True):
+        try:
+            conn.pack_command(*command)
+        except Exception as exc:
+            _settle(entry[3], exc, failed=True)
+        else:
+            kept.append((entry, command))
+    return [entry for entry, _ in kept], [command for _, command in kept]
 
 
 def _own(exc: BaseException) -> BaseException:

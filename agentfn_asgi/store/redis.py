@@ -350,6 +350,7 @@ class RedisStore:
         client = self._redis()
         if not self._layout_checked:
             await self._check_layout(client)
+            client = self._redis()  # closed meanwhile: refused, as after close()
         argv = [self._space, *(str(arg) for arg in args)]
         with _translated(script):
             return await self._batcher.run(self._scripts[script], list(keys), argv, client)

@@ -477,3 +477,28 @@ async def test_recovers_after_its_connections_are_killed(make_store: StoreMaker)
         await admin.aclose()
     assert await store.record_delivery("after-kill", "s") is True
     await store.ping()
+
+
+async def test_a_step_whose_layout_check_outlives_close_is_refused(
+    make_store: StoreMaker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first step checks the key layout; the store closes while it does: the step is
+    refused as after close(), not run on a pool that was just disconnected (which would
+    reconnect, and leave that connection open)."""
+    store = await make_store()
+    await store.destroy()  # the next step checks the layout first
+    checking, go_on = asyncio.Event(), asyncio.Event()
+    check = store._check_layout
+
+    async def slow_check(client: Any) -> None:  # an interleaving we cannot time: held here
+        await check(client)
+        checking.set()  # answered; the step goes on only after close()
+        await go_on.wait()
+
+    monkeypatch.setattr(store, "_check_layout", slow_check)
+    step = asyncio.create_task(store.record_delivery("wh_1", "sess_1"))
+    await checking.wait()
+    await store.close()
+    go_on.set()
+    with pytest.raises(StoreUnavailableError, match="closed"):
+        await step

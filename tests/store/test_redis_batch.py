@@ -25,7 +25,7 @@ from redis.asyncio.connection import AbstractConnection  # noqa: E402
 from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
 from redis.exceptions import ResponseError  # noqa: E402
 
-from agentfn_asgi.store._redis_batch import BATCH_MAX, ScriptBatcher  # noqa: E402
+from agentfn_asgi.store._redis_batch import ALONE_OVER, BATCH_MAX, ScriptBatcher  # noqa: E402
 from agentfn_asgi.store.redis import RedisStore  # noqa: E402
 
 
@@ -265,3 +265,73 @@ async def test_a_connection_lost_part_way_keeps_the_answers_already_read() -> No
     assert all(isinstance(a, RedisConnectionError) for a in answers[1:]), answers
     assert answers[1] is not answers[2]
     assert len(batches) == 1  # sent once, never again on a new connection
+
+
+async def test_arguments_the_driver_cannot_encode_fail_only_their_caller(client: Any) -> None:
+    """A lone surrogate in one caller's arguments (redis-py refuses to encode it): that
+    caller gets the error a lone command would raise; the others of its turn are sent."""
+    echo = client.register_script("return ARGV[1]")
+    await echo(keys=[], args=["load"], client=client)
+    batcher = ScriptBatcher()
+    answers = await asyncio.gather(
+        batcher.run(echo, [], ["a"], client),
+        batcher.run(echo, [], ["b \ud800"], client),
+        batcher.run(echo, [], ["c"], client),
+        return_exceptions=True,
+    )
+    assert answers[0] == "a" and answers[2] == "c", answers
+    assert isinstance(answers[1], UnicodeEncodeError)
+
+
+async def test_a_reply_the_driver_cannot_parse_is_its_callers_error_alone(client: Any) -> None:
+    """One script's reply is not UTF-8 (the client decodes replies): that caller gets the
+    decoding error, the callers before it keep their answers, the ones after it fail as a
+    lost connection (the driver drops the connection), not with another's decoding error."""
+    script = client.register_script("if ARGV[1] == 'bad' then return '\\255' end return ARGV[1]")
+    await script(keys=[], args=["load"], client=client)
+    batcher = ScriptBatcher()
+    answers = await asyncio.gather(
+        *(batcher.run(script, [], [x], client) for x in ("a", "bad", "c")),
+        return_exceptions=True,
+    )
+    assert answers[0] == "a", answers
+    assert isinstance(answers[1], UnicodeDecodeError), answers
+    assert isinstance(answers[2], RedisConnectionError), answers
+    assert await script(keys=[], args=["d"], client=client) == "d"  # the pool reconnects
+
+
+async def test_a_caller_cancelled_before_the_write_is_left_out(client: Any) -> None:
+    """As a lone command cancelled before its write never runs, a caller cancelled while
+    its batch gathers is not sent; the others are."""
+    prefix = f"agentfn-test:{uuid.uuid4().hex}:"
+    bump = client.register_script("return redis.call('INCR', KEYS[1])")
+    await client.script_load(bump.script)
+    batcher = ScriptBatcher()
+    keys = [f"{prefix}{n}" for n in range(3)]
+    try:
+        tasks = [asyncio.create_task(batcher.run(bump, [k], [], client)) for k in keys]
+        await asyncio.sleep(0)  # the first waits for the turn's end, the others joined it
+        tasks[1].cancel()
+        done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        await batcher.wait_sent()
+        assert isinstance(done[1], asyncio.CancelledError)
+        assert (done[0], done[2]) == (1, 1)
+        assert await client.mget(keys) == ["1", None, "1"]
+    finally:
+        await client.delete(*keys)
+
+
+async def test_a_script_with_long_arguments_is_sent_alone(client: Any, writes: list[int]) -> None:
+    """A large saved result does not share a batch's write (and its socket timeout)."""
+    echo = client.register_script("return string.len(ARGV[1])")
+    await echo(keys=[], args=["load"], client=client)
+    batcher = ScriptBatcher()
+    writes.clear()
+    big = "x" * (ALONE_OVER + 1)
+    answers = await asyncio.gather(
+        batcher.run(echo, [], ["a"], client),
+        batcher.run(echo, [], [big], client),
+        batcher.run(echo, [], ["c"], client),
+    )
+    assert list(answers) == [1, ALONE_OVER + 1, 1]
+    assert len(writes) == 2  # the long one alone, the two others together

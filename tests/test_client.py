@@ -239,6 +239,17 @@ async def test_non_retryable_statuses_raise_at_once(
     assert clock.sleeps == []
 
 
+def test_status_error_escapes_text_that_is_not_valid_unicode() -> None:
+    """JSON may escape a lone surrogate; the error's fields are always valid UTF-8 (stores
+    and logs write them), the rest of the text as it was."""
+    body = b'{"error":{"message":"caf\xc3\xa9 \\ud800","code":"c\\udfff","param":"p"}}'
+    error = status_error(500, body, {})
+    assert (error.message, error.code, error.param) == ("caf\u00e9 \\ud800", "c\\udfff", "p")
+    for text in (error.message, error.code, str(error)):
+        assert text is not None
+        text.encode("utf-8")
+
+
 def test_status_error_tolerates_odd_bodies() -> None:
     """Non-JSON, empty and flat JSON bodies still give a useful error."""
     html = status_error(502, b"<html>Bad gateway</html>", {})

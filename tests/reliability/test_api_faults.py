@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -402,3 +403,26 @@ async def test_a_delivery_flood_keeps_the_queue_bounded() -> None:
             dispatcher.schedule(f"sess_flood_{n}")
         queued = dispatcher._queue.qsize() if dispatcher._queue is not None else 0
     assert queued <= 50
+
+
+async def test_an_error_answer_that_is_not_valid_unicode_is_recorded_and_retried(
+    tmp_path: Path,
+) -> None:
+    """The API's error JSON escapes a lone surrogate in its code and message (``\\ud800``):
+    the failure is still recorded by a store that writes UTF-8 (SQLite; it refuses such
+    text) and the call retried to success."""
+    tools = Tools()
+    body = b'{"error":{"message":"bad \\ud800","code":"odd_\\ud800"}}'
+    async with fault_stack(
+        tools.registry,
+        settings=QUICK,
+        client_options={"max_retries": 0},
+        store=f"sqlite:///{tmp_path / 'store.sqlite3'}",
+    ) as stack:
+        stack.fake.fail_next("submit", 2, 500, body=body)
+        stack.fake.fail_next("retrieve", 1, 503, body=body)
+        sid = lookup_session(stack.fake)
+        record = await wait_state(stack, sid, "c1", CallState.SUBMITTED)
+    assert [r.status for r in requests(stack.fake, "submit")] == [500, 500, 202]
+    assert tools.runs == {"lookup": 1}
+    assert record.result is not None

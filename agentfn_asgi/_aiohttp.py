@@ -8,14 +8,23 @@ response ``status_code``, ``is_success``, ``headers``, ``content``, ``aread``, `
 about a third of the CPU per request of httpx on the same aiohttp pool (``httpx-aiohttp``)
 and a fifth of httpx2's at 64 requests in flight (``benchmarks/http_clients.py``). aiohttp's
 failures become httpx's exception classes, so the client's retry policy reads them as it
-reads httpx's. An injected ``httpx.AsyncClient`` never goes through here.
+reads httpx's. An injected ``httpx.AsyncClient`` never goes through here, and neither does
+a client behind a proxy (see :func:`~agentfn_asgi.client.AgentsClient`): aiohttp reads the
+proxy variables differently from httpx and the ``openai`` SDK (no ``ALL_PROXY``, no
+``https://`` proxy) and would add ``~/.netrc`` credentials, so this client never reads the
+environment.
+
+aiohttp has no write timeout (its read timeout starts once the body is written), so a
+large body is sent under one of its own: each slice must be taken by the connection
+within ``timeout.write``, as httpx bounds each write, or the attempt fails with
+``httpx.WriteTimeout`` (retried) instead of hanging until the whole deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import ssl
-import urllib.request
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -114,9 +123,9 @@ class AiohttpClient:
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=t.pool, sock_connect=t.connect, sock_read=t.read
             ),
-            # Proxies from the environment, as httpx reads them; only when one is set, for
-            # aiohttp then also reads ~/.netrc on every request (in a thread).
-            trust_env=bool(urllib.request.getproxies()),
+            # Never the environment: behind a proxy the package builds an httpx client (see
+            # the module doc); aiohttp would also read ~/.netrc on every request.
+            trust_env=False,
             auto_decompress=True,
         )
         return self._session
@@ -139,12 +148,40 @@ class AiohttpClient:
             raise RuntimeError("the HTTP client is closed")
         session = self._session or self._open()
         data: Any = request.content
-        headers = request.headers
         if data is not None and len(data) >= _STREAM_MIN:
-            # Handed over in slices of the one body: aiohttp would otherwise join it with the
-            # request head (on Python < 3.12.9), a second full copy of a 4 MiB result.
-            headers = {**headers, "Content-Length": str(len(data))}
-            data = _slices(memoryview(data))
+            return await self._send_large(session, request, data, stream=stream)
+        return await self._send(session, request, data, request.headers, stream=stream)
+
+    async def _send_large(
+        self,
+        session: aiohttp.ClientSession,
+        request: _Request,
+        data: bytes | bytearray,
+        *,
+        stream: bool,
+    ) -> _Response:
+        # Handed over in slices of the one body: aiohttp would otherwise join it with the
+        # request head (on Python < 3.12.9), a second full copy of a 4 MiB result.
+        headers = {**request.headers, "Content-Length": str(len(data))}
+        write = self._timeout.write
+        try:
+            async with asyncio.timeout(None) as watchdog:
+                slices = _slices(memoryview(data), watchdog, write)
+                return await self._send(session, request, slices, headers, stream=stream)
+        except TimeoutError as exc:
+            if watchdog.expired():
+                raise httpx.WriteTimeout(f"no slice of the body taken within {write:g} s") from exc
+            raise
+
+    async def _send(
+        self,
+        session: aiohttp.ClientSession,
+        request: _Request,
+        data: Any,
+        headers: Mapping[str, str],
+        *,
+        stream: bool,
+    ) -> _Response:
         with _MAPPED:
             raw = await session.request(
                 request.method, request.url, data=data, headers=headers, allow_redirects=False
@@ -168,9 +205,16 @@ _STREAM_MIN = 1024 * 1024
 _SLICE = 256 * 1024
 
 
-async def _slices(body: memoryview) -> AsyncIterator[memoryview]:
+async def _slices(
+    body: memoryview, watchdog: asyncio.Timeout, write: float | None
+) -> AsyncIterator[memoryview]:
+    """``body`` slice by slice, each to be taken within ``write`` seconds (none if None)."""
+    loop = asyncio.get_running_loop()
     for start in range(0, len(body), _SLICE):
+        if write is not None:
+            watchdog.reschedule(loop.time() + write)
         yield body[start : start + _SLICE]
+    watchdog.reschedule(None)  # the body is written: the answer has the read timeout
 
 
 class _Mapped:

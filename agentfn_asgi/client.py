@@ -7,7 +7,8 @@ installed, by CPU per request measured with ``benchmarks/http_clients.py`` (64 i
 relative to httpx2): with ``aiohttp`` (a dependency) a small adapter onto an aiohttp
 session (:mod:`agentfn_asgi._aiohttp`, 0.17×; httpx on the ``httpx-aiohttp`` transport
 measured 0.52×), else httpx2 (1×), else httpx 0.29/httpcore 1.0.9 (3.3×: its pool
-bookkeeping grows with concurrency). ``sniffio`` is a dependency because httpx retries a
+bookkeeping grows with concurrency); behind a proxy named by the environment, httpx2 or
+httpx, which read the proxy variables as the ``openai`` SDK does. ``sniffio`` is a dependency because httpx retries a
 failed import of it on every request when it is missing. The retry policy follows the
 official client (wire protocol §10.2) with a tighter cap and a total deadline:
 
@@ -37,6 +38,7 @@ import math
 import random as _random
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -593,15 +595,23 @@ _PERMANENT_CONFLICTS = frozenset({"conflict_error", "idempotency_conflict"})
 
 def _owned_http_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
     """A pooled client, the cheapest installed (see the module docstring): aiohttp's pool
-    behind the few ``httpx.AsyncClient`` methods used here, else httpx2's, else httpx's."""
-    try:
-        from agentfn_asgi._aiohttp import AiohttpClient
-    except ImportError:  # pragma: no cover - depends on the environment
-        pass
-    else:
-        # Duck-typed: it has exactly the methods and response attributes used here.
-        owned = AiohttpClient(timeout=timeout, max_connections=DEFAULT_LIMITS.max_connections or 64)
-        return cast("httpx.AsyncClient", owned)
+    behind the few ``httpx.AsyncClient`` methods used here, else httpx2's, else httpx's.
+
+    Behind a proxy named by the environment (``HTTPS_PROXY``, ``ALL_PROXY``...), httpx's:
+    it reads those variables as the ``openai`` SDK does, where aiohttp ignores
+    ``ALL_PROXY`` and ``https://`` proxies and adds ``~/.netrc`` credentials.
+    """
+    if not _environment_names_a_proxy():
+        try:
+            from agentfn_asgi._aiohttp import AiohttpClient
+        except ImportError:  # pragma: no cover - depends on the environment
+            pass
+        else:
+            # Duck-typed: it has exactly the methods and response attributes used here.
+            owned = AiohttpClient(
+                timeout=timeout, max_connections=DEFAULT_LIMITS.max_connections or 64
+            )
+            return cast("httpx.AsyncClient", owned)
     if _httpx2 is None:
         return httpx.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
     if isinstance(timeout, httpx.Timeout):
@@ -616,6 +626,11 @@ def _owned_http_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
     )
     client: httpx.AsyncClient = _httpx2.AsyncClient(timeout=timeout2, limits=limits)
     return client
+
+
+def _environment_names_a_proxy() -> bool:
+    """Whether a proxy variable is set (``NO_PROXY`` alone names none)."""
+    return any(scheme != "no" for scheme in urllib.request.getproxies())
 
 
 def _error_classes(

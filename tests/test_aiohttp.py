@@ -4,6 +4,7 @@ against the fake Agents API: the same requests, answers and errors as on httpx."
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from agentfn_asgi._aiohttp import AiohttpClient
 from agentfn_asgi.client import AgentsClient
-from agentfn_asgi.errors import APIConnectionError, NotFoundError, RateLimitError
+from agentfn_asgi.errors import APIConnectionError, APITimeoutError, NotFoundError, RateLimitError
 from agentfn_asgi.session_events import SessionIdleEvent
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
@@ -149,3 +150,100 @@ async def test_a_large_body_arrives_whole_with_its_length(
     assert submit.headers["content-length"] == str(len(body))
     assert "transfer-encoding" not in submit.headers
     assert fake.idempotency["big"] == (sid, bytes(body))
+
+
+async def test_a_body_nobody_reads_is_a_write_timeout_and_retried() -> None:
+    """A peer that takes the request head and then stops reading (a dropped path mid-
+    upload): each slice of a large body must be taken within ``timeout.write``, so the
+    attempt ends in httpx's ``WriteTimeout`` and is retried, as on httpx, instead of
+    hanging until the whole deadline (aiohttp has no write timeout of its own)."""
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def stop_reading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await reader.readuntil(b"\r\n\r\n")  # the head; the body is never read
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)  # fills fast
+    listener.bind(("127.0.0.1", 0))
+    server = await asyncio.start_server(stop_reading, sock=listener)
+    port = listener.getsockname()[1]
+    retries: list[str] = []
+    body = bytearray(b"x" * (32 * 1024 * 1024))  # more than every buffer on the way
+    try:
+        async with AgentsClient(
+            api_key="k",
+            base_url=f"http://127.0.0.1:{port}/v1",
+            timeout=httpx.Timeout(30.0, write=0.3),
+            max_retries=1,
+            sleep=_no_sleep,
+            on_retry=lambda event: retries.append(event.reason),
+        ) as client:
+            with pytest.raises(APITimeoutError):
+                await asyncio.wait_for(
+                    client.submit_raw_events("sess_1", body, idempotency_key="k1"), 10
+                )
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert retries == ["timeout"]
+    assert len(held) == 2  # the retry went out on a new connection
+
+
+async def test_behind_a_proxy_the_owned_client_is_httpx_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy named by the environment (``HTTPS_PROXY``, ``ALL_PROXY``...) is honoured as
+    httpx and the ``openai`` SDK read it: the package builds an httpx client then. A lone
+    ``NO_PROXY`` names no proxy; the aiohttp client never reads the environment."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setenv("NO_PROXY", "internal.example")
+    async with AgentsClient(api_key="k") as client:
+        assert isinstance(client._http, AiohttpClient)
+    for name, proxy in (("ALL_PROXY", "http://127.0.0.1:1"), ("HTTPS_PROXY", "https://p:1")):
+        monkeypatch.setenv(name, proxy)
+        async with AgentsClient(api_key="k") as client:
+            assert not isinstance(client._http, AiohttpClient), name
+        monkeypatch.delenv(name)
+
+
+async def test_requests_go_through_the_proxy_the_environment_names(
+    served: tuple[FakeAgentsAPI, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HTTP_PROXY`` set: the session read reaches the API through that proxy."""
+    fake, base_url = served
+    sid, _ = _session(fake)
+    seen: list[bytes] = []
+
+    async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head.split(b"\r\n", 1)[0])
+        method, target, rest = head.split(b" ", 2)
+        url = httpx.URL(target.decode())  # absolute-form, as a client asks a proxy
+        up_reader, up_writer = await asyncio.open_connection(url.host, url.port)
+        up_writer.write(b" ".join([method, url.raw_path, rest]))
+        await up_writer.drain()
+        while chunk := await up_reader.read(1 << 16):
+            writer.write(chunk)
+            await writer.drain()
+        up_writer.close()
+        writer.close()
+
+    proxy = await asyncio.start_server(forward, "127.0.0.1", 0)
+    proxy_port = proxy.sockets[0].getsockname()[1]
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy_port}")
+    try:
+        async with AgentsClient(api_key="sk-test", base_url=base_url) as client:
+            session = await client.retrieve_session(sid)
+    finally:
+        proxy.close()
+        await proxy.wait_closed()
+    assert session.id == sid
+    assert seen == [f"GET {base_url}/agents/sessions/{sid} HTTP/1.1".encode()]

@@ -226,6 +226,8 @@ class _Mapped:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
         if exc is None or not isinstance(exc, aiohttp.ClientError | OSError):
             return
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):  # no connection: nothing sent
+            raise httpx.ConnectTimeout(str(exc) or type(exc).__name__) from exc
         if isinstance(exc, _TIMEOUTS):
             raise httpx.TimeoutException(str(exc) or type(exc).__name__) from exc
         if isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):

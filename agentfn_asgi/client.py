@@ -8,9 +8,10 @@ relative to httpx2): with ``aiohttp`` (a dependency) a small adapter onto an aio
 session (:mod:`agentfn_asgi._aiohttp`, 0.17×; httpx on the ``httpx-aiohttp`` transport
 measured 0.52×), else httpx2 (1×), else httpx 0.29/httpcore 1.0.9 (3.3×: its pool
 bookkeeping grows with concurrency); behind a proxy named by the environment, httpx2 or
-httpx, which read the proxy variables as the ``openai`` SDK does. ``sniffio`` is a dependency because httpx retries a
-failed import of it on every request when it is missing. The retry policy follows the
-official client (wire protocol §10.2) with a tighter cap and a total deadline:
+httpx, which read the proxy variables as the ``openai`` SDK does. ``sniffio`` is a
+dependency because httpx retries a failed import of it on every request when it is
+missing. The retry policy follows the official client (wire protocol §10.2) with a tighter
+cap and a total deadline:
 
 - retried: connection errors, timeouts, and statuses 408, 409, 429 and 5xx;
 - ``x-should-retry: true|false`` overrides the status rule;
@@ -21,7 +22,11 @@ official client (wire protocol §10.2) with a tighter cap and a total deadline:
   [0.75, 1.0];
 - at most ``max_retries`` retries and never past ``total_deadline`` seconds from the first
   attempt (the client never sleeps past it, and cuts a request short when it is reached);
-- every retry of a submission carries the same ``Idempotency-Key``.
+- every retry of a submission carries the same ``Idempotency-Key``;
+- the calls the API takes no key for and that must not happen twice (creating a webhook
+  endpoint, rotating its secret, sending it a test event) are retried only when the
+  request cannot have been acted on: the connection was never made, or the answer was 429.
+  Otherwise their failure is raised at once (the official client retries them blindly).
 
 The registration race (wire protocol §4.2: 400 ``invalid_request_error`` "Unknown pending tool
 call: <id>") is retried after 0.1, 0.3 and 0.6 s with the same key, then raised as
@@ -140,13 +145,21 @@ class _AttemptFailedError(Exception):
     """Internal: one failed attempt, why, and whether the retry policy may retry it."""
 
     def __init__(
-        self, error: APIError, reason: str, *, retryable: bool, retry_after: float | None = None
+        self,
+        error: APIError,
+        reason: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        maybe_acted: bool = True,
     ) -> None:
         super().__init__(str(error))
         self.error = error
         self.reason = reason
         self.retryable = retryable
         self.retry_after = retry_after
+        #: False when the API cannot have acted on the request (never connected, or 429).
+        self.maybe_acted = maybe_acted
 
 
 class AgentsClient:
@@ -193,7 +206,9 @@ class AgentsClient:
         self._base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._owns_http = http_client is None
         self._http = http_client or _owned_http_client(timeout)
-        self._timeout_errors, self._transport_errors = _error_classes(self._http)
+        self._timeout_errors, self._transport_errors, self._unsent_errors = _error_classes(
+            self._http
+        )
         self._headers = {
             "Authorization": f"Bearer {api_key}",
             "OpenAI-Beta": "agents=v1",
@@ -362,7 +377,7 @@ class AgentsClient:
         (and after a rotation)."""
         body = {"event_types": list(event_types), "name": name, "url": url}
         return await self._endpoint_call(
-            "POST", "/webhook_endpoints", WebhookEndpointWithSecret, body=body
+            "POST", "/webhook_endpoints", WebhookEndpointWithSecret, body=body, once=True
         )
 
     async def list_webhook_endpoints(
@@ -421,6 +436,7 @@ class AgentsClient:
             _endpoint_path(endpoint_id) + "/rotate_secret",
             WebhookEndpointWithSecret,
             body=body,
+            once=True,
         )
 
     async def test_webhook_endpoint(
@@ -433,6 +449,7 @@ class AgentsClient:
             _endpoint_path(endpoint_id) + "/test",
             WebhookEndpointTestResult,
             body={"event_type": event_type},
+            once=True,
         )
 
     async def list_webhook_event_types(self) -> WebhookEventTypeList:
@@ -447,6 +464,7 @@ class AgentsClient:
         *,
         body: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
+        once: bool = False,
     ) -> _M:
         headers = {"Accept": "application/json"}
         content = None
@@ -454,7 +472,7 @@ class AgentsClient:
             content = json.dumps(body, separators=(",", ":")).encode()
             headers["Content-Type"] = "application/json"
         response = await self._request(
-            method, path, content=content, headers=headers, params=params, beta=False
+            method, path, content=content, headers=headers, params=params, beta=False, once=once
         )
         try:
             return model.model_validate_json(response.content)
@@ -477,7 +495,9 @@ class AgentsClient:
         params: Mapping[str, str] | None = None,
         stream: bool = False,
         beta: bool = True,
+        once: bool = False,
     ) -> httpx.Response:
+        """Send with the retry policy; ``once``: retried only if the API cannot have acted."""
         sent = {**self._headers, **(headers or {})}
         if not beta:
             del sent["OpenAI-Beta"]
@@ -507,7 +527,11 @@ class AgentsClient:
                         raise error from None
                     delay = self._race_delays[races]
                     races += 1
-                elif not failed.retryable or retries >= self.max_retries:
+                elif (
+                    not failed.retryable
+                    or retries >= self.max_retries
+                    or (once and failed.maybe_acted)
+                ):
                     raise error from failed.__cause__
                 else:
                     delay = failed.retry_after or self._backoff(retries)
@@ -530,10 +554,16 @@ class AgentsClient:
             raise APITimeoutError(f"total deadline of {self.total_deadline}s exceeded") from exc
         except self._timeout_errors as exc:
             err: APIError = APITimeoutError(f"request timed out: {exc!r}")
-            raise _AttemptFailedError(err, "timeout", retryable=True) from exc
+            unsent = isinstance(exc, self._unsent_errors)
+            raise _AttemptFailedError(
+                err, "timeout", retryable=True, maybe_acted=not unsent
+            ) from exc
         except self._transport_errors as exc:
             err = APIConnectionError(f"connection error: {exc!r}")
-            raise _AttemptFailedError(err, "connection", retryable=True) from exc
+            unsent = isinstance(exc, self._unsent_errors)
+            raise _AttemptFailedError(
+                err, "connection", retryable=True, maybe_acted=not unsent
+            ) from exc
         if response.is_success:
             return response
         try:
@@ -547,7 +577,13 @@ class AgentsClient:
         if isinstance(error, UnknownPendingToolCallError):
             raise _AttemptFailedError(error, "pending_call_race", retryable=True)
         retryable, retry_after = self._retry_rule(response, error.code)
-        raise _AttemptFailedError(error, "status", retryable=retryable, retry_after=retry_after)
+        raise _AttemptFailedError(
+            error,
+            "status",
+            retryable=retryable,
+            retry_after=retry_after,
+            maybe_acted=response.status_code != 429,  # refused by the rate limiter
+        )
 
     async def _send_within(
         self, request: httpx.Request, seconds: float, *, stream: bool
@@ -635,19 +671,22 @@ def _environment_names_a_proxy() -> bool:
 
 def _error_classes(
     http: object,
-) -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
-    """The timeout and transport exception classes of the library behind ``http``."""
+) -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    """The timeout and transport exception classes of the library behind ``http``, and
+    those that say the request was never sent (no connection was made)."""
     timeouts: list[type[Exception]] = [httpx.TimeoutException]
     transports: list[type[Exception]] = [httpx.TransportError]
+    unsent: list[type[Exception]] = [httpx.ConnectError, httpx.ConnectTimeout]
     if _httpx2 is not None and isinstance(http, _httpx2.AsyncClient):
         timeouts.append(_httpx2.TimeoutException)
         transports.append(_httpx2.TransportError)
+        unsent += [_httpx2.ConnectError, _httpx2.ConnectTimeout]
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is not None:
         # The aiohttp transport maps the usual failures to httpx's classes; any it leaves
         # alone (a malformed response...) is still a failure of the connection to us.
         transports.append(aiohttp.ClientError)
-    return tuple(timeouts), tuple(transports)
+    return tuple(timeouts), tuple(transports), tuple(unsent)
 
 
 def _session_path(session_id: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import email.utils
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -747,3 +747,38 @@ async def test_an_httpx2_client_maps_its_errors_like_httpx() -> None:
 
 async def _no_sleep_for_httpx2(_: float) -> None:
     return None
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c, eid: c.create_webhook_endpoint(
+            url="https://a.test/h", name="n", event_types=["agent.session.action_required"]
+        ),
+        lambda c, eid: c.rotate_webhook_secret(eid),
+    ],
+    ids=["create", "rotate"],
+)
+async def test_calls_that_must_not_happen_twice_retry_only_what_was_not_acted_on(
+    fake: FakeAgentsAPI,
+    make_client: Callable[..., AgentsClient],
+    call: Callable[[AgentsClient, str], Awaitable[object]],
+) -> None:
+    """No idempotency key exists for these: a 5xx, or an answer lost after the request
+    went out, may mean the API acted (a second endpoint, a second rotation), so it is
+    raised at once; a 429 (the rate limiter refused it) is retried. Other calls retry all."""
+    client = make_client()
+    endpoint = await client.create_webhook_endpoint(
+        url="https://a.test/x", name="x", event_types=["agent.session.action_required"]
+    )
+    before = len(requests_of(fake, "webhook_endpoints"))
+    fake.fail_next("webhook_endpoints", 1, 500, after_processing=True)
+    with pytest.raises(InternalServerError):
+        await call(client, endpoint.id)
+    assert len(requests_of(fake, "webhook_endpoints")) == before + 1
+    fake.fail_next("webhook_endpoints", 1, 429)
+    await call(client, endpoint.id)
+    assert len(requests_of(fake, "webhook_endpoints")) == before + 3
+    fake.fail_next("webhook_endpoints", 1, 500)  # an idempotent call still retries a 5xx
+    await client.retrieve_webhook_endpoint(endpoint.id)
+    assert len(requests_of(fake, "webhook_endpoints")) == before + 5

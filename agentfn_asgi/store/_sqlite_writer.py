@@ -9,7 +9,10 @@ event loop are gathered and flushed together (:class:`Writer`):
   begun with ``busy_timeout`` 0, and if another connection holds the write lock the jobs
   go to the thread, which waits for it (the loop never waits on locks). With WAL and
   ``synchronous=NORMAL`` a commit writes to the WAL without fsync, and checkpoints (which
-  fsync) run on the thread only: automatic checkpoints are off on this connection;
+  fsync) run on the thread only: automatic checkpoints are off on this connection. Two
+  commits would fsync all the same, so they go to the thread too: every commit under
+  ``synchronous=FULL`` or ``EXTRA``, and the first commit after a checkpoint that copied
+  the whole WAL back (SQLite syncs the WAL's header when it starts the file over);
 - otherwise the jobs go to the thread through a queue. This was measured at roughly half the
   per-operation overhead of ``loop.run_in_executor`` with a one-thread pool (~35 µs against
   ~65 µs). Jobs that queue up while the thread is busy are committed together (group commit,
@@ -140,6 +143,10 @@ class WriterConnection:
         self._conn: sqlite3.Connection | None = None
         self._busy_ms = 0  # the store's busy_timeout: how long the thread waits for a lock
         self._busy_now = 0  # the connection's busy_timeout now (0 for inline batches)
+        # Whether a commit can fsync, so must not run on the loop (see the module doc):
+        # synchronous FULL or EXTRA, or the WAL starting over after a full checkpoint.
+        self._commits_sync = False
+        self._wal_restarts = False
         #: Commits since the last checkpoint (read and reset by the thread, under the lock).
         self.commits = 0
 
@@ -152,6 +159,7 @@ class WriterConnection:
             try:
                 self._busy_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
                 self._busy_now = self._busy_ms
+                self._commits_sync = int(conn.execute("PRAGMA synchronous").fetchone()[0]) > 1
                 # Checkpoints fsync: only the thread runs them (see the module docstring).
                 conn.execute("PRAGMA wal_autocheckpoint = 0")
             except BaseException:
@@ -179,7 +187,9 @@ class WriterConnection:
             return
         self.commits = 0
         with contextlib.suppress(sqlite3.Error):
-            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            ((_, frames, copied),) = self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            # All copied back: the next commit starts the WAL over and syncs its header.
+            self._wal_restarts = frames == copied
 
     def run(self, work: Callable[[sqlite3.Connection], Any]) -> tuple[bool, Any]:
         """Run one job in autocommit mode; driver errors become the package's errors."""
@@ -187,8 +197,11 @@ class WriterConnection:
             try:
                 conn = self.get()
                 self._set_busy_timeout(conn, self._busy_ms)
+                changes = conn.total_changes
                 result = True, work(conn)
                 self.commits += 1
+                if conn.total_changes != changes:  # a write: the WAL has started over
+                    self._wal_restarts = False
                 return result
             except (sqlite3.OperationalError, OSError) as exc:
                 # Locked past busy_timeout, disk full or failing, file or directory cannot be
@@ -198,6 +211,9 @@ class WriterConnection:
                 ) from exc
             except sqlite3.Error as exc:  # not a database, corrupt, constraint: a real fault
                 raise StoreError(f"SQLite store {self.path} failed: {exc}") from exc
+            except (ValueError, OverflowError) as exc:
+                # A value SQLite cannot take (a lone surrogate, an integer past 64 bits).
+                raise StoreError(f"SQLite store {self.path} refused a value: {exc}") from exc
         except Exception as exc:
             return False, exc
 
@@ -213,7 +229,7 @@ class WriterConnection:
             return None
         try:
             conn = self._conn
-            if conn is None or conn.in_transaction:
+            if conn is None or conn.in_transaction or self._commits_sync or self._wal_restarts:
                 return None
             try:
                 self._set_busy_timeout(conn, 0)
@@ -233,12 +249,20 @@ class WriterConnection:
         multiplies write throughput. Each job has a savepoint, so a job refusing with a
         StoreError leaves the others intact. On any driver error the whole group is rolled
         back and None returned: the caller then runs the jobs one by one, which gives each
-        its own precise error.
+        its own precise error. Except when another connection held the write lock past
+        ``busy_timeout``: each job would wait that long again, so every one fails at once.
         """
         try:
             conn = self.get()
             self._set_busy_timeout(conn, self._busy_ms)
             conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                return None
+            return [
+                (False, StoreUnavailableError(f"SQLite store {self.path} is unavailable: {exc}"))
+                for _ in group
+            ]
         except Exception:
             return None
         return self._group_in_transaction(conn, group)
@@ -257,6 +281,7 @@ class WriterConnection:
                     return [(False, exc)]
                 conn.execute("COMMIT")
                 self.commits += 1
+                self._wal_restarts = False
                 return outcomes
             for work in group:
                 conn.execute("SAVEPOINT job")
@@ -275,6 +300,7 @@ class WriterConnection:
                     self.drop()  # never run later jobs inside a half-open transaction
             return None
         self.commits += 1
+        self._wal_restarts = False
         return outcomes
 
 
@@ -325,7 +351,13 @@ def serve(path: str, jobs: Jobs, conn: WriterConnection) -> None:
         with conn.lock:
             outcomes = conn.run_group([work for work, _, _ in group]) if len(group) > 1 else None
             if outcomes is None:
-                outcomes = [conn.run(work) for work, _, _ in group]
+                # One by one, each answered as soon as it is done; a job whose caller gave
+                # up meanwhile is not run.
+                for work, loop, fut in group:
+                    if not fut.cancelled():
+                        _post(loop, fut, *conn.run(work))
+                group = []
+                outcomes = []
             if conn.commits >= CHECKPOINT_COMMITS:
                 conn.checkpoint()
         for (_, loop, fut), (ok, value) in zip(group, outcomes, strict=True):

@@ -493,3 +493,69 @@ async def test_an_idle_writer_lets_the_loop_run_a_turns_operations_in_one_commit
         assert await pending != loop_thread
     finally:
         raw.close()
+
+
+@pytest.mark.exclusive
+async def test_a_lock_held_past_busy_timeout_fails_a_turns_operations_together(
+    db_path: Path,
+) -> None:
+    """Another process holds the write lock past ``busy_timeout``: the operations queued
+    together fail after one wait, not one wait each (16 × 0.5 s before), and close() is
+    not held up behind them."""
+    store = SQLiteStore(db_path, busy_timeout=0.5)
+    await store.open()
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        raw.execute("BEGIN IMMEDIATE")
+        start = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(store.record_delivery(f"d{i}", "s") for i in range(16)), return_exceptions=True
+        )
+        waited = time.monotonic() - start
+        assert all(isinstance(o, StoreUnavailableError) for o in outcomes), outcomes
+        assert len({id(o) for o in outcomes}) == 16  # each caller its own exception
+        assert waited < 8 * store.busy_timeout  # one or two waits, never sixteen
+        raw.execute("COMMIT")
+        assert await store.record_delivery("d0", "s") is True
+    finally:
+        raw.close()
+        await store.close()
+
+
+async def test_commits_that_would_fsync_never_run_on_the_loop(tmp_path: Path) -> None:
+    """Under ``synchronous=FULL`` every commit fsyncs, and under NORMAL the first commit
+    after a checkpoint that copied the whole WAL back syncs the WAL's new header: those go
+    to the writer thread; the commits after it run on the loop again."""
+    loop_thread = threading.get_ident()
+
+    def write_where(conn: sqlite3.Connection) -> int:
+        conn.execute("UPDATE deliveries SET attempts = attempts + 1 WHERE delivery_id = 'd0'")
+        return threading.get_ident()
+
+    full = SQLiteStore(tmp_path / "full.sqlite3", synchronous="FULL")
+    normal = SQLiteStore(tmp_path / "normal.sqlite3")
+    try:
+        for store in (full, normal):
+            await store.record_delivery("d0", "s")
+            await store._call(write_where)  # the connection is open, the thread idle
+        assert await full._call(write_where) != loop_thread
+        assert await normal._call(write_where) == loop_thread
+        writer = normal._writer
+        assert writer is not None
+        with writer.conn.lock:
+            writer.conn.checkpoint()  # what the idle thread does
+        assert await normal._call(write_where) != loop_thread
+        assert await normal._call(write_where) == loop_thread
+    finally:
+        await full.close()
+        await normal.close()
+
+
+async def test_a_value_sqlite_cannot_take_is_a_store_error(store: SQLiteStore) -> None:
+    """A lone surrogate (a command-line argument of undecodable bytes) or an integer past
+    64 bits is refused with the package's StoreError, not the driver's own exception."""
+    with pytest.raises(StoreError, match="refused a value"):
+        await store.record_delivery("d\ud800", "s")
+    with pytest.raises(StoreError, match="refused a value"):
+        await store._call(lambda conn: conn.execute("SELECT ?", (2**64,)).fetchone())
+    assert await store.record_delivery("d1", "s") is True

@@ -7,9 +7,9 @@ happens in :class:`~agentfn_asgi.dispatch.Dispatcher` (the package docstring of
 ========================================================  ======
 situation                                                 status
 ========================================================  ======
-verified ``action_required`` (function call), recorded    200
+verified ``action_required`` (any action type), recorded  200
 duplicate ``webhook-id`` (already recorded)               200
-other event types, non-function actions (one INFO line)  200 (ignored)
+other event types (one INFO line)                         200 (ignored)
 missing or malformed ``webhook-*`` header                 400
 body is not a JSON webhook envelope / no session id       400
 bad signature, timestamp outside the tolerance            401
@@ -552,19 +552,14 @@ class AgentWebhookApp:
             extra={"agentfn": {"reason": reason, "client": client[0], "suppressed": suppressed}},
         )
 
-    def _log_ignored(self, delivery_id: str, event_type: str, action_type: str | None) -> None:
+    def _log_ignored(self, delivery_id: str, event_type: str) -> None:
         """One INFO line for a delivery answered 200 with nothing to do (another event type,
-        a sample from ``agentfn-asgi webhooks test``, a non-function action): one per kind a
-        minute, with a count of the ones not shown."""
-        kind = f"{event_type}/{action_type}" if action_type else event_type
-        shown, suppressed = self._ignored.allow(kind)
+        a sample from ``agentfn-asgi webhooks test``): one per event type a minute, with a
+        count of the ones not shown."""
+        shown, suppressed = self._ignored.allow(event_type)
         if not shown:
             return
-        what = (
-            f"a {action_type} action is not a function call"
-            if event_type == ACTION_REQUIRED
-            else "this app acts only on agent.session.action_required"
-        )
+        what = "this app acts only on agent.session.action_required"
         more = f" ({suppressed} more since the last line)" if suppressed else ""
         logger.info(
             "webhook %s (%s) answered 200, nothing to do: %s%s",
@@ -583,13 +578,12 @@ class AgentWebhookApp:
             self._log_rejection({}, "malformed_body", "the body is not a webhook envelope")
             await send_json(send, 400, {"error": "body is not a webhook event envelope"})
             return
-        if event.type != ACTION_REQUIRED or event.required_action_type not in (
-            None,
-            "function_call",
-        ):
+        # Whatever action it names: the webhook names one action type even when several are
+        # pending (an MCP approval and a function call), so only the session tells.
+        if event.type != ACTION_REQUIRED:
             span.set_event_type(event.type)
             span.set_outcome("ignored")
-            self._log_ignored(delivery_id, event.type, event.required_action_type)
+            self._log_ignored(delivery_id, event.type)
             await send_json(send, 200, {"status": "ignored"})
             return
         session_id = event.session_id

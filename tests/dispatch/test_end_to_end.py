@@ -463,3 +463,23 @@ async def test_a_result_the_api_refuses_becomes_a_failure_not_a_loop() -> None:
     assert "refused by the Agents API (HTTP 400" in submission.error
     submits = [r for r in stack.fake.requests if r.method == "POST"]
     assert len(submits) == 2  # the refused result, then the failure; no retry loop
+
+
+@pytest.mark.parametrize(
+    "action", ["mcp_approval_request", "computer_use_approval_request", "environment_connection"]
+)
+async def test_a_webhook_naming_another_action_still_answers_a_pending_call(action: str) -> None:
+    """The webhook names one action type even when several are pending: one naming an MCP,
+    computer-use or environment action is recorded and the session read, so the function
+    call pending beside it is answered."""
+    counter: dict[str, int] = {}
+    async with running_stack(customer_tools(counter), webhooks=False) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("get_customer", {"customer_id": "1"}, call_id="c1")]]
+        )
+        body, headers = signed_delivery(SECRET, action_required_event(sid, action))
+        answer = await stack.post_webhook(body, headers)
+        assert (answer.status_code, answer.json()["status"]) == (200, "accepted")
+        await stack.fake.wait_idle(sid, timeout=5)
+    assert counter["get_customer"] == 1
+    assert [s.call_id for s in stack.fake.submissions] == ["c1"]

@@ -404,7 +404,7 @@ class AgentWebhookApp:
         try:
             self._parts()
         except ConfigurationError as exc:
-            await self._unconfigured(scope, send, exc)
+            await self._unconfigured(send, exc, head=scope.get("method") == "HEAD")
             return
         path = sub_path(scope)
         method = scope.get("method", "GET")
@@ -443,21 +443,24 @@ class AgentWebhookApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _unconfigured(self, scope: Scope, send: Send, exc: ConfigurationError) -> None:
-        """A request reached an app that cannot start (no lifespan said so first): 503, so a
-        webhook sender retries once the setting is fixed, and the reason as an ERROR (at
-        most once a minute: a sender may retry many times)."""
+    async def _unconfigured(self, send: Send, exc: ConfigurationError, *, head: bool) -> None:
+        """A request reached an app that cannot start (no lifespan said so first; its store
+        URL names a folder that does not exist...): 503, so a webhook sender retries once the
+        setting is fixed, and the reason as an ERROR (at most once a minute: a sender may
+        retry many times)."""
         shown, suppressed = self._rejections.allow("unconfigured")
         if shown:
             show_by_default()  # a host with no logging configured sees the reason too
             more = f" ({suppressed} more requests since the last line)" if suppressed else ""
             logger.error("agentfn-asgi cannot start, answering 503: %s%s", exc, more)
-        head = scope.get("method") == "HEAD"
         await send_json(send, 503, {"error": "not configured"}, retry_after="60", head=head)
 
     async def _health(self, send: Send, *, head: bool = False) -> None:
         try:
             await asyncio.wait_for(self.store.ping(), timeout=2.0)
+        except ConfigurationError as exc:  # the store cannot open as configured
+            await self._unconfigured(send, exc, head=head)
+            return
         except (StoreError, TimeoutError) as exc:
             # The detail (paths, hosts) is for the operator's log, not for anonymous callers.
             logger.warning("health check: store unavailable: %s", exc)
@@ -598,6 +601,10 @@ class AgentWebhookApp:
             is_new = await self.store.record_delivery(
                 delivery_id, session_id, nonce=secrets.token_hex(8)
             )
+        except ConfigurationError as exc:  # started lazily, and it cannot start
+            span.set_outcome("unavailable", "unconfigured")
+            await self._unconfigured(send, exc, head=False)
+            return
         except StoreError as exc:
             span.set_outcome("unavailable", "store")
             logger.warning("store unavailable, asking the sender to retry: %s", exc)

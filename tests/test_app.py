@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from agentfn_asgi import AgentsClient, AgentWebhookApp, ConfigurationError, FunctionTools
+from agentfn_asgi.testing import action_required_event, signed_delivery
 
 pytestmark = pytest.mark.anyio
 
@@ -191,6 +192,31 @@ async def test_a_request_to_an_unconfigured_app_gets_503_and_the_reason_is_logge
         " set OPENAI_WEBHOOK_SECRET (the whsec_... value shown when the webhook endpoint was"
         " created)"
     ]
+
+
+async def test_a_store_that_cannot_open_without_a_lifespan_gets_503_not_500(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store URL names a folder that does not exist, and no lifespan ran the start-up
+    checks: the health check and a verified delivery answer 503 with the reason logged as
+    one line (not a 500, not a traceback per retry)."""
+    client = AgentsClient(api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+    missing = tmp_path / "missing" / "store.sqlite3"
+    webhooks = AgentWebhookApp(
+        _one_tool(), client=client, store=f"sqlite:///{missing}", webhook_secret=SECRET
+    )
+    transport = httpx.ASGITransport(app=webhooks)
+    body, headers = signed_delivery(SECRET, action_required_event("sess_1"))
+    async with client, httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+        health = await http.get("/healthz")
+        head = await http.head("/healthz")
+        deliveries = [await http.post("/", content=body, headers=headers) for _ in range(2)]
+    assert [r.status_code for r in (health, head, *deliveries)] == [503] * 4
+    assert [r.json() for r in (health, *deliveries)] == [{"error": "not configured"}] * 3
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "does not exist" in errors[0].getMessage()
+    assert errors[0].exc_info is None
+    assert not missing.parent.exists()
 
 
 @pytest.mark.slow  # starts the CLI (and pytest) as processes

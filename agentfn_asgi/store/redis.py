@@ -86,6 +86,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -128,6 +129,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 __all__ = ["RedisStore"]
+
+logger = logging.getLogger(__name__)
 
 _PRUNE_BATCH = 500
 #: Records one migration script moves (one short script each, like prune's batches).
@@ -455,6 +458,24 @@ class RedisStore:
         await self.ping()
         if not self._layout_checked:
             await self._check_layout(self._redis())
+            await self._warn_unless_persistent(self._redis())
+
+    async def _warn_unless_persistent(self, client: Any) -> None:
+        """A WARNING when Redis keeps its data only in memory (``appendonly no``): a delivery
+        acknowledged to OpenAI, or a saved result, is then lost if Redis restarts. Skipped
+        where ``CONFIG`` is not allowed (managed services often rename or deny it)."""
+        try:
+            found = await client.config_get("appendonly")
+        except redis_errors.RedisError:
+            return
+        if found.get("appendonly") == "no":
+            logger.warning(
+                "Redis at %s keeps its data in memory only (appendonly no): deliveries "
+                "acknowledged and results saved since its last snapshot are lost if Redis "
+                "restarts. Set appendonly yes (appendfsync everysec loses at most a second "
+                "on a power loss; always, nothing)",
+                redact_url(self._url),
+            )
 
     async def close(self) -> None:
         """Close the connection pool. Idempotent."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -502,3 +503,30 @@ async def test_a_step_whose_layout_check_outlives_close_is_refused(
     go_on.set()
     with pytest.raises(StoreUnavailableError, match="closed"):
         await step
+
+
+async def test_a_redis_that_keeps_data_in_memory_only_is_warned_about(
+    make_store: StoreMaker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``appendonly no``: a restart of Redis loses what was acknowledged, so open() says so
+    once; where CONFIG is denied (managed Redis), open() goes on without a word."""
+    admin = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    user = f"agentfn-test-{uuid.uuid4().hex[:8]}"
+    try:
+        in_memory = (await admin.config_get("appendonly"))["appendonly"] == "no"
+        await admin.acl_setuser(
+            user, enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+            commands=["+@all", "-config"],
+        )  # fmt: skip
+        with caplog.at_level(logging.WARNING, logger="agentfn_asgi.store.redis"):
+            await make_store()
+            warned = [r.getMessage() for r in caplog.records]
+            caplog.clear()
+            await make_store(f"redis://{user}:pw@127.0.0.1:6379/0")
+            denied = [r.getMessage() for r in caplog.records]
+    finally:
+        await admin.acl_deluser(user)
+        await admin.aclose()
+    assert len(warned) == (1 if in_memory else 0), warned
+    assert all("appendonly no" in w and "pw@" not in w for w in warned)
+    assert denied == []

@@ -463,3 +463,61 @@ async def test_an_approved_call_of_a_limited_tool_waits_for_its_turn_then_runs()
         "waiting",
         "admitted",
     ]
+
+
+async def test_an_approved_call_whose_session_was_deleted_is_stale_not_polled_for_ever() -> None:
+    """Sessions deleted while their calls waited: once approved, those calls become stale
+    (their session reads 404) instead of staying approved and read on every poll; the call
+    approved beside them runs."""
+    ran: list[str] = []
+    quick_404 = dataclasses.replace(SETTINGS, not_found_retries=(0.05,))
+    async with running_stack(account_tools(ran), settings=quick_404) as stack:
+        fake = stack.fake
+        sids = [
+            fake.create_session(
+                [[FakeCall("close_account", {"account_id": f"a{i}"}, call_id=f"c{i}")]]
+            )
+            for i in range(3)
+        ]
+        waiting = [
+            await until_state(stack, sid, f"c{i}", CallState.AWAITING_APPROVAL)
+            for i, sid in enumerate(sids)
+        ]
+        fake.delete_session(sids[0])
+        fake.delete_session(sids[1])
+        for record in waiting:
+            assert record.approval is not None
+            await stack.app.approve(record.approval.approval_id, by="alice")
+        await submitted(stack, "c2")
+        for i in (0, 1):
+            await until_state(stack, sids[i], f"c{i}", CallState.STALE)
+        reads = len(fake.requests)
+        await anyio.sleep(0.5)  # ten polls: nobody reads the deleted sessions again
+        assert [r for r in fake.requests[reads:] if sids[0] in r.path or sids[1] in r.path] == []
+    assert ran == ["c2"]
+
+
+async def test_an_approved_call_whose_session_cannot_be_read_is_retried_with_pauses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The session read fails (403, an outage): the approved call waits and is read again
+    after pauses that double, not on every poll; it runs once the read works."""
+    from agentfn_asgi.dispatch import approvals
+
+    monkeypatch.setattr(approvals, "RETRY_FIRST", 0.4)
+    ran: list[str] = []
+    async with running_stack(account_tools(ran), settings=SETTINGS) as stack:
+        fake = stack.fake
+        sid = fake.create_session([[FakeCall("close_account", {"account_id": "a"}, call_id="c")]])
+        record = await until_state(stack, sid, "c", CallState.AWAITING_APPROVAL)
+        assert record.approval is not None
+        fake.fail_next("retrieve", 10_000, 403)
+        reads = len(fake.requests)
+        await stack.app.approve(record.approval.approval_id, by="alice")
+        await anyio.sleep(1.0)  # twenty polls; reads at 0, 0.4 and 1.2 s
+        failed = [r for r in fake.requests[reads:] if r.route == "retrieve"]
+        assert len(failed) <= 3, len(failed)  # on every poll: about twenty
+        assert (await until_state(stack, sid, "c", CallState.APPROVED)).state is CallState.APPROVED
+        fake.faults.failures["retrieve"].clear()
+        await submitted(stack, "c")
+    assert ran == ["c"]

@@ -16,7 +16,11 @@ there (the rows of :mod:`agentfn_asgi.states`):
   the poll at once. So an approval starts its call within about a second wherever it was
   taken, and a replica dying while a call waits loses nothing: the call is in the store.
 - A session that stops waiting makes the call stale (the usual ``mark_stale`` of pending
-  calls): an approval then finds nothing to decide, or the approved call is not run.
+  calls): an approval then finds nothing to decide, or the approved call is not run. So
+  does a session deleted meanwhile (404 after the ``not_found_retries`` pauses). A session
+  that cannot be read for another reason (an outage, a 403) is tried again after a pause
+  that doubles up to :data:`RETRY_CAP` seconds, per call and per replica, so a pile of such
+  calls neither makes every poll read them all nor hides the calls approved after them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ..errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
     ApprovalNotFoundError,
+    NotFoundError,
     StoreError,
 )
 from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
@@ -46,7 +51,7 @@ from ..tools import FunctionTools
 from ..tracing import Telemetry
 from .execution import Executor
 from .settings import DispatchSettings
-from .submission import Submitter
+from .submission import Submitter, read_session
 
 __all__ = ["ApprovalView", "Approvals", "approval_view"]
 
@@ -60,6 +65,10 @@ NOTIFY_FIRST_DELAY = 1.0
 POLL_BATCH = 100
 #: The waiting-requests gauge counts up to this many.
 COUNT_LIMIT = 10_000
+#: An approved call whose session could not be read waits this long before the next read
+#: (from the first pause, doubling).
+RETRY_FIRST = 2.0
+RETRY_CAP = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +150,8 @@ class Approvals:
         self._spawn = spawn
         self._wake = asyncio.Event()
         self._count_due = 0.0
+        # Approved calls whose session could not be read: (next read due, last pause).
+        self._unreadable: dict[CallKey, tuple[float, float]] = {}
         #: The host's ``on_approval_request``: told of each request made here, once.
         self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
         #: Builds the links of a request (the operator page's signed link), when the page
@@ -319,8 +330,16 @@ class Approvals:
         for record in await store.waiting_approvals(expired_by=self._clock(), limit=POLL_BATCH):
             if not self._busy(record.key):
                 await self._expire(record)
-        for record in await store.approved_calls(limit=POLL_BATCH):
-            if not self._busy(record.key):
+        now = time.monotonic()
+        resting = {key for key, (due, _) in self._unreadable.items() if due > now}
+        # Those resting until their next read are skipped without using up the batch.
+        limit = POLL_BATCH + len(resting)
+        approved = await store.approved_calls(limit=limit)
+        if len(approved) < limit:  # all of them: forget the calls no longer approved
+            listed = {record.key for record in approved}
+            self._unreadable = {k: v for k, v in self._unreadable.items() if k in listed}
+        for record in approved:
+            if not self._busy(record.key) and record.key not in resting:
                 await self._run_approved(record)
         if time.monotonic() >= self._count_due:
             # The gauge needs no second's precision: count at the sweep's pace.
@@ -332,14 +351,32 @@ class Approvals:
         """Read the live session for the call's arguments, claim it (one replica wins) and
         run it as a fresh attempt; a session that no longer waits makes it stale."""
         key = record.key
+        # What another replica saved after this read (less the clock margin) stands.
+        read_at = self._clock() - self._settings.fence_margin
         try:
-            session = await self._client.retrieve_session(key.session_id)
-        except APIError as exc:
-            logger.warning("approved call %s waits: its session could not be read: %s", key, exc)
+            session = await read_session(
+                self._client, key.session_id, pauses=self._settings.not_found_retries
+            )
+        except NotFoundError:
+            self._unreadable.pop(key, None)
+            logger.info("approved call %s is not run: its session no longer exists", key)
+            await self._store.mark_stale(key, unchanged_since=read_at)
             return
+        except APIError as exc:
+            _, pause = self._unreadable.get(key, (0.0, RETRY_FIRST / 2))
+            pause = min(pause * 2, RETRY_CAP)
+            self._unreadable[key] = (time.monotonic() + pause, pause)
+            logger.warning(
+                "approved call %s waits: its session could not be read (%s); next try in %.0f s",
+                key,
+                exc,
+                pause,
+            )
+            return
+        self._unreadable.pop(key, None)
         action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
-            await self._store.mark_stale(key)
+            await self._store.mark_stale(key, unchanged_since=read_at)
             return
         sent = time.monotonic()
         claimed = await self._approval_store().claim_approved(

@@ -534,8 +534,35 @@ def _without_unreadable(value: Any) -> Any:
 def parse_webhook_event(body: bytes) -> WebhookEvent:
     """Parse a webhook body (the raw bytes that were verified).
 
-    Raises ``ValueError`` (pydantic's ``ValidationError`` is one) for anything that is not
-    a JSON object with ``id``, ``created_at``, ``type`` and an object ``data``, including
-    bytes that are not UTF-8.
+    The body is authentic, and refusing it loses the delivery (the sender retries the same
+    bytes for days), so only what the app acts on must be right: a JSON object with a string
+    ``type`` and an object ``data``. An envelope whose other fields are odd (``id`` or
+    ``created_at`` missing or of another type, a field of ``data`` nested too deeply or
+    holding a lone surrogate) is read for ``type`` and ``data.id`` alone. Raises
+    ``ValueError`` for anything else, including bytes that are not UTF-8.
     """
-    return WebhookEvent.model_validate_json(body)
+    try:
+        return WebhookEvent.model_validate_json(body)
+    except ValidationError:
+        pass
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError("the webhook body is not UTF-8") from exc
+    document = lenient_loads(body)  # LenientJSONError (a ValueError): not JSON at all
+    if not isinstance(document, dict):
+        raise ValueError("the webhook body is not a JSON object")
+    event_type, data = document.get("type"), document.get("data")
+    if not isinstance(event_type, str) or not isinstance(data, dict):
+        raise ValueError("the webhook body has no string 'type' and object 'data'")
+    event_id, created_at, session_id = (
+        document.get("id"),
+        document.get("created_at"),
+        data.get("id"),
+    )
+    return WebhookEvent.model_construct(
+        id=event_id if isinstance(event_id, str) else "",
+        created_at=created_at if type(created_at) is int else 0,
+        type=event_type,
+        data={"id": session_id} if isinstance(session_id, str) else {},
+    )

@@ -10,7 +10,7 @@ situation                                                 status
 verified ``action_required`` (any action type), recorded  200
 duplicate ``webhook-id`` (already recorded)               200
 other event types (one INFO line)                         200 (ignored)
-missing or malformed ``webhook-*`` header                 400
+missing, malformed or repeated ``webhook-*`` header       400
 body is not a JSON webhook envelope / no session id       400
 bad signature, timestamp outside the tolerance            401
 method other than POST (GET/HEAD for ``/healthz``)        405 (with ``Allow``)
@@ -86,6 +86,7 @@ _REJECT_HINTS = {
     "malformed_body": "the signed body is not an agent webhook event",
 }
 _THROTTLE_SECONDS = 60.0
+_SIGNED_HEADERS = frozenset({"webhook-id", "webhook-timestamp", "webhook-signature"})
 
 _REJECT_REASONS: dict[type[Exception], str] = {
     WebhookHeaderError: "bad_header",
@@ -520,7 +521,17 @@ class AgentWebhookApp:
         except DisconnectedError:
             span.set_outcome("rejected", "disconnected")
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        headers: dict[str, str] = {}
+        for key, value in scope.get("headers", ()):
+            name = key.decode("latin-1")
+            if name in headers and name in _SIGNED_HEADERS:
+                # Which copy is signed? Parts of the app would read different ones (the
+                # span the first, the verifier the last): none is taken.
+                span.set_outcome("rejected", "bad_header")
+                self._log_rejection(scope, "bad_header", f"the {name} header appears twice")
+                await send_json(send, 400, {"error": f"the {name} header appears twice"})
+                return
+            headers[name] = value.decode("latin-1")
         try:
             delivery = self.verifier.verify(body, headers)
         except WebhookVerificationError as exc:

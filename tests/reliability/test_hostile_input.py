@@ -262,3 +262,19 @@ async def test_an_authentic_delivery_with_an_unusable_session_id_is_settled(
     assert stats.unresolved_deliveries == 0
     for request in stack.fake.requests:
         assert request.path == f"/v1/agents/sessions/{session_id}", request.path
+
+
+@pytest.mark.parametrize("name", ["webhook-id", "webhook-timestamp", "webhook-signature"])
+async def test_a_repeated_webhook_header_is_refused(name: str) -> None:
+    """A signed delivery with one of its ``webhook-*`` headers sent twice (the signed copy
+    last) is refused with 400: the span, the log and the verifier must not each read a
+    different copy. Nothing is recorded or run."""
+    async with fault_stack(FunctionTools(), webhooks=False) as stack:
+        sid = stack.fake.create_session([])
+        body, headers = signed_delivery(SECRET, action_required_event(sid))
+        repeated = [(name, "msg_other" if name == "webhook-id" else "1"), *headers.items()]
+        answer = await stack.webhook_http.post(stack.webhook_url, content=body, headers=repeated)
+        stats = await stack.store.stats()
+    assert answer.status_code == 400
+    assert name in answer.json()["error"]
+    assert stats.unresolved_deliveries == 0 and stack.fake.requests == []

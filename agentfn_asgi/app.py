@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ._asgi import BodyTooLargeError, DisconnectedError, header, read_body, send_json, sub_path
 from ._crash import crash_point
@@ -540,9 +540,19 @@ class AgentWebhookApp:
             self._log_rejection(scope, reason, str(exc))
             await send_json(send, exc.status_code, {"error": str(exc)})
             return
+        answered = False
+
+        async def answer(message: Message) -> None:
+            nonlocal answered
+            answered = True
+            await send(message)
+
         try:
-            await self._accept(delivery.msg_id, body, send, span)
+            await self._accept(delivery.msg_id, body, answer, span)
         except Exception:
+            if answered:  # the answer went out (or sending it failed): nothing to add
+                logger.warning("delivery %s: failed after its answer", delivery.msg_id)
+                return
             span.set_outcome("unavailable", "internal_error")
             # Verified but something of ours failed: never a 500; 503 makes the sender retry.
             logger.exception("could not accept delivery %s", delivery.msg_id)

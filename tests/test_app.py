@@ -266,3 +266,38 @@ def test_the_cli_lists_the_tools_of_a_module_that_builds_the_app(
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_a_failure_after_the_answer_started_sends_no_second_answer() -> None:
+    """The connection drops as the 200 goes out (sending it raises): the app sends nothing
+    more (a second ``http.response.start`` would be a protocol error in the server) and
+    raises nothing; the delivery stays recorded."""
+    client = AgentsClient(api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+    webhooks = AgentWebhookApp(_one_tool(), webhook_secret=SECRET, client=client, store="memory://")
+    body, headers = signed_delivery(SECRET, action_required_event("sess_1"))
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/",
+        "root_path": "",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+        raise OSError("the client went away")
+
+    async with client:
+        await webhooks.startup()
+        try:
+            await webhooks(scope, receive, send)
+            stats = await webhooks.store.stats()
+        finally:
+            await webhooks.shutdown()
+    assert [(m["type"], m.get("status")) for m in sent] == [("http.response.start", 200)]
+    assert stats.unresolved_deliveries == 1

@@ -88,12 +88,15 @@ class _Response:
             async for chunk in self._raw.content.iter_any():
                 pending += decoder.decode(chunk)
                 lines = pending.splitlines(keepends=True)
-                pending = lines.pop() if lines and not lines[-1].endswith(("\n", "\r")) else ""
+                # The last line waits for more: it has no ending yet, or ends with a "\r"
+                # whose "\n" may come in the next chunk (a CRLF split in two).
+                last = lines[-1] if lines else "\n"
+                pending = lines.pop() if not last.endswith("\n") else ""
                 for line in lines:
                     yield line.rstrip("\r\n")
         pending += decoder.decode(b"", final=True)
-        if pending:
-            yield pending
+        for line in pending.splitlines():
+            yield line
 
 
 class AiohttpClient:

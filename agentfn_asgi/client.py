@@ -675,11 +675,13 @@ def _error_classes(
     """The timeout and transport exception classes of the library behind ``http``, and
     those that say the request was never sent (no connection was made)."""
     timeouts: list[type[Exception]] = [httpx.TimeoutException]
-    transports: list[type[Exception]] = [httpx.TransportError]
+    # DecodingError (a body that does not decode as its Content-Encoding says) is not a
+    # TransportError in httpx, but it is as much a broken answer.
+    transports: list[type[Exception]] = [httpx.TransportError, httpx.DecodingError]
     unsent: list[type[Exception]] = [httpx.ConnectError, httpx.ConnectTimeout]
     if _httpx2 is not None and isinstance(http, _httpx2.AsyncClient):
         timeouts.append(_httpx2.TimeoutException)
-        transports.append(_httpx2.TransportError)
+        transports += [_httpx2.TransportError, _httpx2.DecodingError]
         unsent += [_httpx2.ConnectError, _httpx2.ConnectTimeout]
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is not None:

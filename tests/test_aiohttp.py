@@ -219,13 +219,16 @@ async def test_requests_go_through_the_proxy_the_environment_names(
     fake, base_url = served
     sid, _ = _session(fake)
     seen: list[bytes] = []
+    opened: list[asyncio.StreamWriter] = []
 
     async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(writer)
         head = await reader.readuntil(b"\r\n\r\n")
         seen.append(head.split(b"\r\n", 1)[0])
         method, target, rest = head.split(b" ", 2)
         url = httpx.URL(target.decode())  # absolute-form, as a client asks a proxy
         up_reader, up_writer = await asyncio.open_connection(url.host, url.port)
+        opened.append(up_writer)
         up_writer.write(b" ".join([method, url.raw_path, rest]))
         await up_writer.drain()
         while chunk := await up_reader.read(1 << 16):
@@ -243,7 +246,48 @@ async def test_requests_go_through_the_proxy_the_environment_names(
         async with AgentsClient(api_key="sk-test", base_url=base_url) as client:
             session = await client.retrieve_session(sid)
     finally:
+        for writer in opened:  # kept alive by both ends: closed here
+            writer.close()
         proxy.close()
         await proxy.wait_closed()
     assert session.id == sid
     assert seen == [f"GET {base_url}/agents/sessions/{sid} HTTP/1.1".encode()]
+
+
+async def _raw_server(chunks: list[bytes]) -> tuple[asyncio.Server, int]:
+    """A server that answers any request with ``chunks`` written apart (a pause between)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        for n, chunk in enumerate(chunks):
+            if n:
+                await asyncio.sleep(0.05)
+            writer.write(chunk)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def test_lines_split_between_a_cr_and_its_lf_are_one_line_ending() -> None:
+    """A stream whose ``\\r\\n`` arrives in two pieces gives the lines httpx gives, not an
+    extra empty line (which would end a server-sent event early)."""
+    head = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    pieces = [b"data: a\r", b"\ndata: b\r\n\r\n", b"data: c\r"]
+    framed = [b"%x\r\n%s\r\n" % (len(p), p) for p in pieces]
+    server, port = await _raw_server([head + framed[0], framed[1], framed[2] + b"0\r\n\r\n"])
+    http = AiohttpClient(timeout=httpx.Timeout(5.0), max_connections=4)
+    try:
+        response = await http.send(
+            http.build_request("GET", f"http://127.0.0.1:{port}/s"), stream=True
+        )
+        lines = [line async for line in response.aiter_lines()]
+        await response.aclose()
+    finally:
+        await http.aclose()
+        server.close()
+        await server.wait_closed()
+    assert lines == ["data: a", "data: b", "", "data: c"]

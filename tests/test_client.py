@@ -7,6 +7,7 @@ checked exactly and fast. Crafted byte streams go through ``httpx.MockTransport`
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -782,3 +783,38 @@ async def test_calls_that_must_not_happen_twice_retry_only_what_was_not_acted_on
     fake.fail_next("webhook_endpoints", 1, 500)  # an idempotent call still retries a 5xx
     await client.retrieve_webhook_endpoint(endpoint.id)
     assert len(requests_of(fake, "webhook_endpoints")) == before + 5
+
+
+async def test_a_body_that_does_not_decode_is_a_connection_error_and_retried() -> None:
+    """An injected httpx client gets a gzip body that is not gzip: httpx raises its
+    DecodingError (not a TransportError); the client retries it, then raises its own
+    APIConnectionError, never httpx's exception."""
+    answered: list[int] = []
+
+    async def broken_gzip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        answered.append(1)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-encoding: gzip\r\ncontent-length: 9\r\n\r\nnot gzip!"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(broken_gzip, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient() as http:
+            client = AgentsClient(
+                api_key="k",
+                base_url=f"http://127.0.0.1:{port}/v1",
+                http_client=http,
+                max_retries=1,
+                sleep=FakeClock().sleep,
+            )
+            with pytest.raises(APIConnectionError):
+                await client.retrieve_session("sess_1")
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert len(answered) == 2

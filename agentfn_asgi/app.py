@@ -549,9 +549,9 @@ class AgentWebhookApp:
 
         try:
             await self._accept(delivery.msg_id, body, answer, span)
-        except Exception:
+        except Exception as exc:
             if answered:  # the answer went out (or sending it failed): nothing to add
-                logger.warning("delivery %s: failed after its answer", delivery.msg_id)
+                logger.warning("delivery %s: failed after its answer: %r", delivery.msg_id, exc)
                 return
             span.set_outcome("unavailable", "internal_error")
             # Verified but something of ours failed: never a 500; 503 makes the sender retry.

@@ -9,7 +9,7 @@ about a third of the CPU per request of httpx on the same aiohttp pool (``httpx-
 and a fifth of httpx2's at 64 requests in flight (``benchmarks/http_clients.py``). aiohttp's
 failures become httpx's exception classes, so the client's retry policy reads them as it
 reads httpx's. An injected ``httpx.AsyncClient`` never goes through here, and neither does
-a client behind a proxy (see :func:`~agentfn_asgi.client.AgentsClient`): aiohttp reads the
+a client behind a proxy (see :class:`~agentfn_asgi.client.AgentsClient`): aiohttp reads the
 proxy variables differently from httpx and the ``openai`` SDK (no ``ALL_PROXY``, no
 ``https://`` proxy) and would add ``~/.netrc`` credentials, so this client never reads the
 environment.

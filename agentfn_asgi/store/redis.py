@@ -143,7 +143,9 @@ _SCRIPTS = {name.lower(): getattr(scripts, name) for name in scripts.__all__}
 
 def _h(text: str) -> str:
     # SHA-1 because Lua has it (redis.sha1hex): scripts derive the same keys from members.
-    return hashlib.sha1(text.encode("utf-8"), usedforsecurity=False).hexdigest()
+    # surrogatepass: a key for any string; a text Redis cannot take fails when it is sent
+    # (a StoreError, see _translated), not here.
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
 
 
 def _num(value: float) -> str:
@@ -248,6 +250,9 @@ def _translated(action: str) -> Iterator[None]:
     except redis_errors.RedisError as exc:
         _raise_lost_cancellation(task, requested)
         raise StoreError(f"Redis store failed during {action}: {exc}") from exc
+    except UnicodeError as exc:  # a text that is not valid Unicode (a lone surrogate)
+        _raise_lost_cancellation(task, requested)
+        raise StoreError(f"Redis store refused a value during {action}: {exc}") from exc
     _raise_lost_cancellation(task, requested)
 
 

@@ -530,3 +530,13 @@ async def test_a_redis_that_keeps_data_in_memory_only_is_warned_about(
     assert len(warned) == (1 if in_memory else 0), warned
     assert all("appendonly no" in w and "pw@" not in w for w in warned)
     assert denied == []
+
+
+async def test_a_text_that_is_not_valid_unicode_is_a_store_error(make_store: StoreMaker) -> None:
+    """A lone surrogate (a command-line argument of undecodable bytes) is refused with the
+    package's StoreError, as the SQL stores refuse it, not redis-py's UnicodeEncodeError;
+    the store goes on."""
+    store = await make_store()
+    with pytest.raises(StoreError, match="refused a value"):
+        await store.record_delivery("d\ud800", "sess_1")
+    assert await store.record_delivery("d1", "sess_1") is True

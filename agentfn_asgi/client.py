@@ -70,6 +70,7 @@ from agentfn_asgi.errors import (
     RateLimitError,
     UnknownPendingToolCallError,
 )
+from agentfn_asgi.results import escape_surrogates
 from agentfn_asgi.session_events import SessionEvent
 from agentfn_asgi.wire import (
     SESSION_ID_RE,
@@ -750,11 +751,11 @@ def status_error(status: int, body: bytes, headers: Mapping[str, str]) -> APISta
     if not isinstance(message, str) or not message:
         text = body[:200].decode("utf-8", "replace").strip()
         message = text or f"HTTP {status}"
-    message = _unicode(message)
+    message = escape_surrogates(message)
 
     def text_field(name: str) -> str | None:
         value = detail.get(name)
-        return _unicode(value) if isinstance(value, str) else None
+        return escape_surrogates(value) if isinstance(value, str) else None
 
     code = text_field("code")
     cls: type[APIStatusError]
@@ -772,11 +773,3 @@ def status_error(status: int, body: bytes, headers: Mapping[str, str]) -> APISta
         type=text_field("type"),
         request_id=headers.get("x-request-id"),
     )
-
-
-def _unicode(text: str) -> str:
-    """``text`` with its lone surrogates escaped (JSON can carry ``\\ud800``; UTF-8, which
-    the stores and the logs write, cannot): an error's fields are recorded as they are."""
-    if text.isascii():
-        return text
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -53,6 +53,7 @@ __all__ = [
     "encode_output",
     "encode_result",
     "encoded_size",
+    "escape_surrogates",
     "event_json",
     "events_body",
     "failure_event",
@@ -430,7 +431,13 @@ def failure_result(key: CallKey, message: str, error_type: str, source: str = "r
     A message that is not valid Unicode (a ``ToolError`` quoting an undecodable file name)
     has its lone surrogates escaped, so the failure can always be saved and sent.
     """
-    if not message.isascii():
-        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    text = event_json(failure_event(key.turn_id, key.call_id, message))
+    text = event_json(failure_event(key.turn_id, key.call_id, escape_surrogates(message)))
     return SavedResult(False, text, submission_key(key, text), error_type, source)
+
+
+def escape_surrogates(text: str) -> str:
+    """``text`` with its lone surrogates escaped (``\\ud800``): JSON and Python strings can
+    hold them, UTF-8 (what the stores, the logs and the API take) cannot."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -199,9 +199,7 @@ class WriterConnection:
                 self._set_busy_timeout(conn, self._busy_ms)
                 changes = conn.total_changes
                 result = True, work(conn)
-                self.commits += 1
-                if conn.total_changes != changes:  # a write: the WAL has started over
-                    self._wal_restarts = False
+                self._committed(wrote=conn.total_changes != changes)
                 return result
             except (sqlite3.OperationalError, OSError) as exc:
                 # Locked past busy_timeout, disk full or failing, file or directory cannot be
@@ -280,8 +278,7 @@ class WriterConnection:
                     conn.execute("ROLLBACK")
                     return [(False, exc)]
                 conn.execute("COMMIT")
-                self.commits += 1
-                self._wal_restarts = False
+                self._committed()
                 return outcomes
             for work in group:
                 conn.execute("SAVEPOINT job")
@@ -299,9 +296,15 @@ class WriterConnection:
                 except sqlite3.Error:
                     self.drop()  # never run later jobs inside a half-open transaction
             return None
-        self.commits += 1
-        self._wal_restarts = False
+        self._committed()
         return outcomes
+
+    def _committed(self, *, wrote: bool = True) -> None:
+        """Count a commit; one that wrote has started a checkpointed WAL over (its header
+        synced, by whoever committed), so the loop may commit again."""
+        self.commits += 1
+        if wrote:
+            self._wal_restarts = False
 
 
 def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:

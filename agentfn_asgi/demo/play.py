@@ -168,16 +168,19 @@ async def _demo(workdir: Path, *, time_limit: float, verbose: bool, out: TextIO)
     started = time.time()
     store_url = f"sqlite:///{workdir / 'agentfn.sqlite3'}"
     ledger = workdir / "ledger.jsonl"
-    app_port = free_port()
-    webhook_url = f"http://127.0.0.1:{app_port}{WEBHOOK_PATH}"
     api_key = "sk-demo-" + secrets.token_hex(4)
-    fake = FakeAgentsAPI(api_key=api_key, webhook_url=webhook_url)
+    fake = FakeAgentsAPI(api_key=api_key)
     print(
         f"agentfn-asgi demo: FakeAgentsAPI -> signed webhooks -> {DEMO_APP} (Starlette)\n",
         file=out,
     )
     async with fake, serve_fake(fake) as base_url:
         print(f"  setup  FakeAgentsAPI on {base_url}", file=out, flush=True)
+        # Chosen once the fake API listens: a port picked before could be the one the OS
+        # then gives the fake (both "free" a moment apart), and the app could not bind it.
+        app_port = free_port()
+        webhook_url = f"http://127.0.0.1:{app_port}{WEBHOOK_PATH}"
+        fake.add_webhook_url(webhook_url)
         env = {
             "OPENAI_API_KEY": api_key,
             "OPENAI_BASE_URL": base_url,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -103,3 +104,34 @@ def test_project_root_is_found_from_anywhere(
     """``run_example`` finds ``examples/`` next to the package from another folder."""
     monkeypatch.chdir(tmp_path)
     assert find_project_root() == ROOT
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_the_apps_port_is_chosen_once_the_fake_api_listens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port picked before the fake API binds its own can be the one the OS then gives the
+    fake (CI met it once: the app could not bind, exit 3); picked after, it cannot be."""
+    from contextlib import asynccontextmanager
+
+    from agentfn_asgi.demo import play
+    from agentfn_asgi.demo.process import free_port as real_port
+    from agentfn_asgi.testing import serve_fake as real_serve
+
+    events: list[str] = []
+
+    @asynccontextmanager
+    async def serving(fake: Any) -> Any:
+        async with real_serve(fake) as url:
+            events.append("fake listens")
+            yield url
+
+    def port() -> int:
+        events.append("app port chosen")
+        return real_port()
+
+    monkeypatch.setattr(play, "serve_fake", serving)
+    monkeypatch.setattr(play, "free_port", port)
+    assert await run_demo(out=io.StringIO()) == 0
+    assert events == ["fake listens", "app port chosen"]

@@ -35,8 +35,24 @@ WEBHOOK_PATH = "/openai/webhooks"
 # -- running an example app ------------------------------------------------------------------
 
 
+#: The ports :func:`free_port` has handed out in this process.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the OS picks it)."""
+    """A port that was free a moment ago (the OS picks it), and not one this process was
+    handed before: two ports picked before either is bound (two replicas, an app and its
+    API) are never the same, which the OS alone does not promise once the first is closed."""
+    for _ in range(100):
+        port = _probe(host)
+        if port not in _HANDED_OUT:
+            break
+    _HANDED_OUT.add(port)
+    return port
+
+
+def _probe(host: str) -> int:
+    """The port the OS gives a socket bound to port 0 (closed again at once)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]

@@ -35,8 +35,6 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
-    "HISTORY_HEAD",
-    "HISTORY_TAIL",
     "LIMITER_KEY_SEPARATOR",
     "ApprovalRequest",
     "CallEvent",
@@ -55,13 +53,6 @@ __all__ = [
     "arguments_digest",
     "parse_history",
 ]
-
-#: A call's history is bounded: every store keeps its first ``HISTORY_HEAD`` events and its
-#: last ``HISTORY_TAIL`` ones, and counts those dropped between them
-#: (:attr:`CallRecord.history_dropped`). A call refused a thousand times stays cheap to
-#: append to and to read, and still shows how it began and how it is going.
-HISTORY_HEAD = 10
-HISTORY_TAIL = 40
 
 
 class CallState(enum.StrEnum):
@@ -262,7 +253,8 @@ class CallRecord:
     where it was asked for (:meth:`Store.get_call` with ``history=True``, operator listings).
     ``next_attempt_at`` is when the recovery sweep may next retry a saved result that failed
     to submit (``failures`` times so far). ``history_dropped`` counts the events left out of
-    a long history between its first :data:`HISTORY_HEAD` and last :data:`HISTORY_TAIL`.
+    a long history between its first and last events (the bound of
+    :mod:`agentfn_asgi.states`).
     ``approval`` is the call's approval request, once one was made (kept after the decision).
     """
 

@@ -53,27 +53,39 @@ This module imports only :mod:`agentfn_asgi.records`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from agentfn_asgi.records import CallRecord, CallState
+from agentfn_asgi.records import CallEvent, CallRecord, CallState, ClaimStatus
 
 __all__ = [
+    "CLAIM_ORDER",
+    "FIELDS",
     "FOR_A_PERSON",
+    "HISTORY_HEAD",
+    "HISTORY_TAIL",
     "HOLDS_SLOT",
     "PRUNABLE",
     "SAVED",
     "SETTLEABLE",
+    "SOURCES",
     "TRANSITIONS",
+    "Args",
     "Guard",
     "Target",
     "Transition",
     "Way",
     "admits",
     "allows",
+    "appended",
+    "apply",
     "bucket_tokens",
+    "holds",
+    "in_doubt",
+    "reclaimed",
     "resulting_state",
     "settleable",
 ]
@@ -110,6 +122,8 @@ class Guard(enum.StrEnum):
     ADMITTED = "admitted"
     #: Flow control: the limiter has no slot (or token) for it now.
     REFUSED = "refused"
+    #: The decision names the request the call waits for (``approval_id``).
+    SAME_REQUEST = "same_request"
 
 
 class Target(enum.StrEnum):
@@ -132,13 +146,51 @@ class Way:
     guards: frozenset[Guard] = frozenset()
 
 
+#: Where a field's new value comes from, in :attr:`Transition.sets`: the step's time
+#: (``now``), one of the step's arguments (``:name``), the field plus one (``+1``), nothing
+#: (``null``), the field's own value if it has one and the argument otherwise (``?:name``),
+#: or a whole number written out (``1``).
+SOURCES: Final = ("now", ":name", "+1", "null", "?:name", "1")
+#: Fields a row may set (:attr:`Transition.sets`): :class:`CallRecord`'s, by name.
+FIELDS: Final = frozenset(
+    {
+        "attempt",
+        "owner",
+        "lease_expires_at",
+        "created_at",
+        "updated_at",
+        "next_attempt_at",
+        "failures",
+        "limiter",
+        "quarantine_reason",
+        "delivery_id",
+        "result",
+        "approval",
+    }
+)
+
+
+def _valid_source(source: str) -> bool:
+    return (
+        source in ("now", "+1", "null")
+        or source.isdigit()
+        or (source.startswith((":", "?:")) and source.lstrip("?:").isidentifier())
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """One row of the machine.
+    """One row of the machine: when it may happen and what it changes.
 
     ``operation`` is the :class:`~agentfn_asgi.store.base.Store` method that makes it; any one
-    of its ``ways`` lets it happen. ``event`` is the kind of the history event it appends
-    (None: none), ``new_attempt`` whether it starts the claim's next attempt.
+    of its ``ways`` lets it happen. ``target`` is the resulting state. ``sets`` says every
+    other field it changes and from where (:data:`SOURCES`); ``event`` is the kind of the
+    history event it appends (None: none), carrying the step's ``owner`` and ``detail``
+    arguments when ``says`` names them. The event's attempt is the attempt after the change.
+
+    This is all a store needs: :func:`apply` carries a row out on a record (the memory store
+    runs it; it is the reference), and the SQL statements and Lua scripts of the other stores
+    are rendered from the same fields (:mod:`agentfn_asgi.store._compile`).
     """
 
     name: str
@@ -146,19 +198,36 @@ class Transition:
     ways: tuple[Way, ...]
     target: CallState | Target
     event: str | None = None
-    new_attempt: bool = False
-    #: Flow control: True sets the call's ``limiter`` (it holds or waits for a slot), False
-    #: clears it (a claim entered another way holds no slot), None leaves it.
-    limiter: bool | None = None
-    #: Whether the row sets ``updated_at`` (what ``unchanged_since`` compares). A waiter's
-    #: poll (``keep_waiting``) does not: renewing its place in the line is no change a reader
-    #: of the session could have missed, so a turn cancelled meanwhile still marks it stale.
-    touches: bool = True
+    sets: tuple[tuple[str, str], ...] = ()
+    says: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        for name, source in self.sets:
+            if name not in FIELDS or not _valid_source(source):
+                raise ValueError(f"row {self.name}: cannot set {name} from {source!r}")
 
     @property
     def sources(self) -> frozenset[CallState]:
         """Every state the transition may start from."""
         return frozenset().union(*(way.states for way in self.ways))
+
+    @property
+    def changes(self) -> Mapping[str, str]:
+        """:attr:`sets` as a mapping."""
+        return dict(self.sets)
+
+    @property
+    def new_attempt(self) -> bool:
+        """Does the row start the claim's next attempt?"""
+        return self.changes.get("attempt") == "+1"
+
+
+def _sets(**sources: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sources.items())
+
+
+def _says(*names: str) -> frozenset[str]:
+    return frozenset(names)
 
 
 def _from(*states: CallState, guards: frozenset[Guard] = frozenset()) -> Way:
@@ -194,6 +263,23 @@ SETTLEABLE: Final = (
 #: replica died) is adopted by whoever claims it next (nothing ran: not in doubt).
 _ADMITTED: Final = frozenset({Guard.HOLDER, Guard.ADMITTED})
 _REFUSED: Final = frozenset({Guard.HOLDER, Guard.REFUSED})
+_REQUEST: Final = frozenset({Guard.SAME_REQUEST})
+#: A fresh attempt under the usual rules: the claimant owns it for a new lease, holding no
+#: slot of any limiter until it is admitted again.
+_NEXT_ATTEMPT: Final = {
+    "attempt": "+1",
+    "owner": ":owner",
+    "lease_expires_at": ":lease_expires_at",
+    "updated_at": "now",
+    "limiter": "null",
+}
+#: A result saved: owed to the API from now (the sweep's ``next_attempt_at``).
+_RESULT: Final = {"result": ":result", "updated_at": "now", "next_attempt_at": "now"}
+_RENEWED: Final = {"lease_expires_at": ":lease_expires_at", "updated_at": "now"}
+_TOUCHED: Final = {"updated_at": "now"}
+_OWNER: Final = _says("owner")
+_DETAIL: Final = _says("detail")
+_BOTH: Final = _says("owner", "detail")
 _FLOW_CONTROL: Final = (
     Transition(
         "schedule_retry",
@@ -201,6 +287,8 @@ _FLOW_CONTROL: Final = (
         (_from(CallState.CLAIMED, guards=_HELD),),
         CallState.RETRY_SCHEDULED,
         event="retry_scheduled",
+        sets=_sets(**_TOUCHED, lease_expires_at=":at", next_attempt_at=":at"),
+        says=_BOTH,
     ),
     Transition(
         "retry",
@@ -208,15 +296,15 @@ _FLOW_CONTROL: Final = (
         (_from(CallState.RETRY_SCHEDULED, guards=frozenset({Guard.DUE})),),
         CallState.CLAIMED,
         event="retried",
-        new_attempt=True,
-        limiter=False,
+        sets=_sets(**_NEXT_ATTEMPT),
+        says=_OWNER,
     ),
     Transition(
         "take_slot",
         "admit_call",
         (_from(CallState.CLAIMED, guards=_ADMITTED),),
         Target.SAME,
-        limiter=True,
+        sets=_sets(**_RENEWED, limiter=":limiter"),
     ),
     Transition(
         "wait",
@@ -224,7 +312,9 @@ _FLOW_CONTROL: Final = (
         (_from(CallState.CLAIMED, guards=_REFUSED),),
         CallState.WAITING,
         event="waiting",
-        limiter=True,
+        # next_attempt_at: when it began to wait (a tool's max_wait counts from it).
+        sets=_sets(**_RENEWED, limiter=":limiter", next_attempt_at="now"),
+        says=_BOTH,
     ),
     Transition(
         "admit",
@@ -232,13 +322,17 @@ _FLOW_CONTROL: Final = (
         (_from(CallState.WAITING, guards=_ADMITTED),),
         CallState.CLAIMED,
         event="admitted",
+        sets=_sets(**_RENEWED),
+        says=_OWNER,
     ),
     Transition(
         "keep_waiting",
         "admit_call",
         (_from(CallState.WAITING, guards=_REFUSED),),
         Target.SAME,
-        touches=False,
+        # Not updated_at: renewing its place in the line is no change a reader of the
+        # session could have missed, so a turn cancelled meanwhile still marks it stale.
+        sets=_sets(lease_expires_at=":lease_expires_at"),
     ),
     Transition(
         "adopt",
@@ -246,8 +340,8 @@ _FLOW_CONTROL: Final = (
         (_from(CallState.WAITING, guards=frozenset({Guard.LEASE_LAPSED})),),
         CallState.CLAIMED,
         event="adopted",
-        new_attempt=True,
-        limiter=False,
+        sets=_sets(**_NEXT_ATTEMPT),
+        says=_OWNER,
     ),
 )
 
@@ -255,7 +349,23 @@ _FLOW_CONTROL: Final = (
 TRANSITIONS: Final[Mapping[str, Transition]] = {
     t.name: t
     for t in (
-        Transition("claim", "claim_call", (_from(),), CallState.CLAIMED, event="claimed"),
+        Transition(
+            "claim",
+            "claim_call",
+            (_from(),),
+            CallState.CLAIMED,
+            event="claimed",
+            sets=_sets(
+                attempt="1",
+                owner=":owner",
+                lease_expires_at=":lease_expires_at",
+                created_at="now",
+                updated_at="now",
+                next_attempt_at="now",
+                delivery_id=":delivery_id",
+            ),
+            says=_OWNER,
+        ),
         Transition(
             "reclaim",
             "claim_call",
@@ -272,10 +382,16 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(CallState.CLAIMED, guards=frozenset({Guard.LEASE_LAPSED})),),
             CallState.CLAIMED,
             event="taken_over",
-            new_attempt=True,
-            limiter=False,
+            sets=_sets(**_NEXT_ATTEMPT, delivery_id="?:delivery_id"),
+            says=_OWNER,
         ),
-        Transition("renew", "renew_lease", (_from(CallState.CLAIMED, guards=_HELD),), Target.SAME),
+        Transition(
+            "renew",
+            "renew_lease",
+            (_from(CallState.CLAIMED, guards=_HELD),),
+            Target.SAME,
+            sets=_sets(**_RENEWED),
+        ),
         Transition(
             "save",
             "save_result",
@@ -283,6 +399,8 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(CallState.CLAIMED, CallState.WAITING, guards=_HELD),),
             Target.BY_RESULT,
             event="saved",
+            sets=_sets(**_RESULT),
+            says=_BOTH,
         ),
         Transition(
             "mark_submitted",
@@ -290,6 +408,8 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(*SAVED),),
             CallState.SUBMITTED,
             event="submitted",
+            sets=_sets(**_TOUCHED),
+            says=_DETAIL,
         ),
         Transition(
             "submission_failed",
@@ -299,7 +419,8 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             event="submit_failed",
             # It changes when the sweep looks again, not the record's age: what another
             # replica saved stays newer than it (mark_stale's unchanged_since).
-            touches=False,
+            sets=_sets(failures="+1", next_attempt_at=":retry_at"),
+            says=_DETAIL,
         ),
         Transition(
             "mark_stale",
@@ -307,6 +428,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(*_PENDING, guards=frozenset({Guard.UNCHANGED_SINCE})),),
             CallState.STALE,
             event="stale",
+            sets=_sets(**_TOUCHED),
         ),
         Transition(
             "quarantine",
@@ -314,16 +436,26 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(CallState.CLAIMED, guards=_HELD),),
             CallState.QUARANTINED,
             event="quarantined",
+            sets=_sets(**_TOUCHED, quarantine_reason=":detail"),
+            says=_BOTH,
         ),
-        Transition("settle", "settle", SETTLEABLE, Target.BY_RESULT, event="settled"),
+        Transition(
+            "settle",
+            "settle",
+            SETTLEABLE,
+            Target.BY_RESULT,
+            event="settled",
+            sets=_sets(**_RESULT, quarantine_reason="null"),
+            says=_DETAIL,
+        ),
         Transition(
             "release",
             "release",
             SETTLEABLE,
             CallState.CLAIMED,
             event="released",
-            new_attempt=True,
-            limiter=False,
+            sets=_sets(**_NEXT_ATTEMPT, quarantine_reason="null"),
+            says=_OWNER,
         ),
         Transition("prune", "prune", (_from(*PRUNABLE),), Target.REMOVED),
         Transition(
@@ -332,27 +464,36 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(CallState.CLAIMED, guards=_HELD),),
             CallState.AWAITING_APPROVAL,
             event="approval_requested",
+            # While it waits, its lease is the request's expiry (the approval guards).
+            sets=_sets(**_TOUCHED, lease_expires_at=":expires_at", approval=":approval"),
+            says=_BOTH,
         ),
         Transition(
             "approve",
             "decide_approval",
-            (_from(CallState.AWAITING_APPROVAL, guards=frozenset({Guard.APPROVAL_OPEN})),),
+            (_from(CallState.AWAITING_APPROVAL, guards=_REQUEST | {Guard.APPROVAL_OPEN}),),
             CallState.APPROVED,
             event="approved",
+            sets=_sets(**_TOUCHED, approval=":approval"),
+            says=_DETAIL,
         ),
         Transition(
             "deny",
             "decide_approval",
-            (_from(CallState.AWAITING_APPROVAL, guards=frozenset({Guard.APPROVAL_OPEN})),),
+            (_from(CallState.AWAITING_APPROVAL, guards=_REQUEST | {Guard.APPROVAL_OPEN}),),
             Target.BY_RESULT,
             event="denied",
+            sets=_sets(**_RESULT, approval=":approval"),
+            says=_DETAIL,
         ),
         Transition(
             "expire_approval",
             "decide_approval",
-            (_from(CallState.AWAITING_APPROVAL, guards=frozenset({Guard.APPROVAL_LAPSED})),),
+            (_from(CallState.AWAITING_APPROVAL, guards=_REQUEST | {Guard.APPROVAL_LAPSED}),),
             Target.BY_RESULT,
             event="approval_expired",
+            sets=_sets(**_RESULT, approval=":approval"),
+            says=_DETAIL,
         ),
         Transition(
             "run_approved",
@@ -360,43 +501,83 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(CallState.APPROVED),),
             CallState.CLAIMED,
             event="claimed_approved",
-            new_attempt=True,
-            limiter=False,
+            sets=_sets(**_NEXT_ATTEMPT),
+            says=_OWNER,
         ),
         *_FLOW_CONTROL,
     )
 }
 
 
-def _guard_holds(
-    guard: Guard,
-    record: CallRecord,
-    *,
-    now: float,
-    owner: str | None,
-    attempt: int | None,
-    margin: float,
-    unchanged_since: float | None,
-    admitted: bool | None,
-) -> bool:
+#: Every argument a guard or an effect may read, by name: ``now`` (the step's time),
+#: ``owner``, ``attempt``, ``takeover_before`` (``now`` minus the fencing margin), ``since``
+#: (``unchanged_since``, or None), ``admitted`` (the limiter's answer), ``approval_id``,
+#: ``lease_expires_at``, ``result`` (a :class:`SavedResult`), ``approval`` (an
+#: :class:`ApprovalRequest`), ``detail``, ``limiter``, ``delivery_id``, ``at``, ``retry_at``,
+#: ``expires_at``; a claim adds the call's ``key`` and ``tool_name``.
+Args = Mapping[str, Any]
+
+
+#: How a claim decides (:meth:`~agentfn_asgi.store.base.Store.claim_call`): the first of
+#: these rows whose guards hold happens, and the claim answers its status. The guards are
+#: mutually exclusive, so the order is for the reader; every store follows it (the memory
+#: store loops over it, the Lua claim is rendered from it, the SQL claim's upsert and the
+#: statements after it carry the same rows). ``reclaim`` (our own claim, retried) changes
+#: nothing and answers :func:`reclaimed`. No row: the claim answers by the record's state
+#: (``BUSY``, ``SAVED`` or ``DONE``).
+CLAIM_ORDER: Final = (
+    ("claim", ClaimStatus.CLAIMED),
+    ("reclaim", ClaimStatus.CLAIMED),
+    ("retry", ClaimStatus.RETRY),
+    ("adopt", ClaimStatus.CLAIMED),
+    ("take_over", ClaimStatus.IN_DOUBT),
+)
+
+
+def reclaimed(record: CallRecord) -> ClaimStatus:
+    """What our own retried claim answers: it waits still, or it is ours (in doubt when it
+    is not the first attempt)."""
+    if record.state is CallState.WAITING:
+        return ClaimStatus.WAITING
+    return ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
+
+
+def _guard_holds(guard: Guard, record: CallRecord, args: Args) -> bool:
     if guard is Guard.HOLDER:
-        return record.owner == owner and record.attempt == attempt
+        return bool(record.owner == args["owner"] and record.attempt == args["attempt"])
     if guard is Guard.OWN_LIVE_LEASE:
-        return record.owner == owner and record.lease_expires_at >= now
+        return record.owner == args["owner"] and bool(record.lease_expires_at >= args["now"])
     if guard is Guard.LEASE_LAPSED:
-        return record.lease_expires_at < now - margin
+        return bool(record.lease_expires_at < args["takeover_before"])
     if guard is Guard.APPROVAL_OPEN:
-        return now < record.lease_expires_at
+        return bool(args["now"] < record.lease_expires_at)
     if guard is Guard.APPROVAL_LAPSED:
-        return now >= record.lease_expires_at
+        return bool(args["now"] >= record.lease_expires_at)
     if guard is Guard.DUE:
-        return record.lease_expires_at <= now
+        return bool(record.lease_expires_at <= args["now"])
     if guard is Guard.ADMITTED:
-        return admitted is True
+        return args.get("admitted") is True
     if guard is Guard.REFUSED:
-        return admitted is False
+        return args.get("admitted") is False
+    if guard is Guard.SAME_REQUEST:
+        return record.approval is not None and record.approval.approval_id == args["approval_id"]
     # UNCHANGED_SINCE is asked for by the caller; without a time it does not apply.
-    return unchanged_since is None or record.updated_at <= unchanged_since
+    since = args.get("since")
+    return since is None or record.updated_at <= since
+
+
+def holds(row: Transition, record: CallRecord | None, args: Args) -> bool:
+    """Does ``row`` apply to ``record`` (None: no record yet) with the step's ``args``?"""
+    for way in row.ways:
+        if record is None:
+            if not way.states:
+                return True
+            continue
+        if record.state in way.states and all(
+            _guard_holds(guard, record, args) for guard in way.guards
+        ):
+            return True
+    return False
 
 
 def allows(
@@ -409,39 +590,106 @@ def allows(
     margin: float = 0.0,
     unchanged_since: float | None = None,
     admitted: bool | None = None,
+    approval_id: str | None = None,
 ) -> bool:
-    """Does ``row`` apply to ``record`` (None: no record yet) with these arguments?
-    ``admitted`` is the limiter's answer (:func:`admits`), for the flow-control rows."""
-    for way in row.ways:
-        if record is None:
-            if not way.states:
-                return True
-            continue
-        if record.state in way.states and all(
-            _guard_holds(
-                guard,
-                record,
-                now=now,
-                owner=owner,
-                attempt=attempt,
-                margin=margin,
-                unchanged_since=unchanged_since,
-                admitted=admitted,
-            )
-            for guard in way.guards
-        ):
-            return True
-    return False
+    """:func:`holds` with the arguments spelled out (``margin``: the fencing margin)."""
+    args = {
+        "now": now,
+        "owner": owner,
+        "attempt": attempt,
+        "takeover_before": now - margin,
+        "since": unchanged_since,
+        "admitted": admitted,
+        "approval_id": approval_id,
+    }
+    return holds(row, record, args)
 
 
 def settleable(record: CallRecord | None, *, now: float, margin: float = 0.0) -> bool:
     """May an operator settle or re-run this call? Held for them (``quarantined``), or in
-    doubt: ``claimed`` with a lease that ran out more than ``margin`` seconds before ``now``.
-    The stores, the dispatcher's settling and the operator views all ask this one rule."""
+    doubt (:func:`in_doubt`). The stores, the dispatcher's settling and the operator views
+    all ask this one rule."""
     return allows(_SETTLE, record, now=now, margin=margin)
 
 
+def in_doubt(record: CallRecord, *, now: float, margin: float = 0.0) -> bool:
+    """Claimed, with a lease that ran out more than ``margin`` seconds before ``now`` and no
+    saved result: the handler may have run. Exactly what :data:`SETTLEABLE` takes from
+    ``claimed`` and what a claim takes over (``Guard.LEASE_LAPSED``)."""
+    return record.state is CallState.CLAIMED and record.lease_expires_at < now - margin
+
+
 _SETTLE: Final = TRANSITIONS["settle"]
+
+
+def _value(source: str, current: Any, args: Args) -> Any:
+    if source == "now":
+        return args["now"]
+    if source == "+1":
+        return current + 1
+    if source == "null":
+        return None
+    if source.isdigit():
+        return int(source)
+    if source.startswith("?"):
+        return current if current is not None else args.get(source[2:])
+    return args.get(source[1:])
+
+
+def apply(row: Transition, record: CallRecord | None, args: Args) -> CallRecord:
+    """``record`` after ``row`` (the caller checked :func:`holds`): the reference every store
+    is held to. ``None`` is the call before its first claim (``args`` then carry its ``key``
+    and ``tool_name``)."""
+    if record is None:
+        record = CallRecord(
+            key=args["key"],
+            tool_name=args["tool_name"],
+            state=CallState.CLAIMED,
+            attempt=0,
+            owner=None,
+            lease_expires_at=0.0,
+            created_at=0.0,
+            updated_at=0.0,
+        )
+    changes: dict[str, Any] = {
+        name: _value(source, getattr(record, name), args) for name, source in row.sets
+    }
+    result = changes.get("result")
+    changes["state"] = resulting_state(
+        row, record, success=None if result is None else result.success
+    )
+    updated = dataclasses.replace(record, **changes)
+    if row.event is None:
+        return updated
+    event = CallEvent(
+        args["now"],
+        row.event,
+        updated.attempt,
+        args.get("owner") if "owner" in row.says else None,
+        str(args.get("detail") or "") if "detail" in row.says else "",
+    )
+    return appended(updated, event)
+
+
+#: A call's history is bounded: every store keeps its first ``HISTORY_HEAD`` events and its
+#: last ``HISTORY_TAIL`` ones, and counts those dropped between them
+#: (:attr:`CallRecord.history_dropped`). A call refused a thousand times stays cheap to
+#: append to and to read, and still shows how it began and how it is going.
+HISTORY_HEAD: Final = 10
+HISTORY_TAIL: Final = 40
+
+
+def appended(record: CallRecord, event: CallEvent) -> CallRecord:
+    """``record`` with ``event`` appended to its bounded history: past
+    ``HISTORY_HEAD + HISTORY_TAIL`` events, the oldest after the head is dropped and counted."""
+    history = (*record.history, event)
+    if len(history) <= HISTORY_HEAD + HISTORY_TAIL:
+        return dataclasses.replace(record, history=history)
+    return dataclasses.replace(
+        record,
+        history=history[:HISTORY_HEAD] + history[HISTORY_HEAD + 1 :],
+        history_dropped=record.history_dropped + 1,
+    )
 
 
 def resulting_state(row: Transition, record: CallRecord, *, success: bool | None) -> CallState:

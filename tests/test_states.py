@@ -4,11 +4,12 @@ generated histories."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
-from agentfn_asgi.records import CallKey, CallRecord, CallState
+from agentfn_asgi.records import ApprovalRequest, CallKey, CallRecord, CallState
 from agentfn_asgi.states import (
     FOR_A_PERSON,
     PRUNABLE,
@@ -16,6 +17,7 @@ from agentfn_asgi.states import (
     TRANSITIONS,
     Guard,
     Target,
+    Transition,
     admits,
     allows,
     bucket_tokens,
@@ -124,16 +126,30 @@ def test_a_call_waiting_for_approval_is_decided_once_by_its_expiry() -> None:
     keeps as its lease); expiry needs it lapsed; each applies only to a waiting call, so a
     second decision finds nothing to decide."""
     approve, deny, expire = (TRANSITIONS[n] for n in ("approve", "deny", "expire_approval"))
-    open_request = record(CallState.AWAITING_APPROVAL, lease=NOW + 60)
-    lapsed = record(CallState.AWAITING_APPROVAL, lease=NOW)
-    assert allows(approve, open_request, now=NOW) and allows(deny, open_request, now=NOW)
-    assert not allows(expire, open_request, now=NOW)
-    assert not allows(approve, lapsed, now=NOW) and not allows(deny, lapsed, now=NOW)
-    assert allows(expire, lapsed, now=NOW)
+    request = ApprovalRequest(
+        approval_id="ap", tool_name="tool", digest="d", requested_at=NOW, expires_at=NOW
+    )
+
+    def waiting(state: CallState, lease: float) -> CallRecord:
+        return dataclasses.replace(record(state, lease=lease), approval=request)
+
+    open_request = waiting(CallState.AWAITING_APPROVAL, NOW + 60)
+    lapsed = waiting(CallState.AWAITING_APPROVAL, NOW)
+
+    def on(row: Transition, call: CallRecord) -> bool:
+        return allows(row, call, now=NOW, approval_id="ap")
+
+    assert on(approve, open_request) and on(deny, open_request)
+    assert not on(expire, open_request)
+    assert not on(approve, lapsed) and not on(deny, lapsed)
+    assert on(expire, lapsed)
+    # A decision names the request it decides: another request's id decides nothing.
+    assert not allows(approve, open_request, now=NOW, approval_id="another")
+    assert not allows(expire, lapsed, now=NOW, approval_id="another")
     for state in set(CallState) - {CallState.AWAITING_APPROVAL}:
         for row in (approve, deny, expire):
-            assert not allows(row, record(state, lease=NOW + 60), now=NOW), (row.name, state)
-            assert not allows(row, record(state, lease=NOW - 60), now=NOW), (row.name, state)
+            assert not on(row, waiting(state, NOW + 60)), (row.name, state)
+            assert not on(row, waiting(state, NOW - 60)), (row.name, state)
     assert resulting_state(approve, open_request, success=None) is CallState.APPROVED
     assert resulting_state(deny, open_request, success=False) is CallState.FAILED
     assert resulting_state(expire, lapsed, success=False) is CallState.FAILED
@@ -191,7 +207,7 @@ def test_the_limiter_rows_split_on_its_answer_and_need_the_holder() -> None:
     assert allows(adopt, record(CallState.WAITING, lease=NOW - 5), now=NOW, margin=1)
     assert not allows(adopt, record(CallState.WAITING, lease=NOW - 5), now=NOW, margin=10)
     assert not allows(adopt, record(CallState.CLAIMED, lease=NOW - 60), now=NOW, margin=1)
-    setting = {t.name for t in TRANSITIONS.values() if t.limiter is True}
+    setting = {t.name for t in TRANSITIONS.values() if t.changes.get("limiter") == ":limiter"}
     assert setting == {"take_slot", "wait"}
     into_claimed = {
         t.name
@@ -199,7 +215,7 @@ def test_the_limiter_rows_split_on_its_answer_and_need_the_holder() -> None:
         if t.target is CallState.CLAIMED and t.name not in ("claim", "admit")
     }
     assert into_claimed == {"take_over", "release", "run_approved", "retry", "adopt"}
-    assert all(TRANSITIONS[name].limiter is False for name in into_claimed), into_claimed
+    assert all(TRANSITIONS[name].changes["limiter"] == "null" for name in into_claimed)
 
 
 def test_admission_serves_the_line_in_order() -> None:

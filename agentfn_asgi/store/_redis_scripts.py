@@ -23,16 +23,15 @@ Three rules the helpers keep:
 
 from __future__ import annotations
 
-from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL, CallState
-from agentfn_asgi.states import SAVED
-from agentfn_asgi.store._guards import LUA_GUARDS
+from agentfn_asgi.records import CallState
+from agentfn_asgi.states import CLAIM_ORDER, HISTORY_HEAD, HISTORY_TAIL, SAVED
+from agentfn_asgi.states import TRANSITIONS as STATE_TABLE
+from agentfn_asgi.store._compile import LUA_GUARDS, LUA_WRITE, lua_apply, lua_transition
 
 __all__ = [
     "ADMIT",
     "APPROVED_CALLS",
     "CLAIM",
-    "CLAIM_APPROVED",
-    "DECIDE_APPROVAL",
     "DELIVERY_FAILED",
     "DUE_DELIVERIES",
     "DUE_RETRIES",
@@ -42,26 +41,16 @@ __all__ = [
     "LAYOUT",
     "LIST_CALLS",
     "LIST_DELIVERIES",
-    "MARK_STALE",
-    "MARK_SUBMITTED",
     "MIGRATED",
     "MIGRATE_CALLS",
     "MIGRATE_DELIVERIES",
     "MIGRATE_INDEXES",
     "PRUNE_CALLS",
     "PRUNE_DELIVERIES",
-    "QUARANTINE",
     "RECORD_DELIVERY",
-    "RELEASE",
-    "RENEW",
-    "REQUEST_APPROVAL",
     "RESOLVE_DELIVERY",
-    "SAVE",
-    "SCHEDULE_RETRY",
-    "SETTLE",
     "SET_CALLS",
     "STATS",
-    "SUBMISSION_FAILED",
     "UNSUBMITTED",
     "WAITING_APPROVALS",
 ]
@@ -100,10 +89,27 @@ local function approval_key(id) return N .. 'a:' .. h(id) end
     + _STATE_SETS
     + """
 -- The namespace's call indexes agree with the call's hash as it is now.
+local function limiter_keys(name)
+  local base = N .. 'l:' .. h(name) .. ':'
+  return {holders = base .. 'holders', waiters = base .. 'waiters', bucket = base .. 'bucket'}
+end
+
 local function reindex_call(key, member)
   local r = redis.call('HMGET', key, 'state', 'created_at', 'lease_expires_at',
-                       'next_attempt_at', 'updated_at', 'success')
+                       'next_attempt_at', 'updated_at', 'success', 'limiter', 'approval_id')
   local state, created = r[1], r[2]
+  -- A request is found by its id; a limiter's holders and waiters say whom its admission
+  -- looks at (it drops whoever moved on).
+  if r[8] then redis.call('SET', approval_key(r[8]), member) end
+  if r[7] and (state == 'claimed' or state == 'waiting') then
+    local L = limiter_keys(r[7])
+    if state == 'claimed' then
+      redis.call('ZREM', L.waiters, member)
+      redis.call('ZADD', L.holders, r[3], member)
+    else
+      redis.call('ZADD', L.waiters, created, member)
+    end
+  end
   for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
   for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed', 'waiting',
                          'approved', 'retry'}) do
@@ -216,8 +222,8 @@ end
 
 
 def _script(body: str) -> str:
-    # Every script may ask the state table's rows (may_<row>, rendered by store/_guards.py).
-    return _PRELUDE + LUA_GUARDS + body
+    # Every script may ask the state table's rows (may_<row>, rendered by store/_compile.py).
+    return _PRELUDE + LUA_GUARDS + LUA_WRITE + body
 
 
 # -- layout --------------------------------------------------------------------------------
@@ -478,12 +484,9 @@ return #ids
 # whom to look at, and the count drops every member whose hash says it moved on (saved,
 # quarantined, taken over, pruned...), so no other script has to know about them. Only
 # CLAIM (with a limit) and ADMIT read or change them.
-_ADMISSION = """
-local function limiter_keys(name)
-  local base = N .. 'l:' .. h(name) .. ':'
-  return {holders = base .. 'holders', waiters = base .. 'waiters', bucket = base .. 'bucket'}
-end
-
+_ADMISSION = (
+    "".join(lua_apply(name) for name in ("take_slot", "wait", "admit", "keep_waiting"))
+    + """
 -- The step's limit, from ARGV[at..at + 3]: name, concurrency, rate, burst ('' = no bound).
 local function read_limit(at)
   return {name = ARGV[at], concurrency = tonumber(ARGV[at + 1]),
@@ -547,113 +550,96 @@ local function spend(L, now, tokens)
   end
 end
 
--- The holder of a claimed call, answered by its limiter (a.admitted), takes a slot (true)
--- or waits (false), its lease until `lease` either way; nil: neither row applies.
-local function take_slot_or_wait(key, member, c, a, L, now, lease, reason, tokens)
+-- The holder of call `c`, answered by its limiter (a.admitted), takes a slot (take_slot,
+-- a token spent), waits (wait), is admitted (admit, a token spent) or keeps waiting
+-- (keep_waiting): 'claimed' or 'waiting'; nil when no admission row applies.
+local function admit_or_wait(key, member, c, a, L, tokens)
   if may_take_slot(c, a) then
-    redis.call('HSET', key, 'limiter', L.name, 'lease_expires_at', lease, 'updated_at', now)
-    redis.call('ZADD', L.keys.holders, lease, member)
-    spend(L, now, tokens)
-    reindex_call(key, member)
-    return true
+    apply_take_slot(key, member, c, a)
+    spend(L, a.now, tokens)
+    return 'claimed'
+  elseif may_wait(c, a) then
+    apply_wait(key, member, c, a)
+    return 'waiting'
+  elseif may_admit(c, a) then
+    apply_admit(key, member, c, a)
+    spend(L, a.now, tokens)
+    return 'claimed'
+  elseif may_keep_waiting(c, a) then
+    apply_keep_waiting(key, member, c, a)
+    return 'waiting'
   end
-  if not may_wait(c, a) then return nil end
-  -- next_attempt_at: when it began to wait (a tool's max_wait counts from it).
-  redis.call('HSET', key, 'state', 'waiting', 'limiter', L.name, 'lease_expires_at', lease,
-             'updated_at', now, 'next_attempt_at', now)
-  redis.call('ZADD', L.keys.waiters, redis.call('HGET', key, 'created_at'), member)
-  add_event(member, now, 'waiting', c.attempt, c.owner, reason)
-  reindex_call(key, member)
-  return false
+  return nil
 end
 """
+)
 
-# Guarantees: exactly one claimant gets an absent call (attempt 1) or an expired claim
-# (lease expired before takeover_before: attempt + 1, in doubt); the holder's own retried
-# claim (same owner, lease live) gets it back unchanged; a due retry or a waiter whose lease
-# lapsed is claimed as the next attempt (not in doubt); everyone else is told its state.
-# With a limit, in the same step: the claim taken takes a slot or waits (answer 'waiting');
-# an expired claim is taken over only if the limiter admits it (else 'busy', unchanged).
-# Without one, nothing of the limiters is read.
-# With a second key (the delivery's hash), that delivery is resolved in the same script,
-# whatever the claim decides (claim_call's resolves_delivery).
+
+def _claim_order() -> str:
+    """The claim's decision, rendered from :data:`~agentfn_asgi.states.CLAIM_ORDER`."""
+    special = {
+        # Our own claim, retried: ours already; it asks for a slot if it holds none yet.
+        "reclaim": """  local status = 'in_doubt'
+  if c.attempt == '1' then status = 'claimed' end
+  if c.state == 'waiting' then return {'waiting', redis.call('HGETALL', key)} end
+  if L and not redis.call('HGET', key, 'limiter') then return taken(status) end
+  return {status, redis.call('HGETALL', key)}
+""",
+        # Taken over only with a slot: a wait would lose the in-doubt flag.
+        "take_over": """  if L and not admission(L, key, member, a.now, a.takeover_before) then
+    return {'busy', redis.call('HGETALL', key)}
+  end
+""",
+    }
+    out = []
+    for name, status in CLAIM_ORDER:
+        body = special.get(name, "")
+        if name != "reclaim":
+            body += f"  apply_{name}(key, member, c, a)\n  return taken('{status.value}')\n"
+        out.append(f"if may_{name}(c, a) then\n{body}end\n")
+    return "".join(out)
+
+
+# Guarantees: the claim decides by the rows of CLAIM_ORDER (agentfn_asgi.states): exactly one
+# claimant gets an absent call (attempt 1) or an expired claim (lease expired before
+# takeover_before: attempt + 1, in doubt); the holder's own retried claim (same owner, lease
+# live) gets it back unchanged; a due retry or a waiter whose lease lapsed is claimed as the
+# next attempt (not in doubt); everyone else is told its state. With a limit, in the same
+# step: the claim taken takes a slot or waits (answer 'waiting'); an expired claim is taken
+# over only if the limiter admits it (else 'busy', unchanged). Without one, nothing of the
+# limiters is read. With a second key (the delivery's hash), that delivery is resolved in
+# the same script, whatever the claim decides (claim_call's resolves_delivery).
 # KEYS: the call's hash[, the delivery's hash]. ARGV: N, now, member, namespace, owner,
 # lease_expires_at, takeover_before, tool_name, session_id, turn_id, call_id, delivery_id
 # ('' = none), then only with a limit: its name, concurrency, rate, burst ('' = no bound).
 # Returns {status, hash fields}.
 CLAIM = _script(
     _ADMISSION
+    + "".join(lua_apply(name) for name, _ in CLAIM_ORDER if name != "reclaim")
     + """
 local function decide()
-local key, now, member, owner = KEYS[1], ARGV[2], ARGV[3], ARGV[5]
+local key, member = KEYS[1], ARGV[3]
 local c = guard_fields(key)
-local a = {owner = owner, now = now, takeover_before = ARGV[7]}
+local a = {now = ARGV[2], namespace = ARGV[4], owner = ARGV[5], lease_expires_at = ARGV[6],
+           takeover_before = ARGV[7], tool_name = ARGV[8], session_id = ARGV[9],
+           turn_id = ARGV[10], call_id = ARGV[11]}
+if ARGV[12] ~= '' then a.delivery_id = ARGV[12] end
 local L = nil
 if ARGV[13] then L = read_limit(13) end
 -- The claim as taken; with a limit, its holder then takes a slot or waits.
 local function taken(status)
   if L then
-    local verdict, reason, tokens = admission(L, key, member, now, ARGV[7])
+    local verdict, reason, tokens = admission(L, key, member, a.now, a.takeover_before)
     local held = guard_fields(key)
-    local b = {owner = held.owner, attempt = held.attempt, admitted = verdict}
-    if take_slot_or_wait(key, member, held, b, L, now, ARGV[6], reason, tokens) == false then
-      status = 'waiting'
-    end
+    local b = {owner = held.owner, attempt = held.attempt, admitted = verdict, now = a.now,
+               lease_expires_at = a.lease_expires_at, limiter = L.name, detail = reason}
+    if admit_or_wait(key, member, held, b, L, tokens) == 'waiting' then status = 'waiting' end
   end
   return {status, redis.call('HGETALL', key)}
 end
-if may_claim(c, a) then
-  redis.call('HSET', key, 'session_id', ARGV[9], 'turn_id', ARGV[10], 'call_id', ARGV[11],
-             'tool_name', ARGV[8], 'state', 'claimed', 'attempt', '1', 'owner', owner,
-             'lease_expires_at', ARGV[6], 'created_at', now, 'updated_at', now,
-             'next_attempt_at', now, 'failures', '0', 'namespace', ARGV[4])
-  if ARGV[12] ~= '' then redis.call('HSET', key, 'delivery_id', ARGV[12]) end
-  redis.call('SADD', N .. 's:' .. h(ARGV[9]), member)
-  redis.call('SADD', N .. 'k:' .. h(ARGV[11]), member)
-  add_event(member, now, 'claimed', 1, owner)
-  reindex_call(key, member)
-  return taken('claimed')
-end
-if may_reclaim(c, a) then
-  if c.state == 'waiting' then return {'waiting', redis.call('HGETALL', key)} end
-  local status = 'in_doubt'
-  if c.attempt == '1' then status = 'claimed' end
-  -- Claimed without a limit before (an earlier claim of ours): it asks for a slot now.
-  if L and not redis.call('HGET', key, 'limiter') then return taken(status) end
-  return {status, redis.call('HGETALL', key)}
-end
-if may_retry(c, a) then
-  local attempt = redis.call('HINCRBY', key, 'attempt', 1)
-  redis.call('HDEL', key, 'limiter')
-  redis.call('HSET', key, 'state', 'claimed', 'owner', owner, 'lease_expires_at', ARGV[6],
-             'updated_at', now)
-  add_event(member, now, 'retried', attempt, owner)
-  reindex_call(key, member)
-  return taken('retry')
-end
-if may_adopt(c, a) then
-  local attempt = redis.call('HINCRBY', key, 'attempt', 1)
-  redis.call('HDEL', key, 'limiter')
-  redis.call('HSET', key, 'state', 'claimed', 'owner', owner, 'lease_expires_at', ARGV[6],
-             'updated_at', now)
-  add_event(member, now, 'adopted', attempt, owner)
-  reindex_call(key, member)
-  return taken('claimed')
-end
-if may_take_over(c, a) then
-  -- Taken over only with a slot: a wait would lose the in-doubt flag.
-  if L and not admission(L, key, member, now, ARGV[7]) then
-    return {'busy', redis.call('HGETALL', key)}
-  end
-  local attempt = redis.call('HINCRBY', key, 'attempt', 1)
-  redis.call('HDEL', key, 'limiter')
-  redis.call('HSET', key, 'owner', owner, 'lease_expires_at', ARGV[6], 'updated_at', now)
-  if ARGV[12] ~= '' then redis.call('HSETNX', key, 'delivery_id', ARGV[12]) end
-  add_event(member, now, 'taken_over', attempt, owner)
-  reindex_call(key, member)
-  return taken('in_doubt')
-end
-if c.state == 'claimed' or c.state == 'retry_scheduled' or c.state == 'waiting' then
+"""
+    + _claim_order()
+    + """if c.state == 'claimed' or c.state == 'retry_scheduled' or c.state == 'waiting' then
   return {'busy', redis.call('HGETALL', key)}
 end
 if SAVED[c.state] then return {'saved', redis.call('HGETALL', key)} end
@@ -682,164 +668,30 @@ return reply
 ADMIT = _script(
     _ADMISSION
     + """
-local key, now, member = KEYS[1], ARGV[2], ARGV[3]
+local key, member = KEYS[1], ARGV[3]
 local c = guard_fields(key)
 if not c.state then return false end
 local L = read_limit(8)
-local a = {owner = ARGV[4], attempt = ARGV[5], admitted = true}
-local limiter = redis.call('HGET', key, 'limiter')
+local a = {owner = ARGV[4], attempt = ARGV[5], admitted = true, now = ARGV[2],
+           lease_expires_at = ARGV[6], limiter = L.name}
 -- (take_slot's source with any answer: held and claimed.)
-if may_take_slot(c, a) and limiter == L.name then
+if may_take_slot(c, a) and redis.call('HGET', key, 'limiter') == L.name then
   return {'claimed', redis.call('HGETALL', key)}
 end
 if not (may_take_slot(c, a) or may_admit(c, a)) then return {'', redis.call('HGETALL', key)} end
-local reason, tokens
-a.admitted, reason, tokens = admission(L, key, member, now, ARGV[7])
-local took = take_slot_or_wait(key, member, c, a, L, now, ARGV[6], reason, tokens)
-if took ~= nil then
-  return {took and 'claimed' or 'waiting', redis.call('HGETALL', key)}
-end
--- A waiter keeps its limiter: the line it stands in.
-local own = limiter_keys(limiter)
-if may_admit(c, a) then
-  redis.call('HSET', key, 'state', 'claimed', 'lease_expires_at', ARGV[6], 'updated_at', now)
-  redis.call('ZREM', own.waiters, member)
-  redis.call('ZADD', own.holders, ARGV[6], member)
-  spend(L, now, tokens)
-  add_event(member, now, 'admitted', c.attempt, c.owner)
-  reindex_call(key, member)
-  return {'claimed', redis.call('HGETALL', key)}
-end
-if may_keep_waiting(c, a) then
-  redis.call('HSET', key, 'lease_expires_at', ARGV[6])
-  redis.call('ZADD', own.waiters, redis.call('HGET', key, 'created_at'), member)
-  reindex_call(key, member)
-  return {'waiting', redis.call('HGETALL', key)}
-end
-return {'', redis.call('HGETALL', key)}
+local tokens
+a.admitted, a.detail, tokens = admission(L, key, member, a.now, ARGV[7])
+return {admit_or_wait(key, member, c, a, L, tokens) or '', redis.call('HGETALL', key)}
 """
 )
 
-# Guarantees: only the holder of the claim's current attempt extends its lease.
-# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, lease_expires_at.
-RENEW = _script("""
-if not may_renew(guard_fields(KEYS[1]), {owner = ARGV[4], attempt = ARGV[5]}) then return 0 end
-redis.call('HSET', KEYS[1], 'lease_expires_at', ARGV[6], 'updated_at', ARGV[2])
-reindex_call(KEYS[1], ARGV[3])
-return 1
-""")
-
-# The result fields of a saved result (save and settle): the old ones go first, so an
-# absent error_type/full_output never survives from before.
-_STORE_RESULT = """
-local function store_result(key, now, state, first)
-  redis.call('HDEL', key, 'error_type', 'full_output', 'quarantine_reason')
-  redis.call('HSET', key, 'state', state, 'updated_at', now, 'next_attempt_at', now,
-             unpack(ARGV, first))
-end
-"""
-
-# Guarantees: fenced, first writer wins: only the holder of the claim's current attempt
-# saves, and only while the call is claimed (also after its lease ran out, as long as nobody
-# took it over); otherwise the stored record is returned unchanged. False: unknown call.
-# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, state, detail, then the
-# result's field/value pairs.
-SAVE = _script(
-    _STORE_RESULT
-    + """
-local c = guard_fields(KEYS[1])
-if not c.state then return false end
-if may_save(c, {owner = ARGV[4], attempt = ARGV[5]}) then
-  store_result(KEYS[1], ARGV[2], ARGV[6], 8)
-  redis.call('HSET', KEYS[1], 'owner', ARGV[4])
-  add_event(ARGV[3], ARGV[2], 'saved', ARGV[5], ARGV[4], ARGV[7])
-  reindex_call(KEYS[1], ARGV[3])
-end
-return redis.call('HGETALL', KEYS[1])
-"""
-)
-
-# Guarantees: a saved result (succeeded/failed) becomes submitted; nothing else changes.
-# KEYS: the call's hash. ARGV: N, now, member, detail.
-MARK_SUBMITTED = _script("""
-local c = guard_fields(KEYS[1])
-if not may_mark_submitted(c, {}) then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'submitted', 'updated_at', ARGV[2])
-add_event(ARGV[3], ARGV[2], 'submitted', c.attempt, nil, ARGV[4])
-reindex_call(KEYS[1], ARGV[3])
-return 1
-""")
-
-# Guarantees: a saved result's failed submission is counted, kept in the history, and the
-# result is due again at retry_at. KEYS: the call's hash. ARGV: N, now, member, detail,
-# retry_at.
-SUBMISSION_FAILED = _script("""
-local c = guard_fields(KEYS[1])
-if not may_submission_failed(c, {}) then return 0 end
-redis.call('HINCRBY', KEYS[1], 'failures', 1)
-redis.call('HSET', KEYS[1], 'next_attempt_at', ARGV[5])
-add_event(ARGV[3], ARGV[2], 'submit_failed', c.attempt, nil, ARGV[4])
-reindex_call(KEYS[1], ARGV[3])
-return 1
-""")
-
-# Guarantees: a non-terminal call becomes stale, unless (with unchanged_since) it was
-# updated after that time. KEYS: the call's hash. ARGV: N, now, member, unchanged_since
-# ('' = unconditional).
-MARK_STALE = _script("""
-local c = guard_fields(KEYS[1])
-if not may_mark_stale(c, {since = ARGV[4]}) then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'stale', 'updated_at', ARGV[2])
-add_event(ARGV[3], ARGV[2], 'stale', c.attempt)
-reindex_call(KEYS[1], ARGV[3])
-return 1
-""")
-
-# Guarantees: only the holder of the claim's current attempt quarantines it (a saved result
-# always wins); the reason is kept on the record and in the history.
-# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, reason.
-QUARANTINE = _script("""
-if not may_quarantine(guard_fields(KEYS[1]), {owner = ARGV[4], attempt = ARGV[5]}) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'state', 'quarantined', 'updated_at', ARGV[2],
-           'quarantine_reason', ARGV[6])
-add_event(ARGV[3], ARGV[2], 'quarantined', ARGV[5], ARGV[4], ARGV[6])
-reindex_call(KEYS[1], ARGV[3])
-return 1
-""")
-
-# Guarantees: an operator's result is saved only for a quarantined or in-doubt call, as
-# `settled` in the history. False otherwise. KEYS: the call's hash. ARGV: N, now, member,
-# takeover_before, state, detail, then the result's field/value pairs.
-SETTLE = _script(
-    _STORE_RESULT
-    + """
-local c = guard_fields(KEYS[1])
-if not may_settle(c, {takeover_before = ARGV[4]}) then return false end
-store_result(KEYS[1], ARGV[2], ARGV[5], 7)
-add_event(ARGV[3], ARGV[2], 'settled', c.attempt, nil, ARGV[6])
-reindex_call(KEYS[1], ARGV[3])
-return redis.call('HGETALL', KEYS[1])
-"""
-)
-
-# Guarantees: an operator's re-run claims only a quarantined or in-doubt call, for `owner`
-# with the next attempt (so the earlier attempt stays fenced out); `released` in the
-# history. False otherwise. KEYS: the call's hash. ARGV: N, now, member, takeover_before,
-# owner, lease_expires_at.
-RELEASE = _script(
-    """
-if not may_release(guard_fields(KEYS[1]), {takeover_before = ARGV[4]}) then return false end
-local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HDEL', KEYS[1], 'quarantine_reason', 'limiter')
-redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[5],
-           'lease_expires_at', ARGV[6], 'updated_at', ARGV[2])
-add_event(ARGV[3], ARGV[2], 'released', attempt, ARGV[5])
-reindex_call(KEYS[1], ARGV[3])
-return redis.call('HGETALL', KEYS[1])
-"""
-)
+#: The script of every row run alone (:func:`~agentfn_asgi.store._compile.lua_transition`),
+#: by the row's name; the claim's and the admission's rows run inside CLAIM and ADMIT.
+TRANSITIONS = {
+    name: _script(lua_transition(name))
+    for name, row in STATE_TABLE.items()
+    if row.operation not in ("claim_call", "admit_call", "prune")
+}
 
 # Guarantees: one batch of the namespace's submitted/stale calls last updated before
 # `before` is deleted with its history, its index entries and its session and call-id set
@@ -865,84 +717,6 @@ return #members
 """)
 
 # -- calls: approval -----------------------------------------------------------------------
-# Each script's condition is the state table's row, rendered by store/_guards.py
-# (``may_<row>(c, a)`` over the call as ``guard_fields`` reads it).
-
-_APPROVAL = """
-local function args(now, owner, attempt)
-  return {now = now, owner = owner or '', attempt = attempt or '', takeover_before = '',
-          since = ''}
-end
-"""
-
-# Guarantees: only the holder of the claim's current attempt holds the call for a person:
-# awaiting_approval, its lease the request's expiry, the request kept whole (JSON) and its
-# id findable ({n}a:{h(approval_id)} -> member). Returns the call's hash as it is now, or
-# false when unknown. KEYS: the call's hash. ARGV: N, now, member, owner, attempt,
-# expires_at, approval_id, approval (JSON), detail.
-REQUEST_APPROVAL = _script(
-    _APPROVAL
-    + """
-local c = guard_fields(KEYS[1])
-if not c.state then return false end
-if may_request_approval(c, args(ARGV[2], ARGV[4], ARGV[5])) then
-  redis.call('HSET', KEYS[1], 'state', 'awaiting_approval', 'updated_at', ARGV[2],
-             'lease_expires_at', ARGV[6], 'approval_id', ARGV[7], 'approval', ARGV[8])
-  redis.call('SET', approval_key(ARGV[7]), ARGV[3])
-  add_event(ARGV[3], ARGV[2], 'approval_requested', ARGV[5], ARGV[4], ARGV[9])
-  reindex_call(KEYS[1], ARGV[3])
-end
-return redis.call('HGETALL', KEYS[1])
-"""
-)
-
-# Guarantees: a decision on the waiting request approval_id of the call, taken once:
-# 'approved' (the request open) makes it approved; 'denied' (open) and 'expired' (lapsed)
-# save the failure given. The decided request (JSON) replaces the waiting one. Returns the
-# call's hash, or false when refused. KEYS: the call's hash. ARGV: N, now, member,
-# approval_id, decision, approval (JSON), detail, then for a failure its state and the
-# result's field/value pairs.
-DECIDE_APPROVAL = _script(
-    _APPROVAL
-    + _STORE_RESULT
-    + """
-local c = guard_fields(KEYS[1])
-if not c.state or redis.call('HGET', KEYS[1], 'approval_id') ~= ARGV[4] then return false end
-local a, decision = args(ARGV[2]), ARGV[5]
-local allowed, event
-if decision == 'approved' then allowed, event = may_approve(c, a), 'approved'
-elseif decision == 'denied' then allowed, event = may_deny(c, a), 'denied'
-else allowed, event = may_expire_approval(c, a), 'approval_expired' end
-if not allowed then return false end
-if decision == 'approved' then
-  redis.call('HSET', KEYS[1], 'state', 'approved', 'updated_at', ARGV[2])
-else
-  store_result(KEYS[1], ARGV[2], ARGV[8], 9)
-end
-redis.call('HSET', KEYS[1], 'approval', ARGV[6])
-add_event(ARGV[3], ARGV[2], event, c.attempt, nil, ARGV[7])
-reindex_call(KEYS[1], ARGV[3])
-return redis.call('HGETALL', KEYS[1])
-"""
-)
-
-# Guarantees: an approved call is claimed by one replica, `owner`, as the next attempt.
-# Returns the call's hash, or false when it is not approved (another replica claimed it).
-# KEYS: the call's hash. ARGV: N, now, member, owner, lease_expires_at.
-CLAIM_APPROVED = _script(
-    _APPROVAL
-    + """
-local c = guard_fields(KEYS[1])
-if not c.state or not may_run_approved(c, args(ARGV[2])) then return false end
-local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HDEL', KEYS[1], 'limiter')
-redis.call('HSET', KEYS[1], 'state', 'claimed', 'owner', ARGV[4],
-           'lease_expires_at', ARGV[5], 'updated_at', ARGV[2])
-add_event(ARGV[3], ARGV[2], 'claimed_approved', attempt, ARGV[4])
-reindex_call(KEYS[1], ARGV[3])
-return redis.call('HGETALL', KEYS[1])
-"""
-)
 
 # Read: the call whose request is approval_id, with its history, or false.
 # ARGV: N, approval_id.
@@ -999,21 +773,6 @@ return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
                              'LIMIT', 0, tonumber(ARGV[3])))
 """)
 
-
-# -- flow control: retries
-# Guarantees: fenced like QUARANTINE: only the holder schedules its call's next attempt, at
-# `at` (lease_expires_at, compared by the `due` guard; next_attempt_at for listings).
-# KEYS: the call's hash. ARGV: N, now, member, owner, attempt, at, reason. Returns 1 or 0.
-SCHEDULE_RETRY = _script("""
-if not may_schedule_retry(guard_fields(KEYS[1]), {owner = ARGV[4], attempt = ARGV[5]}) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'state', 'retry_scheduled', 'updated_at', ARGV[2],
-           'lease_expires_at', ARGV[6], 'next_attempt_at', ARGV[6])
-add_event(ARGV[3], ARGV[2], 'retry_scheduled', ARGV[5], ARGV[4], ARGV[7])
-reindex_call(KEYS[1], ARGV[3])
-return 1
-""")
 
 # Read: scheduled retries due at `now` (score <= now), earliest first.
 # KEYS: the namespace's retry index. ARGV: N, now, limit.
@@ -1090,37 +849,3 @@ end
 table.insert(out, oldest_text)
 return out
 """)
-
-
-#: (Not in ``__all__``: the store registers every name there as a script.)
-#: Which scripts carry out each row of the state table (:mod:`agentfn_asgi.states`), by
-#: name; ``tests/store/test_state_table.py`` holds each to its row, and refuses a script that
-#: changes a call's state without being listed here (the migration's scripts move records
-#: as they are: they are no transition).
-ROWS: dict[str, tuple[str, ...]] = {
-    "claim": ("CLAIM",),
-    "reclaim": ("CLAIM",),
-    "take_over": ("CLAIM",),
-    "renew": ("RENEW",),
-    "save": ("SAVE",),
-    "mark_submitted": ("MARK_SUBMITTED",),
-    "submission_failed": ("SUBMISSION_FAILED",),
-    "mark_stale": ("MARK_STALE",),
-    "quarantine": ("QUARANTINE",),
-    "settle": ("SETTLE",),
-    "release": ("RELEASE",),
-    "prune": ("PRUNE_CALLS",),
-    "request_approval": ("REQUEST_APPROVAL",),
-    "approve": ("DECIDE_APPROVAL",),
-    "deny": ("DECIDE_APPROVAL",),
-    "expire_approval": ("DECIDE_APPROVAL",),
-    "run_approved": ("CLAIM_APPROVED",),
-    # flow control
-    "schedule_retry": ("SCHEDULE_RETRY",),
-    "retry": ("CLAIM",),
-    "take_slot": ("CLAIM", "ADMIT"),
-    "wait": ("CLAIM", "ADMIT"),
-    "admit": ("ADMIT",),
-    "keep_waiting": ("ADMIT",),
-    "adopt": ("CLAIM",),
-}

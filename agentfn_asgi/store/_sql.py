@@ -46,14 +46,12 @@ path: claims, saves, the sweep) leaves them out; ``{detail_columns}`` adds them.
 from __future__ import annotations
 
 import abc
-import dataclasses
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import (
-    ApprovalRequest,
     CallKey,
     CallQuery,
     CallRecord,
@@ -62,85 +60,62 @@ from agentfn_asgi.records import (
     ClaimStatus,
     DeliveryRecord,
     Limit,
-    SavedResult,
     StoreStats,
 )
-from agentfn_asgi.states import TRANSITIONS, admits, allows, bucket_tokens
+from agentfn_asgi.states import TRANSITIONS, admits, allows, bucket_tokens, reclaimed
 from agentfn_asgi.store._codec import (
-    approval_detail,
     claim_status_for,
     record_from_mapping,
-    saved_detail,
 )
 from agentfn_asgi.store._sql_schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
 from agentfn_asgi.store._sql_statements import (
     ADMISSION,
-    ADMIT,
-    ADOPT,
-    APPROVE,
     APPROVED_CALLS,
     CALLS_FOR_SESSION,
     CLAIM,
-    CLAIM_APPROVED,
     CLAIM_NEW,
     DELIVERY_FAILED,
-    DENY,
     DUE_RETRIES,
-    EXPIRE_APPROVAL,
     EXPIRED_CLAIMS,
     FIND_APPROVAL,
     FIND_CALLS,
     GET_CALL,
     GET_CALL_DETAIL,
     GET_CALL_FOR_UPDATE,
-    KEEP_WAITING,
     LIST_DELIVERIES,
     LIST_UNRESOLVED,
-    MARK_STALE,
-    MARK_STALE_UNCHANGED,
-    MARK_SUBMITTED,
     PRUNE_BATCH,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
-    QUARANTINE,
     RECORD_DELIVERY,
-    RELEASE,
-    RENEW_LEASE,
-    REQUEST_APPROVAL,
     RESOLVE_DELIVERY,
-    RETRY_CALL,
     REVOKE_TOKEN,
-    SAVE_RESULT,
-    SCHEDULE_RETRY,
-    SETTLE,
     SPEND_TOKEN,
     STATS,
-    SUBMISSION_FAILED,
-    TAKE_SLOT,
     TOKEN_REVOKED,
     TOKENS_EXPIRED,
+    TRANSITIONS_COUNTED,
+    TRANSITIONS_RETURNING,
     UNRESOLVED_DELIVERIES,
     UNRESOLVED_DELIVERIES_AFTER,
     UNSUBMITTED_RESULTS,
     UNSUBMITTED_RESULTS_AFTER,
-    WAIT,
     WAITING_APPROVALS,
     WAITING_APPROVALS_EXPIRED,
     list_calls_statement,
 )
+from agentfn_asgi.store._transitions import Transitions, flat_args
 
 __all__ = ["SQLStore", "Statement", "Steps", "run_steps"]
 
 _T = TypeVar("_T")
 
-#: The statement of each decision on an approval request (rows of the state table).
-_DECISIONS = {"approved": APPROVE, "denied": DENY, "expired": EXPIRE_APPROVAL}
-#: The statement of each admission row, by the call's state and the limiter's answer.
+#: The admission row, by the call's state and the limiter's answer.
 _ADMISSIONS = {
-    (CallState.CLAIMED, True): TAKE_SLOT,
-    (CallState.CLAIMED, False): WAIT,
-    (CallState.WAITING, True): ADMIT,
-    (CallState.WAITING, False): KEEP_WAITING,
+    (CallState.CLAIMED, True): "take_slot",
+    (CallState.CLAIMED, False): "wait",
+    (CallState.WAITING, True): "admit",
+    (CallState.WAITING, False): "keep_waiting",
 }
 
 
@@ -185,14 +160,6 @@ def _call_record(row: Row) -> CallRecord:
     return record_from_mapping(dict(zip(names, row, strict=True)))
 
 
-def _reclaimed(record: CallRecord) -> ClaimStatus:
-    """What our own retried claim answers: it waits still, or it is ours (in doubt when it
-    is not the first attempt)."""
-    if record.state is CallState.WAITING:
-        return ClaimStatus.WAITING
-    return ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
-
-
 def _delivery(row: Row) -> DeliveryRecord:
     delivery_id, session_id, received_at, resolved, attempts, next_at, error = row
     return DeliveryRecord(
@@ -206,20 +173,7 @@ def _delivery(row: Row) -> DeliveryRecord:
     )
 
 
-def _result_params(result: SavedResult) -> dict[str, object]:
-    state = CallState.SUCCEEDED if result.success else CallState.FAILED
-    return {
-        "state": state.value,
-        "success": result.success,
-        "event_json": result.event_json,
-        "idempotency_key": result.idempotency_key,
-        "error_type": result.error_type,
-        "source": result.source,
-        "full_output": result.full_output,
-    }
-
-
-class SQLStore(abc.ABC):
+class SQLStore(Transitions, abc.ABC):
     """Every :class:`~agentfn_asgi.store.base.Store` method over the statements above.
 
     A backend adds ``open``/``close``/``ping`` and the three primitives, each of which turns
@@ -385,7 +339,7 @@ class SQLStore(abc.ABC):
             )
         # Without a limit: one statement for a new call; the retry of a due call follows on
         # the same connection only when the upsert declined the row.
-        claim, retry = Statement(CLAIM, params), Statement(RETRY_CALL, params)
+        claim, retry = Statement(CLAIM, params), Statement(TRANSITIONS_RETURNING["retry"], params)
         read = Statement(GET_CALL, self._key(key))
         # Left alone, the row is read back only to report what the upsert decided: states
         # never return to "claimed", so that read classifies correctly (claim_status_for
@@ -399,14 +353,15 @@ class SQLStore(abc.ABC):
             taken, row = found
             record = _call_record(row)
             if taken == 0:
-                return ClaimOutcome(_reclaimed(record), record)
+                return ClaimOutcome(reclaimed(record), record)
             if taken == 1:
                 return ClaimOutcome(ClaimStatus.RETRY, record)
             if allows(TRANSITIONS["adopt"], record, now=now, margin=margin):
                 # A dead waiter, claimed without a limit (rare: its tool's claims pass one):
                 # adopted, as the next attempt. Its statement's guard decides; asked only
                 # when the read saw one, so no other claim pays a statement for it.
-                adopted = await self._first_row("claim_call", Statement(ADOPT, params))
+                adopt = Statement(TRANSITIONS_RETURNING["adopt"], params)
+                adopted = await self._first_row("claim_call", adopt)
                 if adopted is None:
                     continue
                 return ClaimOutcome(ClaimStatus.CLAIMED, _call_record(adopted[1]))
@@ -441,15 +396,15 @@ class SQLStore(abc.ABC):
             if allows(TRANSITIONS["reclaim"], record, now=now, owner=str(owner)):
                 # Our own claim, retried: it is ours already (and asks for a slot if it
                 # holds none yet).
-                status = _reclaimed(record)
+                status = reclaimed(record)
                 if record.state is CallState.CLAIMED and record.limiter is None:
                     return (yield from self._admitted(status, rows[0], limit, params, now))
                 return ClaimOutcome(status, record)
             if allows(TRANSITIONS["retry"], record, now=now):
-                rows = yield Statement(RETRY_CALL, params)
+                rows = yield Statement(TRANSITIONS_RETURNING["retry"], params)
                 status = ClaimStatus.RETRY
             elif allows(TRANSITIONS["adopt"], record, now=now, margin=margin):
-                rows = yield Statement(ADOPT, params)
+                rows = yield Statement(TRANSITIONS_RETURNING["adopt"], params)
                 status = ClaimStatus.CLAIMED
             elif allows(TRANSITIONS["take_over"], record, now=now, margin=margin):
                 # Taken over only with a slot: a wait would lose the in-doubt flag.
@@ -519,7 +474,7 @@ class SQLStore(abc.ABC):
         record = _call_record(row)
         if admission is None:
             admission = yield from self._admission(record, limit, params, now)
-        template = _ADMISSIONS[(record.state, admission.admitted)]
+        template = TRANSITIONS_RETURNING[_ADMISSIONS[(record.state, admission.admitted)]]
         changed = yield Statement(
             template,
             {
@@ -578,205 +533,30 @@ class SQLStore(abc.ABC):
         full = limit.concurrency is not None and holders + ahead >= limit.concurrency
         return _Admission(admitted, "" if admitted else ("concurrency" if full else "rate"), tokens)
 
-    async def renew_lease(
-        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
-    ) -> bool:
-        """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
-        now = self._clock()
-        params = {
-            **self._key(key),
-            "owner": owner,
-            "attempt": attempt,
-            "now": now,
-            "lease_expires_at": now + lease_seconds,
-        }
-        return await self._count("renew_lease", Statement(RENEW_LEASE, params)) == 1
-
-    async def save_result(
-        self,
-        key: CallKey,
-        *,
-        owner: str,
-        attempt: int,
-        result: SavedResult,
-        duration: float | None = None,
-    ) -> CallRecord:
-        """Fenced, first writer wins; see :meth:`Store.save_result`."""
-        params = {
-            **self._key(key),
-            **_result_params(result),
-            "owner": owner,
-            "attempt": attempt,
-            "now": self._clock(),
-            "detail": saved_detail(result, duration),
-        }
-        save = Statement(SAVE_RESULT, params)
-        found = await self._first_row("save_result", save, Statement(GET_CALL, self._key(key)))
+    async def _transition(
+        self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool
+    ) -> tuple[bool, CallRecord | None]:
+        """Row ``name``'s statement on ``key``; see :class:`Transitions`."""
+        params = {**self._key(key), **flat_args(args)}
+        variant = f"{name}+since" if args.get("since") is not None else name
+        if not record:
+            changed = await self._count(name, Statement(TRANSITIONS_COUNTED[variant], params))
+            return changed == 1, None
+        found = await self._first_row(
+            name,
+            Statement(TRANSITIONS_RETURNING[variant], params),
+            Statement(GET_CALL, self._key(key)),
+        )
         if found is None:
-            raise StoreError(f"cannot save a result for call {key}: it was never claimed")
-        saved_now, row = found[0] == 0, found[1]
-        if not saved_now:
-            return _call_record(row)  # refused: the stored record, with the result it holds
-        values = dict(zip(HOT_COLUMNS, row, strict=True))
-        values.update(event_json=result.event_json, full_output=result.full_output)
-        return record_from_mapping(values)
-
-    async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
-        """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
-        params = {**self._key(key), "now": self._clock(), "detail": detail}
-        await self._count("mark submitted", Statement(MARK_SUBMITTED, params))
-
-    async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
-        """Record a failed submission; the sweep retries it at ``retry_at``."""
-        params = {**self._key(key), "now": self._clock(), "detail": detail, "retry_at": retry_at}
-        await self._count("submission_failed", Statement(SUBMISSION_FAILED, params))
-
-    async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
-        """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
-        params: dict[str, object] = {**self._key(key), "now": self._clock()}
-        template = MARK_STALE
-        if unchanged_since is not None:
-            template = MARK_STALE_UNCHANGED
-            params["since"] = unchanged_since
-        await self._count("mark stale", Statement(template, params))
-
-    async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
-        """``claimed`` by ``(owner, attempt)`` → ``quarantined``, with ``reason`` kept."""
-        params = {
-            **self._key(key),
-            "now": self._clock(),
-            "owner": owner,
-            "attempt": attempt,
-            "detail": reason,
-        }
-        await self._count("quarantine", Statement(QUARANTINE, params))
-
-    async def schedule_retry(
-        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
-    ) -> bool:
-        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled`` until ``at``."""
-        params = {
-            **self._key(key),
-            "now": self._clock(),
-            "owner": owner,
-            "attempt": attempt,
-            "at": at,
-            "detail": reason,
-        }
-        return await self._count("schedule_retry", Statement(SCHEDULE_RETRY, params)) > 0
+            return False, None
+        return found[0] == 0, _call_record(found[1])
 
     async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
         """Scheduled retries whose time has come, earliest first."""
         params = {"namespace": self.namespace, "now": self._clock(), "limit": max(0, limit)}
         return await self._calls("due_retries", DUE_RETRIES, params)
 
-    async def settle(
-        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
-    ) -> CallRecord | None:
-        """An operator's result for a quarantined or in-doubt call; see the protocol."""
-        now = self._clock()
-        params = {
-            **self._key(key),
-            **_result_params(result),
-            "now": now,
-            "takeover_before": now - margin,
-            "detail": saved_detail(result, None),
-        }
-        found = await self._first_row("settle", Statement(SETTLE, params))
-        return None if found is None else _call_record(found[1])
-
-    async def release(
-        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
-    ) -> CallRecord | None:
-        """An operator's re-run: claimed by ``owner`` with the next attempt."""
-        now = self._clock()
-        params = {
-            **self._key(key),
-            "owner": owner,
-            "now": now,
-            "takeover_before": now - margin,
-            "lease_expires_at": now + lease_seconds,
-        }
-        found = await self._first_row("release", Statement(RELEASE, params))
-        return None if found is None else _call_record(found[1])
-
     # -- approval ------------------------------------------------------------------------
-    async def request_approval(
-        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
-    ) -> CallRecord:
-        """Hold ``key`` for a person; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
-        params = {
-            **self._key(key),
-            "owner": owner,
-            "attempt": attempt,
-            "now": self._clock(),
-            "expires_at": request.expires_at,
-            "approval_id": request.approval_id,
-            "approval": request.to_json(),
-            "detail": approval_detail(request),
-        }
-        found = await self._first_row(
-            "request_approval",
-            Statement(REQUEST_APPROVAL, params),
-            Statement(GET_CALL, self._key(key)),
-        )
-        if found is None:
-            raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
-        return _call_record(found[1])
-
-    async def decide_approval(
-        self,
-        key: CallKey,
-        *,
-        approval_id: str,
-        decision: str,
-        by: str,
-        via: str,
-        reason: str | None = None,
-        result: SavedResult | None = None,
-    ) -> CallRecord | None:
-        """Decide a waiting request once; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
-        template = _DECISIONS[decision]
-        current = await self.get_call(key)
-        if current is None or current.approval is None:
-            return None
-        now = self._clock()
-        decided = dataclasses.replace(
-            current.approval,
-            decision=decision,
-            decided_by=by,
-            decided_via=via,
-            decided_at=now,
-            reason=reason,
-        )
-        # The statement's guard (still waiting, this request, its expiry) decides; the
-        # request read above only supplies the fields a decision does not change.
-        params: dict[str, object] = {
-            **self._key(key),
-            "now": now,
-            "approval_id": approval_id,
-            "approval": decided.to_json(),
-            "detail": approval_detail(decided),
-        }
-        if result is not None:
-            params.update(_result_params(result))
-        found = await self._first_row("decide_approval", Statement(template, params))
-        return None if found is None else _call_record(found[1])
-
-    async def claim_approved(
-        self, key: CallKey, *, owner: str, lease_seconds: float
-    ) -> CallRecord | None:
-        """An approved call, claimed by ``owner`` to run as the next attempt."""
-        now = self._clock()
-        params = {
-            **self._key(key),
-            "owner": owner,
-            "now": now,
-            "lease_expires_at": now + lease_seconds,
-        }
-        found = await self._first_row("claim_approved", Statement(CLAIM_APPROVED, params))
-        return None if found is None else _call_record(found[1])
-
     async def find_approval(self, approval_id: str) -> CallRecord | None:
         """The call whose approval request is ``approval_id``, with its history."""
         params = {"namespace": self.namespace, "approval_id": approval_id}

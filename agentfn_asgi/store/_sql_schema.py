@@ -17,9 +17,9 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import HISTORY_HEAD, HISTORY_TAIL, CallState, parse_history
-from agentfn_asgi.states import PRUNABLE, SAVED, TRANSITIONS
-from agentfn_asgi.store._guards import sql_guard, sql_states
+from agentfn_asgi.records import CallState, parse_history
+from agentfn_asgi.states import HISTORY_HEAD, HISTORY_TAIL, PRUNABLE, SAVED, TRANSITIONS
+from agentfn_asgi.store._compile import sql_guard, sql_states
 from agentfn_asgi.store._sql_dialect import WORDS
 
 __all__ = [
@@ -29,22 +29,18 @@ __all__ = [
     "DELIVERY_LIST",
     "DETAIL_COLUMNS",
     "DETAIL_COLUMN_LIST",
-    "DETAIL_SQL",
     "FRAGMENTS",
     "HISTORY_COLUMNS",
     "HOT_COLUMNS",
     "INDEXES",
     "LONG_HISTORIES",
-    "OWNER_SQL",
     "SCHEMA_VERSION",
     "SPLIT_HISTORY",
     "TABLES",
     "UPGRADES",
     "UPGRADE_PARAMS",
     "Row",
-    "append_sql",
     "check_schema_version",
-    "event_sql",
     "fill",
     "schema_changes",
     "split_history",
@@ -90,56 +86,6 @@ FRAGMENTS: Final[Mapping[str, str]] = {
     ),
     **_guards(),
 }
-
-
-def event_sql(kind: str, attempt: str, *, owner: str = "NULL", detail: str = "NULL") -> str:
-    """SQL building one history event (:class:`~agentfn_asgi.records.CallEvent` as JSON),
-    from the statement's own values: ``attempt``, ``owner`` and ``detail`` are SQL
-    expressions. The ``{{`` escapes survive :func:`_sql`."""
-    return (
-        "CAST({{json_object}}('at', CAST(:now AS {{real}}), 'kind', '" + kind + "', "
-        "'attempt', " + attempt + ", 'owner', " + owner + ", 'detail', " + detail + ") "
-        "AS {{text}})"
-    )
-
-
-def append_sql(event: str, *, row: str = "", unless: str | None = None) -> str:
-    """The ``SET`` assignments that append ``event`` (SQL from :func:`event_sql`) to a call's
-    bounded history, from the row's values before the change (``row``: its alias and a dot).
-
-    The first :data:`HISTORY_HEAD` events go to ``history`` (concatenated JSON objects); the
-    later ones to ``history_tail``, one per line, where past :data:`HISTORY_TAIL` each append
-    also cuts the oldest line off; ``history_count`` counts every event ever appended (those
-    dropped are ``history_count`` minus those kept). So an append costs one bounded string
-    operation however often the call was appended to. ``unless``: a condition under which
-    nothing is appended. JSON text never holds a raw newline, so lines split events safely.
-    """
-    head, kept = HISTORY_HEAD, HISTORY_HEAD + HISTORY_TAIL
-    count, history = f"{row}history_count", f"{row}history"
-    tail = f"coalesce({row}history_tail, '')"
-
-    # Under ``unless`` each column keeps its value (the first WHEN that holds wins).
-    def keep(column: str) -> str:
-        return "" if unless is None else f"WHEN {unless} THEN {column} "
-
-    return (
-        f"history = CASE {keep(history)}WHEN {count} < {head}"
-        f" THEN coalesce({history}, '') || {event} ELSE {history} END,\n"
-        f"        history_tail = CASE {keep(row + 'history_tail')}"
-        f"WHEN {count} < {head} THEN {row}history_tail\n"
-        f"            WHEN {count} < {kept} THEN {tail} || {event} || {{newline}}\n"
-        f"            ELSE substr({tail}, {{strpos}}({tail}, {{newline}}) + 1) || {event}"
-        " || {newline} END,\n"
-        + (
-            f"        history_count = {count} + 1"
-            if unless is None
-            else f"        history_count = CASE {keep(count)}ELSE {count} + 1 END"
-        )
-    )
-
-
-OWNER_SQL: Final = "CAST(:owner AS {{text}})"
-DETAIL_SQL: Final = "CAST(:detail AS {{text}})"
 
 
 def fill(template: str) -> str:

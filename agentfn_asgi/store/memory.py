@@ -4,8 +4,8 @@ Nothing survives the process. Every method is atomic because it never awaits bet
 reading and writing its dicts: on one event loop no other coroutine can run in between.
 Do not share one instance across event loops running in different threads.
 
-It is also the reference the other backends are held to: it executes the state table of
-:mod:`agentfn_asgi.states` row by row (every change to a call goes through :meth:`_apply`), the
+It is also the reference the other backends are held to: every change to a call is
+:func:`~agentfn_asgi.states.apply` of a row of the state table, the
 contract suite (``tests/store``) runs the same tests on all four backends, and the generated
 histories compare every backend with this one after every step.
 
@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from agentfn_asgi.errors import StoreError, StoreUnavailableError
+from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.records import (
-    HISTORY_HEAD,
-    HISTORY_TAIL,
-    ApprovalRequest,
-    CallEvent,
     CallKey,
     CallQuery,
     CallRecord,
@@ -34,19 +31,22 @@ from agentfn_asgi.records import (
     ClaimStatus,
     DeliveryRecord,
     Limit,
-    SavedResult,
     StoreStats,
 )
 from agentfn_asgi.states import (
+    CLAIM_ORDER,
     SAVED,
     TRANSITIONS,
-    Transition,
     admits,
     allows,
+    apply,
     bucket_tokens,
-    resulting_state,
+    holds,
+    in_doubt,
+    reclaimed,
 )
-from agentfn_asgi.store._codec import approval_detail, claim_status_for, saved_detail
+from agentfn_asgi.store._codec import claim_status_for
+from agentfn_asgi.store._transitions import Transitions
 
 __all__ = ["MemoryStore"]
 
@@ -70,7 +70,7 @@ class _Data:
     buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
-class MemoryStore:
+class MemoryStore(Transitions):
     """In-process :class:`~agentfn_asgi.store.base.Store`.
 
     Usable without :meth:`open` (it has nothing to connect); after :meth:`close` every
@@ -217,40 +217,23 @@ class MemoryStore:
     def _get(self, key: CallKey) -> CallRecord | None:
         return self._data.calls.get((self.namespace, key))
 
-    def _apply(
-        self,
-        row: Transition,
-        record: CallRecord,
-        *,
-        owner: str | None = None,
-        lease_seconds: float | None = None,
-        result: SavedResult | None = None,
-        detail: str = "",
-        limiter: str | None = None,
-        **changes: object,
-    ) -> CallRecord:
-        """Make ``row`` happen to ``record`` (the caller checked :func:`allows`): its resulting
-        state, its next attempt, its history event; ``changes`` are the row's other fields."""
-        now = self._clock()
-        attempt = record.attempt + 1 if row.new_attempt else record.attempt
-        state = resulting_state(row, record, success=None if result is None else result.success)
-        fields: dict[str, object] = {"state": state, "attempt": attempt}
-        if row.touches:
-            fields["updated_at"] = now
-        fields.update(changes)
-        updated = dataclasses.replace(record, **fields)  # type: ignore[arg-type]
-        if owner is not None and (row.new_attempt or result is not None):
-            updated = dataclasses.replace(updated, owner=owner)
-        if lease_seconds is not None:
-            updated = dataclasses.replace(updated, lease_expires_at=now + lease_seconds)
-        if result is not None:
-            updated = dataclasses.replace(updated, result=result, next_attempt_at=now)
-        if row.limiter is not None:
-            updated = dataclasses.replace(updated, limiter=limiter if row.limiter else None)
-        if row.event is not None:
-            updated = _appended(updated, CallEvent(now, row.event, attempt, owner, detail))
-        self._data.calls[(self.namespace, record.key)] = updated
-        return updated
+    async def _transition(
+        self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool
+    ) -> tuple[bool, CallRecord | None]:
+        """Row ``name`` on ``key`` by the reference (:func:`apply`); see :class:`Transitions`."""
+        self._check_open()
+        current, row = self._get(key), TRANSITIONS[name]
+        if current is None or not holds(row, current, args):
+            return False, None if current is None else _plain(current)
+        return True, _plain(self._put(apply(row, current, args)))
+
+    def _put(self, record: CallRecord) -> CallRecord:
+        self._data.calls[(self.namespace, record.key)] = record
+        return record
+
+    def _step(self, name: str, record: CallRecord | None, **args: Any) -> CallRecord:
+        """Row ``name`` on ``record`` now (its guards checked by the caller)."""
+        return self._put(apply(TRANSITIONS[name], record, {"now": self._clock(), **args}))
 
     async def claim_call(
         self,
@@ -283,51 +266,34 @@ class MemoryStore:
     ) -> ClaimOutcome:
         now = self._clock()
         record = self._get(key)
-        if record is None:
-            record = CallRecord(
-                key=key,
-                tool_name=tool_name,
-                state=CallState.CLAIMED,
-                attempt=1,
-                owner=owner,
-                lease_expires_at=now + lease_seconds,
-                created_at=now,
-                updated_at=now,
-                delivery_id=delivery_id,
-                next_attempt_at=now,
-                history=(CallEvent(now, "claimed", 1, owner),),
-            )
-            self._data.calls[(self.namespace, key)] = record
-            return self._admitted(ClaimStatus.CLAIMED, record, limit, lease_seconds, margin)
-        if allows(TRANSITIONS["reclaim"], record, now=now, owner=owner):
-            # Our own claim, retried: it is ours already.
-            if record.state is CallState.WAITING:
-                return ClaimOutcome(ClaimStatus.WAITING, _plain(record))
-            status = ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
-            if record.limiter is None:
-                return self._admitted(status, record, limit, lease_seconds, margin)
-            return ClaimOutcome(status, _plain(record))
-        retry = TRANSITIONS["retry"]
-        if allows(retry, record, now=now):
-            record = self._apply(retry, record, owner=owner, lease_seconds=lease_seconds)
-            return self._admitted(ClaimStatus.RETRY, record, limit, lease_seconds, margin)
-        adopt = TRANSITIONS["adopt"]
-        if allows(adopt, record, now=now, margin=margin):
-            record = self._apply(adopt, record, owner=owner, lease_seconds=lease_seconds)
-            return self._admitted(ClaimStatus.CLAIMED, record, limit, lease_seconds, margin)
-        take_over = TRANSITIONS["take_over"]
-        if allows(take_over, record, now=now, margin=margin):
-            if limit is not None and not self._admission(record, limit, margin)[0]:
-                # Taken over only with a slot: a wait would lose the in-doubt flag.
-                return ClaimOutcome(ClaimStatus.BUSY, _plain(record))
-            record = self._apply(
-                take_over,
-                record,
-                owner=owner,
-                lease_seconds=lease_seconds,
-                delivery_id=record.delivery_id or delivery_id,
-            )
-            return self._admitted(ClaimStatus.IN_DOUBT, record, limit, lease_seconds, margin)
+        args = {
+            "now": now,
+            "key": key,
+            "tool_name": tool_name,
+            "owner": owner,
+            "lease_expires_at": now + lease_seconds,
+            "takeover_before": now - margin,
+            "delivery_id": delivery_id,
+        }
+        for name, status in CLAIM_ORDER:
+            if not holds(TRANSITIONS[name], record, args):
+                continue
+            if record is not None and name == "reclaim":
+                # Our own claim, retried: it is ours already (and asks for a slot if it
+                # holds none yet).
+                status = reclaimed(record)
+                if record.state is CallState.WAITING or record.limiter is not None:
+                    return ClaimOutcome(status, _plain(record))
+            elif name == "take_over" and limit is not None:
+                assert record is not None
+                if not self._admission(record, limit, margin)[0]:
+                    # Taken over only with a slot: a wait would lose the in-doubt flag.
+                    return ClaimOutcome(ClaimStatus.BUSY, _plain(record))
+            if name != "reclaim":
+                record = self._put(apply(TRANSITIONS[name], record, args))
+            assert record is not None
+            return self._admitted(status, record, limit, lease_seconds, margin)
+        assert record is not None
         return ClaimOutcome(claim_status_for(record), _plain(record))
 
     async def admit_call(
@@ -374,16 +340,18 @@ class MemoryStore:
                 break
         else:  # pragma: no cover - the callers pass a held claimed or waiting call
             raise AssertionError(f"no admission row for {record.state}")
-        # `wait` keeps when the call began to wait (its max_wait counts from it).
-        began = now if row.name == "wait" else record.next_attempt_at
-        record = self._apply(
-            row,
-            record,
-            owner=owner,
-            lease_seconds=lease_seconds,
-            detail="" if admitted else reason,
-            limiter=limit.name,
-            next_attempt_at=began,
+        record = self._put(
+            apply(
+                row,
+                record,
+                {
+                    "now": now,
+                    "owner": owner,
+                    "lease_expires_at": now + lease_seconds,
+                    "detail": "" if admitted else reason,
+                    "limiter": limit.name,
+                },
+            )
         )
         index = self._data.limited.setdefault((self.namespace, limit.name), set())
         index.add(record.key)
@@ -427,182 +395,7 @@ class MemoryStore:
         full = limit.concurrency is not None and holders + ahead >= limit.concurrency
         return verdict, "" if verdict else ("concurrency" if full else "rate")
 
-    async def renew_lease(
-        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
-    ) -> bool:
-        """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
-        self._check_open()
-        record, renew = self._get(key), TRANSITIONS["renew"]
-        if record is None or not allows(
-            renew, record, now=self._clock(), owner=owner, attempt=attempt
-        ):
-            return False
-        self._apply(renew, record, lease_seconds=lease_seconds)
-        return True
-
-    async def save_result(
-        self,
-        key: CallKey,
-        *,
-        owner: str,
-        attempt: int,
-        result: SavedResult,
-        duration: float | None = None,
-    ) -> CallRecord:
-        """Fenced, first writer wins; see :meth:`Store.save_result`."""
-        self._check_open()
-        record, save = self._get(key), TRANSITIONS["save"]
-        if record is None:
-            raise StoreError(f"cannot save a result for call {key}: it was never claimed")
-        if not allows(save, record, now=self._clock(), owner=owner, attempt=attempt):
-            return _plain(record)
-        detail = saved_detail(result, duration)
-        return _plain(self._apply(save, record, owner=owner, result=result, detail=detail))
-
-    async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
-        """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["mark_submitted"]
-        if record is not None and allows(row, record, now=self._clock()):
-            self._apply(row, record, detail=detail)
-
-    async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
-        """Record a failed submission; the sweep retries it at ``retry_at``."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["submission_failed"]
-        if record is not None and allows(row, record, now=self._clock()):
-            self._apply(
-                row, record, detail=detail, failures=record.failures + 1, next_attempt_at=retry_at
-            )
-
-    async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
-        """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["mark_stale"]
-        if record is not None and allows(
-            row, record, now=self._clock(), unchanged_since=unchanged_since
-        ):
-            self._apply(row, record)
-
-    async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
-        """``claimed`` by ``(owner, attempt)`` → ``quarantined``; a saved result wins."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["quarantine"]
-        if record is not None and allows(
-            row, record, now=self._clock(), owner=owner, attempt=attempt
-        ):
-            self._apply(row, record, owner=owner, detail=reason, quarantine_reason=reason)
-
-    async def schedule_retry(
-        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
-    ) -> bool:
-        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled`` until ``at``."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["schedule_retry"]
-        if record is None or not allows(
-            row, record, now=self._clock(), owner=owner, attempt=attempt
-        ):
-            return False
-        self._apply(
-            row, record, owner=owner, detail=reason, lease_expires_at=at, next_attempt_at=at
-        )
-        return True
-
-    async def settle(
-        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
-    ) -> CallRecord | None:
-        """An operator's result for a quarantined or in-doubt call; see the protocol."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["settle"]
-        if record is None or not allows(row, record, now=self._clock(), margin=margin):
-            return None
-        detail = saved_detail(result, None)
-        return _plain(
-            self._apply(row, record, result=result, detail=detail, quarantine_reason=None)
-        )
-
-    async def release(
-        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
-    ) -> CallRecord | None:
-        """An operator's re-run: claimed by ``owner`` with the next attempt."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["release"]
-        if record is None or not allows(row, record, now=self._clock(), margin=margin):
-            return None
-        return _plain(
-            self._apply(
-                row, record, owner=owner, lease_seconds=lease_seconds, quarantine_reason=None
-            )
-        )
-
     # -- approval ---------------------------------------------------------------------------
-    async def request_approval(
-        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
-    ) -> CallRecord:
-        """Hold ``key`` for a person; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["request_approval"]
-        if record is None:
-            raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
-        if not allows(row, record, now=self._clock(), owner=owner, attempt=attempt):
-            return _plain(record)
-        return _plain(
-            self._apply(
-                row,
-                record,
-                owner=owner,
-                detail=approval_detail(request),
-                approval=request,
-                lease_expires_at=request.expires_at,
-            )
-        )
-
-    async def decide_approval(
-        self,
-        key: CallKey,
-        *,
-        approval_id: str,
-        decision: str,
-        by: str,
-        via: str,
-        reason: str | None = None,
-        result: SavedResult | None = None,
-    ) -> CallRecord | None:
-        """Decide a waiting request once; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS[_DECISION_ROWS[decision]]
-        if (
-            record is None
-            or record.approval is None
-            or record.approval.approval_id != approval_id
-            or not allows(row, record, now=self._clock())
-        ):
-            return None
-        now = self._clock()
-        decided = dataclasses.replace(
-            record.approval,
-            decision=decision,
-            decided_by=by,
-            decided_via=via,
-            decided_at=now,
-            reason=reason,
-        )
-        return _plain(
-            self._apply(
-                row, record, result=result, detail=approval_detail(decided), approval=decided
-            )
-        )
-
-    async def claim_approved(
-        self, key: CallKey, *, owner: str, lease_seconds: float
-    ) -> CallRecord | None:
-        """An approved call, claimed by ``owner`` to run as the next attempt."""
-        self._check_open()
-        record, row = self._get(key), TRANSITIONS["run_approved"]
-        if record is None or not allows(row, record, now=self._clock()):
-            return None
-        return _plain(self._apply(row, record, owner=owner, lease_seconds=lease_seconds))
-
     async def find_approval(self, approval_id: str) -> CallRecord | None:
         """The call whose approval request is ``approval_id``, with its history."""
         self._check_open()
@@ -733,12 +526,12 @@ class MemoryStore:
         self._check_open()
         now = self._clock()
         by_state = {state.value: 0 for state in CallState}
-        in_doubt = successes = failures = 0
+        doubtful = successes = failures = 0
         oldest: float | None = None
         for call in self._own_calls():
             by_state[call.state.value] += 1
-            if call.in_doubt(now):
-                in_doubt += 1
+            if in_doubt(call, now=now):
+                doubtful += 1
             if call.state is CallState.SUBMITTED and call.result is not None:
                 if call.result.success:
                     successes += 1
@@ -751,7 +544,7 @@ class MemoryStore:
             deliveries=len(deliveries),
             unresolved_deliveries=sum(1 for d in deliveries if not d.resolved),
             calls_by_state=by_state,
-            in_doubt=in_doubt,
+            in_doubt=doubtful,
             oldest_pending_at=oldest,
             successes=successes,
             failures=failures,
@@ -775,7 +568,6 @@ class MemoryStore:
         return self._data.revoked.get(token_id, 0.0) > self._clock()
 
 
-#: The row of the state table each decision makes.
 #: The states in which a call with a limiter holds (claimed) or waits for one of its slots.
 _LIMITED = frozenset({CallState.CLAIMED, CallState.WAITING})
 
@@ -783,22 +575,6 @@ _LIMITED = frozenset({CallState.CLAIMED, CallState.WAITING})
 def _ordered(key: CallKey) -> tuple[str, str, str]:
     """A call key's place among the waiters that arrived at the same time."""
     return key.session_id, key.turn_id, key.call_id
-
-
-_DECISION_ROWS = {"approved": "approve", "denied": "deny", "expired": "expire_approval"}
-
-
-def _appended(record: CallRecord, event: CallEvent) -> CallRecord:
-    """``record`` with ``event`` at the end of its history, kept within the bound: the first
-    :data:`HISTORY_HEAD` events stay, the oldest of the rest is dropped and counted."""
-    history = (*record.history, event)
-    if len(history) <= HISTORY_HEAD + HISTORY_TAIL:
-        return dataclasses.replace(record, history=history)
-    return dataclasses.replace(
-        record,
-        history=history[:HISTORY_HEAD] + history[HISTORY_HEAD + 1 :],
-        history_dropped=record.history_dropped + 1,
-    )
 
 
 def _plain(record: CallRecord) -> CallRecord:

@@ -89,13 +89,12 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
-    ApprovalRequest,
     CallKey,
     CallQuery,
     CallRecord,
@@ -104,17 +103,15 @@ from agentfn_asgi.records import (
     ClaimStatus,
     DeliveryRecord,
     Limit,
-    SavedResult,
     StoreStats,
 )
 from agentfn_asgi.store import _redis_scripts as scripts
 from agentfn_asgi.store import redact_url
 from agentfn_asgi.store._codec import (
-    approval_detail,
     claim_status_for,
     record_from_mapping,
-    saved_detail,
 )
+from agentfn_asgi.store._transitions import Transitions, flat_args
 
 try:
     import redis.asyncio as aioredis
@@ -138,7 +135,10 @@ _MIGRATE_BATCH = 200
 #: How many index entries one list_calls script looks at, so a filter that matches little
 #: never holds Redis for long; the listing continues where the last script stopped.
 _LIST_BUDGET = 500
-_SCRIPTS = {name.lower(): getattr(scripts, name) for name in scripts.__all__}
+_SCRIPTS = {
+    **{name.lower(): getattr(scripts, name) for name in scripts.__all__},
+    **{f"row {name}": script for name, script in scripts.TRANSITIONS.items()},
+}
 
 
 def _h(text: str) -> str:
@@ -151,6 +151,15 @@ def _h(text: str) -> str:
 def _num(value: float) -> str:
     # repr() round-trips a float exactly; Lua's own number formatting would keep 14 digits.
     return repr(float(value))
+
+
+def _arg(value: object) -> str:
+    """A step's argument as a script reads it: a boolean as 1 or 0, a number exactly."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return _num(value)
+    return str(value)
 
 
 def _member(key: CallKey) -> str:
@@ -206,21 +215,6 @@ def _delivery(flat: Sequence[Any]) -> DeliveryRecord:
     )
 
 
-def _result_args(result: SavedResult) -> list[str]:
-    state = CallState.SUCCEEDED if result.success else CallState.FAILED
-    fields = [
-        "success", "1" if result.success else "0",
-        "event_json", result.event_json,
-        "idempotency_key", result.idempotency_key,
-        "source", result.source,
-    ]  # fmt: skip
-    if result.error_type is not None:
-        fields += ["error_type", result.error_type]
-    if result.full_output is not None:
-        fields += ["full_output", result.full_output]
-    return [state.value, *fields]
-
-
 def _escape_glob(text: str) -> str:
     return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
 
@@ -263,7 +257,7 @@ def _raise_lost_cancellation(task: asyncio.Task[Any] | None, requested: int) -> 
         raise asyncio.CancelledError
 
 
-class RedisStore:
+class RedisStore(Transitions):
     """A :class:`~agentfn_asgi.store.base.Store` on Redis (5+ with Lua; 7 recommended).
 
     ``namespace`` is the app's part of a shared Redis (see the module docstring for what
@@ -647,53 +641,21 @@ class RedisStore:
         # '': not the caller's to admit; it is told what a claim would be.
         return ClaimOutcome(ClaimStatus(status) if status else claim_status_for(record), record)
 
-    async def renew_lease(
-        self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
-    ) -> bool:
-        """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
-        now = self._clock()
-        renewed = await self._step("renew", key, owner, attempt, _num(now + lease_seconds), now=now)
-        return bool(renewed)
-
-    async def save_result(
-        self,
-        key: CallKey,
-        *,
-        owner: str,
-        attempt: int,
-        result: SavedResult,
-        duration: float | None = None,
-    ) -> CallRecord:
-        """Fenced, first writer wins; see :meth:`Store.save_result`."""
-        state, *fields = _result_args(result)
-        detail = saved_detail(result, duration)
-        flat = await self._step("save", key, owner, attempt, state, detail, *fields)
-        if not flat:
-            raise StoreError(f"cannot save a result for call {key}: it was never claimed")
-        return _plain(flat)
-
-    async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
-        """``succeeded``/``failed`` → ``submitted``; anything else is left alone."""
-        await self._step("mark_submitted", key, detail)
-
-    async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
-        """Record a failed submission; the sweep retries it at ``retry_at``."""
-        await self._step("submission_failed", key, detail, _num(retry_at))
-
-    async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
-        """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
-        since = "" if unchanged_since is None else _num(unchanged_since)
-        await self._step("mark_stale", key, since)
-
-    async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
-        """``claimed`` by ``(owner, attempt)`` → ``quarantined``, with ``reason`` kept."""
-        await self._step("quarantine", key, owner, attempt, reason)
-
-    async def schedule_retry(
-        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
-    ) -> bool:
-        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled`` until ``at``."""
-        return bool(await self._step("schedule_retry", key, owner, attempt, _num(at), reason))
+    async def _transition(
+        self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool
+    ) -> tuple[bool, CallRecord | None]:
+        """Row ``name``'s script on ``key``; see :class:`Transitions`."""
+        pairs: list[object] = []
+        for field, value in flat_args(args).items():
+            if value is not None:
+                pairs += [field, _arg(value)]
+        reply = await self._run(
+            f"row {name}", [self._call_key(key)], _member(key), "1" if record else "0", *pairs
+        )
+        if not reply:
+            return False, None
+        done = reply[0] == 1
+        return done, _plain(reply[1]) if record else None
 
     async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
         """Scheduled retries whose time has come, earliest first."""
@@ -702,92 +664,7 @@ class RedisStore:
         now = _num(self._clock())
         return await self._calls("due_retries", [self._index("retry")], now, limit)
 
-    async def settle(
-        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
-    ) -> CallRecord | None:
-        """An operator's result for a quarantined or in-doubt call; see the protocol."""
-        state, *fields = _result_args(result)
-        takeover_before = _num(self._clock() - margin)
-        detail = saved_detail(result, None)
-        flat = await self._step("settle", key, takeover_before, state, detail, *fields)
-        return _plain(flat) if flat else None
-
-    async def release(
-        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
-    ) -> CallRecord | None:
-        """An operator's re-run: claimed by ``owner`` with the next attempt."""
-        now = self._clock()
-        flat = await self._step(
-            "release", key, _num(now - margin), owner, _num(now + lease_seconds), now=now
-        )
-        return _plain(flat) if flat else None
-
     # -- approval ------------------------------------------------------------------------
-    async def request_approval(
-        self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
-    ) -> CallRecord:
-        """Hold ``key`` for a person; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
-        flat = await self._step(
-            "request_approval",
-            key,
-            owner,
-            attempt,
-            _num(request.expires_at),
-            request.approval_id,
-            request.to_json(),
-            approval_detail(request),
-        )
-        if not flat:
-            raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
-        return _plain(flat)
-
-    async def decide_approval(
-        self,
-        key: CallKey,
-        *,
-        approval_id: str,
-        decision: str,
-        by: str,
-        via: str,
-        reason: str | None = None,
-        result: SavedResult | None = None,
-    ) -> CallRecord | None:
-        """Decide a waiting request once; see :class:`~agentfn_asgi.store.base.ApprovalStore`."""
-        current = await self.get_call(key)
-        if current is None or current.approval is None:
-            return None
-        now = self._clock()
-        decided = dataclasses.replace(
-            current.approval,
-            decision=decision,
-            decided_by=by,
-            decided_via=via,
-            decided_at=now,
-            reason=reason,
-        )
-        # The script's guard (still waiting, this request, its expiry) decides; the request
-        # read above only supplies the fields a decision does not change.
-        fields = [] if result is None else _result_args(result)
-        flat = await self._step(
-            "decide_approval",
-            key,
-            approval_id,
-            decision,
-            decided.to_json(),
-            approval_detail(decided),
-            *fields,
-            now=now,
-        )
-        return _plain(flat) if flat else None
-
-    async def claim_approved(
-        self, key: CallKey, *, owner: str, lease_seconds: float
-    ) -> CallRecord | None:
-        """An approved call, claimed by ``owner`` to run as the next attempt."""
-        now = self._clock()
-        flat = await self._step("claim_approved", key, owner, _num(now + lease_seconds), now=now)
-        return _plain(flat) if flat else None
-
     async def find_approval(self, approval_id: str) -> CallRecord | None:
         """The call whose approval request is ``approval_id``, with its history."""
         reply = await self._run("find_approval", [], approval_id)

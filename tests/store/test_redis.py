@@ -17,8 +17,6 @@ import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import (
-    HISTORY_HEAD,
-    HISTORY_TAIL,
     CallEvent,
     CallKey,
     CallQuery,
@@ -28,6 +26,7 @@ from agentfn_asgi.records import (
     SavedResult,
     parse_history,
 )
+from agentfn_asgi.states import HISTORY_HEAD, HISTORY_TAIL
 
 from ..support.clock import FakeClock as Clock
 from ..support.ports import free_port

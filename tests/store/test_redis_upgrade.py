@@ -18,14 +18,13 @@ import pytest
 
 from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.records import (
-    HISTORY_HEAD,
-    HISTORY_TAIL,
     CallKey,
     CallQuery,
     CallState,
     ClaimStatus,
     SavedResult,
 )
+from agentfn_asgi.states import HISTORY_HEAD, HISTORY_TAIL
 
 from .conftest import FakeClock, require_service
 

@@ -44,7 +44,7 @@ from .records import (
     CallState,
     DeliveryRecord,
 )
-from .states import settleable
+from .states import in_doubt, settleable
 from .store.base import ApprovalStore, Store
 
 __all__ = [
@@ -106,11 +106,12 @@ Outcome = Literal[
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 
-def outcome_of(record: CallRecord, now: float) -> Outcome:
-    """The :data:`Outcome` of ``record`` at ``now``."""
+def outcome_of(record: CallRecord, now: float, margin: float = 0.0) -> Outcome:
+    """The :data:`Outcome` of ``record`` at ``now`` (in doubt past the fencing ``margin``, as
+    a settle or a takeover sees it)."""
     state = record.state
     if state is CallState.CLAIMED:
-        return "in_doubt" if record.in_doubt(now) else "running"
+        return "in_doubt" if in_doubt(record, now=now, margin=margin) else "running"
     if state in (CallState.SUCCEEDED, CallState.FAILED):
         return "submitting"
     if state is CallState.SUBMITTED:
@@ -393,14 +394,15 @@ class Operator:
         deliveries, the oldest pending call."""
         try:
             await self._store.ping()
-            stats = await self._store.stats()
+            stats = await self._store.stats(margin=self._margin)
         except StoreError:
             return Overview(
                 store=self._location, healthy=False, deliveries=0, unresolved_deliveries=0
             )
         attention: list[CallSummary] = []
         for state in ("in_doubt", "quarantined"):
-            found = await self._store.list_calls(CallQuery(state=state, limit=ATTENTION_LIMIT))
+            query = CallQuery(state=state, limit=ATTENTION_LIMIT, margin=self._margin)
+            found = await self._store.list_calls(query)
             attention += [self._summary(record) for record in found]
         failing = [
             _delivery_view(d)
@@ -456,6 +458,7 @@ class Operator:
                 since=query.since,
                 limit=query.limit + 1,
                 before=before,
+                margin=self._margin,
             )
         )
         page = found[: max(0, query.limit)]
@@ -613,13 +616,15 @@ class Operator:
             turn_id=record.key.turn_id,
             call_id=record.key.call_id,
             tool_name=record.tool_name,
-            state="in_doubt" if record.in_doubt(self._clock()) else record.state.value,
+            state="in_doubt"
+            if in_doubt(record, now=self._clock(), margin=self._margin)
+            else record.state.value,
             attempt=record.attempt,
             created_at=record.created_at,
             updated_at=record.updated_at,
             error_type=None if result is None else result.error_type,
             reason=record.quarantine_reason,
-            outcome=outcome_of(record, self._clock()),
+            outcome=outcome_of(record, self._clock(), self._margin),
             limiter=None if record.limiter is None else limiter_label(record.limiter),
             waiting_since=(record.next_attempt_at if record.state is CallState.WAITING else None),
         )

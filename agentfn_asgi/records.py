@@ -278,10 +278,6 @@ class CallRecord:
     #: (``waiting``; its ``next_attempt_at`` is then when it began to wait). None otherwise.
     limiter: str | None = None
 
-    def in_doubt(self, now: float) -> bool:
-        """Claimed, but its lease ran out with no saved result: the handler may have run."""
-        return self.state is CallState.CLAIMED and self.lease_expires_at < now
-
 
 class ClaimStatus(enum.StrEnum):
     """What :meth:`Store.claim_call` decided."""
@@ -361,10 +357,10 @@ class StoreStats:
 class CallQuery:
     """Which calls :meth:`Store.list_calls` returns, newest first (by first seen).
 
-    ``state`` is a :class:`CallState` value or ``in_doubt`` (claimed, lease run out);
-    ``since`` a Unix time (first seen at or after); ``before`` the position after which the
-    page starts: the ``(created_at, session_id, turn_id, call_id)`` of the last call of the
-    previous page.
+    ``state`` is a :class:`CallState` value or ``in_doubt`` (claimed, its lease run out more
+    than ``margin`` seconds ago: :func:`agentfn_asgi.states.in_doubt`); ``since`` a Unix
+    time (first seen at or after); ``before`` the position after which the page starts: the
+    ``(created_at, session_id, turn_id, call_id)`` of the last call of the previous page.
     """
 
     state: str | None = None
@@ -373,6 +369,7 @@ class CallQuery:
     since: float | None = None
     limit: int = 50
     before: tuple[float, str, str, str] | None = None
+    margin: float = 0.0
 
 
 # -- worker jobs ---------------------------------------------------------------------------

@@ -819,9 +819,9 @@ end
 return {out, last[1], last[2]}
 """)
 
-# Read, in one step: the counts of stats(). ARGV: N, now. Returns deliveries, unresolved,
-# failing, in doubt, submitted failures, the count of each state (CallState order), then
-# the oldest pending call's created_at ('' when none).
+# Read, in one step: the counts of stats(). ARGV: N, takeover_before (now - margin).
+# Returns deliveries, unresolved, failing, in doubt, submitted failures, the count of each
+# state (CallState order), then the oldest pending call's created_at ('' when none).
 STATS = _script("""
 -- In doubt: claimed with a lapsed lease; the lease index also holds waiters for a slot
 -- (few lapse: their holders poll, and the sweep adopts those that did).

@@ -601,7 +601,7 @@ class SQLStore(Transitions, abc.ABC):
         filters: list[str] = []
         if query.state == "in_doubt":
             filters.append("in_doubt")
-            params["now"] = self._clock()
+            params["takeover_before"] = self._clock() - query.margin
         elif query.state is not None:
             filters.append("state")
             params["state"] = query.state
@@ -653,9 +653,9 @@ class SQLStore(Transitions, abc.ABC):
         }
         return await self._calls("expired_claims", EXPIRED_CLAIMS, params)
 
-    async def stats(self) -> StoreStats:
+    async def stats(self, *, margin: float = 0.0) -> StoreStats:
         """Counts for operators, read in one snapshot; every state is listed, zeros too."""
-        params = {"now": self._clock(), "namespace": self.namespace}
+        params = {"takeover_before": self._clock() - margin, "namespace": self.namespace}
         found = await self._first_row("stats", Statement(STATS, params))
         if found is None:  # pragma: no cover - an aggregate without GROUP BY returns one row
             raise StoreError("the stats query returned no row")

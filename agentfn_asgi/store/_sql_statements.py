@@ -205,7 +205,7 @@ EXPIRED_CLAIMS: Final = fill("""
     ORDER BY lease_expires_at LIMIT :limit""")
 #: list_calls' filters, each a condition over named parameters, joined in this order.
 LIST_FILTERS: Final = {
-    "in_doubt": "{claimed} AND lease_expires_at < :now",
+    "in_doubt": "{claimed} AND lease_expires_at < :takeover_before",
     "state": "state = :state",
     "session_id": "session_id = :session_id",
     "tool_name": "tool_name = :tool_name",
@@ -230,7 +230,7 @@ STATS: Final = fill("""
            (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace AND NOT resolved),
            (SELECT count(*) FROM {p}deliveries
             WHERE namespace = :namespace AND NOT resolved AND attempts > 0),
-           count(*) FILTER (WHERE {claimed} AND lease_expires_at < :now),
+           count(*) FILTER (WHERE {claimed} AND lease_expires_at < :takeover_before),
            min(created_at) FILTER (WHERE {pending}),
            count(*) FILTER (WHERE state = 'submitted' AND success),
            count(*) FILTER (WHERE state = 'submitted' AND NOT success),

@@ -275,8 +275,9 @@ class Store(Protocol):
         """Calls in ``retry_scheduled`` whose time has come, earliest first (the sweep
         claims them, so a restart or another replica resumes them)."""
 
-    async def stats(self) -> StoreStats:
-        """Counts for operators."""
+    async def stats(self, *, margin: float = 0.0) -> StoreStats:
+        """Counts for operators; in doubt: claimed, its lease run out more than ``margin``
+        seconds ago (:func:`agentfn_asgi.states.in_doubt`)."""
 
     # -- revocations -----------------------------------------------------------------------
     async def revoke_token(self, token_id: str, *, expires_at: float) -> None:

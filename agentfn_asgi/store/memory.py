@@ -459,7 +459,7 @@ class MemoryStore(Transitions):
 
         def matches(record: CallRecord) -> bool:
             if query.state == "in_doubt":
-                if not record.in_doubt(now):
+                if not in_doubt(record, now=now, margin=query.margin):
                     return False
             elif query.state is not None and record.state.value != query.state:
                 return False
@@ -521,7 +521,7 @@ class MemoryStore(Transitions):
         found.sort(key=lambda c: c.lease_expires_at)
         return found[: max(0, limit)]
 
-    async def stats(self) -> StoreStats:
+    async def stats(self, *, margin: float = 0.0) -> StoreStats:
         """Counts for operators; ``calls_by_state`` lists every state, zeros included."""
         self._check_open()
         now = self._clock()
@@ -530,7 +530,7 @@ class MemoryStore(Transitions):
         oldest: float | None = None
         for call in self._own_calls():
             by_state[call.state.value] += 1
-            if in_doubt(call, now=now):
+            if in_doubt(call, now=now, margin=margin):
                 doubtful += 1
             if call.state is CallState.SUBMITTED and call.result is not None:
                 if call.result.success:

@@ -709,7 +709,8 @@ class RedisStore(Transitions):
         if query.limit <= 0:
             return []
         if query.state == "in_doubt":
-            index, lease_before = self._index("state:claimed"), _num(self._clock())
+            lease_before = _num(self._clock() - query.margin)
+            index = self._index("state:claimed")
         else:
             index, lease_before = self._index(f"state:{query.state}"), ""
             if query.state is None:
@@ -774,9 +775,9 @@ class RedisStore(Transitions):
         index = self._index("lease")
         return await self._calls("expired_claims", [index], takeover_before, limit)
 
-    async def stats(self) -> StoreStats:
+    async def stats(self, *, margin: float = 0.0) -> StoreStats:
         """Counts for operators, read in one script; every state is listed, zeros too."""
-        reply = await self._run("stats", [], _num(self._clock()))
+        reply = await self._run("stats", [], _num(self._clock() - margin))
         deliveries, unresolved, failing, in_doubt, submitted_failed, *rest = reply
         counts = {
             state.value: int(count) for state, count in zip(CallState, rest[:-1], strict=True)

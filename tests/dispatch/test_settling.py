@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentfn_asgi.errors import CallNotFoundError, OperatorError, OperatorInputError
+from agentfn_asgi.operator import CallFilter, Operator
 from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
 
@@ -74,3 +75,30 @@ async def test_settling_wrongly_raises_the_trees_errors(
             await dispatcher.settle(key, output="x", error="y")
         assert isinstance(both.value, ValueError) and isinstance(both.value, OperatorError)
     assert api.fake.submissions == []
+
+
+async def test_in_doubt_is_the_same_on_the_page_in_the_counts_and_for_settle(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """A claim whose lease ran out less than the fencing margin ago is not in doubt yet
+    anywhere: the operator's list, its counts and settle all use the margin (the page
+    showed "in doubt" for a call that settle then refused); past the margin, all agree."""
+    key = api.one_call()
+    await store.claim_call(key, tool_name="lookup", owner="gone", lease_seconds=LEASE)
+    clock.advance(LEASE + SETTINGS.fence_margin / 2)
+    async with dispatching(api, store, clock, lookup_tools()) as dispatcher:
+        operator = Operator(store, dispatcher=dispatcher, location="memory://", clock=clock)
+
+        async def seen() -> tuple[str, int, int, bool]:
+            (call,) = (await operator.calls(CallFilter(limit=10))).calls
+            listed = await operator.calls(CallFilter(state="in_doubt", limit=10))
+            overview = await operator.overview()
+            detail = await operator.call(key.call_id)
+            doubt = overview.outcomes["in_doubt"]
+            return call.outcome, len(listed.calls), doubt, detail.settleable
+
+        assert await seen() == ("running", 0, 0, False)
+        status, _ = await dispatcher.settle(key, error="gave up")
+        assert status == "refused"
+        clock.advance(SETTINGS.fence_margin)
+        assert await seen() == ("in_doubt", 1, 1, True)

@@ -62,6 +62,7 @@ from agentfn_asgi.records import (
     SavedResult,
     StoreStats,
 )
+from agentfn_asgi.states import in_doubt
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
 from tests.store.conftest import FakeClock, _postgres_backend, _redis_backend, require_service
 
@@ -401,7 +402,7 @@ class Histories(RuleBasedStateMachine):
         ran out is in state ``lapsed`` here (in doubt, whatever the margin)."""
 
         def state(record: CallRecord) -> str:
-            return "lapsed" if record.in_doubt(self.clock.now) else record.state.value
+            return "lapsed" if in_doubt(record, now=self.clock.now) else record.state.value
 
         async def listed() -> list[tuple[str, CallKey, str]]:
             found = []

@@ -10,6 +10,7 @@ this release started after the step (a restart mid-deploy) opens the store one s
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from typing import Any
 
@@ -41,6 +42,7 @@ for _, key in ipairs(redis.call('KEYS', P .. 'n:*:c:*')) do
   local tool = redis.call('HGET', key, 'tool_name')
   redis.call('ZADD', space .. 'i:by_tool', 0, tool .. ':' .. key)
 end
+redis.call('INCR', P .. 'test:steps_taken')
 """,
     ),
     readable_from=1,
@@ -107,7 +109,8 @@ async def _note(backend: str, store: Any, key: CallKey) -> None:
             await conn.close()
 
 
-@pytest.mark.parametrize(
+#: Every store with a schema (the memory store has none).
+BACKENDS = pytest.mark.parametrize(
     "store_factory",
     [
         "sqlite",
@@ -116,6 +119,16 @@ async def _note(backend: str, store: Any, key: CallKey) -> None:
     ],
     indirect=True,
 )
+
+
+def _next_release(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on, stores opened are of the next release: they know its step."""
+    module: Any = _redis_layout if backend == "redis" else _sql_schema
+    step = REDIS_STEP if backend == "redis" else SQL_STEP
+    monkeypatch.setattr(module, "STEPS", (*module.STEPS, step))
+
+
+@BACKENDS
 async def test_replicas_of_two_releases_answer_calls_on_one_store_during_a_rolling_deploy(
     store_factory: StoreFactory, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,11 +141,8 @@ async def test_replicas_of_two_releases_answer_calls_on_one_store_during_a_rolli
     assert await claim(old, "old", in_flight) is ClaimStatus.CLAIMED
     assert await old.record_delivery("d1", "s") is True
 
-    module: Any = _redis_layout if backend == "redis" else _sql_schema
-    with monkeypatch.context() as next_release:
-        next_release.setattr(
-            module, "STEPS", (*module.STEPS, REDIS_STEP if backend == "redis" else SQL_STEP)
-        )
+    with monkeypatch.context() as patch:
+        _next_release(backend, patch)
         new = await store_factory()
     version, added, _ = await _expanded(backend, new)
     assert version == [(2, 1)]
@@ -170,3 +180,27 @@ async def test_replicas_of_two_releases_answer_calls_on_one_store_during_a_rolli
     version, _, noted = await _expanded(backend, new)
     assert version == [(2, 1)]
     assert noted == ([] if backend == "redis" else ["a"])
+
+
+@BACKENDS
+async def test_replicas_of_the_next_release_starting_together_take_its_step_once(
+    store_factory: StoreFactory, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas of the next release open a store of this one at once: both open and the
+    step runs once (on SQL its ALTER TABLE would fail a second time; on Redis it counts its
+    runs)."""
+    backend: str = request.node.callspec.params["store_factory"]
+    await store_factory()
+    _next_release(backend, monkeypatch)
+    first, second = await asyncio.gather(store_factory(), store_factory())
+    version, _, _ = await _expanded(backend, first)
+    assert version == [(2, 1)]
+    assert await claim(second, "second") is ClaimStatus.CLAIMED
+    if backend == "redis":
+        import redis.asyncio as redis_asyncio
+
+        client: Any = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+        try:
+            assert await client.get(first._prefix + "test:steps_taken") == "1"  # type: ignore[attr-defined]
+        finally:
+            await client.aclose()

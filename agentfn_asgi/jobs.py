@@ -137,8 +137,8 @@ class TokenClaims:
     tool_name: str
     expires_at: float
     #: The claim's attempt the job was handed off in: a completion is saved only while that
-    #: attempt holds the call (fencing). None in tokens issued before attempts were signed.
-    attempt: int | None = None
+    #: attempt holds the call (fencing).
+    attempt: int
 
     @property
     def key(self) -> CallKey:
@@ -207,8 +207,8 @@ class CompletionTokens:
         *,
         owner: str,
         tool_name: str,
+        attempt: int,
         expires_at: float | None = None,
-        attempt: int | None = None,
     ) -> str:
         """A token completing ``key`` only, valid until ``expires_at`` (capped by max_age),
         for the claim ``(owner, attempt)`` that handed the job off."""
@@ -221,9 +221,8 @@ class CompletionTokens:
             "o": owner,
             "n": tool_name,
             "x": round(expiry, 3),
+            "a": attempt,
         }
-        if attempt is not None:
-            payload["a"] = attempt
         return self._serializer.dumps(payload)
 
     def verify(self, token: str) -> TokenClaims:
@@ -250,10 +249,7 @@ class CompletionTokens:
 
 
 def _salt(namespace: str, mount: str) -> str:
-    # An app with neither keeps the salt of tokens minted before they were bound; JSON keeps
-    # the pair unambiguous whatever characters a namespace or path holds.
-    if not namespace and not mount:
-        return TOKEN_SALT
+    # JSON keeps the pair unambiguous whatever characters a namespace or path holds.
     return TOKEN_SALT + ":" + json.dumps([namespace, mount], ensure_ascii=True)
 
 
@@ -287,8 +283,8 @@ def _claims_from(payload: object) -> TokenClaims:
         raise CompletionTokenError("completion token payload is incomplete")
     s, t, c, o, n = cast(list[str], texts)
     attempt = payload.get("a")
-    if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)):
-        raise CompletionTokenError("completion token payload has a bad attempt")
+    if isinstance(attempt, bool) or not isinstance(attempt, int):
+        raise CompletionTokenError("completion token payload has no attempt")
     return TokenClaims(s, t, c, o, n, float(expiry), attempt)
 
 

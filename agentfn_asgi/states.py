@@ -1,11 +1,12 @@
-"""The call state machine, declared once: states, operations, guards and resulting states.
+"""The call state machine, declared once: states, operations, guards, and what each
+transition changes.
 
-Every store carries out the same machine. The memory store executes this table (it is the
-reference); the SQL statements (:mod:`agentfn_asgi.store._sql_statements`) and the Redis
-scripts (:mod:`agentfn_asgi.store._redis_scripts`) spell each guard in their own language,
-and ``tests/store/test_state_table.py`` holds every statement and script to the row of the
-table it carries out, while the generated histories (``tests/store/test_histories.py``) hold
-every backend's behaviour to the reference's. A new state or operation starts here.
+Every store carries out the same machine. :func:`apply` carries one row out on a record: it
+is the reference, and the memory store runs it. The SQL statements and the Redis scripts of
+every transition are rendered from the rows (:mod:`agentfn_asgi.store._compile`;
+``docs/how-it-works/state-machine.md`` shows them), and the generated histories
+(``tests/store/test_histories.py``) hold every backend's behaviour to the reference's. A new
+state or transition is a row here.
 
 The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
 

@@ -67,24 +67,25 @@ from .support.stack import running_stack
 def test_a_token_round_trips_and_names_exactly_one_call() -> None:
     """verify() gives back the session, turn, call, owner and tool the token was issued for."""
     tokens = CompletionTokens(COMPLETION_SECRET)
-    claims = tokens.verify(tokens.issue(KEY, owner="host:1:ab", tool_name="report"))
+    claims = tokens.verify(tokens.issue(KEY, owner="host:1:ab", tool_name="report", attempt=1))
     assert claims.key == KEY
     assert (claims.owner, claims.tool_name) == ("host:1:ab", "report")
 
 
 def test_a_token_carries_ids_only() -> None:
-    """Anyone may read a token: it holds the call's ids, owner, tool and expiry, no secret."""
-    token = CompletionTokens(COMPLETION_SECRET).issue(KEY, owner="o", tool_name="report")
+    """Anyone may read a token: it holds the call's ids, owner, tool, expiry and attempt, no
+    secret."""
+    token = CompletionTokens(COMPLETION_SECRET).issue(KEY, owner="o", tool_name="report", attempt=1)
     ok, payload = URLSafeTimedSerializer("x" * 16, salt=TOKEN_SALT).loads_unsafe(token)
     assert ok is False  # readable without the secret, but not verifiable
-    assert set(payload) == {"s", "t", "c", "o", "n", "x"}
+    assert set(payload) == {"s", "t", "c", "o", "n", "x", "a"}
     assert COMPLETION_SECRET not in token
 
 
 def test_an_altered_token_is_refused_as_invalid_not_expired() -> None:
     """Changing any one character of the payload or signature is refused as invalid."""
     tokens = CompletionTokens(COMPLETION_SECRET)
-    token = tokens.issue(KEY, owner="o", tool_name="report")
+    token = tokens.issue(KEY, owner="o", tool_name="report", attempt=1)
     # Not the very last character: it also carries base64 padding bits, and a change there
     # can decode to the same signature bytes (the token is then, correctly, still valid).
     for index in (0, len(token) // 2, len(token) - 3):
@@ -102,7 +103,7 @@ def test_a_foreign_token_is_refused() -> None:
     """Signed with another secret, or by itsdangerous with the same secret for another
     purpose (other salt), a token is refused."""
     ours = CompletionTokens(COMPLETION_SECRET)
-    foreign = CompletionTokens(OTHER_SECRET).issue(KEY, owner="o", tool_name="report")
+    foreign = CompletionTokens(OTHER_SECRET).issue(KEY, owner="o", tool_name="report", attempt=1)
     with pytest.raises(CompletionTokenError):
         ours.verify(foreign)
     other_use = URLSafeTimedSerializer(COMPLETION_SECRET).dumps(
@@ -125,13 +126,15 @@ def test_tokens_expire_at_their_deadline_and_at_max_age() -> None:
     distinct CompletionTokenExpiredError."""
     clock = FakeClock()
     tokens = CompletionTokens(COMPLETION_SECRET, max_age=100, clock=clock)
-    token = tokens.issue(KEY, owner="o", tool_name="report", expires_at=clock.now + 60)
+    token = tokens.issue(KEY, owner="o", tool_name="report", attempt=1, expires_at=clock.now + 60)
     clock.now += 59
     assert tokens.verify(token).key == KEY
     clock.now += 2
     with pytest.raises(CompletionTokenExpiredError):
         tokens.verify(token)
-    capped = tokens.issue(KEY, owner="o", tool_name="report", expires_at=clock.now + 10_000)
+    capped = tokens.issue(
+        KEY, owner="o", tool_name="report", attempt=1, expires_at=clock.now + 10_000
+    )
     clock.now += 101
     with pytest.raises(CompletionTokenExpiredError):
         tokens.verify(capped)
@@ -142,7 +145,7 @@ def test_a_token_from_a_replica_whose_clock_runs_ahead_is_accepted() -> None:
     would call a token "from the future" expired)."""
     ahead = CompletionTokens(COMPLETION_SECRET, clock=lambda: 1_000_010.0)
     behind = CompletionTokens(COMPLETION_SECRET, clock=lambda: 1_000_000.0)
-    token = ahead.issue(KEY, owner="o", tool_name="report", expires_at=1_000_100.0)
+    token = ahead.issue(KEY, owner="o", tool_name="report", attempt=1, expires_at=1_000_100.0)
     assert behind.verify(token).key == KEY
 
 
@@ -150,10 +153,10 @@ def test_secret_rotation_verifies_old_and_new_and_signs_with_the_newest() -> Non
     """With "old new" configured, tokens signed by either verify; new tokens use the new
     secret, so they keep verifying once the old one is dropped."""
     old_secret, new_secret = "old-secret-0123456789abcdef", "new-secret-0123456789abcdef"
-    before = CompletionTokens(old_secret).issue(KEY, owner="o", tool_name="report")
+    before = CompletionTokens(old_secret).issue(KEY, owner="o", tool_name="report", attempt=1)
     during = CompletionTokens(f"{old_secret} {new_secret}")
     assert during.verify(before).key == KEY
-    issued = during.issue(KEY, owner="o", tool_name="report")
+    issued = during.issue(KEY, owner="o", tool_name="report", attempt=1)
     assert CompletionTokens([new_secret]).verify(issued).key == KEY
     with pytest.raises(CompletionTokenError):
         CompletionTokens(old_secret).verify(issued)
@@ -162,9 +165,9 @@ def test_secret_rotation_verifies_old_and_new_and_signs_with_the_newest() -> Non
 def test_a_token_is_bound_to_its_namespace_and_mount() -> None:
     """A token verifies at any instance with the same secret, namespace and mount (another
     replica, the CLI); a different namespace or mount refuses it as not authentic, even
-    with the same secret. Without either, the salt is the unbound one of older tokens."""
+    with the same secret."""
     mine = CompletionTokens(COMPLETION_SECRET, namespace="proj_a", mount="/openai/a")
-    token = mine.issue(KEY, owner="o", tool_name="report")
+    token = mine.issue(KEY, owner="o", tool_name="report", attempt=1)
     replica = CompletionTokens(COMPLETION_SECRET, namespace="proj_a", mount="/openai/a")
     assert replica.verify(token).key == KEY
     for other in (
@@ -177,9 +180,26 @@ def test_a_token_is_bound_to_its_namespace_and_mount() -> None:
         with pytest.raises(CompletionTokenError) as caught:
             other.verify(token)
         assert not isinstance(caught.value, CompletionTokenExpiredError)
-    unbound = URLSafeTimedSerializer(COMPLETION_SECRET, salt=TOKEN_SALT)
-    old = unbound.dumps({"s": "sess_1", "t": "turn_1", "c": "call_1", "o": "o", "n": "r", "x": 9e9})
-    assert CompletionTokens(COMPLETION_SECRET).verify(old).key == KEY
+
+
+def test_a_token_names_its_attempt_and_its_app_or_is_refused() -> None:
+    """Every token is signed with its claim's attempt and bound to its app (namespace and
+    mount, both empty here): a payload without the attempt, or signed with the bare salt,
+    is refused as not authentic."""
+    payload = {"s": "sess_1", "t": "turn_1", "c": "call_1", "o": "o", "n": "r", "x": 9e9}
+    tokens = CompletionTokens(COMPLETION_SECRET)
+    claims = tokens.verify(tokens.issue(KEY, owner="o", tool_name="r", attempt=3))
+    assert claims.attempt == 3
+    bound = URLSafeTimedSerializer(COMPLETION_SECRET, salt=TOKEN_SALT + ':["", ""]')
+    assert tokens.verify(bound.dumps({**payload, "a": 1})).attempt == 1
+    for token in (
+        bound.dumps(payload),
+        bound.dumps({**payload, "a": True}),
+        URLSafeTimedSerializer(COMPLETION_SECRET, salt=TOKEN_SALT).dumps({**payload, "a": 1}),
+    ):
+        with pytest.raises(CompletionTokenError) as caught:
+            tokens.verify(token)
+        assert not isinstance(caught.value, CompletionTokenExpiredError)
 
 
 @pytest.mark.parametrize(
@@ -454,7 +474,9 @@ async def test_forged_altered_and_expired_tokens_change_nothing() -> None:
         job = await next_job(jobs)
         owner = stack.app.dispatcher.owner
         key = CallKey(sid, job.turn_id, job.call_id)
-        forged = CompletionTokens(OTHER_SECRET).issue(key, owner=owner, tool_name=job.tool_name)
+        forged = CompletionTokens(OTHER_SECRET).issue(
+            key, owner=owner, tool_name=job.tool_name, attempt=job.attempt
+        )
         altered = job.completion_token[:-3] + (
             "AAA" if job.completion_token[-3:] != "AAA" else "BBB"
         )
@@ -463,7 +485,7 @@ async def test_forged_altered_and_expired_tokens_change_nothing() -> None:
             namespace=stack.app.store.namespace,
             mount=mount_of(COMPLETE_URL.removesuffix("/calls/complete")),
             clock=lambda: 1000.0,
-        ).issue(key, owner=owner, tool_name=job.tool_name, expires_at=1060.0)
+        ).issue(key, owner=owner, tool_name=job.tool_name, attempt=job.attempt, expires_at=1060.0)
         body = json.dumps({"success": True, "output": "forged"})
         answers = {}
         for name, headers in {
@@ -601,6 +623,7 @@ async def test_a_job_past_its_deadline_fails_the_call_without_requeueing() -> No
             CallKey(sid, job.turn_id, job.call_id),
             owner=stack.app.dispatcher.owner,
             tool_name=job.tool_name,
+            attempt=job.attempt,
         )
         late = await complete_call(
             COMPLETE_URL, long_lived, success=True, output="late", http_client=stack.webhook_http

@@ -1,6 +1,6 @@
 """The call state machine's table (agentfn_asgi.states): consistent with itself and with the
-states it names. The stores are held to it in tests/store/test_state_table.py and by the
-generated histories."""
+states it names. The stores are held to it by the generated histories
+(tests/store/test_histories.py); what they run is rendered from it (tests/store/test_compile.py)."""
 
 from __future__ import annotations
 

@@ -90,18 +90,6 @@ logger = logging.getLogger("agentfn_asgi.dispatch.execution")
 CompletionStatus = Literal["accepted", "duplicate", "conflict", "stale", "unknown_tool"]
 
 
-def _claim_options(limit: Limit | None, *, resolves: bool) -> dict[str, Any]:
-    """``claim_call``'s optional arguments, each passed only when used: a store written
-    before flow control (or before claims resolved deliveries) still runs every call that
-    needs neither."""
-    options: dict[str, Any] = {}
-    if limit is not None:
-        options["limit"] = limit
-    if resolves:
-        options["resolves_delivery"] = True
-    return options
-
-
 class JobHandoff(Protocol):
     """Hands a validated call of an ``enqueue=`` tool to its queue (see
     :mod:`agentfn_asgi.jobs`, which implements it for the app)."""
@@ -312,7 +300,8 @@ class Executor:
                     lease_seconds=self._settings.lease_seconds,
                     delivery_id=delivery_id,
                     margin=self._settings.fence_margin,
-                    **_claim_options(limit, resolves=resolves),
+                    limit=limit,
+                    resolves_delivery=resolves,
                 )
             except Exception as exc:
                 if claimed is None:
@@ -877,15 +866,14 @@ class Executor:
         key: CallKey,
         *,
         owner: str,
-        attempt: int | None,
+        attempt: int,
         tool: FunctionTool | None,
         tool_name: str,
         success: bool,
         output: Any = None,
         error: str | None = None,
     ) -> tuple[CompletionStatus, CallRecord | None]:
-        """Save a worker's result for ``key``, handed off by ``owner`` in ``attempt`` (None:
-        whichever attempt ``owner`` holds, for tokens issued before attempts were signed).
+        """Save a worker's result for ``key``, handed off by ``owner`` in ``attempt``.
 
         Returns the status and the record to submit now, if any. ``accepted``: saved now.
         ``duplicate``: this same result was already saved. ``conflict``: another one was
@@ -910,7 +898,7 @@ class Executor:
             record = await self._store.save_result(
                 key,
                 owner=owner,
-                attempt=record.attempt if attempt is None else attempt,
+                attempt=attempt,
                 result=result,
             )
             crash_point("after_save", tool_name)

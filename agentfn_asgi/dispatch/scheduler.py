@@ -509,11 +509,11 @@ class Dispatcher:
         key: CallKey,
         *,
         owner: str,
+        attempt: int,
         tool_name: str,
         success: bool,
         output: Any = None,
         error: str | None = None,
-        attempt: int | None = None,
     ) -> CompletionStatus:
         """Save and submit a worker's result for ``key`` (see :meth:`Executor.complete`)."""
         status, record = await self._executor.complete(

@@ -6,8 +6,8 @@ module's docstring. Every script of a store's work is :data:`_PRELUDE` (shared h
 plus its own body; ``ARGV[1]`` is always the key prefix of the store's namespace
 (``{p}n:{h(namespace)}:``), every key the script touches is built on it, so no script can
 reach another namespace's keys; every time value is passed in from the caller's clock,
-never read from Redis' ``TIME``. :data:`LAYOUT` and the ``MIGRATE_*`` scripts, which run
-at open before any work, take the bare key prefix instead.
+never read from Redis' ``TIME``. The key layout's version and its steps are in
+:mod:`agentfn_asgi.store._redis_layout`.
 
 Three rules the helpers keep:
 
@@ -38,13 +38,8 @@ __all__ = [
     "EXPIRED_CLAIMS",
     "FIND_APPROVAL",
     "GET_CALL",
-    "LAYOUT",
     "LIST_CALLS",
     "LIST_DELIVERIES",
-    "MIGRATED",
-    "MIGRATE_CALLS",
-    "MIGRATE_DELIVERIES",
-    "MIGRATE_INDEXES",
     "PRUNE_CALLS",
     "PRUNE_DELIVERIES",
     "RECORD_DELIVERY",
@@ -54,9 +49,6 @@ __all__ = [
     "UNSUBMITTED",
     "WAITING_APPROVALS",
 ]
-
-#: Bump when the key layout changes; :data:`LAYOUT` refuses data of another layout.
-LAYOUT_VERSION = 3
 
 #: The history's bounds, from :mod:`agentfn_asgi.records` (the rule every store keeps).
 _HISTORY = f"""
@@ -77,7 +69,7 @@ _STATE_SETS = (
 _PRELUDE = (
     _HISTORY
     + """
--- N: the namespace's prefix, I: its indexes' (the migration moves them per record).
+-- N: the namespace's prefix, I: its indexes'.
 local N = ARGV[1]
 local I = N .. 'i:'
 local function h(text) return redis.sha1hex(text) end
@@ -225,179 +217,6 @@ def _script(body: str) -> str:
     # Every script may ask the state table's rows (may_<row>, rendered by store/_compile.py).
     return _PRELUDE + LUA_GUARDS + LUA_WRITE + body
 
-
-# -- layout --------------------------------------------------------------------------------
-
-# Guarantees: data of another key layout under this prefix is refused, never misread.
-# ARGV: the bare key prefix P, this layout version. Returns the version found ('' when the
-# prefix was empty, and it is now marked with ours; 'old' for the first layout, which had no
-# marker; '2' for layout 2, which the store migrates).
-LAYOUT = """
-local P = ARGV[1]
-local found = redis.call('GET', P .. 'layout')
-if found then return found end
-if redis.call('EXISTS', P .. 'i:deliveries', P .. 'i:pending', P .. 'i:claimed') > 0 then
-  return 'old'
-end
-redis.call('SET', P .. 'layout', ARGV[2])
-return ''
-"""
-
-# -- migration from layout 2 ---------------------------------------------------------------
-# Layout 2 kept records, histories and the session and call-id sets outside the namespaces
-# ({p}c:, {p}h:, {p}d:, {p}s:, {p}k:), the namespace a field of each hash, and its indexes
-# at {p}n:{h(namespace)}:{name}. The scripts below move one batch each, all or nothing; what
-# another replica (opening at the same time) already moved is skipped and an existing
-# layout-3 key is never overwritten, so running a batch twice, or two replicas at once,
-# changes nothing more.
-
-#: The indexes of a namespace (layout 3 keeps them at ``{n}i:{name}``).
-INDEXES = (
-    "deliveries",
-    "unresolved",
-    "deliveries_due",
-    "failing",
-    "calls",
-    *(f"state:{state.value}" for state in CallState),
-    "lease",
-    "due",
-    "finished",
-    "submitted_failed",
-    "waiting",
-    "approved",
-)
-
-#: What a layout-2 index key holds after the upgrade: a string, so that a replica of the
-#: earlier release still running fails on its next step (WRONGTYPE) instead of writing
-#: records that no replica of this release would ever see.
-STOPPED = (
-    "agentfn-asgi: this key prefix holds key layout 3; replicas of an earlier release "
-    "must be stopped"
-)
-
-# Guarantees: each layout-2 index of the namespaces (hashed names) is moved to its layout-3
-# key, and its old key becomes STOPPED, in one step. ARGV: P, then hashed namespaces.
-MIGRATE_INDEXES = (
-    "local NAMES = {"
-    + ", ".join(f"'{name}'" for name in INDEXES)
-    + "}\n"
-    + f"local STOPPED = '{STOPPED}'\n"
-    + """
-local P = ARGV[1]
-for i = 2, #ARGV do
-  local space = P .. 'n:' .. ARGV[i] .. ':'
-  for _, name in ipairs(NAMES) do
-    local old, new = space .. name, space .. 'i:' .. name
-    if redis.call('TYPE', old).ok == 'zset' then
-      -- The layout-3 index is the authority once it exists: records still to move are
-      -- indexed again as they move.
-      if redis.call('EXISTS', new) == 0 then
-        redis.call('RENAME', old, new)
-      else
-        redis.call('DEL', old)
-      end
-    end
-    if redis.call('EXISTS', old) == 0 then redis.call('SET', old, STOPPED) end
-  end
-end
-return #ARGV - 1
-"""
-)
-
-# The migration scripts' own helpers, after the prelude: ``enter`` points the prelude's N
-# and I (its key and index prefixes) at a record's namespace.
-_MIGRATE = """
-local P = ARGV[1]
-local function enter(ns)
-  N = P .. 'n:' .. h(ns or '') .. ':'
-  I = N .. 'i:'
-end
-"""
-
-# Guarantees: each layout-2 call of the batch moves, with its history, into the namespace
-# written in it, and is indexed there; the history is bounded like every layout-3 history
-# (first and last events kept, the rest counted in history_dropped); the namespace's
-# session and call-id sets gain its member. ARGV: P, then the calls' hashed members (the
-# part after {p}c:). Returns how many moved.
-MIGRATE_CALLS = _script(
-    _MIGRATE
-    + r"""
-local function esc(id) return (string.gsub(id, '%z', '\0\1')) end
--- Every check first, then every write: a batch refused is refused before it changed anything.
-local calls = {}
-for i = 2, #ARGV do
-  local hashed = ARGV[i]
-  local f = redis.call('HMGET', P .. 'c:' .. hashed, 'namespace', 'session_id', 'turn_id',
-                       'call_id')
-  if f[2] then
-    local member = esc(f[2]) .. '\0\0' .. esc(f[3]) .. '\0\0' .. esc(f[4])
-    if h(member) ~= hashed then
-      return redis.error_reply('layout 2 call ' .. hashed .. ' does not match its ids')
-    end
-    table.insert(calls, {hashed, member, f[1], f[2], f[4]})
-  end
-end
-local moved = 0
-for _, c in ipairs(calls) do
-  local hashed, member = c[1], c[2]
-  enter(c[3])
-  local key, history = call_key(member), history_key(member)
-  if redis.call('EXISTS', key) == 0 then
-    redis.call('RENAME', P .. 'c:' .. hashed, key)
-    if redis.call('EXISTS', P .. 'h:' .. hashed) == 1 then
-      redis.call('RENAME', P .. 'h:' .. hashed, history)
-    end
-    local length = redis.call('LLEN', history)
-    if length > HISTORY_HEAD + HISTORY_TAIL then
-      local head = redis.call('LRANGE', history, 0, HISTORY_HEAD - 1)
-      redis.call('LTRIM', history, -HISTORY_TAIL, -1)
-      for j = #head, 1, -1 do redis.call('LPUSH', history, head[j]) end
-      redis.call('HINCRBY', key, 'history_dropped', length - HISTORY_HEAD - HISTORY_TAIL)
-    end
-    redis.call('SADD', N .. 's:' .. h(c[4]), member)
-    redis.call('SADD', N .. 'k:' .. h(c[5]), member)
-    reindex_call(key, member)
-    moved = moved + 1
-  end
-end
-return moved
-"""
-)
-
-# Guarantees: each layout-2 delivery of the batch moves into the namespace written in it,
-# and is indexed there. ARGV: P, then the deliveries' hashed ids (the part after {p}d:).
-# Returns how many moved.
-MIGRATE_DELIVERIES = _script(
-    _MIGRATE
-    + """
-local moved = 0
-for i = 2, #ARGV do
-  local old = P .. 'd:' .. ARGV[i]
-  local f = redis.call('HMGET', old, 'namespace', 'delivery_id')
-  if f[2] then
-    enter(f[1])
-    local new = delivery_key(f[2])
-    if redis.call('EXISTS', new) == 0 then
-      redis.call('RENAME', old, new)
-      reindex_delivery(new, f[2])
-      moved = moved + 1
-    end
-  end
-end
-return moved
-"""
-)
-
-# Guarantees: the layout-2 marker becomes this layout's, once every record has moved (the
-# caller's whole pass is done). ARGV: P, the layout migrated from, this layout. Returns the
-# marker as it now is.
-MIGRATED = """
-local P = ARGV[1]
-if redis.call('GET', P .. 'layout') == ARGV[2] then
-  redis.call('SET', P .. 'layout', ARGV[3])
-end
-return redis.call('GET', P .. 'layout')
-"""
 
 # -- deliveries ----------------------------------------------------------------------------
 

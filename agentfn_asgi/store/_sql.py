@@ -26,11 +26,11 @@ shared fragments (``{key}``, ``{columns}``, and the state predicates ``{claimed}
 indexes use the *same* predicate text on purpose: SQLite uses a partial index only when the
 query repeats the index's condition term for term.
 
-Adding a column: its ``(name, type)`` in :data:`CALL_COLUMNS` (a database made before gets it
-from :func:`schema_changes` on open), the statement that writes it below, its field in
-:class:`~agentfn_asgi.records.CallRecord` and its reading in
-:func:`~agentfn_asgi.store._codec.record_from_mapping`. A data migration goes into
-:data:`UPGRADES` with a bump of :data:`SCHEMA_VERSION`.
+Adding a column: its ``(name, type)`` in :data:`CALL_COLUMNS` (a new database is made with
+it), a step adding it to a database made before (:data:`~agentfn_asgi.store._sql_schema.STEPS`,
+additive: the release before keeps working beside this one), the statement that writes it
+below, its field in :class:`~agentfn_asgi.records.CallRecord` and its reading in
+:func:`~agentfn_asgi.store._codec.record_from_mapping`.
 
 Every record is keyed by its namespace first (``(namespace, session_id, turn_id, call_id)``,
 ``(namespace, delivery_id)``): ``{key}`` and every other condition name ``:namespace``, the

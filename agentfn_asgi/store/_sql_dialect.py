@@ -77,11 +77,6 @@ class Dialect:
     json_object: str  # json_object(k1, v1, ...) in SQLite, json_build_object in PostgreSQL
     strpos: str  # strpos(text, sought): 1-based position, 0 when absent
     newline: str  # a newline character, as an SQL expression
-    #: How the upgrade to schema 4 changes a table's primary key: ``rebuild`` the table
-    #: (SQLite cannot alter a primary key) or swap its ``constraint``.
-    rekey: str
-    #: One column of names: the columns of table ``:table`` (in schema ``:schema``).
-    columns_query: str
     # Rendered statements by template: a dict lookup on the hot path, nothing more.
     _rendered: dict[str, Query] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
@@ -108,8 +103,6 @@ SQLITE: Final = Dialect(
     json_object="json_object",
     strpos="instr",
     newline="char(10)",
-    rekey="rebuild",
-    columns_query="SELECT name FROM pragma_table_info(:table)",
 )
 
 
@@ -133,11 +126,6 @@ def postgres_dialect(schema: str) -> Dialect:
         json_object="json_build_object",
         strpos="strpos",
         newline="chr(10)",
-        rekey="constraint",
-        columns_query=(
-            "SELECT column_name FROM information_schema.columns"
-            " WHERE table_schema = :schema AND table_name = :table"
-        ),
     )
 
 

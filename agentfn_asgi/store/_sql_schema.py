@@ -4,8 +4,8 @@
 1. **Fragments**: the state predicates (``{claimed}``, ``{saved}``…), the key condition,
    the column lists, and :func:`event_sql`, which builds one history event inside a
    statement; :func:`fill` puts them into a statement template.
-2. **Schema**: the tables, their partial indexes, the schema version and the upgrades that
-   bring an older database to it (:func:`schema_changes`).
+2. **Schema**: the tables, their partial indexes, and the steps that bring a database to
+   this schema version (:data:`STEPS`, :func:`schema_changes`).
 
 The statements are in :mod:`agentfn_asgi.store._sql_statements`; the store over them in
 :mod:`agentfn_asgi.store._sql`.
@@ -13,14 +13,19 @@ The statements are in :mod:`agentfn_asgi.store._sql_statements`; the store over 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import CallState, parse_history
-from agentfn_asgi.states import HISTORY_HEAD, HISTORY_TAIL, PRUNABLE, SAVED, TRANSITIONS
+from agentfn_asgi.records import CallState
+from agentfn_asgi.states import PRUNABLE, SAVED
 from agentfn_asgi.store._compile import sql_guard, sql_states
 from agentfn_asgi.store._sql_dialect import WORDS
+from agentfn_asgi.store._versions import (
+    Step,
+    check_readable,
+    readable_after,
+    steps_to_take,
+)
 
 __all__ = [
     "BUCKET_COLUMNS",
@@ -33,17 +38,13 @@ __all__ = [
     "HISTORY_COLUMNS",
     "HOT_COLUMNS",
     "INDEXES",
-    "LONG_HISTORIES",
-    "SCHEMA_VERSION",
-    "SPLIT_HISTORY",
+    "READ_VERSION",
+    "STEPS",
     "TABLES",
-    "UPGRADES",
-    "UPGRADE_PARAMS",
+    "VERSION_TABLE",
     "Row",
-    "check_schema_version",
     "fill",
     "schema_changes",
-    "split_history",
 ]
 
 #: One result row, by position (an ``sqlite3`` tuple or an ``asyncpg.Record``).
@@ -54,17 +55,6 @@ Row = Sequence[Any]
 
 def _state_in(*states: CallState) -> str:
     return sql_states(frozenset(states))
-
-
-def _guards() -> dict[str, str]:
-    """``{may_<row>}``: each row of the state table's condition, rendered from the table
-    (:mod:`agentfn_asgi.store._guards`); the upsert's take-over and retried claim see the
-    existing row as ``c.`` and the claimant as ``excluded.owner``."""
-    guards = {f"may_{name}": sql_guard(name) for name in TRANSITIONS if name != "claim"}
-    guards["may_mark_stale_unchanged"] = sql_guard("mark_stale", optional=True)
-    guards["may_take_over_upsert"] = sql_guard("take_over", alias="c.")
-    guards["may_reclaim_upsert"] = sql_guard("reclaim", alias="c.", owner="excluded.owner")
-    return guards
 
 
 #: What ``{name}`` stands for in the statements below, in both dialects. The state sets are
@@ -84,7 +74,8 @@ FRAGMENTS: Final[Mapping[str, str]] = {
     "count_by_state": ", ".join(
         f"count(*) FILTER (WHERE {_state_in(state)})" for state in CallState
     ),
-    **_guards(),
+    # The sweep finds the calls whose retry came due by the retry row's own guard.
+    "due": sql_guard("retry"),
 }
 
 
@@ -97,10 +88,6 @@ def fill(template: str) -> str:
 
 
 # -- 2. schema -----------------------------------------------------------------------------
-
-#: Bump with an entry in UPGRADES. SQLite keeps it in ``PRAGMA user_version``, PostgreSQL in
-#: the ``schema_version`` table of the store's schema.
-SCHEMA_VERSION: Final = 6
 
 DELIVERY_COLUMNS: Final = (
     ("delivery_id", "{text} NOT NULL"),
@@ -144,12 +131,12 @@ CALL_COLUMNS: Final = (
     ("next_attempt_at", "{real} NOT NULL DEFAULT 0"),
     ("failures", "{integer} NOT NULL DEFAULT 0"),
     ("namespace", "{text} NOT NULL DEFAULT ''"),
-    # the call's approval request (schema 5): its id, to find it, and the whole request as
-    # JSON (ApprovalRequest.to_json), decided or not; NULL for calls that never asked
+    # the call's approval request: its id, to find it, and the whole request as JSON
+    # (ApprovalRequest.to_json), decided or not; NULL for calls that never asked
     ("approval_id", "{text}"),
     ("approval", "{text}"),
-    # flow control (schema 6): the limiter whose slot the call holds (claimed) or waits for
-    # (waiting), kept when it moves on; NULL for calls that never asked for a slot
+    # flow control: the limiter whose slot the call holds (claimed) or waits for (waiting),
+    # kept when it moves on; NULL for calls that never asked for a slot
     ("limiter", "{text}"),
     # the bounded history (see append_sql): the first events, the last ones, how many in all
     ("history", "{text}"),
@@ -166,8 +153,8 @@ REVOKED_TOKEN_COLUMNS: Final = (
     ("token_id", "{text} NOT NULL"),
     ("expires_at", "{real} NOT NULL"),
 )
-#: Flow control (schema 6): each rated limiter's token bucket, as it was when a call last
-#: spent a token (its tokens then, and when); refilled by the clock on reading
+#: Flow control: each rated limiter's token bucket, as it was when a call last spent a
+#: token (its tokens then, and when); refilled by the clock on reading
 #: (:func:`~agentfn_asgi.states.bucket_tokens`). A limiter without a row has a full bucket.
 BUCKET_COLUMNS: Final = (
     ("namespace", "{text} NOT NULL"),
@@ -178,7 +165,7 @@ BUCKET_COLUMNS: Final = (
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
 DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 
-#: table -> (columns, primary key). The namespace leads every key (schema 4).
+#: table -> (columns, primary key). The namespace leads every key.
 TABLES: Final = {
     "deliveries": (DELIVERY_COLUMNS, ("namespace", "delivery_id")),
     "calls": (CALL_COLUMNS, ("namespace", "session_id", "turn_id", "call_id")),
@@ -221,151 +208,41 @@ INDEXES: Final = (
     " ON {p}calls (namespace, lease_expires_at) WHERE {waiting}",
 )
 
-#: version -> what brings the data of the version before to it, run once, after the tables
-#: got their missing columns and before the indexes above are made. Each statement must also
-#: be harmless on a database that never had the old shape (a PostgreSQL schema made before
-#: versions were recorded counts as version 0 and runs every upgrade). ``:namespace`` is the
-#: namespace of the store that opens (and so upgrades) the database.
-UPGRADES: Final[Mapping[int, tuple[str, ...]]] = {
-    # SQLite files of version 1 kept a quarantine's reason in error_type (a quarantined call
-    # has no result), and had other indexes. PostgreSQL always had the column, and an index
-    # for a stats query that is now one scan.
-    2: (
-        "UPDATE {p}calls SET quarantine_reason = coalesce(quarantine_reason, error_type),"
-        " error_type = NULL WHERE state = 'quarantined' AND error_type IS NOT NULL",
-        "DROP INDEX IF EXISTS {p}deliveries_resolved_received",
-        "DROP INDEX IF EXISTS {p}calls_state_lease",
-        "DROP INDEX IF EXISTS {p}calls_state_updated",
-        "DROP INDEX IF EXISTS {p}calls_pending",
-    ),
-    # Version 3 added retry backoff (due now), namespaces, history (none before) and
-    # indexes in the sweep's order; quarantined calls are no longer pruned. Rows written
-    # before namespaces existed are adopted by the namespace of the app that upgrades the
-    # database (the rows of one app, whose namespace is now that app's OPENAI_PROJECT_ID or
-    # AGENTFN_STORE_NAMESPACE): its sweep, listings and operators keep finding them.
-    3: (
-        "UPDATE {p}deliveries SET next_attempt_at = received_at WHERE next_attempt_at = 0",
-        "UPDATE {p}calls SET next_attempt_at = updated_at WHERE next_attempt_at = 0",
-        "UPDATE {p}deliveries SET namespace = :namespace",
-        "UPDATE {p}calls SET namespace = :namespace",
-        "DROP INDEX IF EXISTS {p}deliveries_unresolved",
-        "DROP INDEX IF EXISTS {p}calls_unsubmitted",
-        "DROP INDEX IF EXISTS {p}calls_terminal",
-    ),
-    # Version 4 keys every record by its namespace (the primary keys change after these;
-    # see schema_changes), leads three indexes with it, and bounds the history: the events
-    # written so far are counted (each starts with '{"at"', which JSON text cannot hold
-    # inside a string), and longer ones split by split_history once the statements ran.
-    4: (
-        "DROP INDEX IF EXISTS {p}deliveries_received",
-        "DROP INDEX IF EXISTS {p}calls_claimed",
-        "DROP INDEX IF EXISTS {p}calls_finished",
-        "UPDATE {p}calls SET history_count = (length(history)"
-        " - length(replace(history, CAST(:event_start AS {text}), '')))"
-        " / length(CAST(:event_start AS {text})) WHERE history IS NOT NULL",
-    ),
-    # Version 5 holds calls for a person's approval: two new columns (added above, NULL for
-    # every existing call, which never asked) and three partial indexes (made below). The
-    # "oldest pending" statistic now counts the two new pending states; no row changes.
-    5: (),
-    # Version 6 adds flow control: the limiter column (NULL for every existing call: none
-    # holds or waits for a slot), the buckets table (made above, empty: full buckets) and
-    # two partial indexes (made below); no row changes.
-    6: (),
-}
 
-#: The named parameters of the upgrade statements, but ``namespace``.
-UPGRADE_PARAMS: Final[Mapping[str, object]] = {"event_start": '{"at"'}
-
-#: Histories an upgrade from a version before 4 splits (see :func:`split_history`).
-LONG_HISTORIES: Final = fill(
-    "SELECT namespace, session_id, turn_id, call_id, history FROM {p}calls"
-    f" WHERE history_count > {HISTORY_HEAD}"
-)
-SPLIT_HISTORY: Final = fill(
-    "UPDATE {p}calls SET history = :head, history_tail = :tail, history_count = :count WHERE {key}"
-)
-
-
-def split_history(text: str | None) -> dict[str, object]:
-    """The parameters of :data:`SPLIT_HISTORY` for one history of the old, unbounded shape:
-    its first :data:`HISTORY_HEAD` events, its last :data:`HISTORY_TAIL` after them (one per
-    line), and how many it had."""
-    events = parse_history(text)
-    tail = events[HISTORY_HEAD:][-HISTORY_TAIL:]
-    return {
-        "head": "".join(event.to_json() for event in events[:HISTORY_HEAD]),
-        "tail": "".join(event.to_json() + "\n" for event in tail) or None,
-        "count": len(events),
-    }
-
-
-def check_schema_version(version: int, where: str) -> None:
-    """Refuse a database written by a newer agentfn-asgi instead of misreading it."""
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{where} has schema version {version}; this agentfn-asgi understands up to "
-            f"{SCHEMA_VERSION}: upgrade the package"
-        )
-
-
-def _create_table(table: str, name: str | None = None) -> str:
+def _create_table(table: str) -> str:
     columns, key = TABLES[table]
     body = [f"{column} {definition}" for column, definition in columns]
     body.append(f"CONSTRAINT {table}_pkey PRIMARY KEY ({', '.join(key)})")
-    return f"CREATE TABLE IF NOT EXISTS {{p}}{name or table} ({', '.join(body)})"
+    return f"CREATE TABLE IF NOT EXISTS {{p}}{table} ({', '.join(body)})"
 
 
-def _rekey(table: str, how: str) -> list[str]:
-    """Give an existing ``table`` the primary key of schema 4: ``rebuild`` it (SQLite cannot
-    change a primary key: a copy under the new one replaces it; its indexes go with the old
-    table and are made again after) or swap the ``constraint`` (PostgreSQL)."""
-    columns = ", ".join(column for column, _ in TABLES[table][0])
-    if how == "rebuild":
-        return [
-            _create_table(table, f"{table}_v4"),
-            f"INSERT INTO {{p}}{table}_v4 ({columns}) SELECT {columns} FROM {{p}}{table}",
-            f"DROP TABLE {{p}}{table}",
-            f"ALTER TABLE {{p}}{table}_v4 RENAME TO {table}",
-        ]
-    key = ", ".join(TABLES[table][1])
+#: The schema's steps, oldest first (see :mod:`agentfn_asgi.store._versions`): the first
+#: makes a new database with the newest tables and indexes (:data:`TABLES`, :data:`INDEXES`).
+STEPS: Final = (Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),)
+
+#: Where a database keeps its version (one row), and how it is read.
+VERSION_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS {p}schema_version"
+    " (version {integer} NOT NULL, readable_from {integer} NOT NULL)"
+)
+READ_VERSION: Final = "SELECT version, readable_from FROM {p}schema_version"
+
+
+def schema_changes(found: Row | None, where: str) -> list[str]:
+    """The statements that bring a database whose version row is ``found`` (None: a new
+    database) to the last of :data:`STEPS`, recording its version last; none when it is
+    there or ahead. Run them in one transaction, after :data:`VERSION_TABLE` and
+    :data:`READ_VERSION`, with no other opener at work. Raises :class:`StoreError` when the
+    database is of a version this code cannot work on."""
+    steps = STEPS
+    version, readable_from = (int(found[0]), int(found[1])) if found else (0, 0)
+    check_readable(where, version=version, readable_from=readable_from, steps=len(steps))
+    if version >= len(steps):
+        return []
+    readable = readable_after(steps, version, readable_from)
     return [
-        f"ALTER TABLE {{p}}{table} DROP CONSTRAINT {table}_pkey",
-        f"ALTER TABLE {{p}}{table} ADD CONSTRAINT {table}_pkey PRIMARY KEY ({key})",
+        *(fill(change) for step in steps_to_take(steps, version) for change in step.change),
+        "DELETE FROM {p}schema_version",
+        "INSERT INTO {p}schema_version (version, readable_from)"
+        f" VALUES ({len(steps)}, {readable})",
     ]
-
-
-def schema_changes(
-    version: int, existing: Mapping[str, Collection[str]], *, rekey: str
-) -> list[str]:
-    """The statements that bring a database at ``version`` to :data:`SCHEMA_VERSION`.
-
-    ``existing`` maps each table name to the columns it has now (none: it does not exist);
-    ``rekey`` is the dialect's way of changing a primary key (``rebuild`` or ``constraint``).
-    Missing tables are created, missing columns added (new columns are nullable or have a
-    default), then the data upgrades, the new primary keys of tables older than version 4
-    and the indexes follow (an upgrade may drop an index that is recreated under the same
-    name). Run them in one transaction, with ``:namespace`` (the opener's) and
-    :data:`UPGRADE_PARAMS`; then, from a version before 4, :data:`LONG_HISTORIES` each
-    through :func:`split_history` into :data:`SPLIT_HISTORY`.
-    """
-    changes: list[str] = []
-    for table, (columns, _) in TABLES.items():
-        have = existing.get(table) or ()
-        if not have:
-            changes.append(_create_table(table))
-            continue
-        changes += [
-            f"ALTER TABLE {{p}}{table} ADD COLUMN {name} {definition}"
-            for name, definition in columns
-            if name not in have
-        ]
-    for target in range(version + 1, SCHEMA_VERSION + 1):
-        changes += UPGRADES.get(target, ())
-    if version < 4:
-        # Only the tables keyed before version 4 change keys; a newer table is made right.
-        for table in ("deliveries", "calls"):
-            if existing.get(table):
-                changes += _rekey(table, rekey)
-    changes += INDEXES
-    return [fill(change) for change in changes]

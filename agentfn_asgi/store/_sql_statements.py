@@ -161,7 +161,7 @@ SPEND_TOKEN: Final = fill("""
 
 DUE_RETRIES: Final = fill("""
     SELECT {columns} FROM {p}calls
-    WHERE namespace = :namespace AND {may_retry}
+    WHERE namespace = :namespace AND {due}
     ORDER BY lease_expires_at LIMIT :limit""")
 FIND_APPROVAL: Final = fill("""
     SELECT {detail_columns} FROM {p}calls

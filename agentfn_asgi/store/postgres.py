@@ -1,4 +1,3 @@
-# ruff: noqa: S608 - the only interpolated SQL is the schema name, quoted by quote_identifier.
 """PostgreSQL store (``postgresql://`` / ``postgres://``): several replicas sharing one database.
 
 Every step is one statement decided inside PostgreSQL: ``INSERT … ON CONFLICT`` for deliveries
@@ -14,11 +13,10 @@ under a transaction-scoped advisory lock on the schema, namespace and limiter (t
 any row lock, so two such transactions never wait for each other), with the call's row
 held ``FOR UPDATE``.
 
-Tables live in their own schema (``schema="agentfn"``), created or upgraded at
+Tables live in their own schema (``schema="agentfn"``), created or migrated at
 :meth:`PostgresStore.open` under a transaction-level advisory lock so replicas starting
-together do not race on DDL, in one transaction (rows from before namespaces existed are
-adopted by the namespace of the store that upgrades). The schema's version is kept in its
-``schema_version`` table.
+together do not race on DDL, in one transaction. The schema's version is kept in its
+``schema_version`` table (see :mod:`agentfn_asgi.store._versions`).
 
 Time: every timestamp and lease comparison uses the injected ``clock`` (passed as a query
 parameter, never ``now()``), so leases are compared in the callers' time and tests can use a
@@ -36,17 +34,7 @@ from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailable
 from agentfn_asgi.store import redact_url
 from agentfn_asgi.store._sql import SQLStore, Statement, Steps
 from agentfn_asgi.store._sql_dialect import postgres_dialect, quote_identifier
-from agentfn_asgi.store._sql_schema import (
-    LONG_HISTORIES,
-    SCHEMA_VERSION,
-    SPLIT_HISTORY,
-    TABLES,
-    UPGRADE_PARAMS,
-    Row,
-    check_schema_version,
-    schema_changes,
-    split_history,
-)
+from agentfn_asgi.store._sql_schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
 
 try:
     import asyncpg
@@ -182,7 +170,7 @@ class PostgresStore(SQLStore):
                         "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
                         f"agentfn-asgi schema {self._schema}",
                     )
-                    await self._upgrade_schema(conn)
+                    await self._migrate(conn)
                 pool.release(conn)
             except StoreError:
                 raise
@@ -193,44 +181,12 @@ class PostgresStore(SQLStore):
             raise
         return pool
 
-    async def _upgrade_schema(self, conn: asyncpg.Connection[Any]) -> None:
-        # A schema made before versions were recorded reads as version 0.
-        await conn.execute(
-            f"CREATE SCHEMA IF NOT EXISTS {self._s};"
-            f" CREATE TABLE IF NOT EXISTS {self._s}.schema_version (version integer NOT NULL)"
-        )
-        version = await conn.fetchval(
-            f"SELECT coalesce(max(version), 0) FROM {self._s}.schema_version"
-        )
-        check_schema_version(version, f"PostgreSQL schema {self._schema!r}")
-        if version == SCHEMA_VERSION:
-            return
-        columns = self._dialect.render(self._dialect.columns_query)
-        existing: dict[str, list[str]] = {}
-        for table in TABLES:
-            where = {"schema": self._schema, "table": table}
-            existing[table] = [
-                row[0] for row in await conn.fetch(columns.text, *columns.arguments(where))
-            ]
-        # Rows written before namespaces existed are adopted by this store's namespace.
-        params: dict[str, object] = {**UPGRADE_PARAMS, "namespace": self.namespace}
-        for template in schema_changes(version, existing, rekey=self._dialect.rekey):
-            query = self._dialect.render(template)
-            await conn.execute(query.text, *query.arguments(params))
-        if version < 4:
-            split = self._dialect.render(SPLIT_HISTORY)
-            for row in await conn.fetch(self._dialect.render(LONG_HISTORIES).text):
-                *key, history = row
-                names = dict(
-                    zip(("namespace", "session_id", "turn_id", "call_id"), key, strict=True)
-                )
-                await conn.execute(
-                    split.text, *split.arguments({**names, **split_history(history)})
-                )
-        await conn.execute(
-            f"DELETE FROM {self._s}.schema_version;"
-            f" INSERT INTO {self._s}.schema_version VALUES ({SCHEMA_VERSION})"
-        )
+    async def _migrate(self, conn: asyncpg.Connection[Any]) -> None:
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}")
+        await conn.execute(self._dialect.render(VERSION_TABLE).text)
+        found = await conn.fetchrow(self._dialect.render(READ_VERSION).text)
+        for template in schema_changes(found, f"PostgreSQL schema {self._schema!r}"):
+            await conn.execute(self._dialect.render(template).text)
 
     async def _with_conn(
         self, action: str, work: Callable[[asyncpg.Connection[Any]], Awaitable[_T]]

@@ -13,7 +13,7 @@ layout marker lives under its namespace's prefix ``{n}`` = ``{p}n:{h(namespace)}
 a namespace's records, histories, sets and indexes are apart from every other's by
 construction: every script is handed ``{n}`` and builds every key it touches on it::
 
-    {p}layout                    the key layout's version (3; 2 is migrated at open)
+    {p}layout                    hash: the key layout's version (see _redis_layout)
     {n}d:{h(delivery_id)}        hash: one delivery
     {n}c:{h(member)}             hash: one call
     {n}h:{h(member)}             list: the call's history, one CallEvent JSON per entry
@@ -62,16 +62,6 @@ limiters, and a renewal need not touch them. A claim without a limit reads none 
 A store sees and changes only its own namespace's records: the same call key or delivery
 id in two namespaces are two independent records.
 
-Upgrade: data of layout 2 (records outside the namespaces, the namespace a field of each
-hash) is moved into layout 3 when a store first opens it, in batches of one script each
-(:meth:`RedisStore._migrate`); each record keeps the namespace it was written in, and a
-history longer than the bound keeps its first and last events. Replicas may open at once:
-a batch skips what another already moved, and the marker changes only after a whole
-pass. Replicas of the earlier release should be stopped first: a step of one still running
-fails afterwards (each layout-2 index key is left holding a string that says so) instead of
-writing a record no replica of this release would see. The first layout, which had no
-marker, is refused.
-
 Time: scores and record fields come from the injected ``clock``, passed into every script,
 never Redis' own ``TIME``. Nothing expires by TTL but revocations (their entry is compared
 with the clock too, and outlives its ``expires_at`` by a second): :meth:`RedisStore.prune`
@@ -89,7 +79,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -111,6 +101,7 @@ from agentfn_asgi.store._codec import (
     claim_status_for,
     record_from_mapping,
 )
+from agentfn_asgi.store._redis_layout import LAYOUT_KEY, layout_change
 from agentfn_asgi.store._transitions import Transitions, flat_args
 
 try:
@@ -130,8 +121,6 @@ __all__ = ["RedisStore"]
 logger = logging.getLogger(__name__)
 
 _PRUNE_BATCH = 500
-#: Records one migration script moves (one short script each, like prune's batches).
-_MIGRATE_BATCH = 200
 #: How many index entries one list_calls script looks at, so a filter that matches little
 #: never holds Redis for long; the listing continues where the last script stopped.
 _LIST_BUDGET = 500
@@ -358,69 +347,17 @@ class RedisStore(Transitions):
             return await self._batcher.run(self._scripts[script], list(keys), argv, client)
 
     async def _check_layout(self, client: Any) -> None:
+        """Refuse a key prefix of a layout this code cannot work on, and bring it to this
+        layout (:mod:`~agentfn_asgi.store._redis_layout`) when it lags."""
+        where = f"Redis key prefix {self._prefix!r}"
         with _translated("open"):
-            found = await self._scripts["layout"](
-                keys=[], args=[self._prefix, str(scripts.LAYOUT_VERSION)], client=client
-            )
-        if found == "2":
-            found = await self._migrate(client)
-        if found not in ("", str(scripts.LAYOUT_VERSION)):
-            raise StoreError(
-                f"Redis key prefix {self._prefix!r} holds data of another key layout "
-                f"({found!r}; this agentfn-asgi writes layout {scripts.LAYOUT_VERSION}): "
-                "let the old version finish its work, or use a new key_prefix"
-            )
+            while True:
+                found = await client.hmget(self._prefix + LAYOUT_KEY, "version", "readable_from")
+                change = layout_change(found, where)
+                # 0: another replica moved the marker meanwhile; read it again.
+                if change is None or await client.eval(change[0], 0, self._prefix, *change[1]):
+                    break
         self._layout_checked = True
-
-    async def _migrate(self, client: Any) -> str:
-        """Move layout 2's records into their namespaces; the layout marker found after.
-
-        One pass over the prefix's layout-2 keys (SCAN, so Redis serves others between
-        pages), each page moved by short scripts of :data:`_MIGRATE_BATCH` records. First
-        the indexes of every namespace found, whose old keys become strings that stop a
-        replica of the earlier release still running (its next step fails instead of
-        writing where no replica of this release looks); then the calls and deliveries,
-        each indexed again as it moves. The session and call-id sets of layout 2 are
-        rebuilt per namespace from the records, so the old ones are deleted. The marker
-        becomes 3 only after the whole pass; a replica opening meanwhile does the same
-        pass, and the scripts skip what is already moved.
-        """
-        prefix = self._prefix
-        with _translated("migrate"):
-            spaces: set[str] = set()
-            async for page in self._scan(client, "n:*"):
-                # {p}n:{40 hex}:... — the namespace's hashed name.
-                spaces.update(key[len(prefix) + 2 : len(prefix) + 42] for key in page)
-            ordered = sorted(spaces)
-            for at in range(0, len(ordered), _MIGRATE_BATCH):
-                batch = ordered[at : at + _MIGRATE_BATCH]
-                await self._scripts["migrate_indexes"](
-                    keys=[], args=[prefix, *batch], client=client
-                )
-            for kind, script in (("c", "migrate_calls"), ("d", "migrate_deliveries")):
-                start = len(prefix) + len(kind) + 1
-                async for page in self._scan(client, f"{kind}:*"):
-                    for at in range(0, len(page), _MIGRATE_BATCH):
-                        hashed = [key[start:] for key in page[at : at + _MIGRATE_BATCH]]
-                        await self._scripts[script](keys=[], args=[prefix, *hashed], client=client)
-            for kind in ("s", "k"):
-                async for page in self._scan(client, f"{kind}:*"):
-                    await client.unlink(*page)
-            found = await self._scripts["migrated"](
-                keys=[], args=[prefix, "2", str(scripts.LAYOUT_VERSION)], client=client
-            )
-        return str(found)
-
-    async def _scan(self, client: Any, pattern: str) -> AsyncIterator[list[str]]:
-        """Pages of the keys under the prefix matching ``pattern`` (a glob after it)."""
-        page: list[str] = []
-        async for key in client.scan_iter(match=_escape_glob(self._prefix) + pattern, count=500):
-            page.append(key)
-            if len(page) >= 500:
-                yield page
-                page = []
-        if page:
-            yield page
 
     async def _calls(
         self, script: str, keys: Sequence[str], *args: object, history: bool = False

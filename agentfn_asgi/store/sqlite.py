@@ -20,9 +20,9 @@ an operating-system crash or power loss may lose the last transactions before th
 checkpoint. Pass ``synchronous="FULL"`` (or ``?synchronous=FULL`` in the URL) to fsync on
 every commit at a throughput cost.
 
-Lifecycle. The connection is opened, and the schema created or upgraded from an older
-version (in one transaction; rows from before namespaces existed are adopted by this
-store's namespace), by :meth:`SQLiteStore.open`, or automatically by the first operation. After
+Lifecycle. The connection is opened, and the schema created or brought to this release's
+version (in one transaction, see :mod:`agentfn_asgi.store._versions`), by
+:meth:`SQLiteStore.open`, or automatically by the first operation. After
 :meth:`SQLiteStore.close` operations raise :class:`StoreUnavailableError` until ``open()``
 is called again.
 """
@@ -42,17 +42,7 @@ from typing import Any, Final, TypeVar
 from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
 from agentfn_asgi.store._sql import SQLStore, Statement, Steps, run_steps
 from agentfn_asgi.store._sql_dialect import SQLITE
-from agentfn_asgi.store._sql_schema import (
-    LONG_HISTORIES,
-    SCHEMA_VERSION,
-    SPLIT_HISTORY,
-    TABLES,
-    UPGRADE_PARAMS,
-    Row,
-    check_schema_version,
-    schema_changes,
-    split_history,
-)
+from agentfn_asgi.store._sql_schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
 from agentfn_asgi.store._sqlite_writer import STOP, Writer
 
 __all__ = ["SQLiteStore"]
@@ -62,10 +52,8 @@ T = TypeVar("T")
 _SYNCHRONOUS_MODES: Final = frozenset({"NORMAL", "FULL", "EXTRA"})
 
 
-def _connect(
-    path: str, *, busy_timeout: float, synchronous: str, namespace: str
-) -> sqlite3.Connection:
-    """Open the file, set the pragmas, create or upgrade the schema (on the writer thread)."""
+def _connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:
+    """Open the file, set the pragmas, create or migrate the schema (on the writer thread)."""
     parent = Path(path).parent
     if not parent.exists():
         # Never created: a typo in AGENTFN_STORE_URL at a redeploy would otherwise start an
@@ -83,9 +71,9 @@ def _connect(
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
         _enable_wal(conn, busy_timeout)
         conn.execute(f"PRAGMA synchronous = {synchronous}")
-        conn.execute("BEGIN IMMEDIATE")  # one opener at a time creates or upgrades
+        conn.execute("BEGIN IMMEDIATE")  # one opener at a time creates or migrates
         try:
-            _upgrade_schema(conn, path, namespace)
+            _migrate(conn, path)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -97,27 +85,12 @@ def _connect(
     return conn
 
 
-def _upgrade_schema(conn: sqlite3.Connection, path: str, namespace: str) -> None:
-    """Bring the file to :data:`SCHEMA_VERSION` (inside the opener's transaction); rows
-    written before namespaces existed are adopted by ``namespace``, the opener's."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    check_schema_version(version, f"SQLite store {path}")
-    if version == SCHEMA_VERSION:
-        return
-    columns_query = SQLITE.render(SQLITE.columns_query).text
-    existing = {
-        table: [name for (name,) in conn.execute(columns_query, {"table": table})]
-        for table in TABLES
-    }
-    params: dict[str, object] = {**UPGRADE_PARAMS, "namespace": namespace}
-    for template in schema_changes(version, existing, rekey=SQLITE.rekey):
-        conn.execute(SQLITE.render(template).text, params)
-    if version < 4:
-        split = SQLITE.render(SPLIT_HISTORY).text
-        for *key, history in conn.execute(SQLITE.render(LONG_HISTORIES).text).fetchall():
-            names = dict(zip(("namespace", "session_id", "turn_id", "call_id"), key, strict=True))
-            conn.execute(split, {**names, **split_history(history)})
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+def _migrate(conn: sqlite3.Connection, path: str) -> None:
+    """Bring the file to this release's schema (inside the opener's transaction)."""
+    conn.execute(SQLITE.render(VERSION_TABLE).text)
+    found = conn.execute(SQLITE.render(READ_VERSION).text).fetchone()
+    for template in schema_changes(found, f"SQLite store {path}"):
+        conn.execute(SQLITE.render(template).text)
 
 
 def _enable_wal(conn: sqlite3.Connection, busy_timeout: float) -> None:
@@ -268,7 +241,6 @@ class SQLiteStore(SQLStore):
                     self.path,
                     busy_timeout=self.busy_timeout,
                     synchronous=self.synchronous,
-                    namespace=self.namespace,
                 )
                 self._writer = Writer(self.path, connect)
                 # Stops the thread when a store is forgotten without close().
@@ -301,7 +273,7 @@ class SQLiteStore(SQLStore):
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
-        """Open the file and create or upgrade the schema; idempotent, reopens after close()."""
+        """Open the file and create or migrate the schema; idempotent, reopens after close()."""
         self._closed = False
         await self._call(_nothing)
 

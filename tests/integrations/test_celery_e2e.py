@@ -203,7 +203,10 @@ async def test_celery_workers_complete_calls_once_through_kills_and_refuse_forge
         await wait_for(lambda: bool(fake.required_actions(late)), "the late call to be asked")
         [action] = fake.required_actions(late)
         forged = CompletionTokens("forger-secret-0123456789abcdef").issue(
-            CallKey(late, action["turn_id"], "late"), owner="x", tool_name="generate_report"
+            CallKey(late, action["turn_id"], "late"),
+            owner="x",
+            tool_name="generate_report",
+            attempt=1,
         )
         async with httpx.AsyncClient() as http:
             refused = await http.post(

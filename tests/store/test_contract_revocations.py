@@ -4,13 +4,7 @@ the credential would have expired anyway; on every backend."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import pytest
-
-from agentfn_asgi.store import SQLiteStore
-from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
 
 from .conftest import FakeClock, StoreFactory
 
@@ -56,28 +50,3 @@ async def test_a_revocation_already_expired_is_not_kept(
     await store.revoke_token("new", expires_at=clock.now + HOUR)
     assert not await store.token_revoked("short")
     assert await store.token_revoked("new")
-
-
-async def test_a_schema_3_sqlite_file_gets_the_revocations_table(
-    tmp_path: Path, clock: FakeClock
-) -> None:
-    """A database of schema 3 (before revocations) is upgraded on open: the table is
-    created, the version recorded, and revocations work."""
-    path = tmp_path / "old.sqlite3"
-    store = SQLiteStore(path, clock=clock)
-    await store.open()
-    await store.close()
-    with sqlite3.connect(path) as raw:
-        raw.execute("DROP TABLE revoked_tokens")
-        raw.execute("PRAGMA user_version = 3")
-    raw.close()
-    store = SQLiteStore(path, clock=clock)
-    await store.open()
-    try:
-        await store.revoke_token("sid", expires_at=clock.now + HOUR)
-        assert await store.token_revoked("sid")
-    finally:
-        await store.close()
-    with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    raw.close()

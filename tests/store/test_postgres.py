@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus
-from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
+from agentfn_asgi.records import CallKey, ClaimStatus
+from agentfn_asgi.store._sql_schema import STEPS
 
 from ..support.clock import FakeClock as Clock
 from ..support.ports import free_port
@@ -82,50 +82,6 @@ async def _execute(sql: str) -> None:
         await conn.execute(sql)
     finally:
         await conn.close()
-
-
-# The schema as agentfn-asgi made it before schema versions were recorded (verbatim).
-PREVIOUS_DDL = """
-CREATE SCHEMA IF NOT EXISTS {s};
-CREATE TABLE IF NOT EXISTS {s}.deliveries (
-    delivery_id text PRIMARY KEY,
-    session_id text NOT NULL,
-    received_at double precision NOT NULL,
-    resolved boolean NOT NULL DEFAULT false
-);
-CREATE INDEX IF NOT EXISTS deliveries_unresolved
-    ON {s}.deliveries (received_at) WHERE NOT resolved;
-CREATE INDEX IF NOT EXISTS deliveries_received ON {s}.deliveries (received_at);
-CREATE TABLE IF NOT EXISTS {s}.calls (
-    session_id text NOT NULL,
-    turn_id text NOT NULL,
-    call_id text NOT NULL,
-    tool_name text NOT NULL,
-    state text NOT NULL,
-    attempt integer NOT NULL,
-    owner text,
-    lease_expires_at double precision NOT NULL,
-    created_at double precision NOT NULL,
-    updated_at double precision NOT NULL,
-    delivery_id text,
-    success boolean,
-    event_json text,
-    idempotency_key text,
-    error_type text,
-    source text,
-    full_output text,
-    quarantine_reason text,
-    PRIMARY KEY (session_id, turn_id, call_id)
-);
-CREATE INDEX IF NOT EXISTS calls_claimed
-    ON {s}.calls (lease_expires_at) WHERE state = 'claimed';
-CREATE INDEX IF NOT EXISTS calls_unsubmitted
-    ON {s}.calls (updated_at) WHERE state IN ('succeeded', 'failed');
-CREATE INDEX IF NOT EXISTS calls_terminal
-    ON {s}.calls (updated_at) WHERE state IN ('submitted', 'stale', 'quarantined');
-CREATE INDEX IF NOT EXISTS calls_pending
-    ON {s}.calls (created_at) WHERE state IN ('claimed', 'succeeded', 'failed');
-"""
 
 
 async def test_schemas_isolate_stores_and_destroy_drops_only_its_own(
@@ -267,50 +223,16 @@ async def test_recovers_after_its_backends_are_terminated(make_store: StoreMaker
     await store.ping()
 
 
-async def test_schema_version_is_recorded_and_a_newer_one_is_refused(
+async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
     make_store: StoreMaker,
 ) -> None:
-    """open() records the schema version; a schema a newer version wrote is refused."""
+    """open() makes schema 1 (its indexes are these) and records its version; data a later
+    release made unreadable to this one (a contract step) is refused with a StoreError
+    naming both versions."""
     schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
     await make_store(clock=Clock(), schema=schema)
-    versions = await _query(f'SELECT version FROM "{schema}".schema_version')
-    assert [row["version"] for row in versions] == [SCHEMA_VERSION]
-    await _execute(f'UPDATE "{schema}".schema_version SET version = version + 1')
-    newer = PostgresStore(POSTGRES_URL, schema=schema)
-    with pytest.raises(StoreError, match="schema version") as info:
-        await newer.open()
-    assert not isinstance(info.value, StoreUnavailableError)
-    await newer.close()
-    await _execute(f'UPDATE "{schema}".schema_version SET version = version - 1')  # teardown
-
-
-async def test_schema_made_before_versions_were_recorded_is_upgraded(
-    make_store: StoreMaker,
-) -> None:
-    """A schema of the previous release keeps its rows, quarantine reasons included."""
-    schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
-    await _execute(PREVIOUS_DDL.format(s=f'"{schema}"'))
-    await _execute(
-        f"INSERT INTO \"{schema}\".deliveries VALUES ('msg_1', 's', 10.0, false);"
-        f' INSERT INTO "{schema}".calls (session_id, turn_id, call_id, tool_name, state,'
-        "  attempt, owner, lease_expires_at, created_at, updated_at, quarantine_reason)"
-        " VALUES ('s', 't', 'c', 'refund', 'quarantined', 2, 'o', 40.0, 10.0, 20.0,"
-        "  'reconcile could not decide')"
-    )
-    clock = Clock(100.0)
-    store = await make_store(clock=clock, schema=schema)
-    record = await store.get_call(CallKey("s", "t", "c"))
-    assert record is not None
-    assert (record.state, record.attempt, record.quarantine_reason) == (
-        CallState.QUARANTINED,
-        2,
-        "reconcile could not decide",
-    )
-    assert record.result is None
-    assert await store.record_delivery("msg_1", "s") is False
-    assert [d.delivery_id for d in await store.unresolved_deliveries(due_before=100.0)] == ["msg_1"]
-    versions = await _query(f'SELECT version FROM "{schema}".schema_version')
-    assert [row["version"] for row in versions] == [SCHEMA_VERSION]
+    versions = await _query(f'SELECT version, readable_from FROM "{schema}".schema_version')
+    assert [tuple(row) for row in versions] == [(len(STEPS), 1)]
     indexes = await _query("SELECT indexname FROM pg_indexes WHERE schemaname = $1", schema)
     assert {row["indexname"] for row in indexes} == {
         "deliveries_pkey",
@@ -328,7 +250,10 @@ async def test_schema_made_before_versions_were_recorded_is_upgraded(
         "revoked_tokens_pkey",
         "buckets_pkey",
     }
-    fresh = await store.claim_call(
-        CallKey("s", "t", "new"), tool_name="t", owner="o", lease_seconds=5
-    )
-    assert fresh.status is ClaimStatus.CLAIMED
+    await _execute(f'UPDATE "{schema}".schema_version SET version = 3, readable_from = 3')
+    newer = PostgresStore(POSTGRES_URL, schema=schema)
+    with pytest.raises(StoreError, match="schema version 3, readable from version 3") as info:
+        await newer.open()
+    assert not isinstance(info.value, StoreUnavailableError)
+    await newer.close()
+    await _execute(f'UPDATE "{schema}".schema_version SET version = 1, readable_from = 1')

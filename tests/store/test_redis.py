@@ -401,23 +401,26 @@ async def test_list_calls_walks_past_its_budget(
     ]
 
 
-async def test_data_of_the_first_layout_is_refused(make_store: StoreMaker) -> None:
-    """A prefix holding the first (TTL-based) layout's keys is refused with a StoreError
-    naming the way out, instead of being misread."""
-    prefix = f"agentfn-test:{uuid.uuid4().hex}:"
+async def test_a_layout_unreadable_to_this_release_is_refused(make_store: StoreMaker) -> None:
+    """A prefix a later release made unreadable to this one (a contract step) is refused
+    with a StoreError naming both versions, at open and at a first step, and left as it is;
+    a new prefix is marked with layout 1."""
+    store = await make_store()
     client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    marker = f"{store._prefix}layout"
     try:
-        await client.zadd(f"{prefix}i:pending", {"x": 1.0})
-        store = RedisStore(REDIS_URL, key_prefix=prefix)
+        assert await client.hgetall(marker) == {"version": "1", "readable_from": "1"}
+        await client.hset(marker, mapping={"version": 3, "readable_from": 2})
+        later = RedisStore(REDIS_URL, key_prefix=store._prefix)
         try:
-            with pytest.raises(StoreError, match="another key layout"):
-                await store.open()
-            with pytest.raises(StoreError, match="another key layout"):
-                await store.record_delivery("d", "s")
+            with pytest.raises(StoreError, match="version 3, readable from version 2"):
+                await later.open()
+            with pytest.raises(StoreError, match="version 3, readable from version 2"):
+                await later.record_delivery("d", "s")
         finally:
-            await store.close()
+            await later.close()
+        assert await client.hgetall(marker) == {"version": "3", "readable_from": "2"}
     finally:
-        await client.delete(f"{prefix}i:pending")
         await client.aclose()
 
 

@@ -1,21 +1,26 @@
-"""The shared SQL: rendering for each dialect, and the schema's upgrade plan (no database)."""
+"""The shared SQL: rendering for each dialect, and the schema's steps (no database)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
+from agentfn_asgi.errors import StoreError
+from agentfn_asgi.store import _sql_schema
 from agentfn_asgi.store._codec import record_from_mapping
 from agentfn_asgi.store._sql_dialect import SQLITE, postgres_dialect
 from agentfn_asgi.store._sql_schema import (
     CALL_COLUMNS,
     INDEXES,
-    SCHEMA_VERSION,
+    STEPS,
     TABLES,
-    UPGRADES,
+    fill,
     schema_changes,
 )
 from agentfn_asgi.store._sql_statements import CLAIM
+from agentfn_asgi.store._versions import Step
 
 
 def test_postgres_numbers_parameters_in_order_of_first_use() -> None:
@@ -49,77 +54,59 @@ def test_the_claim_says_what_it_does_to_which_state() -> None:
     assert "THEN c.attempt ELSE c.attempt + 1 END" in text
     assert (
         "WHERE ((c.state = 'claimed' AND c.lease_expires_at < :takeover_before))"
-        " OR ((c.state IN ('claimed', 'waiting') AND c.owner = excluded.owner"
+        " OR ((c.state IN ('claimed', 'waiting') AND c.owner = :owner"
         " AND c.lease_expires_at >= :now))"
     ) in text
     # A take-over holds no slot of a limiter; our own retried claim keeps what it held.
     assert "THEN c.limiter ELSE NULL END" in text
 
 
-def test_a_fresh_database_gets_tables_and_indexes_only() -> None:
-    """Version 0 with no tables: CREATE TABLE for each, the indexes, the (harmless) upgrades."""
-    changes = schema_changes(0, {}, rekey="rebuild")
+def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
+    """A new database gets the newest tables and indexes, made by the first step, and its
+    version row last; one already there gets nothing."""
+    changes = schema_changes(None, "db")
     creates = [c for c in changes if c.startswith("CREATE TABLE")]
     assert [c.split()[5] for c in creates] == [f"{{p}}{table}" for table in TABLES]
-    assert not [c for c in changes if c.startswith("ALTER")]
-    upgrades = [u for version in sorted(UPGRADES) for u in UPGRADES[version]]
-    assert len(changes) == len(TABLES) + len(INDEXES) + len(upgrades)
-
-
-def test_an_older_database_gets_only_its_missing_columns() -> None:
-    """Existing tables are altered, never re-created, and only by the columns they lack;
-    a table they lack (revocations, schema 4; buckets, schema 6) is created."""
-    calls = [name for name, _ in CALL_COLUMNS if name != "quarantine_reason"]
-    deliveries = [name for name, _ in TABLES["deliveries"][0]]
-    revoked = [name for name, _ in TABLES["revoked_tokens"][0]]
-    changes = schema_changes(1, {"calls": calls, "deliveries": deliveries}, rekey="constraint")
-    assert [c for c in changes if c.startswith("CREATE TABLE") or " ADD COLUMN " in c] == [
-        "ALTER TABLE {p}calls ADD COLUMN quarantine_reason {text}",
-        "CREATE TABLE IF NOT EXISTS {p}revoked_tokens (token_id {text} NOT NULL,"
-        " expires_at {real} NOT NULL, CONSTRAINT revoked_tokens_pkey PRIMARY KEY (token_id))",
-        "CREATE TABLE IF NOT EXISTS {p}buckets (namespace {text} NOT NULL,"
-        " limiter {text} NOT NULL, tokens {real} NOT NULL, updated_at {real} NOT NULL,"
-        " CONSTRAINT buckets_pkey PRIMARY KEY (namespace, limiter))",
+    assert changes[len(TABLES) : -2] == [fill(index) for index in INDEXES]
+    assert changes[-2:] == [
+        "DELETE FROM {p}schema_version",
+        "INSERT INTO {p}schema_version (version, readable_from) VALUES (1, 1)",
     ]
-    current = schema_changes(
-        SCHEMA_VERSION,
-        {
-            "calls": [*calls, "quarantine_reason"],
-            "deliveries": deliveries,
-            "revoked_tokens": revoked,
-            "buckets": [name for name, _ in TABLES["buckets"][0]],
-        },
-        rekey="constraint",
-    )
-    assert all(c.startswith("CREATE INDEX IF NOT EXISTS") for c in current)
+    assert schema_changes((len(STEPS), 1), "db") == []
 
 
-def test_a_database_before_version_4_gets_the_namespace_into_its_keys() -> None:
-    """The primary keys lead with the namespace from version 4: PostgreSQL swaps the
-    constraint, SQLite (which cannot alter a primary key) copies the table under the new one
-    and replaces it, after the data upgrades and before the indexes are made again."""
-    existing = {table: [name for name, _ in columns] for table, (columns, _) in TABLES.items()}
-    swapped = schema_changes(3, existing, rekey="constraint")
-    assert [c for c in swapped if "pkey" in c] == [
-        "ALTER TABLE {p}deliveries DROP CONSTRAINT deliveries_pkey",
-        "ALTER TABLE {p}deliveries ADD CONSTRAINT deliveries_pkey"
-        " PRIMARY KEY (namespace, delivery_id)",
-        "ALTER TABLE {p}calls DROP CONSTRAINT calls_pkey",
-        "ALTER TABLE {p}calls ADD CONSTRAINT calls_pkey"
-        " PRIMARY KEY (namespace, session_id, turn_id, call_id)",
+def test_a_database_takes_the_steps_it_lacks_and_the_version_they_give(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a next release's steps: a database of version 1 takes steps 2 and 3 only; an
+    additive step keeps it readable from 1, a removal raises that to its own floor; a new
+    database takes only the first step (which makes the newest tables) and both numbers."""
+    expand = Step(("ALTER TABLE {p}calls ADD COLUMN note {text}",), readable_from=1)
+    contract = Step(("DROP INDEX {p}calls_approved",), readable_from=2)
+    monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand))
+    assert schema_changes((1, 1), "db") == [
+        "ALTER TABLE {p}calls ADD COLUMN note {text}",
+        "DELETE FROM {p}schema_version",
+        "INSERT INTO {p}schema_version (version, readable_from) VALUES (2, 1)",
     ]
-    rebuilt = schema_changes(3, existing, rekey="rebuild")
-    calls = [c for c in rebuilt if "calls_v4" in c or c == "DROP TABLE {p}calls"]
-    assert [" ".join(c.split()[:3]) for c in calls] == [
-        "CREATE TABLE IF",
-        "INSERT INTO {p}calls_v4",
-        "DROP TABLE {p}calls",
-        "ALTER TABLE {p}calls_v4",
+    monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand, contract))
+    assert schema_changes((1, 1), "db")[-3:] == [
+        "DROP INDEX {p}calls_approved",
+        "DELETE FROM {p}schema_version",
+        "INSERT INTO {p}schema_version (version, readable_from) VALUES (3, 2)",
     ]
-    assert "PRIMARY KEY (namespace, session_id, turn_id, call_id)" in calls[0]
-    first_index = rebuilt.index(next(c for c in rebuilt if c.startswith("CREATE INDEX")))
-    assert rebuilt.index(calls[-1]) < first_index
-    assert [c for c in schema_changes(4, existing, rekey="rebuild") if "pkey" in c] == []
+    new = schema_changes(None, "db")
+    assert not [c for c in new if "note" in c or c.startswith("DROP")]
+    assert new[-1].endswith("VALUES (3, 2)")
+
+
+def test_data_ahead_is_worked_on_while_readable_and_refused_after() -> None:
+    """A database a later release took an additive step further is left as it is (its
+    replicas run beside this one); one that release made unreadable to this one is refused,
+    naming both versions."""
+    assert schema_changes((len(STEPS) + 1, 1), "db") == []
+    with pytest.raises(StoreError, match="db has schema version 3, readable from version 2"):
+        schema_changes((3, 2), "db")
 
 
 class _Recording(dict[str, Any]):

@@ -1,4 +1,4 @@
-"""SQLite specifics: WAL, schema versions and upgrades, the writer thread (a free event loop,
+"""SQLite specifics: WAL, schema versions, the writer thread (a free event loop,
 group commit, shutdown), file locks shared by processes, clean errors."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus
+from agentfn_asgi.records import CallKey
 from agentfn_asgi.store import SQLiteStore
 from agentfn_asgi.store._sql_dialect import SQLITE
-from agentfn_asgi.store._sql_schema import SCHEMA_VERSION
+from agentfn_asgi.store._sql_schema import STEPS
 from agentfn_asgi.store._sql_statements import (
     ADMISSION,
     EXPIRED_CLAIMS,
@@ -53,11 +53,10 @@ async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
 
 
 async def test_opens_in_wal_mode_with_schema_version(store: SQLiteStore, db_path: Path) -> None:
-    """open() creates the file, switches it to WAL and stamps the schema."""
+    """open() creates the file, switches it to WAL and makes the tables."""
     assert await asyncio.to_thread(db_path.exists)
     with sqlite3.connect(db_path) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"deliveries", "calls"} <= tables
 
@@ -263,81 +262,35 @@ async def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
     await store.close()
 
 
-async def test_newer_schema_is_refused(db_path: Path) -> None:
-    """A file written by a newer version is refused instead of being misread."""
-    with sqlite3.connect(db_path) as raw:
-        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+async def _opened(db_path: Path) -> sqlite3.Connection:
+    """The file made by a store and closed again, opened raw."""
     store = SQLiteStore(db_path)
-    with pytest.raises(StoreError, match="schema version"):
+    await store.open()
+    await store.close()
+    return sqlite3.connect(db_path)
+
+
+async def test_unreadable_schema_is_refused(db_path: Path) -> None:
+    """A file a later release made unreadable to this one (a contract step) is refused
+    with a StoreError naming both versions, and left as it is."""
+    (await _opened(db_path)).close()
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("UPDATE schema_version SET version = 3, readable_from = 2")
+    raw.close()
+    store = SQLiteStore(db_path)
+    with pytest.raises(StoreError, match="schema version 3, readable from version 2"):
         await store.open()
     await store.close()
-
-
-# The schema of version 1 (the previous release), verbatim.
-VERSION_1_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS deliveries (
-        delivery_id TEXT PRIMARY KEY,
-        session_id  TEXT NOT NULL,
-        received_at REAL NOT NULL,
-        resolved    INTEGER NOT NULL DEFAULT 0
-    )""",
-    "CREATE INDEX IF NOT EXISTS deliveries_resolved_received ON deliveries (resolved, received_at)",
-    """CREATE TABLE IF NOT EXISTS calls (
-        session_id TEXT NOT NULL, turn_id TEXT NOT NULL, call_id TEXT NOT NULL,
-        tool_name TEXT NOT NULL, state TEXT NOT NULL, attempt INTEGER NOT NULL, owner TEXT,
-        lease_expires_at REAL NOT NULL, created_at REAL NOT NULL, updated_at REAL NOT NULL,
-        delivery_id TEXT,
-        success INTEGER, event_json TEXT, idempotency_key TEXT, error_type TEXT, source TEXT,
-        full_output TEXT,
-        PRIMARY KEY (session_id, turn_id, call_id)
-    )""",
-    "CREATE INDEX IF NOT EXISTS calls_state_lease ON calls (state, lease_expires_at)",
-    "CREATE INDEX IF NOT EXISTS calls_state_updated ON calls (state, updated_at)",
-    "PRAGMA user_version = 1",
-)
-
-
-async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
-    """A file of the previous release keeps working: its rows stay, a quarantine's reason moves
-    from error_type (where version 1 kept it) to quarantine_reason, a failure keeps its
-    error_type, and the indexes are the current ones."""
-    columns = (
-        "session_id, turn_id, call_id, tool_name, state, attempt, owner, lease_expires_at,"
-        " created_at, updated_at, success, event_json, idempotency_key, error_type, source"
-    )
     with sqlite3.connect(db_path) as raw:
-        for statement in VERSION_1_SCHEMA:
-            raw.execute(statement)
-        raw.execute("INSERT INTO deliveries VALUES ('msg_1', 's', 10.0, 0)")
-        raw.execute(
-            f"INSERT INTO calls ({columns}) VALUES ('s', 't', 'held', 'refund', 'quarantined',"  # noqa: S608
-            " 2, 'o', 40.0, 10.0, 20.0, NULL, NULL, NULL, 'reconcile could not decide', NULL)"
-        )
-        raw.execute(
-            f"INSERT INTO calls ({columns}) VALUES ('s', 't', 'failed', 'refund', 'failed',"  # noqa: S608
-            " 1, 'o', 40.0, 11.0, 20.0, 0, '{}', 'ik', 'handler_error', 'ran')"
-        )
-    store = SQLiteStore(db_path, clock=lambda: 100.0)
-    try:
-        held = await store.get_call(CallKey("s", "t", "held"))
-        assert held is not None
-        assert (held.state, held.attempt, held.quarantine_reason, held.result) == (
-            CallState.QUARANTINED,
-            2,
-            "reconcile could not decide",
-            None,
-        )
-        [failed] = await store.unsubmitted_results(due_before=2e9)
-        assert failed.key == CallKey("s", "t", "failed")
-        assert failed.result is not None
-        assert (failed.result.error_type, failed.quarantine_reason) == ("handler_error", None)
-        assert await store.record_delivery("msg_1", "s") is False
-        fresh = await store.claim_call(KEY, tool_name="t", owner="o", lease_seconds=5)
-        assert fresh.status is ClaimStatus.CLAIMED
-    finally:
-        await store.close()
-    with sqlite3.connect(db_path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(3, 2)]
+    raw.close()
+
+
+async def test_a_new_file_has_the_tables_and_indexes_of_schema_1(db_path: Path) -> None:
+    """The first step makes the calls table with its columns in this order and exactly
+    these indexes, and records version 1, readable from 1."""
+    with await _opened(db_path) as raw:
+        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(len(STEPS), 1)]
         indexes = {
             name
             for (name,) in raw.execute(
@@ -345,18 +298,19 @@ async def test_version_1_file_is_upgraded_on_open(db_path: Path) -> None:
             )
         }
         names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
-        assert names[-10:] == [
-            "quarantine_reason",
-            "next_attempt_at",
-            "failures",
-            "namespace",
-            "approval_id",
-            "approval",
-            "limiter",
-            "history",
-            "history_tail",
-            "history_count",
-        ]
+    raw.close()
+    assert names[-10:] == [
+        "quarantine_reason",
+        "next_attempt_at",
+        "failures",
+        "namespace",
+        "approval_id",
+        "approval",
+        "limiter",
+        "history",
+        "history_tail",
+        "history_count",
+    ]
     assert indexes == {
         "deliveries_due",
         "deliveries_received",

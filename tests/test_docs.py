@@ -336,3 +336,18 @@ def test_every_test_file_the_docs_cite_exists() -> None:
     cited = set(re.findall(r"\b(tests/[\w/]+\.py)\b", text))
     assert cited, "no page names a test file"
     assert {path for path in cited if not (root / path).is_file()} == set()
+
+
+def test_the_docs_speak_to_users_not_about_how_the_project_is_run() -> None:
+    """The README and the pages describe the package, not the work on it: no goals "filed",
+    no "this round", no issue numbers, no "other issues"."""
+    process = re.compile(
+        r"\b(filed|this round|round (?:one|two|three)|issues? #?\d+|other issues)\b", re.IGNORECASE
+    )
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+        for path in pages()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for match in process.finditer(line)
+    ]
+    assert found == []

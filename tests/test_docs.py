@@ -267,6 +267,18 @@ def test_the_configuration_page_is_generated_from_the_code() -> None:
     assert configuration_page.page_section(text) == configuration_page.markdown()
 
 
+def test_the_tool_options_table_is_generated_from_the_code() -> None:
+    """docs/tools.md's per-tool options table is `python -m tests.configuration_page` output
+    too: every option of ``@tools.function`` (``ToolOptions``) with its type, its default and
+    its documentation (``DEFINITION_OPTIONS`` and the ``ToolPolicy`` fields)."""
+    text = configuration_page.TOOLS_PAGE.read_text(encoding="utf-8")
+    section = configuration_page.page_section(
+        text, configuration_page.OPTIONS_BEGIN, configuration_page.OPTIONS_END
+    )
+    assert section == configuration_page.tool_options_markdown()
+    assert "| `max_wait=` | `float` or `None` | 300 s |" in section
+
+
 def test_every_setting_is_documented() -> None:
     """Every Config and DispatchSettings field has its entry, every variable the config
     module reads is on the page, and every option of AgentWebhookApp is in its docstring."""

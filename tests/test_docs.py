@@ -22,7 +22,7 @@ import pytest
 
 from agentfn_asgi import AgentWebhookApp, Config, DispatchSettings, FunctionTools
 from agentfn_asgi.config import CONFIG_DOCS, DISPATCH_DOCS, DISPATCH_ENV
-from agentfn_asgi.testing import FakeCall, connect
+from agentfn_asgi.testing import FakeCall, Submission, connect
 from agentfn_asgi.testing.deliveries import action_required_event, signed_delivery
 from tests import configuration_page
 from tests.support.docs import DOCS, ROOT, block, blocks, pages
@@ -277,6 +277,32 @@ def test_the_tool_options_table_is_generated_from_the_code() -> None:
     )
     assert section == configuration_page.tool_options_markdown()
     assert "| `max_wait=` | `float` or `None` | 300 s |" in section
+
+
+@pytest.mark.slow
+def test_the_site_renders_every_cross_reference_of_the_reference(tmp_path: Path) -> None:
+    """``mkdocs build --strict`` passes, and the API reference shows no Sphinx role as
+    written: the docstrings' ``:class:`~x.Y``` and friends are links
+    (docs_hooks/sphinx_roles.py), or plain code where the site does not render the object.
+    The test kit's ``connect`` and ``Submission``'s fields are shown, and an escaped pipe in
+    a table's code shows as a pipe (docs_hooks/table_pipes.py)."""
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    reference = (site / "reference" / "index.html").read_text(encoding="utf-8")
+    raw = re.findall(r":(?:class|meth|func|attr|mod|data|exc|obj):(?:<code>|`)[^<`]*", reference)
+    assert raw == []
+    link = r'<a class="autorefs autorefs-internal"[^>]*href="#agentfn_asgi\.Config"'
+    assert re.search(link, reference), "a role naming a rendered object is a link"
+    assert 'id="agentfn_asgi.testing.connect.connect"' in reference
+    submission = reference.split('id="agentfn_asgi.testing.Submission"', 1)[1][:3000]
+    assert all(f"{field.name}" in submission for field in dataclasses.fields(Submission))
+    tools = (site / "tools" / "index.html").read_text(encoding="utf-8")
+    assert "\\|" not in tools and "Ran | NotRun | Unknown" in tools
 
 
 def test_every_setting_is_documented() -> None:

@@ -9,13 +9,13 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test check lint types unit docs dist browser screenshots reliability fuzz-long histories-long soak bench bench-quick clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml agentfn_asgi/_version.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-$(DEMO_STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml agentfn_asgi/_version.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[server]'
 	touch $(DEMO_STAMP)

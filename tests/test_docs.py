@@ -389,3 +389,22 @@ def test_the_docs_speak_to_users_not_about_how_the_project_is_run() -> None:
         for match in process.finditer(line)
     ]
     assert found == []
+
+
+def test_the_version_is_written_once_and_released_in_the_changelog() -> None:
+    """The installed metadata's version is ``agentfn_asgi.__version__`` (pyproject.toml
+    reads it from ``agentfn_asgi/_version.py``), it follows SemVer, and the changelog's
+    newest release is that version, under an ``Unreleased`` section (Keep a Changelog)."""
+    import importlib.metadata
+
+    import agentfn_asgi
+
+    version = agentfn_asgi.__version__
+    assert importlib.metadata.version("agentfn-asgi") == version
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'dynamic = ["version"]' in pyproject and 'path = "agentfn_asgi/_version.py"' in pyproject
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## \[([^\]]+)\]", changelog, re.MULTILINE)
+    assert headings[:2] == ["Unreleased", version]
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")

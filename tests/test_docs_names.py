@@ -9,6 +9,9 @@ page of docs/ gets something the package has.
   when a page names a sub-command without the program (```calls show```);
 - Python names: every dotted ``agentfn_asgi.…`` name imports or resolves to an attribute,
   and every ``from agentfn_asgi… import …`` imports.
+
+The generated list of common mistakes is left out: its entries are mistakes on purpose, each
+one run by ``tests/test_common_mistakes.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ from agentfn_asgi.integrations.celery import TASK_NAME
 from tests.support.docs import ROOT, blocks, pages
 
 PROGRAM = "agentfn-asgi"
+
+
+def _text(path: Path) -> str:
+    """The page, with the common mistakes' generated entries blanked (lines kept)."""
+    text = path.read_text(encoding="utf-8")
+    mistakes = r"^<!-- mistakes:begin.*?^<!-- mistakes:end -->"
+    return re.sub(mistakes, lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S | re.M)
 
 
 def _where(path: Path, text: str, offset: int) -> str:
@@ -51,7 +61,7 @@ def test_every_agentfn_variable_the_docs_cite_is_read() -> None:
     unknown = [
         f"{_where(path, text, match.start())}: {match.group(0)}"
         for path in pages()
-        for text in [path.read_text(encoding="utf-8")]
+        for text in [_text(path)]
         for match in re.finditer(r"\bAGENTFN_[A-Z0-9_]*[A-Z0-9]\b", text)
         if match.group(0) not in known
     ]
@@ -65,9 +75,9 @@ def _code(path: Path) -> Iterator[tuple[int, str]]:
     """Each piece of code on a page, with its line: a shell block's lines (a trailing
     backslash joins the next line; ``text`` blocks are output) and each inline code span
     (which may span lines)."""
-    text = path.read_text(encoding="utf-8")
+    text = _text(path)
     for found in blocks(path):
-        if found.language not in ("bash", "console", "sh"):
+        if found.language not in ("bash", "console", "sh") or found.kind == "generated":
             continue
         lines = found.code.replace("\\\n", " ").splitlines()
         for number, line in enumerate(lines):
@@ -176,7 +186,7 @@ def test_every_python_name_the_docs_cite_exists() -> None:
     exists (the Celery task's name, a string, is the one dotted name that is no attribute)."""
     wrong: list[str] = []
     for path in pages():
-        text = path.read_text(encoding="utf-8")
+        text = _text(path)
         for match in re.finditer(r"\bagentfn_asgi(?:\.\w+)+(?::\w+)?", text):
             if match.group(0) != TASK_NAME and not _resolves(match.group(0)):
                 wrong.append(f"{_where(path, text, match.start())}: {match.group(0)}")

@@ -3,21 +3,29 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The demo needs only the package and uvicorn (the server extra), not the dev extra's
+# linters, databases' drivers and docs tools: a fresh clone's `make demo` installs that alone.
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test check lint types unit docs browser screenshots reliability fuzz-long histories-long soak bench bench-quick clean
+.PHONY: demo test check lint types unit docs dist browser screenshots reliability fuzz-long histories-long soak bench bench-quick clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml agentfn_asgi/_version.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+$(DEMO_STAMP): pyproject.toml agentfn_asgi/_version.py
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[server]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/agentfn-asgi demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentfn_asgi tests examples benchmarks
-	$(BIN)/ruff format --check agentfn_asgi tests examples benchmarks
+	$(BIN)/ruff check agentfn_asgi tests examples benchmarks docs_hooks
+	$(BIN)/ruff format --check agentfn_asgi tests examples benchmarks docs_hooks
 
 types: $(STAMP)
 	$(BIN)/mypy
@@ -47,7 +55,14 @@ screenshots: $(STAMP) browser
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: lint types docs unit
+# The sdist and the wheel a release publishes, into dist/ (git-ignored): built from the sdist,
+# as an installer would, and checked by twine (metadata complete, the README renders).
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
+test: lint types docs dist unit
 
 # The fast subset while coding (about half a minute of CPU, 50 s on two workers instead of 70 s
 # in one): no process spawned, no backend service, no property tests.

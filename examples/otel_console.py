@@ -7,8 +7,9 @@ Run it from the repository root (it needs the dev extra for ``opentelemetry-sdk`
 
 Everything runs in this process: ``agentfn_asgi.testing.connect`` wires ``FakeAgentsAPI``
 (the Agents API, sending signed webhooks) and an ``AgentWebhookApp`` together over httpx's
-ASGI transport, so nothing listens on a port. The tools are the examples' three tools
-(``get_customer``, ``create_refund``, ``slow_echo``); content capture is on, so the call
+ASGI transport, so nothing listens on a port. The tools are the examples' six tools
+(``get_customer``, ``create_refund``, ``slow_echo`` and the others of
+``agentfn_asgi.demo.tools``); content capture is on, so the call
 spans carry their arguments and results.
 """
 

@@ -1,7 +1,8 @@
-"""The documentation's configuration page, generated from the code that reads the settings.
+"""The documentation's configuration tables, generated from the code that reads the settings.
 
-``python -m tests.configuration_page`` prints the generated part of ``docs/configuration.md``;
-``--write`` puts it between the page's markers. ``tests/test_docs.py`` fails when the page is
+``python -m tests.configuration_page`` prints the generated part of ``docs/configuration.md``
+(and of ``docs/tools.md``: the per-tool options, from ``ToolOptions`` and ``ToolPolicy``);
+``--write`` puts each between its page's markers. ``tests/test_docs.py`` fails when a page is
 stale, when a :class:`~agentfn_asgi.Config` or :class:`~agentfn_asgi.DispatchSettings` field
 has no entry in ``CONFIG_DOCS`` / ``DISPATCH_DOCS`` (:mod:`agentfn_asgi.config`), or when
 an ``AgentWebhookApp`` option is missing from its docstring's ``Args:``.
@@ -13,14 +14,21 @@ import dataclasses
 import inspect
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import ForwardRef
 
-from agentfn_asgi import AgentWebhookApp, Config, DispatchSettings
+from agentfn_asgi import AgentWebhookApp, Config, DispatchSettings, FunctionTool
 from agentfn_asgi.config import CONFIG_DOCS, DISPATCH_DOCS, DISPATCH_ENV, SettingDoc
+from agentfn_asgi.policy import DEFINITION_OPTIONS, ToolPolicy
+from agentfn_asgi.tools import ToolOptions
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 BEGIN = "<!-- configuration:begin (generated: python -m tests.configuration_page --write) -->"
 END = "<!-- configuration:end -->"
+TOOLS_PAGE = PAGE.with_name("tools.md")
+OPTIONS_BEGIN = "<!-- options:begin (generated: python -m tests.configuration_page --write) -->"
+OPTIONS_END = "<!-- options:end -->"
 #: Options of AgentWebhookApp that exist for tests, not for users.
 UNDOCUMENTED_OPTIONS = frozenset({"clock"})
 
@@ -132,23 +140,61 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def page_section(text: str) -> str:
-    """The generated part of ``text`` (the page), markers included."""
-    start = text.index(BEGIN)
-    end = text.index(END, start) + len(END)
-    return text[start:end] + "\n"
+def _option_type(annotation: object) -> str:
+    """``str | None`` as written in ``ToolOptions``, shown as "`str` or `None`" (a pipe would
+    end the table's cell)."""
+    text = annotation.__forward_arg__ if isinstance(annotation, ForwardRef) else str(annotation)
+    return " or ".join(f"`{part.strip()}`" for part in text.split(" | "))
+
+
+def _option_default(name: str) -> str:
+    """The option's default: the policy field's, else the tool's definition field's."""
+    fields = {
+        f.name: f for f in (*dataclasses.fields(ToolPolicy), *dataclasses.fields(FunctionTool))
+    }
+    spec = fields.get(name)
+    default = None if spec is None or spec.default is dataclasses.MISSING else spec.default
+    return _seconds(default) if isinstance(default, float) else f"`{default!r}`"
+
+
+def tool_options_markdown() -> str:
+    """The per-tool options table of ``docs/tools.md``, markers included."""
+    docs = dict(DEFINITION_OPTIONS)
+    docs.update({f.name: f.metadata["doc"] for f in dataclasses.fields(ToolPolicy)})
+    lines = [OPTIONS_BEGIN, "", "| option | type | default | meaning |", "|---|---|---|---|"]
+    for name, annotation in ToolOptions.__annotations__.items():
+        kind, default = _option_type(annotation), _option_default(name)
+        lines.append(f"| `{name}=` | {kind} | {default} | {_cell(docs[name])} |")
+    lines += ["", OPTIONS_END]
+    return "\n".join(lines) + "\n"
+
+
+#: Each generated part: its page, its markers and what writes it.
+GENERATED: tuple[tuple[Path, str, str, Callable[[], str]], ...] = (
+    (PAGE, BEGIN, END, markdown),
+    (TOOLS_PAGE, OPTIONS_BEGIN, OPTIONS_END, tool_options_markdown),
+)
+
+
+def page_section(text: str, begin: str = BEGIN, end: str = END) -> str:
+    """The generated part of ``text`` (a page) between ``begin`` and ``end``, markers
+    included."""
+    start = text.index(begin)
+    stop = text.index(end, start) + len(end)
+    return text[start:stop] + "\n"
 
 
 def write() -> None:
-    """Replace the page's generated part with :func:`markdown`."""
-    text = PAGE.read_text(encoding="utf-8")
-    start = text.index(BEGIN)
-    end = text.index(END, start) + len(END) + 1
-    PAGE.write_text(text[:start] + markdown() + text[end:], encoding="utf-8")
+    """Replace each page's generated part with what its function writes now."""
+    for page, begin, end, generate in GENERATED:
+        text = page.read_text(encoding="utf-8")
+        start = text.index(begin)
+        stop = text.index(end, start) + len(end) + 1
+        page.write_text(text[:start] + generate() + text[stop:], encoding="utf-8")
 
 
 if __name__ == "__main__":
     if "--write" in sys.argv[1:]:
         write()
     else:
-        sys.stdout.write(markdown())
+        sys.stdout.write("".join(generate() for _page, _begin, _end, generate in GENERATED))

@@ -22,7 +22,7 @@ import pytest
 
 from agentfn_asgi import AgentWebhookApp, Config, DispatchSettings, FunctionTools
 from agentfn_asgi.config import CONFIG_DOCS, DISPATCH_DOCS, DISPATCH_ENV
-from agentfn_asgi.testing import FakeCall, connect
+from agentfn_asgi.testing import FakeCall, Submission, connect
 from agentfn_asgi.testing.deliveries import action_required_event, signed_delivery
 from tests import configuration_page
 from tests.support.docs import DOCS, ROOT, block, blocks, pages
@@ -267,6 +267,44 @@ def test_the_configuration_page_is_generated_from_the_code() -> None:
     assert configuration_page.page_section(text) == configuration_page.markdown()
 
 
+def test_the_tool_options_table_is_generated_from_the_code() -> None:
+    """docs/tools.md's per-tool options table is `python -m tests.configuration_page` output
+    too: every option of ``@tools.function`` (``ToolOptions``) with its type, its default and
+    its documentation (``DEFINITION_OPTIONS`` and the ``ToolPolicy`` fields)."""
+    text = configuration_page.TOOLS_PAGE.read_text(encoding="utf-8")
+    section = configuration_page.page_section(
+        text, configuration_page.OPTIONS_BEGIN, configuration_page.OPTIONS_END
+    )
+    assert section == configuration_page.tool_options_markdown()
+    assert "| `max_wait=` | `float` or `None` | 300 s |" in section
+
+
+@pytest.mark.slow
+def test_the_site_renders_every_cross_reference_of_the_reference(tmp_path: Path) -> None:
+    """``mkdocs build --strict`` passes, and the API reference shows no Sphinx role as
+    written: the docstrings' ``:class:`~x.Y``` and friends are links
+    (docs_hooks/sphinx_roles.py), or plain code where the site does not render the object.
+    The test kit's ``connect`` and ``Submission``'s fields are shown, and an escaped pipe in
+    a table's code shows as a pipe (docs_hooks/table_pipes.py)."""
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)]
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    reference = (site / "reference" / "index.html").read_text(encoding="utf-8")
+    raw = re.findall(r":(?:class|meth|func|attr|mod|data|exc|obj):(?:<code>|`)[^<`]*", reference)
+    assert raw == []
+    link = r'<a class="autorefs autorefs-internal"[^>]*href="#agentfn_asgi\.Config"'
+    assert re.search(link, reference), "a role naming a rendered object is a link"
+    assert 'id="agentfn_asgi.testing.connect.connect"' in reference
+    submission = reference.split('id="agentfn_asgi.testing.Submission"', 1)[1][:3000]
+    assert all(f"{field.name}" in submission for field in dataclasses.fields(Submission))
+    tools = (site / "tools" / "index.html").read_text(encoding="utf-8")
+    assert "\\|" not in tools and "Ran | NotRun | Unknown" in tools
+
+
 def test_every_setting_is_documented() -> None:
     """Every Config and DispatchSettings field has its entry, every variable the config
     module reads is on the page, and every option of AgentWebhookApp is in its docstring."""
@@ -336,3 +374,37 @@ def test_every_test_file_the_docs_cite_exists() -> None:
     cited = set(re.findall(r"\b(tests/[\w/]+\.py)\b", text))
     assert cited, "no page names a test file"
     assert {path for path in cited if not (root / path).is_file()} == set()
+
+
+def test_the_docs_speak_to_users_not_about_how_the_project_is_run() -> None:
+    """The README and the pages describe the package, not the work on it: no goals "filed",
+    no "this round", no issue numbers, no "other issues"."""
+    process = re.compile(
+        r"\b(filed|this round|round (?:one|two|three)|issues? #?\d+|other issues)\b", re.IGNORECASE
+    )
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+        for path in pages()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for match in process.finditer(line)
+    ]
+    assert found == []
+
+
+def test_the_version_is_written_once_and_released_in_the_changelog() -> None:
+    """The installed metadata's version is ``agentfn_asgi.__version__`` (pyproject.toml
+    reads it from ``agentfn_asgi/_version.py``), it follows SemVer, and the changelog's
+    newest release is that version, under an ``Unreleased`` section (Keep a Changelog)."""
+    import importlib.metadata
+
+    import agentfn_asgi
+
+    version = agentfn_asgi.__version__
+    assert importlib.metadata.version("agentfn-asgi") == version
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version)
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'dynamic = ["version"]' in pyproject and 'path = "agentfn_asgi/_version.py"' in pyproject
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## \[([^\]]+)\]", changelog, re.MULTILINE)
+    assert headings[:2] == ["Unreleased", version]
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")

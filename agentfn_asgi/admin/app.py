@@ -78,7 +78,9 @@ class AdminApp:
     with it, each new approval request of an app's :class:`~agentfn_asgi.operator.Operator`
     carries a signed link (``links["approve"]``) to ``on_approval_request``. Opening the
     link needs no login (it decides that one request, once); it is signed with ``secret``
-    (else the first token), so every process serving the page must share it.
+    (else the first token), so every process serving the page must share it. With only an
+    ``authorizer`` and no ``secret`` the key is made per process: a WARNING at start says
+    that another replica, or this one after a restart, will refuse the links.
     """
 
     def __init__(
@@ -108,6 +110,14 @@ class AdminApp:
         self.links = ApprovalLinks(self.gate.link_key, base_url=public_url or "", clock=clock)
         if public_url and isinstance(view, Operator):
             view.link_approvals(self.approval_links)
+        if public_url and secret is None and not self.gate.tokens:
+            # Warned, not refused: one process works until it restarts, and the requests
+            # stay decidable on the page; but every link this process made dies with it.
+            logger.warning(
+                "operator page: approval links are signed with a key made for this process "
+                "(authorizer= without secret= or tokens=): another replica, or this one after "
+                "a restart, refuses them. Give every process the same secret=."
+            )
 
     def approval_links(self, request: ApprovalView) -> dict[str, str]:
         """The links of one approval request: ``approve`` (signed, decides it once) and

@@ -21,8 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import ApprovalError, StoreError
 from ..operator import ApprovalsView, ApprovalView, Operator, OperatorView
-from .approval_links import ApprovalLinks
-from .approval_pages import link_done_page, link_page
+from .approval_links import LINK_MAX_AGE, ApprovalLinks
+from .approval_pages import LINK_SCRIPT_SOURCE, link_done_page, link_open_page, link_page
 from .auth import SESSION_COOKIE, Authorizer, Gate, LoginThrottle, Session
 from .forms import FormError, parse_pairs
 from .handlers import GET_PAGES, decide, html_page, see_other, settle
@@ -44,6 +44,8 @@ SECURITY_HEADERS = {
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",
 }
+# The page a signed link opens runs one script, allowed by its hash (approval_pages.py).
+_LINK_PAGE_CSP = SECURITY_HEADERS["content-security-policy"] + f"; script-src {LINK_SCRIPT_SOURCE}"
 _STYLESHEET = importlib.resources.files("agentfn_asgi.admin").joinpath("style.css").read_bytes()
 # A settle form carries at most one result (the API's own limit is 4 MiB); a login, a token.
 _FORM_LIMIT = 8 * 1024 * 1024
@@ -77,10 +79,12 @@ class AdminApp:
     ``public_url`` is where this page is reachable (``https://ops.example.com/openai/admin``):
     with it, each new approval request of an app's :class:`~agentfn_asgi.operator.Operator`
     carries a signed link (``links["approve"]``) to ``on_approval_request``. Opening the
-    link needs no login (it decides that one request, once); it is signed with ``secret``
-    (else the first token), so every process serving the page must share it. With only an
-    ``authorizer`` and no ``secret`` the key is made per process: a WARNING at start says
-    that another replica, or this one after a restart, will refuse the links.
+    link needs no login (it decides that one request, once); its token is in the URL
+    fragment, so no server or proxy logs it. It expires after ``link_max_age`` seconds (one
+    hour), or with its request if sooner; the call's page sends a new one. It is signed
+    with ``secret`` (else the first token), so every process serving the page must share it.
+    With only an ``authorizer`` and no ``secret`` the key is made per process: a WARNING at
+    start says that another replica, or this one after a restart, will refuse the links.
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class AdminApp:
         refresh_seconds: int = 10,
         clock: Callable[[], float] = time.time,
         public_url: str | None = None,
+        link_max_age: float = LINK_MAX_AGE,
     ) -> None:
         self.view = view
         self.gate = Gate(
@@ -107,7 +112,9 @@ class AdminApp:
         self.clock = clock
         self.throttle = LoginThrottle(clock=clock)
         #: Makes and reads the signed approval links (see ``public_url``).
-        self.links = ApprovalLinks(self.gate.link_key, base_url=public_url or "", clock=clock)
+        self.links = ApprovalLinks(
+            self.gate.link_key, base_url=public_url or "", clock=clock, max_age=link_max_age
+        )
         if public_url and isinstance(view, Operator):
             view.link_approvals(self.approval_links)
         if public_url and secret is None and not self.gate.tokens:
@@ -160,7 +167,8 @@ class AdminApp:
             response = self._message(
                 ctx, 500, "Internal error", "Something went wrong; the server log has details."
             )
-        response.headers.update(SECURITY_HEADERS)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)  # a page may tighten or extend its CSP
         await response(scope, receive, send)
 
     # -- dispatch --------------------------------------------------------------------------
@@ -250,14 +258,27 @@ class AdminApp:
     # -- signed approval links ---------------------------------------------------------------
 
     async def _signed_link(self, request: Request, ctx: Context, method: str) -> Response:
-        """``GET /approval?t=``: the request and a form; ``POST /approval``: the decision.
-        No login: the signed token is the permission, for its one request."""
+        """``GET /approval``: the form that posts the token of the link's fragment (never
+        sent here); ``POST /approval`` with ``t``: the request and a form; with ``decision``
+        too: the decision. No login: the signed token is the permission, for its one
+        request, and it is never in a part of a URL that a server or a proxy logs."""
         if method not in ("GET", "POST"):
             response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
             response.headers["allow"] = "GET, HEAD, POST"
             return response
+        if method == "GET":
+            if "t" in ctx.query:  # a token in the query was logged on its way here
+                return self._link_refused(
+                    ctx,
+                    403,
+                    "this link carries its code in the address, which servers and proxies "
+                    "log: it is not accepted. Ask for the link to be sent again.",
+                )
+            response = html_page(link_open_page(ctx))
+            response.headers["content-security-policy"] = _LINK_PAGE_CSP
+            return response
         try:
-            fields = ctx.query if method == "GET" else await _read_form(request, _LOGIN_LIMIT)
+            fields = await _read_form(request, _LOGIN_LIMIT)
         except FormError as exc:
             return self._message(ctx, exc.status, "Bad request", exc.message)
         try:
@@ -276,9 +297,9 @@ class AdminApp:
             return self._link_refused(
                 ctx, 409, f"this request was already decided ({decided}): the link is used up"
             )
-        if method == "GET":
+        choice = fields.get("decision")
+        if choice is None:
             return html_page(link_page(ctx, approval, detail, token=fields["t"]))
-        choice = fields.get("decision", "")
         if choice not in ("approve", "deny"):
             return self._message(ctx, 400, "Bad request", "choose approve or deny")
         reason = fields.get("reason", "").strip() or None

@@ -1,7 +1,8 @@
 """Approvals on the operator page in headless Chromium (issue 23), over the real Operator of
 a real app (memory store, the package's fake API), served by uvicorn on loopback: log in,
 open the waiting list, approve one call and deny another through their confirmation steps,
-and use a signed link once, without logging in (a second use is refused)."""
+and use a signed link once, without logging in (its page's one script posts the token of
+the URL fragment; a second use is refused)."""
 
 from __future__ import annotations
 
@@ -92,11 +93,13 @@ async def test_an_operator_approves_one_denies_one_and_a_link_works_once(
             decide_on_page(driver, "call_d", deny="the customer asked to wait")
 
             driver.delete_all_cookies()  # the link needs no login
-            driver.get(link)
+            driver.get(link)  # its page's script posts the fragment's token
             wait_title(driver, "Approve call call_l?")
+            assert "#" not in driver.current_url  # the token left the address bar
             assert "acc_l" in driver.find_element(By.CSS_SELECTOR, "pre.arguments").text
             driver.find_element(By.CSS_SELECTOR, "form.approve button").click()
             wait_title(driver, "Approved")
+            driver.get(site + "/login")  # from /approval, the link would only move the fragment
             driver.get(link)
             wait_title(driver, "This approval link cannot be used")
             assert "used up" in driver.find_element(By.TAG_NAME, "main").text
@@ -104,7 +107,7 @@ async def test_an_operator_approves_one_denies_one_and_a_link_works_once(
             wait_until(driver, "the login form", lambda d: d.title.startswith("Log in"))
 
         async with serve_app(host_app(admin), port=port):
-            await in_browser(browser, steps, javascript=False)
+            await in_browser(browser, steps, javascript=True)
             approved = await submitted(stack, "call_a")
             denied = await submitted(stack, "call_d")
             linked = await submitted(stack, "call_l")

@@ -23,7 +23,15 @@ from ..errors import ApprovalError, StoreError
 from ..operator import ApprovalsView, ApprovalView, Operator, OperatorView
 from .approval_links import LINK_MAX_AGE, ApprovalLinks
 from .approval_pages import LINK_SCRIPT_SOURCE, link_done_page, link_open_page, link_page
-from .auth import SESSION_COOKIE, Authorizer, Gate, LoginThrottle, Session
+from .auth import (
+    BROWSER_COOKIE,
+    BROWSER_MAX_AGE,
+    SESSION_COOKIE,
+    Authorizer,
+    Gate,
+    LoginThrottle,
+    Session,
+)
 from .forms import FormError, parse_pairs
 from .handlers import GET_PAGES, decide, html_page, see_other, settle
 from .html import Safe
@@ -74,7 +82,9 @@ class AdminApp:
 
     Logging out revokes the session through ``view`` (the app's store), so a copy of its
     cookie is refused by every replica, also after a restart; failed logins are throttled
-    per client address (429 with ``Retry-After``). See :mod:`agentfn_asgi.admin.auth`.
+    per client (429 with ``Retry-After``): per browser that logged in before, else per
+    address, where ``trusted_proxies`` (addresses or networks) are the proxies whose
+    ``X-Forwarded-For`` is believed. See :mod:`agentfn_asgi.admin.auth`.
 
     ``public_url`` is where this page is reachable (``https://ops.example.com/openai/admin``):
     with it, each new approval request of an app's :class:`~agentfn_asgi.operator.Operator`
@@ -99,6 +109,7 @@ class AdminApp:
         clock: Callable[[], float] = time.time,
         public_url: str | None = None,
         link_max_age: float = LINK_MAX_AGE,
+        trusted_proxies: str | Iterable[str] = (),
     ) -> None:
         self.view = view
         self.gate = Gate(
@@ -110,7 +121,7 @@ class AdminApp:
         )
         self.refresh_seconds = refresh_seconds
         self.clock = clock
-        self.throttle = LoginThrottle(clock=clock)
+        self.throttle = LoginThrottle(clock=clock, trusted_proxies=trusted_proxies)
         #: Makes and reads the signed approval links (see ``public_url``).
         self.links = ApprovalLinks(
             self.gate.link_key, base_url=public_url or "", clock=clock, max_age=link_max_age
@@ -382,7 +393,10 @@ class AdminApp:
             response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
             response.headers["allow"] = "GET, HEAD, POST"
             return response
-        client = LoginThrottle.client_of(request)
+        # A browser that logged in before counts on its own: a guesser sharing its address
+        # (one proxy for everybody) cannot lock it out.
+        client = self.gate.known_browser(request.cookies.get(BROWSER_COOKIE))
+        client = client or self.throttle.client_of(request)
         wait = self.throttle.retry_after(client)
         if wait:  # the token is not even looked at
             return self._too_many(ctx, wait)
@@ -409,6 +423,8 @@ class AdminApp:
         _session, cookie = self.gate.open_session(key)
         response = see_other(ctx.root + next_route)
         self._set_cookie(response, request, ctx, cookie)
+        browser = self.gate.browser_cookie(key)
+        self._set_cookie(response, request, ctx, browser, BROWSER_COOKIE, BROWSER_MAX_AGE)
         return response
 
     def _too_many(self, ctx: Context, wait: int) -> Response:
@@ -416,7 +432,7 @@ class AdminApp:
             ctx,
             429,
             "Too many failed logins",
-            f"Too many failed logins from your address: try again in {wait} seconds.",
+            f"Too many failed logins from here: try again in {wait} seconds.",
         )
         response.headers["retry-after"] = str(wait)
         return response
@@ -424,11 +440,19 @@ class AdminApp:
     def _login_form(self, ctx: Context, next_route: str, *, failed: bool) -> Safe:
         return login_page(ctx, next_route=next_route, failed=failed, hours=self.gate.max_age / 3600)
 
-    def _set_cookie(self, response: Response, request: Request, ctx: Context, value: str) -> None:
+    def _set_cookie(
+        self,
+        response: Response,
+        request: Request,
+        ctx: Context,
+        value: str,
+        name: str = SESSION_COOKIE,
+        max_age: float | None = None,
+    ) -> None:
         response.set_cookie(
-            SESSION_COOKIE,
+            name,
             value,
-            max_age=int(self.gate.max_age),
+            max_age=int(self.gate.max_age if max_age is None else max_age),
             path=ctx.root or "/",
             secure=request.scope.get("scheme") == "https",
             httponly=True,

@@ -94,7 +94,7 @@ SESSION_COOKIE = "agentfn_admin"
 #: it is recognised after its last good login.
 BROWSER_COOKIE = "agentfn_admin_browser"
 BROWSER_MAX_AGE = 90 * 86400
-#: Failed logins from one client address within LOGIN_WINDOW seconds before a 429.
+#: Failed logins from one client within LOGIN_WINDOW seconds before a 429.
 LOGIN_FAILURES = 5
 LOGIN_WINDOW = 300.0
 #: How many client addresses the login throttle remembers (least recently failed dropped).

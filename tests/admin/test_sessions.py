@@ -1,6 +1,7 @@
 """The operator page's sessions over HTTP: logout ends a session on the server (a copied
 cookie is refused afterwards, by every replica and after a restart: the revocation is in
-the app's store), and failed logins are throttled per client address (429, Retry-After)."""
+the app's store), and failed logins are throttled per client (429, Retry-After): per
+browser that logged in before, else per address (behind trusted proxies, the forwarded one)."""
 
 from __future__ import annotations
 

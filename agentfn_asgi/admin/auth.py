@@ -97,7 +97,7 @@ BROWSER_MAX_AGE = 90 * 86400
 #: Failed logins from one client within LOGIN_WINDOW seconds before a 429.
 LOGIN_FAILURES = 5
 LOGIN_WINDOW = 300.0
-#: How many client addresses the login throttle remembers (least recently failed dropped).
+#: How many clients the login throttle remembers (the least recently failed is dropped).
 LOGIN_CLIENTS = 10_000
 
 # Keys are derived, never used raw: one purpose per key (sessions, CSRF-only cookies).

@@ -253,6 +253,11 @@ async def test_a_trusted_proxys_forwarded_address_is_the_client(make_admin: Admi
             admin_url("/login"), data={"token": TOKEN}, headers=forwarded("198.51.100.8")
         )
         assert neighbour.status_code == 303
+        for garbage in ("not-an-address", "", "198.51.100.9, ::zz, 10.0.0.3"):
+            hostile = await http.post(
+                admin_url("/login"), data={"token": TOKEN}, headers=forwarded(garbage)
+            )
+            assert hostile.status_code == 303  # the proxy's (or the last good hop's) count
     async with connect(app, ("203.0.113.5", 40000)) as spoofer:
         for n in range(LOGIN_FAILURES):
             guess = await spoofer.post(

@@ -300,6 +300,8 @@ class ApprovalsView(Protocol):
         digest: str | None = None,
     ) -> ApprovalView: ...
 
+    async def notify_again(self, approval_id: str) -> ApprovalView: ...
+
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d{1,9})([smhdw])")
@@ -573,6 +575,13 @@ class Operator:
         return await self._dispatcher.approvals.decide(
             approval_id, approve=approve, by=by, via=via, reason=reason, digest=digest
         )
+
+    async def notify_again(self, approval_id: str) -> ApprovalView:
+        """Send a waiting request to ``on_approval_request`` again, with new links (see
+        :meth:`~agentfn_asgi.dispatch.approvals.Approvals.notify_again`)."""
+        if self._dispatcher is None:
+            raise ConfigurationError("nobody to tell: this view runs no app")
+        return await self._dispatcher.approvals.notify_again(approval_id)
 
     def link_approvals(self, links: Callable[[ApprovalView], dict[str, str]]) -> None:
         """Have each new approval request carry ``links(request)`` (the operator page's

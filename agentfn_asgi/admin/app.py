@@ -21,9 +21,17 @@ from starlette.types import Receive, Scope, Send
 
 from ..errors import ApprovalError, StoreError
 from ..operator import ApprovalsView, ApprovalView, Operator, OperatorView
-from .approval_links import ApprovalLinks
-from .approval_pages import link_done_page, link_page
-from .auth import SESSION_COOKIE, Authorizer, Gate, LoginThrottle, Session
+from .approval_links import LINK_MAX_AGE, ApprovalLinks
+from .approval_pages import LINK_SCRIPT_SOURCE, link_done_page, link_open_page, link_page
+from .auth import (
+    BROWSER_COOKIE,
+    BROWSER_MAX_AGE,
+    SESSION_COOKIE,
+    Authorizer,
+    Gate,
+    LoginThrottle,
+    Session,
+)
 from .forms import FormError, parse_pairs
 from .handlers import GET_PAGES, decide, html_page, see_other, settle
 from .html import Safe
@@ -44,6 +52,8 @@ SECURITY_HEADERS = {
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",
 }
+# The page a signed link opens runs one script, allowed by its hash (approval_pages.py).
+_LINK_PAGE_CSP = SECURITY_HEADERS["content-security-policy"] + f"; script-src {LINK_SCRIPT_SOURCE}"
 _STYLESHEET = importlib.resources.files("agentfn_asgi.admin").joinpath("style.css").read_bytes()
 # A settle form carries at most one result (the API's own limit is 4 MiB); a login, a token.
 _FORM_LIMIT = 8 * 1024 * 1024
@@ -72,13 +82,19 @@ class AdminApp:
 
     Logging out revokes the session through ``view`` (the app's store), so a copy of its
     cookie is refused by every replica, also after a restart; failed logins are throttled
-    per client address (429 with ``Retry-After``). See :mod:`agentfn_asgi.admin.auth`.
+    per client (429 with ``Retry-After``): per browser that logged in before, else per
+    address, where ``trusted_proxies`` (addresses or networks) are the proxies whose
+    ``X-Forwarded-For`` is believed. See :mod:`agentfn_asgi.admin.auth`.
 
     ``public_url`` is where this page is reachable (``https://ops.example.com/openai/admin``):
     with it, each new approval request of an app's :class:`~agentfn_asgi.operator.Operator`
     carries a signed link (``links["approve"]``) to ``on_approval_request``. Opening the
-    link needs no login (it decides that one request, once); it is signed with ``secret``
-    (else the first token), so every process serving the page must share it.
+    link needs no login (it decides that one request, once); its token is in the URL
+    fragment, so no server or proxy logs it. It expires after ``link_max_age`` seconds (one
+    hour), or with its request if sooner; the call's page sends a new one. It is signed
+    with ``secret`` (else the first token), so every process serving the page must share it.
+    With only an ``authorizer`` and no ``secret`` the key is made per process: a WARNING at
+    start says that another replica, or this one after a restart, will refuse the links.
     """
 
     def __init__(
@@ -92,6 +108,8 @@ class AdminApp:
         refresh_seconds: int = 10,
         clock: Callable[[], float] = time.time,
         public_url: str | None = None,
+        link_max_age: float = LINK_MAX_AGE,
+        trusted_proxies: str | Iterable[str] = (),
     ) -> None:
         self.view = view
         self.gate = Gate(
@@ -103,11 +121,21 @@ class AdminApp:
         )
         self.refresh_seconds = refresh_seconds
         self.clock = clock
-        self.throttle = LoginThrottle(clock=clock)
+        self.throttle = LoginThrottle(clock=clock, trusted_proxies=trusted_proxies)
         #: Makes and reads the signed approval links (see ``public_url``).
-        self.links = ApprovalLinks(self.gate.link_key, base_url=public_url or "", clock=clock)
+        self.links = ApprovalLinks(
+            self.gate.link_key, base_url=public_url or "", clock=clock, max_age=link_max_age
+        )
         if public_url and isinstance(view, Operator):
             view.link_approvals(self.approval_links)
+        if public_url and secret is None and not self.gate.tokens:
+            # Warned, not refused: one process works until it restarts, and the requests
+            # stay decidable on the page; but every link this process made dies with it.
+            logger.warning(
+                "operator page: approval links are signed with a key made for this process "
+                "(authorizer= without secret= or tokens=): another replica, or this one after "
+                "a restart, refuses them. Give every process the same secret=."
+            )
 
     def approval_links(self, request: ApprovalView) -> dict[str, str]:
         """The links of one approval request: ``approve`` (signed, decides it once) and
@@ -150,7 +178,8 @@ class AdminApp:
             response = self._message(
                 ctx, 500, "Internal error", "Something went wrong; the server log has details."
             )
-        response.headers.update(SECURITY_HEADERS)
+        for name, value in SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)  # a page may tighten or extend its CSP
         await response(scope, receive, send)
 
     # -- dispatch --------------------------------------------------------------------------
@@ -240,14 +269,27 @@ class AdminApp:
     # -- signed approval links ---------------------------------------------------------------
 
     async def _signed_link(self, request: Request, ctx: Context, method: str) -> Response:
-        """``GET /approval?t=``: the request and a form; ``POST /approval``: the decision.
-        No login: the signed token is the permission, for its one request."""
+        """``GET /approval``: the form that posts the token of the link's fragment (never
+        sent here); ``POST /approval`` with ``t``: the request and a form; with ``decision``
+        too: the decision. No login: the signed token is the permission, for its one
+        request, and it is never in a part of a URL that a server or a proxy logs."""
         if method not in ("GET", "POST"):
             response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
             response.headers["allow"] = "GET, HEAD, POST"
             return response
+        if method == "GET":
+            if "t" in ctx.query:  # a token in the query was logged on its way here
+                return self._link_refused(
+                    ctx,
+                    403,
+                    "this link carries its code in the address, which servers and proxies "
+                    "log: it is not accepted. Ask for the link to be sent again.",
+                )
+            response = html_page(link_open_page(ctx))
+            response.headers["content-security-policy"] = _LINK_PAGE_CSP
+            return response
         try:
-            fields = ctx.query if method == "GET" else await _read_form(request, _LOGIN_LIMIT)
+            fields = await _read_form(request, _LOGIN_LIMIT)
         except FormError as exc:
             return self._message(ctx, exc.status, "Bad request", exc.message)
         try:
@@ -266,9 +308,9 @@ class AdminApp:
             return self._link_refused(
                 ctx, 409, f"this request was already decided ({decided}): the link is used up"
             )
-        if method == "GET":
+        choice = fields.get("decision")
+        if choice is None:
             return html_page(link_page(ctx, approval, detail, token=fields["t"]))
-        choice = fields.get("decision", "")
         if choice not in ("approve", "deny"):
             return self._message(ctx, 400, "Bad request", "choose approve or deny")
         reason = fields.get("reason", "").strip() or None
@@ -351,7 +393,10 @@ class AdminApp:
             response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
             response.headers["allow"] = "GET, HEAD, POST"
             return response
-        client = LoginThrottle.client_of(request)
+        # A browser that logged in before counts on its own: a guesser sharing its address
+        # (one proxy for everybody) cannot lock it out.
+        client = self.gate.known_browser(request.cookies.get(BROWSER_COOKIE))
+        client = client or self.throttle.client_of(request)
         wait = self.throttle.retry_after(client)
         if wait:  # the token is not even looked at
             return self._too_many(ctx, wait)
@@ -378,6 +423,8 @@ class AdminApp:
         _session, cookie = self.gate.open_session(key)
         response = see_other(ctx.root + next_route)
         self._set_cookie(response, request, ctx, cookie)
+        browser = self.gate.browser_cookie(key)
+        self._set_cookie(response, request, ctx, browser, BROWSER_COOKIE, BROWSER_MAX_AGE)
         return response
 
     def _too_many(self, ctx: Context, wait: int) -> Response:
@@ -385,7 +432,7 @@ class AdminApp:
             ctx,
             429,
             "Too many failed logins",
-            f"Too many failed logins from your address: try again in {wait} seconds.",
+            f"Too many failed logins from here: try again in {wait} seconds.",
         )
         response.headers["retry-after"] = str(wait)
         return response
@@ -393,11 +440,19 @@ class AdminApp:
     def _login_form(self, ctx: Context, next_route: str, *, failed: bool) -> Safe:
         return login_page(ctx, next_route=next_route, failed=failed, hours=self.gate.max_age / 3600)
 
-    def _set_cookie(self, response: Response, request: Request, ctx: Context, value: str) -> None:
+    def _set_cookie(
+        self,
+        response: Response,
+        request: Request,
+        ctx: Context,
+        value: str,
+        name: str = SESSION_COOKIE,
+        max_age: float | None = None,
+    ) -> None:
         response.set_cookie(
-            SESSION_COOKIE,
+            name,
             value,
-            max_age=int(self.gate.max_age),
+            max_age=int(self.gate.max_age if max_age is None else max_age),
             path=ctx.root or "/",
             secure=request.scope.get("scheme") == "https",
             httponly=True,

@@ -1,12 +1,18 @@
 """The operator page's approval views: the waiting list, the decision on a call's page, its
-confirmation step, and the page a signed link opens.
+confirmation step, and the pages a signed link opens.
 
 The arguments a person decides on are shown here on purpose (escaped, like every value of
 the page): an approval is bound to them (their digest is on the request).
+
+The page a signed link opens holds the operator page's only script (:data:`LINK_SCRIPT`,
+allowed by its hash in that response's Content-Security-Policy, :data:`LINK_SCRIPT_SOURCE`):
+it moves the token from the URL fragment, which no server sees, into a form and posts it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Sequence
 
 from ..operator import ApprovalView, CallDetail
@@ -16,10 +22,13 @@ from .widgets import when
 
 __all__ = [
     "DECIDED_NOTICES",
+    "LINK_SCRIPT",
+    "LINK_SCRIPT_SOURCE",
     "approval_section",
     "approvals_page",
     "decide_confirm_page",
     "link_done_page",
+    "link_open_page",
     "link_page",
 ]
 
@@ -27,7 +36,19 @@ __all__ = [
 DECIDED_NOTICES = {
     "approved": "Approved: the call runs within a few seconds, on whichever replica claims it.",
     "denied": "Denied: the model was told, with your reason.",
+    "resent": "Sent again: the app's on_approval_request got the request with a new link.",
 }
+
+#: Moves a link's token from the fragment into the form and posts it (then drops the
+#: fragment from the address bar and the history). A literal: its hash is in the CSP.
+LINK_SCRIPT = (
+    'var c=location.hash.slice(1);if(c){history.replaceState(null,"",location.pathname);'
+    'var f=document.getElementById("open");f.elements.t.value=c;f.submit();}'
+)
+#: The CSP source that allows :data:`LINK_SCRIPT`, and no other script.
+LINK_SCRIPT_SOURCE = "'sha256-{}'".format(
+    base64.b64encode(hashlib.sha256(LINK_SCRIPT.encode("ascii")).digest()).decode("ascii")
+)
 
 
 def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
@@ -132,10 +153,17 @@ def approval_section(ctx: Context, detail: CallDetail) -> Safe:
     )
     return render(
         "<section><h2>Waiting for approval</h2>{facts}<h3>Arguments you are deciding on</h3>"
-        "{arguments}{forms}</section>",
+        "{arguments}{forms}"
+        '<form method="post" action="{action}" class="resend">{hidden}'
+        '<input type="hidden" name="decision" value="resend">'
+        '<button type="submit">Send the approval link again</button> '
+        '<span class="muted">(a new link to on_approval_request: links expire sooner than the '
+        "request)</span></form></section>",
         facts=_request_facts(ctx, view),
         arguments=_arguments(detail),
         forms=_decision_forms(ctx, view, action=ctx.url("/decide"), hidden=hidden),
+        action=ctx.url("/decide"),
+        hidden=hidden,
     )
 
 
@@ -185,8 +213,24 @@ def decide_confirm_page(
     return frame(ctx, title=f"{verb} call {view.call_id}?", body=body)
 
 
+def link_open_page(ctx: Context) -> Safe:
+    """``GET /approval``: the form that posts the link's token (filled from the fragment by
+    :data:`LINK_SCRIPT`; without scripts, the person pastes the link)."""
+    body = render(
+        '<p class="muted">Opening the approval link you were sent…</p>'
+        '<form method="post" action="{action}" id="open" class="open">'
+        '<label class="value">If nothing happens, paste the whole link you were sent'
+        '<input type="text" name="t" autocomplete="off" required></label>'
+        '<button type="submit">Open</button></form>',
+        action=ctx.url("/approval"),
+    )
+    script = Safe(f"<script>{LINK_SCRIPT}</script>")
+    return bare_frame(ctx, title="Approval link", body=join([body, script]))
+
+
 def link_page(ctx: Context, view: ApprovalView, detail: CallDetail, *, token: str) -> Safe:
-    """What a signed link opens: the request and its arguments, and the POST that decides."""
+    """What a signed link opens (posted): the request and its arguments, and the POST that
+    decides (the token again in the form's body, never in a URL)."""
     hidden = _hidden(("t", token))
     body = render(
         '<p class="muted">You were sent this link to decide one call. Nothing has happened '

@@ -27,15 +27,25 @@ logged out (an epoch per token would log out everybody sharing the token). A coo
 checked against ``session_max_age`` as configured now: after raising it, log out again any
 session ended before, whose revocation ends at the old expiry.
 
-**Failed logins are throttled per client address** (:class:`LoginThrottle`): after
+**Failed logins are throttled per client** (:class:`LoginThrottle`): after
 :data:`LOGIN_FAILURES` (5) failures within :data:`LOGIN_WINDOW` (5 minutes), the login form
 answers 429 with ``Retry-After`` until the oldest of them is 5 minutes old, without checking
-the token. IPv6 addresses count per /64. At most :data:`LOGIN_CLIENTS` (10,000) addresses
-are remembered, at most 5 timestamps each; past that the least recently failed is
-forgotten. The count is per process (N replicas allow N times as many tries), and behind a
-proxy the address is the proxy's unless the server reads ``X-Forwarded-For`` (uvicorn
-``--proxy-headers --forwarded-allow-ips``). Tokens have at least 16 characters, so the
-throttle is a second line: it keeps a guesser slow and visible in the log.
+the token. The client is, in this order:
+
+- a **browser that logged in here before**: a good login leaves a signed cookie
+  (:data:`BROWSER_COOKIE`, :data:`BROWSER_MAX_AGE`, keyed like the session by the token that
+  logged in; it grants nothing by itself) and that browser's failures count on their own.
+  So a guesser, who never logged in, cannot lock out the operators who have, whatever
+  address they share (a proxy that forwards no client address makes it one address);
+- behind a proxy listed in ``trusted_proxies``, the address it forwarded
+  (``X-Forwarded-For``, read from the right, skipping the trusted proxies' own);
+- else the peer address; IPv6 addresses count per /64.
+
+At most :data:`LOGIN_CLIENTS` (10,000) clients are remembered, at most 5 timestamps each;
+past that the least recently failed is forgotten. The count is per process (N replicas
+allow N times as many tries). Bearer tokens and signed approval links are never
+throttled. Tokens have at least 16 characters, so the throttle is a second line: it keeps a
+guesser slow and visible in the log.
 """
 
 from __future__ import annotations
@@ -59,6 +69,8 @@ from starlette.requests import Request
 from ..errors import ConfigurationError
 
 __all__ = [
+    "BROWSER_COOKIE",
+    "BROWSER_MAX_AGE",
     "LOGIN_CLIENTS",
     "LOGIN_FAILURES",
     "LOGIN_WINDOW",
@@ -78,15 +90,20 @@ Authorizer = Callable[[Request], bool | Awaitable[bool]]
 #: Shorter tokens are refused at start: the page can settle calls, so it needs a real secret.
 MIN_TOKEN_LENGTH = 16
 SESSION_COOKIE = "agentfn_admin"
-#: Failed logins from one client address within LOGIN_WINDOW seconds before a 429.
+#: The cookie of a browser that logged in here (see the module docstring), and how long
+#: it is recognised after its last good login.
+BROWSER_COOKIE = "agentfn_admin_browser"
+BROWSER_MAX_AGE = 90 * 86400
+#: Failed logins from one client within LOGIN_WINDOW seconds before a 429.
 LOGIN_FAILURES = 5
 LOGIN_WINDOW = 300.0
-#: How many client addresses the login throttle remembers (least recently failed dropped).
+#: How many clients the login throttle remembers (the least recently failed is dropped).
 LOGIN_CLIENTS = 10_000
 
 # Keys are derived, never used raw: one purpose per key (sessions, CSRF-only cookies).
 _TOKEN_BASE = b"agentfn-asgi admin session"
 _SALT = "agentfn-asgi.admin.session"
+_BROWSER_SALT = "agentfn-asgi.admin.browser"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +199,10 @@ class Gate:
             key: URLSafeTimedSerializer(key, salt=_SALT, signer=signer)
             for key in [*self._token_keys, self._host_key]
         }
+        self._browsers = [
+            URLSafeTimedSerializer(key, salt=_BROWSER_SALT, signer=signer)
+            for key in self._token_keys
+        ]
         # Signed approval links (admin/approval_links.py): keyed by secret=, else by the
         # first token (a rotation then invalidates links made before it), else per process.
         link_material = self.tokens[0] if self.tokens else host_base
@@ -247,6 +268,25 @@ class Gate:
             return None
         return None
 
+    def browser_cookie(self, key: bytes) -> str:
+        """The cookie of a browser that just logged in with the token of ``key``."""
+        serializer = self._browsers[self._token_keys.index(key)]
+        return str(serializer.dumps({"browser": secrets.token_urlsafe(16)}))
+
+    def known_browser(self, cookie: str | None) -> str | None:
+        """The client a browser cookie proves (a browser that logged in before with a token
+        still configured), or None."""
+        if not cookie or len(cookie) > 1024:
+            return None
+        for serializer in self._browsers:
+            try:
+                payload = serializer.loads(cookie, max_age=BROWSER_MAX_AGE)
+            except BadData:
+                continue
+            browser = payload.get("browser") if isinstance(payload, dict) else None
+            return f"browser {browser}" if isinstance(browser, str) else None
+        return None
+
     def expires_at(self, session: Session) -> float:
         """When ``session``'s cookie stops being accepted (what a revocation must outlive)."""
         return session.issued_at + math.ceil(self.max_age) + 1
@@ -282,10 +322,35 @@ class Gate:
         return verdict is True
 
 
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _networks(values: str | Iterable[str]) -> tuple[_Network, ...]:
+    listed = [values] if isinstance(values, str) else list(values)
+    try:
+        return tuple(ipaddress.ip_network(value.strip(), strict=False) for value in listed)
+    except (AttributeError, TypeError, ValueError):
+        raise ConfigurationError(
+            "trusted_proxies must be IP addresses or networks (e.g. ['10.0.0.0/8', '::1']), "
+            f"got {values!r}"
+        ) from None
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        address = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 class LoginThrottle:
-    """Failed logins per client address, in memory (see the module docstring for the
-    numbers). :meth:`retry_after` says whether an address must wait; :meth:`failed` and
-    :meth:`succeeded` keep count."""
+    """Failed logins per client, in memory (see the module docstring for the numbers and
+    what a client is). :meth:`retry_after` says whether a client must wait; :meth:`failed`
+    and :meth:`succeeded` keep count. ``trusted_proxies``: addresses or networks whose
+    ``X-Forwarded-For`` is believed."""
 
     def __init__(
         self,
@@ -293,11 +358,13 @@ class LoginThrottle:
         failures: int = LOGIN_FAILURES,
         window: float = LOGIN_WINDOW,
         clients: int = LOGIN_CLIENTS,
+        trusted_proxies: str | Iterable[str] = (),
         clock: Callable[[], float],
     ) -> None:
         self.failures = failures
         self.window = window
         self.clients = clients
+        self.trusted_proxies = _networks(trusted_proxies)
         self._clock = clock
         # address -> times of its recent failures (at most `failures`), least recent first
         self._seen: OrderedDict[str, deque[float]] = OrderedDict()
@@ -305,20 +372,30 @@ class LoginThrottle:
     def __len__(self) -> int:
         return len(self._seen)
 
-    @staticmethod
-    def client_of(request: Request) -> str:
-        """The address failures are counted under: the client's IP, an IPv6 one by /64."""
+    def client_of(self, request: Request) -> str:
+        """The address failures are counted under: the client's IP (an IPv6 one by /64),
+        or behind a trusted proxy the first address from the right of ``X-Forwarded-For``
+        that is not a trusted proxy's."""
         host = request.client.host if request.client is not None else ""
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
+        address = _address(host)
+        if address is None:
             return host or "unknown"
+        if self._trusted(address):
+            hops = ",".join(request.headers.getlist("x-forwarded-for")).split(",")
+            for hop in reversed(hops):
+                forwarded = _address(hop)
+                if forwarded is None:
+                    break  # unreadable: what lies left of it cannot be believed either
+                address = forwarded
+                if not self._trusted(forwarded):
+                    break
         if isinstance(address, ipaddress.IPv6Address):
-            if address.ipv4_mapped is not None:
-                return str(address.ipv4_mapped)
             # One host usually holds a whole /64: count it as one client.
             return str(ipaddress.ip_network(f"{address}/64", strict=False))
         return str(address)
+
+    def _trusted(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+        return any(address in network for network in self.trusted_proxies)
 
     def retry_after(self, client: str) -> int:
         """Seconds ``client`` must wait before its next try (0: it may try now)."""

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.responses import Response
 
-from ..errors import ApprovalError
+from ..errors import ApprovalError, ConfigurationError
 from ..operator import ApprovalsView, CallFilter, OperatorView
 from .approval_pages import DECIDED_NOTICES, approvals_page, decide_confirm_page
 from .forms import MAX_LIMIT, CallQuery, FormError, SettleRequest
@@ -163,10 +163,11 @@ PAGE_DECIDER = "operator page"
 
 
 async def decide(view: OperatorView, ctx: Context, fields: Mapping[str, str]) -> Response:
-    """``POST /decide``: first the confirmation page, then (``confirm=yes``) the decision."""
+    """``POST /decide``: first the confirmation page, then (``confirm=yes``) the decision;
+    ``decision=resend`` sends the request (with a new link) to ``on_approval_request``."""
     approval_id = fields.get("approval", "").strip()
     decision = fields.get("decision", "")
-    if not approval_id or decision not in ("approve", "deny"):
+    if not approval_id or decision not in ("approve", "deny", "resend"):
         raise FormError("the decision form needs the request and approve or deny")
     if not isinstance(view, ApprovalsView):
         raise LookupError("this page's view holds no approval requests")
@@ -176,9 +177,13 @@ async def decide(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
     request, detail = found
     approve, reason = decision == "approve", fields.get("reason", "").strip()
     back = ctx.url("/call", {"id": request.call_id, "session": request.session_id})
-    if fields.get("confirm") != "yes":
+    if decision != "resend" and fields.get("confirm") != "yes":
         return html_page(decide_confirm_page(ctx, request, detail, approve=approve, reason=reason))
     try:
+        if decision == "resend":  # harmless, so no confirmation step
+            await view.notify_again(approval_id)
+            params = {"id": request.call_id, "session": request.session_id}
+            return see_other(ctx.url("/call", {**params, "decided": "resent"}))
         decided = await view.decide(
             approval_id,
             approve=approve,
@@ -187,7 +192,7 @@ async def decide(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
             reason=None if approve else (reason or None),
             digest=request.digest,
         )
-    except ApprovalError as exc:
+    except (ApprovalError, ConfigurationError) as exc:
         return html_page(
             message_page(
                 ctx,

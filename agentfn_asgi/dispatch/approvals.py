@@ -40,6 +40,7 @@ from ..errors import (
     ApprovalDecidedError,
     ApprovalExpiredError,
     ApprovalNotFoundError,
+    ConfigurationError,
     NotFoundError,
     StoreError,
 )
@@ -403,6 +404,22 @@ class Approvals:
                 )
 
     # -- telling someone -----------------------------------------------------------------------
+    async def notify_again(self, approval_id: str) -> ApprovalView:
+        """Tell ``on_approval_request`` of a waiting request again, with new links (a link
+        expires sooner than its request, or got lost). Raises
+        :class:`~agentfn_asgi.errors.ApprovalError` when it no longer waits, and
+        :class:`~agentfn_asgi.errors.ConfigurationError` when nobody is told of requests."""
+        if self.notify is None:
+            raise ConfigurationError("nobody to tell: the app has no on_approval_request")
+        record = await self._approval_store().find_approval(approval_id)
+        if record is None or record.approval is None:
+            raise ApprovalNotFoundError(
+                f"no approval request {approval_id} in this store", approval_id=approval_id
+            )
+        self._refuse_if_decided(record)
+        self._requested(record)
+        return approval_view(record)
+
     def _requested(self, record: CallRecord) -> None:
         """A request was just made here: tell the host (in the background, with retries)."""
         if self.notify is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Literal
@@ -34,12 +35,14 @@ async def serve_app(
     port: int = 0,
     lifespan: Literal["auto", "on", "off"] = "auto",
     graceful_shutdown: int = 2,
+    access_log: bool = False,
 ) -> AsyncIterator[str]:
     """Run ``app`` under uvicorn on ``host`` (a free port unless ``port`` is given).
 
     Yields the root URL ``http://host:port``; on exit the server stops, waiting at most
     ``graceful_shutdown`` seconds for open connections. The process's signal handlers are
-    left alone, so Ctrl-C still reaches the test runner.
+    left alone, so Ctrl-C still reaches the test runner. ``access_log`` turns on uvicorn's
+    access log (logger ``uvicorn.access``), to test what a server's log would hold.
     """
     try:
         import uvicorn
@@ -63,9 +66,11 @@ async def serve_app(
         port=bound_port,
         lifespan=lifespan,
         log_level="warning",
-        access_log=False,
+        access_log=access_log,
         timeout_graceful_shutdown=graceful_shutdown,
     )
+    if access_log:  # its lines are INFO, which log_level="warning" would drop
+        logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

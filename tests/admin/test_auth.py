@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from starlette.requests import Request
 
@@ -179,3 +181,32 @@ async def test_authorizer_only_true_allows_and_exceptions_deny(
         "broken": False,
     }
     assert "authorizer raised" in caplog.text
+
+
+def test_links_that_only_this_process_can_read_are_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``authorizer=`` and ``public_url=`` without ``secret=`` (or a token): the link key is
+    random per process, so another replica (or a restart) refuses the links; a WARNING says
+    so at start. With ``secret=`` (or a token) every process reads every link, silently."""
+    url = "https://ops.example.com/openai/admin"
+
+    def replica(**options: Any) -> AdminApp:
+        return AdminApp(MemoryOperatorView(), authorizer=lambda request: True, **options)
+
+    caplog.set_level("WARNING", logger="agentfn_asgi.admin")
+    one, other = replica(public_url=url), replica(public_url=url)
+    token = one.links.token("apr_1", "digest", expires_at=4e9)
+    with pytest.raises(ValueError, match="not valid"):
+        other.links.read(token)  # the situation warned about
+    warned = [r for r in caplog.records if "signed with a key made for this process" in r.message]
+    assert len(warned) == 2 and all(r.levelname == "WARNING" for r in warned)
+    assert "secret=" in warned[0].message
+
+    caplog.clear()
+    shared = {"public_url": url, "secret": "s" * 32}
+    one, other = replica(**shared), replica(**shared)
+    assert other.links.read(one.links.token("apr_1", "digest", expires_at=4e9)).approval_id
+    AdminApp(MemoryOperatorView(), tokens=[A], public_url=url)
+    replica()  # no public URL: no links to warn about
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

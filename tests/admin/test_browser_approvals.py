@@ -1,7 +1,8 @@
 """Approvals on the operator page in headless Chromium (issue 23), over the real Operator of
 a real app (memory store, the package's fake API), served by uvicorn on loopback: log in,
 open the waiting list, approve one call and deny another through their confirmation steps,
-and use a signed link once, without logging in (a second use is refused)."""
+and use a signed link once, without logging in (its page's one script posts the token of
+the URL fragment; a second use is refused; without JavaScript the person pastes the link)."""
 
 from __future__ import annotations
 
@@ -52,15 +53,17 @@ async def test_an_operator_approves_one_denies_one_and_a_link_works_once(
     ) as stack:
         admin = AdminApp(stack.app.operator(), tokens=[TOKEN], public_url=site)
         sessions = {}
-        for call_id, account in (("call_a", "acc_a"), ("call_d", "acc_d"), ("call_l", "acc_l")):
+        calls = (("call_a", "acc_a"), ("call_d", "acc_d"), ("call_l", "acc_l"), ("call_p", "acc_p"))
+        for call_id, account in calls:
             sessions[call_id] = stack.fake.create_session(
                 [[FakeCall("close_account", {"account_id": account}, call_id=call_id)]]
             )
             await until_state(stack, sessions[call_id], call_id, CallState.AWAITING_APPROVAL)
         with anyio.fail_after(10):
-            while len(heard) < 3:
+            while len(heard) < 4:
                 await anyio.sleep(0.02)
         link = next(v for v in heard if v.call_id == "call_l").links["approve"]
+        pasted_link = next(v for v in heard if v.call_id == "call_p").links["approve"]
 
         def decide_on_page(driver: WebDriver, call_id: str, *, deny: str | None) -> None:
             driver.get(site + "/approvals")
@@ -87,27 +90,43 @@ async def test_an_operator_approves_one_denies_one_and_a_link_works_once(
             log_in(driver, site, "/approvals")
             wait_title(driver, "Waiting for approval")
             listed = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "table.approvals a")]
-            assert sorted(listed) == ["call_a", "call_d", "call_l"]
+            assert sorted(listed) == ["call_a", "call_d", "call_l", "call_p"]
             decide_on_page(driver, "call_a", deny=None)
             decide_on_page(driver, "call_d", deny="the customer asked to wait")
 
             driver.delete_all_cookies()  # the link needs no login
-            driver.get(link)
+            driver.get(link)  # its page's script posts the fragment's token
             wait_title(driver, "Approve call call_l?")
+            assert "#" not in driver.current_url  # the token left the address bar
             assert "acc_l" in driver.find_element(By.CSS_SELECTOR, "pre.arguments").text
             driver.find_element(By.CSS_SELECTOR, "form.approve button").click()
             wait_title(driver, "Approved")
+            driver.get(site + "/login")  # from /approval, the link would only move the fragment
             driver.get(link)
             wait_title(driver, "This approval link cannot be used")
             assert "used up" in driver.find_element(By.TAG_NAME, "main").text
             driver.get(site + "/approvals")
             wait_until(driver, "the login form", lambda d: d.title.startswith("Log in"))
 
+        def paste_without_javascript(driver: WebDriver) -> None:
+            driver.get(pasted_link)  # no script: the page asks for the link
+            wait_title(driver, "Approval link")
+            driver.find_element(By.NAME, "t").send_keys(pasted_link)
+            driver.find_element(By.CSS_SELECTOR, "form.open button").click()
+            wait_title(driver, "Approve call call_p?")
+            chosen = driver.find_element(By.CSS_SELECTOR, "form.deny")
+            chosen.find_element(By.NAME, "reason").send_keys("not today")
+            chosen.find_element(By.TAG_NAME, "button").click()
+            wait_title(driver, "Denied")
+
         async with serve_app(host_app(admin), port=port):
-            await in_browser(browser, steps, javascript=False)
+            await in_browser(browser, steps, javascript=True)
+            await in_browser(browser, paste_without_javascript, javascript=False)
+            pasted = await submitted(stack, "call_p")
             approved = await submitted(stack, "call_a")
             denied = await submitted(stack, "call_d")
             linked = await submitted(stack, "call_l")
     assert approved.success and linked.success
     assert not denied.success and "the customer asked to wait" in (denied.error or "")
+    assert not pasted.success and "not today" in (pasted.error or "")
     assert sorted(ran) == ["call_a", "call_l"]

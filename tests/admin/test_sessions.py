@@ -1,6 +1,7 @@
 """The operator page's sessions over HTTP: logout ends a session on the server (a copied
 cookie is refused afterwards, by every replica and after a restart: the revocation is in
-the app's store), and failed logins are throttled per client address (429, Retry-After)."""
+the app's store), and failed logins are throttled per client (429, Retry-After): per
+browser that logged in before, else per address (behind trusted proxies, the forwarded one)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from agentfn_asgi.admin import AdminApp
-from agentfn_asgi.admin.auth import LOGIN_FAILURES, LOGIN_WINDOW, LoginThrottle
+from agentfn_asgi.admin.auth import BROWSER_COOKIE, LOGIN_FAILURES, LOGIN_WINDOW, LoginThrottle
+from agentfn_asgi.errors import ConfigurationError
 from agentfn_asgi.operator import Operator
 from agentfn_asgi.store import open_store
 
@@ -193,13 +195,89 @@ async def test_concurrent_guesses_cannot_slip_past_the_limit(make_admin: AdminFa
     assert statuses == [401] * LOGIN_FAILURES + [429] * (20 - LOGIN_FAILURES)
 
 
+async def test_a_guesser_cannot_lock_out_operators_who_logged_in_before(
+    make_admin: AdminFactory,
+) -> None:
+    """Behind a proxy that forwards no client address, everybody has the proxy's address.
+    A guesser's five failures lock that address out, but not a browser that logged in
+    before (its failures count on their own, by its cookie); bearer tokens and signed links
+    are never throttled. A browser that never logged in, or a forged browser cookie, counts
+    as the address."""
+    proxy = ("10.0.0.2", 40000)
+    app = make_admin(clock=Clock())
+    async with connect(app, proxy) as operator:
+        assert (await login(operator)).status_code == 303
+        assert BROWSER_COOKIE in operator.cookies
+        operator.cookies.delete("agentfn_admin")  # the session ended; the browser stays known
+        async with connect(app, proxy) as guesser:
+            for _ in range(LOGIN_FAILURES):
+                assert (await login(guesser, token="op-token-guessed-000")).status_code == 401
+            assert (await login(guesser)).status_code == 429
+        assert (await login(operator)).status_code == 303
+    async with connect(app, proxy) as newcomer:
+        assert (await login(newcomer)).status_code == 429  # the stated limit
+        newcomer.cookies.set(BROWSER_COOKIE, "forged.cookie.value", path="/openai/admin")
+        assert (await login(newcomer)).status_code == 429
+        assert (await newcomer.get(admin_url("/"), headers=BEARER)).status_code == 200
+        link = await newcomer.post(
+            admin_url("/approval"),
+            content=b"t=not-a-link",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert link.status_code == 403
+
+
+async def test_a_trusted_proxys_forwarded_address_is_the_client(make_admin: AdminFactory) -> None:
+    """With ``trusted_proxies``, the address a trusted proxy forwards (X-Forwarded-For, from
+    the right) is the client: a guesser behind it is locked out, a neighbour behind the same
+    proxy is not. The header of a peer that is not a trusted proxy is not believed."""
+    app = make_admin(clock=Clock(), trusted_proxies=["10.0.0.0/8"])
+    via_proxy = ("10.0.0.2", 40000)
+
+    def forwarded(address: str) -> dict[str, str]:
+        return {"x-forwarded-for": address}
+
+    async with connect(app, via_proxy) as http:
+        for _ in range(LOGIN_FAILURES):
+            guess = await http.post(
+                admin_url("/login"),
+                data={"token": "op-token-guessed-000"},
+                headers=forwarded("198.51.100.7, 10.0.0.9"),
+            )
+            assert guess.status_code == 401
+        locked = await http.post(
+            admin_url("/login"), data={"token": TOKEN}, headers=forwarded("198.51.100.7")
+        )
+        assert locked.status_code == 429
+        neighbour = await http.post(
+            admin_url("/login"), data={"token": TOKEN}, headers=forwarded("198.51.100.8")
+        )
+        assert neighbour.status_code == 303
+        for garbage in ("not-an-address", "", "198.51.100.9, ::zz, 10.0.0.3"):
+            hostile = await http.post(
+                admin_url("/login"), data={"token": TOKEN}, headers=forwarded(garbage)
+            )
+            assert hostile.status_code == 303  # the proxy's (or the last good hop's) count
+    async with connect(app, ("203.0.113.5", 40000)) as spoofer:
+        for n in range(LOGIN_FAILURES):
+            guess = await spoofer.post(
+                admin_url("/login"),
+                data={"token": "op-token-guessed-000"},
+                headers=forwarded(f"192.0.2.{n}"),
+            )
+            assert guess.status_code == 401
+        assert (await login(spoofer)).status_code == 429
+    with pytest.raises(ConfigurationError, match="trusted_proxies"):
+        make_admin(trusted_proxies=["not-an-address"])
+
+
 def test_one_ipv6_host_is_one_client() -> None:
     """Addresses of one /64 count as one client (a host can use any of them); IPv4-mapped
     IPv6 is its IPv4 address; no address at all is one client too."""
 
     def client(host: str | None) -> str:
         peer = None if host is None else (host, 1)
-        return LoginThrottle.client_of(Request({"type": "http", "client": peer}))
+        return LoginThrottle(clock=Clock()).client_of(Request({"type": "http", "client": peer}))
 
     assert client("2001:db8:0:1::1") == client("2001:db8:0:1:ffff::9") == "2001:db8:0:1::/64"
     assert client("2001:db8:0:2::1") == "2001:db8:0:2::/64"

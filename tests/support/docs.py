@@ -52,9 +52,9 @@ def blocks(path: Path) -> list[Block]:
     index = 0
     while index < len(lines):
         line = lines[index]
-        if re.match(r"^<!-- [a-z]+:begin", line):
+        if re.match(r"^<!-- [a-z-]+:begin", line):
             generated = True
-        elif re.match(r"^<!-- [a-z]+:end -->", line):
+        elif re.match(r"^<!-- [a-z-]+:end -->", line):
             generated = False
         if not line.startswith("```"):
             index += 1

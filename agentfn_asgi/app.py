@@ -42,6 +42,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from ._asgi import BodyTooLargeError, DisconnectedError, header, read_body, send_json, sub_path
 from ._crash import crash_point
+from .backoff import Backoff
 from .client import AgentsClient
 from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
@@ -60,7 +61,7 @@ from .operator import Operator
 from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
 from .store import Store, store_location
-from .stream import Backoff, FollowSummary, follow_session, stream_delivery_id
+from .stream import FollowSummary, follow_session, stream_delivery_id
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
 from .wire import AgentSession, parse_webhook_event

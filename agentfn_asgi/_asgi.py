@@ -1,25 +1,62 @@
-"""Small raw-ASGI helpers shared by the endpoints the package serves (no framework).
+"""Small raw-ASGI helpers shared by the endpoints the package serves.
 
-Reading a request body under a size cap and a time limit, answering JSON, reading a header
-and the path below a mount point.
+Routing an app's exact paths (starlette's router, without its slash redirect and with our
+own 404 and 405), reading a request body under a size cap and a time limit, answering JSON,
+reading a header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from starlette.types import Receive, Scope, Send
+from starlette.routing import Route, Router
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = [
     "BodyTooLargeError",
     "DisconnectedError",
+    "Refusal",
+    "exact_router",
     "header",
     "read_body",
     "send_json",
-    "sub_path",
 ]
+
+#: Answers a method a path does not take: ``refuse(scope, receive, send, allow)``.
+Refusal = Callable[[Scope, Receive, Send, str], Awaitable[None]]
+
+
+def exact_router(
+    routes: Iterable[tuple[str, ASGIApp, str]], not_found: ASGIApp, not_allowed: Refusal
+) -> Router:
+    """Starlette's router over ``(path, app, allow)``: each exact path answered by the plain
+    ASGI ``app`` for the methods ``allow`` lists (``"GET, HEAD"``, the ``Allow`` header of
+    the path's 405, answered by ``not_allowed``), any other path by ``not_found``. No slash
+    redirect: a webhook sender counts a 3xx as a failed delivery."""
+    endpoints = [_Endpoint(path, app, allow, not_allowed) for path, app, allow in routes]
+    return Router(endpoints, redirect_slashes=False, default=not_found)
+
+
+class _Endpoint(Route):
+    """``"/"`` also matches the mount point itself (below a ``root_path`` its exact path
+    leaves an empty path); HEAD is allowed only where listed."""
+
+    def __init__(self, path: str, app: ASGIApp, allow: str, refuse: Refusal) -> None:
+        super().__init__(path, app, methods=allow.split(", "), include_in_schema=False)
+        self.app = app  # as is: starlette takes a bound method for request -> response
+        self.allow, self.allowed, self.refuse = allow, frozenset(allow.split(", ")), refuse
+        if path == "/":
+            self.path_regex = re.compile("^/?$")
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] in self.allowed:
+            await self.app(scope, receive, send)
+        else:
+            await self.refuse(scope, receive, send, self.allow)
 
 
 class BodyTooLargeError(Exception):
@@ -88,12 +125,3 @@ def header(scope: Scope, name: bytes, *, limit: int = 256) -> str | None:
         if key == name:
             return str(value[:limit].decode("latin-1"))
     return None
-
-
-def sub_path(scope: Scope) -> str:
-    """The path below the mount point (``root_path``), so ``Mount`` and plain routes both work."""
-    path: str = scope.get("path", "")
-    root: str = scope.get("root_path", "").rstrip("/")
-    if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root) :]
-    return path.rstrip("/")

@@ -14,6 +14,7 @@ missing, malformed or repeated ``webhook-*`` header       400
 body is not a JSON webhook envelope / no session id       400
 bad signature, timestamp outside the tolerance            401
 method other than POST (GET/HEAD for ``/healthz``)        405 (with ``Allow``)
+any other path below the mount point (exact, no redirect) 404
 body not received within ``body_timeout``                 408
 body larger than ``max_body_size``                        413
 store unavailable, shutting down, unexpected failure      503 (the sender retries)
@@ -40,8 +41,16 @@ from typing import Any, TypeVar
 
 from starlette.types import Message, Receive, Scope, Send
 
-from ._asgi import BodyTooLargeError, DisconnectedError, header, read_body, send_json, sub_path
+from ._asgi import (
+    BodyTooLargeError,
+    DisconnectedError,
+    exact_router,
+    header,
+    read_body,
+    send_json,
+)
 from ._crash import crash_point
+from .backoff import Backoff
 from .client import AgentsClient
 from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
@@ -60,7 +69,7 @@ from .operator import Operator
 from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
 from .store import Store, store_location
-from .stream import Backoff, FollowSummary, follow_session, stream_delivery_id
+from .stream import FollowSummary, follow_session, stream_delivery_id
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
 from .wire import AgentSession, parse_webhook_event
@@ -191,6 +200,9 @@ class AgentWebhookApp:
         self._rejections = _Throttle()
         self._ignored = _Throttle()
         self._lazy_warned = False
+        routes = [("/", self._webhook, "POST"), ("/healthz", self._health, "GET, HEAD")]
+        routes.append((COMPLETE_PATH, self._complete, "POST"))
+        self._router = exact_router(routes, _not_found, _not_allowed)
 
     # -- the parts, assembled on first use -------------------------------------------------
     def check(self) -> None:
@@ -407,25 +419,7 @@ class AgentWebhookApp:
         except ConfigurationError as exc:
             await self._unconfigured(send, exc, head=scope.get("method") == "HEAD")
             return
-        path = sub_path(scope)
-        method = scope.get("method", "GET")
-        if path == "":
-            if method != "POST":
-                await send_json(send, 405, {"error": "method not allowed"}, allow="POST")
-                return
-            await self._webhook(scope, receive, send)
-        elif path == "/healthz":
-            if method not in ("GET", "HEAD"):
-                await send_json(send, 405, {"error": "method not allowed"}, allow="GET, HEAD")
-                return
-            await self._health(send, head=method == "HEAD")
-        elif path == COMPLETE_PATH:
-            if method != "POST":
-                await send_json(send, 405, {"error": "method not allowed"}, allow="POST")
-                return
-            await self._complete(scope, receive, send)
-        else:
-            await send_json(send, 404, {"error": "not found"})
+        await self._router(scope, receive, send)
 
     async def _lifespan_protocol(self, receive: Receive, send: Send) -> None:
         while True:
@@ -456,7 +450,8 @@ class AgentWebhookApp:
             logger.error("agentfn-asgi cannot start, answering 503: %s%s", exc, more)
         await send_json(send, 503, {"error": "not configured"}, retry_after="60", head=head)
 
-    async def _health(self, send: Send, *, head: bool = False) -> None:
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        head = scope["method"] == "HEAD"
         try:
             await asyncio.wait_for(self.store.ping(), timeout=2.0)
         except ConfigurationError as exc:  # the store cannot open as configured
@@ -803,3 +798,11 @@ def _check_configuration(
             "other. Give AGENTFN_COMPLETION_SECRET (completion_secret=) a secret of its own, "
             'e.g. python -c "import secrets; print(secrets.token_urlsafe(32))"'
         )
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    await send_json(send, 404, {"error": "not found"})
+
+
+async def _not_allowed(scope: Scope, receive: Receive, send: Send, allow: str) -> None:
+    await send_json(send, 405, {"error": "method not allowed"}, allow=allow)

@@ -18,8 +18,8 @@ cap and a total deadline:
 - ``retry-after-ms`` / ``Retry-After`` (seconds or an HTTP date) is honoured up to
   ``max_retry_after`` (60 s); a longer demand gives up at once, as the official client does
   above 120 s;
-- otherwise exponential backoff: 0.25 s doubling, capped at 8 s, times a jitter in
-  [0.75, 1.0];
+- otherwise exponential backoff (:mod:`agentfn_asgi.backoff`): 0.25 s doubling, capped at
+  8 s, less a jitter of up to a quarter (a factor in [0.75, 1.0]);
 - at most ``max_retries`` retries and never past ``total_deadline`` seconds from the first
   attempt (the client never sleeps past it, and cuts a request short when it is reached);
 - every retry of a submission carries the same ``Idempotency-Key``;
@@ -55,6 +55,7 @@ import httpx
 
 from agentfn_asgi._sse import EventStream
 from agentfn_asgi._version import __version__
+from agentfn_asgi.backoff import Backoff
 from agentfn_asgi.errors import (
     APIConnectionError,
     APIError,
@@ -224,8 +225,7 @@ class AgentsClient:
         self.max_retries = max_retries
         self.total_deadline = total_deadline
         self._on_retry = on_retry
-        self._backoff_base = backoff_base
-        self._backoff_cap = backoff_cap
+        self._backoff = Backoff(base=backoff_base, cap=backoff_cap, jitter=0.25)
         self._max_retry_after = max_retry_after
         self._race_delays = tuple(race_delays)
         self._sleep = sleep or anyio.sleep
@@ -535,7 +535,7 @@ class AgentsClient:
                 ):
                     raise error from failed.__cause__
                 else:
-                    delay = failed.retry_after or self._backoff(retries)
+                    delay = failed.retry_after or self._backoff.delay(retries + 1, self._random())
                     retries += 1
                 if self._monotonic() + delay > deadline:
                     # Sleeping would pass the deadline: report the real failure instead.
@@ -620,10 +620,6 @@ class AgentsClient:
         if retry_after is not None and retry_after <= 0:
             retry_after = None
         return retryable, retry_after
-
-    def _backoff(self, retries_taken: int) -> float:
-        base = min(self._backoff_base * 2.0**retries_taken, self._backoff_cap)
-        return base * (1.0 - 0.25 * self._random())
 
 
 #: 409 codes that say the request conflicts with recorded state, not with a transient lock.

@@ -5,38 +5,33 @@ field of :class:`ToolPolicy`, declared once with its default, its check and its
 documentation. Registration builds the policy from the options (:meth:`ToolPolicy.build`),
 the option names and the documentation of
 :class:`~agentfn_asgi.tools.ToolOptions` come from these fields, and the dispatcher merges the
-policy with its :class:`~agentfn_asgi.dispatch.DispatchSettings` in one place,
-:func:`resolve`. Adding a run option means adding one field here (and its key to
-``ToolOptions``, which a test holds to these fields, since static typing needs it spelled).
+policy with its settings in one place (:func:`agentfn_asgi.dispatch.settings.resolve`).
+Adding a run option means adding one field here (and its key to ``ToolOptions``, which a
+test holds to these fields, since static typing needs it spelled).
 
-This module imports only the error tree and the tool context types.
+This module imports only the error tree, the tool context types and the backoff.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from ._context import ReconcileHook
-from .errors import ConfigurationError, ToolDefinitionError
-
-if TYPE_CHECKING:
-    from .dispatch.settings import DispatchSettings
+from .backoff import Backoff
+from .errors import ToolDefinitionError
 
 __all__ = [
     "DEFAULT_JOB_DEADLINE",
     "DEFAULT_MAX_WAIT",
     "DEFINITION_OPTIONS",
     "POLICY_OPTIONS",
-    "ResolvedPolicy",
     "RetryPolicy",
     "ToolPolicy",
-    "check_limits",
     "option_docs",
     "parse_rate",
-    "resolve",
 ]
 
 #: Seconds a job handed to ``enqueue=`` may take before its call fails (see agentfn_asgi.jobs).
@@ -181,11 +176,12 @@ class RetryPolicy:
 
     A call whose handler raises one of ``transient`` is tried again, up to ``attempts``
     executions in all, after ``initial_backoff`` seconds, multiplied by ``multiplier`` per
-    failure up to ``max_backoff``; ``jitter`` (a fraction) only adds to that wait, a random
-    part of up to ``jitter`` times it, so replicas retrying together spread out and no retry
-    comes sooner than the backoff says. ``deadline``: no attempt starts later than that many
-    seconds after the call was first claimed (None: no bound beyond ``attempts``). The wait
-    is kept in the store, so a restart or another replica resumes the call at that time.
+    failure up to ``max_backoff``; ``jitter`` (a fraction) only takes from that wait, a
+    random part of up to ``jitter`` times it, so replicas retrying together spread out and
+    no retry comes later than the backoff says (:mod:`agentfn_asgi.backoff`). ``deadline``:
+    no attempt starts later than that many seconds after the call was first claimed (None:
+    no bound beyond ``attempts``). The wait is kept in the store, so a restart or another
+    replica resumes the call at that time.
     Side-effect tools take no ``retry=``: only :class:`~agentfn_asgi.errors.RetryLater` raised
     by the handler itself retries them (the handler knows nothing happened).
     """
@@ -223,11 +219,11 @@ class RetryPolicy:
         else:
             object.__setattr__(self, "transient", tuple(transient))
 
-    def backoff(self, failures: int, random: float = 0.0) -> float:
+    def backoff(self, failures: int, random: float | None = None) -> float:
         """Seconds to wait after the ``failures``-th failed attempt (1 for the first);
-        ``random`` in [0, 1) picks the jitter, which only adds."""
-        base = min(self.initial_backoff * self.multiplier ** max(failures - 1, 0), self.max_backoff)
-        return base * (1.0 + self.jitter * random)
+        ``random`` in [0, 1) picks the jitter, which only shortens it."""
+        backoff = Backoff(self.initial_backoff, self.max_backoff, self.multiplier, self.jitter)
+        return backoff.delay(failures, random)
 
     def is_transient(self, exc: BaseException) -> bool:
         """Is ``exc`` one of the exception types this policy retries?"""
@@ -446,64 +442,3 @@ def option_docs() -> str:
         suffix = "" if default in (None, False) else f" (default {default!r})"
         lines.append(f"- ``{spec.name}``: {spec.metadata['doc']}{suffix}")
     return "\n".join(lines)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResolvedPolicy:
-    """A tool's policy merged with the dispatcher's settings (:func:`resolve`): what a call
-    of it runs under, nothing left to look up."""
-
-    policy: ToolPolicy
-    timeout: float | None
-    in_doubt: Literal["fail", "hold"]
-    max_attempts: int
-    thread_wait: float
-    approval_timeout: float
-
-    @property
-    def max_wait(self) -> float | None:
-        """Seconds a call of a limited tool may wait for its limiter (None: no bound)."""
-        return self.policy.max_wait if self.policy.limited else None
-
-    @property
-    def retry(self) -> RetryPolicy | None:
-        """The tool's retry policy, if any."""
-        return self.policy.retry
-
-
-def resolve(policy: ToolPolicy, settings: DispatchSettings) -> ResolvedPolicy:
-    """The one merge of a tool's policy with the dispatcher's settings: the tool's own value
-    where it sets one, the setting otherwise."""
-    return ResolvedPolicy(
-        policy=policy,
-        timeout=policy.timeout if policy.timeout is not None else settings.default_timeout,
-        in_doubt=policy.in_doubt if policy.in_doubt is not None else settings.in_doubt,
-        max_attempts=(
-            policy.max_attempts if policy.max_attempts is not None else settings.max_attempts
-        ),
-        thread_wait=settings.thread_wait,
-        approval_timeout=(
-            policy.approval_timeout
-            if policy.approval_timeout is not None
-            else settings.approval_timeout
-        ),
-    )
-
-
-def check_limits(policies: Iterable[tuple[str, ToolPolicy]], settings: DispatchSettings) -> None:
-    """Refuse at start-up, in one line with the fix, a tool whose limits cannot work with
-    these settings (what registration alone cannot judge: the app's defaults). A retry
-    deadline shorter than the tool's timeout would end retries before one attempt may
-    finish; a retry policy allowing fewer attempts than asked is fine."""
-    for name, policy in policies:
-        resolved = resolve(policy, settings)
-        deadline = None if policy.retry is None else policy.retry.deadline
-        timeout = resolved.timeout
-        if deadline is not None and (timeout is None or deadline < timeout):
-            where = "its timeout=" if policy.timeout is not None else "the app's default_timeout"
-            limit = "no timeout" if timeout is None else f"{timeout:g} s"
-            raise ConfigurationError(
-                f"tool {name!r}: its retry deadline ({deadline:g} s) is shorter than one"
-                f" attempt may run ({limit}, {where}); raise RetryPolicy(deadline=...) above"
-                " it or give the tool a shorter timeout="
-            )

@@ -19,8 +19,9 @@ The rules both inherit from :func:`follow_session`:
 - **No single event stops a follower**: one that cannot be parsed (a snapshot whose
   model-written arguments nest 100,000 levels deep, say) is logged and skipped, and the
   session is read again in its place, since it may have announced anything.
-- **A dropped stream is reconnected with backoff**; a session that is gone (404) ends the
-  follow; an auth or request error (401, 403, 400) is raised, since retrying cannot help.
+- **A dropped stream is reconnected with backoff** (:data:`RECONNECT` by default); a
+  session that is gone (404) ends the follow; an auth or request error (401, 403, 400) is
+  raised, since retrying cannot help.
 
 :class:`SessionWatcher` decides which sessions to follow: given ids, or the project's
 active sessions found by polling ``GET /agents/sessions`` (newest first).
@@ -34,13 +35,13 @@ import contextlib
 import hashlib
 import json
 import logging
-import random as _random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 
+from .backoff import Backoff
 from .errors import APIError, APIStatusError, NotFoundError
 from .session_events import (
     ErrorEvent,
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTIVE_STATUSES",
-    "Backoff",
+    "RECONNECT",
     "FollowEnd",
     "FollowSummary",
     "SessionWatcher",
@@ -81,17 +82,9 @@ OnAction = Callable[[AgentSession], Awaitable[None]]
 # -- following one session -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Reconnect delays: ``base`` doubling per consecutive failure up to ``cap`` seconds,
-    times a jitter in [0.75, 1.0] (so many listeners do not reconnect in step)."""
-
-    base: float = 0.5
-    cap: float = 15.0
-
-    def delay(self, failures: int, random: Callable[[], float] = _random.random) -> float:
-        """The pause before attempt ``failures + 1`` (``failures`` >= 1)."""
-        return min(self.base * 2.0 ** max(failures - 1, 0), self.cap) * (1.0 - 0.25 * random())
+#: Reconnect delays: 0.5 s doubling per failure in a row up to 15 s, less a jitter of up to a
+#: quarter (so many listeners do not reconnect in step).
+RECONNECT = Backoff(base=0.5, cap=15.0, jitter=0.25)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +190,7 @@ async def follow_session(
     cancel the task to stop early.
     """
     say = notice or (lambda _line: None)
-    pause = backoff or Backoff()
+    pause = backoff or RECONNECT
     seen = _RecentIds(recent_ids)
     failures = opened = events = duplicates = 0
     cancelled = False

@@ -28,6 +28,7 @@ import anyio
 import httpx
 
 from ._threads import ThreadPool
+from .backoff import Backoff
 from .client import status_error
 from .errors import (
     APIConnectionError,
@@ -84,6 +85,8 @@ class _Sleep:
     seconds: float
 
 
+_RETRY = Backoff(base=0.25, cap=4.0, jitter=0.25)  # between tries of one completion
+
 #: What the exchange is told after a ``_Post``: the response, or the transport error.
 _Answer = httpx.Response | httpx.HTTPError
 
@@ -108,7 +111,7 @@ def _exchange(
                 return _interpret(answer)
         elif last:
             raise APIConnectionError(f"cannot reach {url}: {answer}") from answer
-        yield _Sleep(min(0.25 * 2.0 ** (attempt - 1), 4.0))
+        yield _Sleep(_RETRY.delay(attempt))
     raise AssertionError("unreachable")  # pragma: no cover - the loop always returns
 
 

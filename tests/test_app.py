@@ -64,6 +64,35 @@ async def test_healthz_answers_get_and_head_only(
         assert answer.json()["status"] == "ok"
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allow"),
+    [
+        ("GET", "/", 405, "POST"),
+        ("PUT", "", 405, "POST"),
+        ("DELETE", "/healthz", 405, "GET, HEAD"),
+        ("GET", "/calls/complete", 405, "POST"),
+        ("GET", "/healthz/", 404, None),
+        ("POST", "/calls/complete/", 404, None),
+        ("POST", "//", 404, None),
+        ("GET", "/nope", 404, None),
+    ],
+)
+async def test_paths_are_exact_never_redirected_and_a_405_says_what_is_allowed(
+    client: AgentsClient, method: str, path: str, status: int, allow: str | None
+) -> None:
+    """Below its mount point the app answers its own exact paths (the mount point itself
+    with or without the slash); any other path is its JSON 404, never a redirect; a wrong
+    method is its JSON 405 with ``Allow``, in a fixed order."""
+    webhooks = AgentWebhookApp(
+        FunctionTools(), webhook_secret=SECRET, client=client, store="memory://"
+    )
+    transport = httpx.ASGITransport(app=webhooks, root_path="/openai/webhooks")
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+        answer = await http.request(method, "/openai/webhooks" + path)
+    assert (answer.status_code, answer.headers.get("allow")) == (status, allow)
+    assert answer.json() == {"error": "not found" if status == 404 else "method not allowed"}
+
+
 async def test_start_up_logs_the_resolved_store_location_once(
     client: AgentsClient,
     tmp_path: Path,

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from agentfn_asgi.backoff import Backoff
 from agentfn_asgi.dispatch.approvals import ApprovalView
 from agentfn_asgi.errors import (
     ApprovalDecidedError,
@@ -504,7 +505,7 @@ async def test_an_approved_call_whose_session_cannot_be_read_is_retried_with_pau
     after pauses that double, not on every poll; it runs once the read works."""
     from agentfn_asgi.dispatch import approvals
 
-    monkeypatch.setattr(approvals, "RETRY_FIRST", 0.4)
+    monkeypatch.setattr(approvals, "REREAD", Backoff(base=0.4, cap=60.0))
     ran: list[str] = []
     async with running_stack(account_tools(ran), settings=SETTINGS) as stack:
         fake = stack.fake

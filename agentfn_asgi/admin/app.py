@@ -1,4 +1,5 @@
-"""The operator page as a pure ASGI app: routing, authentication, CSRF, headers, refusals.
+"""The operator page as a pure ASGI app: routing (exact paths), authentication, CSRF,
+headers, refusals.
 
 Every response carries a strict Content-Security-Policy (no script at all, styles only from
 the served stylesheet), ``X-Frame-Options: DENY``, ``Referrer-Policy: no-referrer`` and
@@ -13,12 +14,13 @@ import importlib.resources
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._asgi import exact_router
 from ..errors import ApprovalError, StoreError
 from ..operator import ApprovalsView, ApprovalView, Operator, OperatorView
 from .approval_links import LINK_MAX_AGE, ApprovalLinks
@@ -58,6 +60,9 @@ _STYLESHEET = importlib.resources.files("agentfn_asgi.admin").joinpath("style.cs
 # A settle form carries at most one result (the API's own limit is 4 MiB); a login, a token.
 _FORM_LIMIT = 8 * 1024 * 1024
 _LOGIN_LIMIT = 16 * 1024
+
+#: Answers one route: ``(request, ctx, method)``, HEAD taken as GET, the query parsed.
+_Route = Callable[[Request, Context, str], Awaitable[Response]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,6 +141,14 @@ class AdminApp:
                 "(authorizer= without secret= or tokens=): another replica, or this one after "
                 "a restart, refuses them. Give every process the same secret=."
             )
+        routes: list[tuple[str, _Route, str]] = [("/style.css", _stylesheet, "GET, HEAD")]
+        routes.append(("/approval", self._signed_link, "GET, HEAD, POST"))
+        routes += [(path, self._signed_in, "GET, HEAD") for path in GET_PAGES]
+        routes += [(path, self._signed_in, "POST") for path in ("/settle", "/logout", "/decide")]
+        if self.gate.tokens:  # without tokens the host logs people in: no /login here
+            routes.append(("/login", self._login, "GET, HEAD, POST"))
+        served = [(path, self._serve(route), allow) for path, route, allow in routes]
+        self._router = exact_router(served, self._serve(self._not_found), self._not_allowed)
 
     def approval_links(self, request: ApprovalView) -> dict[str, str]:
         """The links of one approval request: ``approve`` (signed, decides it once) and
@@ -154,61 +167,65 @@ class AdminApp:
         if scope["type"] != "http":
             await send({"type": "websocket.close", "code": 1008})
             return
-        request = Request(scope, receive)
-        try:
-            response = await self._respond(request)
-        except ClientDisconnect:
-            return
-        except StoreError as exc:
-            # Checking a session's revocation needs the store: without it, nobody gets in.
-            logger.warning("operator page: the store failed: %s", type(exc).__name__)
-            root, route = _split_path(scope)
-            ctx = Context(root=root, route=route, refresh_seconds=self.refresh_seconds)
-            response = self._message(
-                ctx,
-                503,
-                "Store unavailable",
-                f"The store cannot answer right now ({type(exc).__name__}). Try again shortly.",
-            )
-        except Exception:
-            # A bug (ours or the view's), never the input: log it, show nothing of it.
-            logger.exception("operator page: unexpected error")
-            root, route = _split_path(scope)
-            ctx = Context(root=root, route=route, refresh_seconds=self.refresh_seconds)
-            response = self._message(
-                ctx, 500, "Internal error", "Something went wrong; the server log has details."
-            )
-        for name, value in SECURITY_HEADERS.items():
-            response.headers.setdefault(name, value)  # a page may tighten or extend its CSP
-        await response(scope, receive, send)
+        await self._router(scope, receive, send)
 
     # -- dispatch --------------------------------------------------------------------------
 
-    async def _respond(self, request: Request) -> Response:
-        scope = request.scope
-        root, route = _split_path(scope)
-        method = "GET" if scope["method"] == "HEAD" else scope["method"]
-        ctx = Context(
-            root=root, route=route, now=self.clock(), refresh_seconds=self.refresh_seconds
-        )
+    def _serve(self, route: _Route) -> ASGIApp:
+        """One route as ASGI: its context and query first (400 for a bad query), then its
+        answer; a failing store is a 503 page, a bug a 500 page, and every answer carries
+        the security headers."""
+
+        async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+            root, path = _split_path(scope)
+            ctx = Context(root=root, route=path, refresh_seconds=self.refresh_seconds)
+            try:
+                response = await self._respond(Request(scope, receive), ctx, route)
+            except ClientDisconnect:
+                return
+            except StoreError as exc:
+                # Checking a session's revocation needs the store: without it, nobody gets in.
+                logger.warning("operator page: the store failed: %s", type(exc).__name__)
+                response = self._message(
+                    ctx,
+                    503,
+                    "Store unavailable",
+                    f"The store cannot answer right now ({type(exc).__name__}). Try again shortly.",
+                )
+            except Exception:
+                # A bug (ours or the view's), never the input: log it, show nothing of it.
+                logger.exception("operator page: unexpected error")
+                response = self._message(
+                    ctx, 500, "Internal error", "Something went wrong; the server log has details."
+                )
+            for name, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)  # a page may tighten its CSP
+            await response(scope, receive, send)
+
+        return serve
+
+    async def _respond(self, request: Request, ctx: Context, route: _Route) -> Response:
+        method = "GET" if request.scope["method"] == "HEAD" else request.scope["method"]
         try:
-            query = parse_pairs(scope.get("query_string", b"").decode("latin-1"))
+            query = parse_pairs(request.scope.get("query_string", b"").decode("latin-1"))
         except FormError as exc:
             return self._message(ctx, exc.status, "Bad request", exc.message)
-        ctx = dataclasses.replace(ctx, query=query)
-        if route == "/style.css" and method == "GET":
-            return Response(_STYLESHEET, media_type="text/css; charset=utf-8")
-        if route == "/login" and self.gate.tokens:
-            return await self._login(request, ctx, method)
-        if route == "/approval":
-            return await self._signed_link(request, ctx, method)
-        post = route in ("/settle", "/logout", "/decide")
-        if route not in GET_PAGES and not post:
-            return self._message(ctx, 404, "Not found", "There is no such page here.")
-        if method != ("POST" if post else "GET"):
+        ctx = dataclasses.replace(ctx, now=self.clock(), query=query)
+        return await route(request, ctx, method)
+
+    async def _not_found(self, request: Request, ctx: Context, method: str) -> Response:
+        return self._message(ctx, 404, "Not found", "There is no such page here.")
+
+    async def _not_allowed(self, scope: Scope, receive: Receive, send: Send, allow: str) -> None:
+        async def refuse(request: Request, ctx: Context, method: str) -> Response:
             response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
-            response.headers["allow"] = "POST" if post else "GET, HEAD"
+            response.headers["allow"] = allow
             return response
+
+        await self._serve(refuse)(scope, receive, send)
+
+    async def _signed_in(self, request: Request, ctx: Context, method: str) -> Response:
+        """The pages and forms behind the login."""
         access = await self._access(request)
         if access is None:
             return self._refuse(request, ctx, method)
@@ -218,7 +235,7 @@ class AdminApp:
             csrf=self.gate.csrf_token(session) if session is not None else "",
             logged_in=session is not None and session.via == "token",
         )
-        response = await self._handle(request, ctx, method, route, access)
+        response = await self._handle(request, ctx, method, ctx.route, access)
         if access.new_cookie is not None:
             self._set_cookie(response, request, ctx, access.new_cookie)
         return response
@@ -273,10 +290,6 @@ class AdminApp:
         sent here); ``POST /approval`` with ``t``: the request and a form; with ``decision``
         too: the decision. No login: the signed token is the permission, for its one
         request, and it is never in a part of a URL that a server or a proxy logs."""
-        if method not in ("GET", "POST"):
-            response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
-            response.headers["allow"] = "GET, HEAD, POST"
-            return response
         if method == "GET":
             if "t" in ctx.query:  # a token in the query was logged on its way here
                 return self._link_refused(
@@ -389,10 +402,6 @@ class AdminApp:
             if session is not None and session.via == "token":
                 return see_other(ctx.root + next_route)
             return html_page(self._login_form(ctx, next_route, failed=False))
-        if method != "POST":
-            response = self._message(ctx, 405, "Method not allowed", f"{method} is not used here.")
-            response.headers["allow"] = "GET, HEAD, POST"
-            return response
         # A browser that logged in before counts on its own: a guesser sharing its address
         # (one proxy for everybody) cannot lock it out.
         client = self.gate.known_browser(request.cookies.get(BROWSER_COOKIE))
@@ -465,6 +474,10 @@ class AdminApp:
         links = [(ctx.url("/"), "Overview")] if signed_in else []
         body = message_page(ctx, title=title, message=message, signed_in=signed_in, links=links)
         return html_page(body, status=status)
+
+
+async def _stylesheet(request: Request, ctx: Context, method: str) -> Response:
+    return Response(_STYLESHEET, media_type="text/css; charset=utf-8")
 
 
 def _split_path(scope: Scope) -> tuple[str, str]:

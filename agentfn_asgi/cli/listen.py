@@ -25,11 +25,12 @@ from typing import Any, TextIO
 
 import httpx
 
+from ..backoff import Backoff
 from ..client import AgentsClient
 from ..config import Config
 from ..errors import APIStatusError, CLIError
 from ..signing import parse_secrets, signed_headers
-from ..stream import Backoff, FollowEnd, SessionWatcher, stream_delivery_id
+from ..stream import RECONNECT, FollowEnd, SessionWatcher, stream_delivery_id
 from ..wire import AgentSession
 from .common import EXIT_OK, progress, secret_from
 
@@ -63,7 +64,7 @@ class Forwarder:
         self.http = http
         self.out = out or sys.stdout
         self.attempts = attempts
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or RECONNECT
         self.forwarded = 0
         self._taken: set[str] = set()
 

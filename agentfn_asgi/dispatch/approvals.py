@@ -19,7 +19,7 @@ there (the rows of :mod:`agentfn_asgi.states`):
   calls): an approval then finds nothing to decide, or the approved call is not run. So
   does a session deleted meanwhile (404 after the ``not_found_retries`` pauses). A session
   that cannot be read for another reason (an outage, a 403) is tried again after a pause
-  that doubles up to :data:`RETRY_CAP` seconds, per call and per replica, so a pile of such
+  that doubles up to a minute (:data:`REREAD`), per call and per replica, so a pile of such
   calls neither makes every poll read them all nor hides the calls approved after them.
 """
 
@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backoff import Backoff
 from ..client import AgentsClient
 from ..errors import (
     APIError,
@@ -58,18 +59,16 @@ __all__ = ["ApprovalView", "Approvals", "approval_view"]
 
 logger = logging.getLogger("agentfn_asgi.dispatch.approvals")
 
-#: Tries of ``on_approval_request`` for one request, and the first pause between them
-#: (doubling): about eight minutes in all.
+#: Tries of ``on_approval_request`` for one request, and the pauses between them: about
+#: eight minutes in all.
 NOTIFY_TRIES = 10
-NOTIFY_FIRST_DELAY = 1.0
+NOTIFY_BACKOFF = Backoff(base=1.0, cap=512.0)
 #: Requests expired or approved calls claimed per poll.
 POLL_BATCH = 100
 #: The waiting-requests gauge counts up to this many.
 COUNT_LIMIT = 10_000
-#: An approved call whose session could not be read waits this long before the next read
-#: (from the first pause, doubling).
-RETRY_FIRST = 2.0
-RETRY_CAP = 60.0
+#: An approved call whose session could not be read waits this long before the next read.
+REREAD = Backoff(base=2.0, cap=60.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,7 +151,7 @@ class Approvals:
         self._wake = asyncio.Event()
         self._count_due = 0.0
         # Approved calls whose session could not be read: (next read due, last pause).
-        self._unreadable: dict[CallKey, tuple[float, float]] = {}
+        self._unreadable: dict[CallKey, tuple[float, int]] = {}  # (next read, failures)
         #: The host's ``on_approval_request``: told of each request made here, once.
         self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
         #: Builds the links of a request (the operator page's signed link), when the page
@@ -364,9 +363,9 @@ class Approvals:
             await self._store.mark_stale(key, unchanged_since=read_at)
             return
         except APIError as exc:
-            _, pause = self._unreadable.get(key, (0.0, RETRY_FIRST / 2))
-            pause = min(pause * 2, RETRY_CAP)
-            self._unreadable[key] = (time.monotonic() + pause, pause)
+            failures = self._unreadable.get(key, (0.0, 0))[1] + 1
+            pause = REREAD.delay(failures)
+            self._unreadable[key] = (time.monotonic() + pause, failures)
             logger.warning(
                 "approved call %s waits: its session could not be read (%s); next try in %.0f s",
                 key,
@@ -432,7 +431,6 @@ class Approvals:
     async def _notify(self, view: ApprovalView) -> None:
         notify = self.notify
         assert notify is not None
-        delay = NOTIFY_FIRST_DELAY
         for attempt in range(1, NOTIFY_TRIES + 1):
             try:
                 await notify(view)
@@ -445,6 +443,5 @@ class Approvals:
                     NOTIFY_TRIES,
                     exc_info=True,
                 )
-            await asyncio.sleep(delay)
-            delay *= 2
+            await asyncio.sleep(NOTIFY_BACKOFF.delay(attempt))
         logger.error("on_approval_request gave up on %s", view.approval_id)

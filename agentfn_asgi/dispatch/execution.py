@@ -59,7 +59,6 @@ from ..messages import (
     model_error_message,
     timeout_message,
 )
-from ..policy import ResolvedPolicy, resolve
 from ..records import (
     ApprovalRequest,
     CallKey,
@@ -78,7 +77,7 @@ from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .leases import Lease, LeaseKeeper, LeaseLostError
 from .limits import Limiting, Turn, Waiter, limit_for
-from .settings import DispatchSettings
+from .settings import DispatchSettings, ResolvedPolicy, resolve
 from .submission import Submitter
 
 __all__ = ["CompletionStatus", "Executor", "JobHandoff"]

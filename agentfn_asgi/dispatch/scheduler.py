@@ -33,7 +33,6 @@ from ..errors import (
     SessionNotFoundYetError,
     StoreError,
 )
-from ..policy import check_limits
 from ..records import CallKey, DeliveryRecord
 from ..store.base import Store
 from ..tools import FunctionTools
@@ -43,7 +42,7 @@ from .alarms import ConfigurationAlarm, is_configuration_error
 from .approvals import Approvals, ApprovalView
 from .execution import CompletionStatus, Executor, JobHandoff
 from .leases import LeaseKeeper
-from .settings import DispatchSettings
+from .settings import DispatchSettings, check_limits
 from .settling import Settler, SettleStatus
 from .submission import Submitter, read_session
 

@@ -1,4 +1,5 @@
-"""How the dispatcher runs calls: :class:`DispatchSettings`.
+"""How the dispatcher runs calls: :class:`DispatchSettings`, and its one merge with a tool's
+policy (:func:`resolve`).
 
 A plain value with safe defaults; :mod:`agentfn_asgi.config` builds one from the ``AGENTFN_*``
 environment variables (docs/configuration.md lists them, generated from the code).
@@ -6,12 +7,16 @@ environment variables (docs/configuration.md lists them, generated from the code
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from ..backoff import Backoff
+from ..errors import ConfigurationError
+from ..policy import RetryPolicy, ToolPolicy
 from ..results import DEFAULT_SAFETY_MARGIN, TOOL_RESULT_LIMIT
 
-__all__ = ["DispatchSettings"]
+__all__ = ["DispatchSettings", "ResolvedPolicy", "check_limits", "resolve"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,4 +74,65 @@ class DispatchSettings:
 
     def retry_delay(self, failures: int) -> float:
         """Seconds before the next try of a record that failed ``failures`` times."""
-        return float(min(self.retry_base * 2.0 ** max(failures - 1, 0), self.retry_cap))
+        return Backoff(base=self.retry_base, cap=self.retry_cap).delay(failures)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResolvedPolicy:
+    """A tool's policy merged with the dispatcher's settings (:func:`resolve`): what a call
+    of it runs under, nothing left to look up."""
+
+    policy: ToolPolicy
+    timeout: float | None
+    in_doubt: Literal["fail", "hold"]
+    max_attempts: int
+    thread_wait: float
+    approval_timeout: float
+
+    @property
+    def max_wait(self) -> float | None:
+        """Seconds a call of a limited tool may wait for its limiter (None: no bound)."""
+        return self.policy.max_wait if self.policy.limited else None
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        """The tool's retry policy, if any."""
+        return self.policy.retry
+
+
+def resolve(policy: ToolPolicy, settings: DispatchSettings) -> ResolvedPolicy:
+    """The one merge of a tool's policy with the dispatcher's settings: the tool's own value
+    where it sets one, the setting otherwise."""
+    return ResolvedPolicy(
+        policy=policy,
+        timeout=policy.timeout if policy.timeout is not None else settings.default_timeout,
+        in_doubt=policy.in_doubt if policy.in_doubt is not None else settings.in_doubt,
+        max_attempts=(
+            policy.max_attempts if policy.max_attempts is not None else settings.max_attempts
+        ),
+        thread_wait=settings.thread_wait,
+        approval_timeout=(
+            policy.approval_timeout
+            if policy.approval_timeout is not None
+            else settings.approval_timeout
+        ),
+    )
+
+
+def check_limits(policies: Iterable[tuple[str, ToolPolicy]], settings: DispatchSettings) -> None:
+    """Refuse at start-up, in one line with the fix, a tool whose limits cannot work with
+    these settings (what registration alone cannot judge: the app's defaults). A retry
+    deadline shorter than the tool's timeout would end retries before one attempt may
+    finish; a retry policy allowing fewer attempts than asked is fine."""
+    for name, policy in policies:
+        resolved = resolve(policy, settings)
+        deadline = None if policy.retry is None else policy.retry.deadline
+        timeout = resolved.timeout
+        if deadline is not None and (timeout is None or deadline < timeout):
+            where = "its timeout=" if policy.timeout is not None else "the app's default_timeout"
+            limit = "no timeout" if timeout is None else f"{timeout:g} s"
+            raise ConfigurationError(
+                f"tool {name!r}: its retry deadline ({deadline:g} s) is shorter than one"
+                f" attempt may run ({limit}, {where}); raise RetryPolicy(deadline=...) above"
+                " it or give the tool a shorter timeout="
+            )

@@ -35,10 +35,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
+
+from starlette.routing import Router
 
 from ..errors import ConfigurationError, ToolDefinitionError
-from .starlette import ADMIN_PATH, DEFAULT_PATH
+from .starlette import ADMIN_PATH, DEFAULT_PATH, webhook_routes
 
 __all__ = [
     "ADMIN_PATH",
@@ -65,29 +67,17 @@ class WebhooksAndDjango:
     """
 
     def __init__(self, django_app: ASGIApp, webhooks: ASGIApp, *, path: str = DEFAULT_PATH) -> None:
-        if not path.startswith("/") or path.rstrip("/") == "":
-            raise ConfigurationError(
-                f"webhook path must start with '/' and not be the root: {path!r}"
-            )
         self.django_app = django_app
         self.webhooks = webhooks
-        self.path = path.rstrip("/")
+        # Starlette's router over the integration's exact-path routes (no slash redirect).
+        routes = webhook_routes(webhooks, path)
+        self._router = Router(routes, redirect_slashes=False, default=cast(Any, django_app))
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await self.webhooks(scope, receive, send)
             return
-        if scope["type"] == "http":
-            root_path: str = scope.get("root_path", "")
-            path: str = scope["path"]
-            if root_path and (path == root_path or path.startswith(root_path + "/")):
-                path = path[len(root_path) :]
-            if path == self.path or path.startswith(self.path + "/"):
-                mount_point = root_path + self.path
-                child = {**scope, "root_path": mount_point, "path": root_path + path}
-                await self.webhooks(child, receive, send)
-                return
-        await self.django_app(scope, receive, send)
+        await self._router(scope, receive, send)
 
 
 def with_webhooks(

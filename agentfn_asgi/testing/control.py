@@ -22,8 +22,10 @@ from typing import Any, TextIO
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import request_response
 from starlette.types import Receive, Scope, Send
 
+from agentfn_asgi._asgi import exact_router
 from agentfn_asgi.testing.fake import FakeAgentsAPI
 from agentfn_asgi.testing.fake_state import FakeCall
 from agentfn_asgi.testing.fake_webhooks import DeliveryAttempt, webhook_backoff
@@ -158,45 +160,30 @@ class FakeControlApp:
 
     def __init__(self, fake: FakeAgentsAPI) -> None:
         self.fake = fake
+        routes = [
+            ("/_fake/sessions", self._create, "POST"),
+            ("/_fake/sessions/{session_id}/redeliver", self._redeliver, "POST"),
+            ("/_fake/submissions", self._submissions, "GET"),
+        ]
+        self._router = exact_router(
+            [(path, request_response(answer), allow) for path, answer, allow in routes],
+            request_response(_no_endpoint),
+            _refuse,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/_fake/"):
-            response = await self._control(Request(scope, receive))
-            await response(scope, receive, send)
+            await self._router(scope, receive, send)
             return
         await self.fake(scope, receive, send)
 
-    async def _control(self, request: Request) -> JSONResponse:
-        parts = request.url.path.strip("/").split("/")[1:]
-        method = request.method
-        if parts == ["submissions"]:
-            if method != "GET":
-                return _not_allowed("GET")
-            return JSONResponse([_submission(s) for s in self.fake.submissions])
-        if parts == ["sessions"]:
-            if method != "POST":
-                return _not_allowed("POST")
-            return self._create(await request.body())
-        if len(parts) == 3 and parts[0] == "sessions" and parts[2] == "redeliver":
-            if method != "POST":
-                return _not_allowed("POST")
-            return self._redeliver(parts[1])
-        return JSONResponse(
-            {
-                "error": f"no control endpoint {method} {request.url.path}",
-                "endpoints": [
-                    "POST /_fake/sessions",
-                    "POST /_fake/sessions/{id}/redeliver",
-                    "GET /_fake/submissions",
-                ],
-            },
-            status_code=404,
-        )
+    async def _submissions(self, request: Request) -> JSONResponse:
+        return JSONResponse([_submission(s) for s in self.fake.submissions])
 
-    def _create(self, body: bytes) -> JSONResponse:
+    async def _create(self, request: Request) -> JSONResponse:
         try:
             try:
-                payload = json.loads(body)
+                payload = json.loads(await request.body())
             except ValueError as exc:
                 raise SessionScriptError(f"the body is not JSON ({exc})") from None
             steps = parse_session_script(payload)
@@ -212,7 +199,8 @@ class FakeControlApp:
             )
         return JSONResponse({"id": session_id}, status_code=201)
 
-    def _redeliver(self, session_id: str) -> JSONResponse:
+    async def _redeliver(self, request: Request) -> JSONResponse:
+        session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
             return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
         if not self.fake.webhooks.urls:
@@ -229,11 +217,22 @@ class FakeControlApp:
         return JSONResponse({"webhook_id": webhook_id}, status_code=202)
 
 
-def _not_allowed(method: str) -> JSONResponse:
+async def _refuse(scope: Scope, receive: Receive, send: Send, allow: str) -> None:
+    answer = {"error": f"method not allowed (use {allow})"}
+    await JSONResponse(answer, status_code=405, headers={"allow": allow})(scope, receive, send)
+
+
+async def _no_endpoint(request: Request) -> JSONResponse:
     return JSONResponse(
-        {"error": f"method not allowed (use {method})"},
-        status_code=405,
-        headers={"allow": method},
+        {
+            "error": f"no control endpoint {request.method} {request.url.path}",
+            "endpoints": [
+                "POST /_fake/sessions",
+                "POST /_fake/sessions/{id}/redeliver",
+                "GET /_fake/submissions",
+            ],
+        },
+        status_code=404,
     )
 
 

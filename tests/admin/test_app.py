@@ -535,6 +535,9 @@ async def test_methods_bodies_and_routes_are_checked(client: httpx.AsyncClient) 
     assert put.status_code == 405 and put.headers["allow"] == "GET, HEAD"
     get_settle = await client.get(admin_url("/settle"), headers=BEARER)
     assert get_settle.status_code == 405 and get_settle.headers["allow"] == "POST"
+    post_style = await client.post(admin_url("/style.css"), headers=BEARER)
+    assert post_style.status_code == 405 and post_style.headers["allow"] == "GET, HEAD"
+    assert (await client.get(admin_url("/calls/"), headers=BEARER)).status_code == 404
     assert (await client.get(admin_url("/etc/passwd"), headers=BEARER)).status_code == 404
     assert (await client.head(admin_url("/"), headers=BEARER)).status_code == 200
     json_body = await client.post(admin_url("/settle"), json={"a": 1}, headers=BEARER)

@@ -20,11 +20,11 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi.backoff import Backoff
 from agentfn_asgi.cli import main
 from agentfn_asgi.cli.listen import Forwarder, listen
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.integrations.starlette import webhook_routes
-from agentfn_asgi.stream import Backoff
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.wire import AgentSession
 from tests.support.ports import free_port

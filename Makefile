@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/agentfn-asgi demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentfn_asgi tests examples benchmarks
-	$(BIN)/ruff format --check agentfn_asgi tests examples benchmarks
+	$(BIN)/ruff check agentfn_asgi pytest_agentfn.py tests examples benchmarks
+	$(BIN)/ruff format --check agentfn_asgi pytest_agentfn.py tests examples benchmarks
 
 types: $(STAMP)
 	$(BIN)/mypy

@@ -24,8 +24,8 @@ demo: $(DEMO_STAMP)
 	$(BIN)/agentfn-asgi demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentfn_asgi tests examples benchmarks docs_hooks
-	$(BIN)/ruff format --check agentfn_asgi tests examples benchmarks docs_hooks
+	$(BIN)/ruff check agentfn_asgi pytest_agentfn.py tests examples benchmarks docs_hooks
+	$(BIN)/ruff format --check agentfn_asgi pytest_agentfn.py tests examples benchmarks docs_hooks
 
 types: $(STAMP)
 	$(BIN)/mypy

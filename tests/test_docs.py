@@ -28,6 +28,7 @@ from tests import configuration_page
 from tests.support.docs import DOCS, ROOT, block, blocks, pages
 
 pytestmark = pytest.mark.anyio
+pytest_plugins = ["pytester"]
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 OTHER_SECRET = "whsec_" + "b3RoZXItc2VjcmV0LW90aGVyLXNlY3JldA=="
@@ -85,7 +86,7 @@ def test_every_named_block_is_run_by_a_test() -> None:
     sources = "".join(
         path.read_text(encoding="utf-8")
         for path in (ROOT / "tests").glob("test_*.py")
-        if path.name in ("test_docs.py", "test_readme.py")
+        if path.name in ("test_docs.py", "test_readme.py", "test_deployment.py")
     )
     assert [name for name in names if f'"{name}"' not in sources] == []
 
@@ -224,6 +225,31 @@ def test_the_testing_your_tools_example_passes() -> None:
     """The "Testing your tools" example defines a test; running it passes."""
     namespace = _run("testing-example")
     anyio.run(namespace["test_get_customer"])
+
+
+def test_the_pytest_plugin_examples_pass(pytester: pytest.Pytester) -> None:
+    """The plugin's examples, in a project laid out as they assume (``myapp.tools`` and
+    ``myapp.billing``): with the ini option, then with the conftest fixtures instead, every
+    example test passes in a real pytest run."""
+    billing = (
+        "from agentfn_asgi import FunctionTools\n"
+        "tools = FunctionTools()\n"
+        "@tools.function\n"
+        "def refund(order_id: str) -> dict:\n"
+        '    """Refund an order."""\n'
+        '    return {"refund_id": "re_" + order_id}\n'
+    )
+    tools = block("testing-example").split("@pytest.mark.anyio")[0]
+    pytester.mkpydir("myapp")
+    pytester.makepyfile(**{"myapp/tools": tools, "myapp/billing": billing})
+    pytester.makepyfile(
+        test_tools=block("testing-plugin-tests"), test_billing=block("testing-plugin-marker")
+    )
+    pytester.makefile(".toml", pyproject=block("testing-plugin-ini"))
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3)
+    pytester.makefile(".toml", pyproject="[tool.pytest.ini_options]\n")
+    pytester.makeconftest(block("testing-plugin-conftest"))
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3)
 
 
 def test_the_reconcile_hook_example_passes() -> None:

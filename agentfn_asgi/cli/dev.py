@@ -11,7 +11,7 @@ from ..config import Config
 from ..errors import AgentFnError, CLIError, CLIUsageError
 from .common import EXIT_FAILURE, EXIT_OK, load_tools, progress, secret_from, tools_spec
 
-__all__ = ["parse_call_spec", "register"]
+__all__ = ["create_fake_session", "parse_call_spec", "register"]
 
 
 def parse_call_spec(spec: str) -> tuple[str, dict[str, Any]]:
@@ -40,7 +40,50 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _session_for_send(http: Any, event_type: str) -> str:
+#: Where ``agentfn-asgi fake-api`` listens by default.
+_FAKE_ROOT = "http://127.0.0.1:8765"
+
+
+def _fake_root(url: str | None) -> str | None:
+    """The root URL of a running fake: ``url``, else ``OPENAI_BASE_URL`` without ``/v1``."""
+    base_url = url or Config.from_env().base_url
+    return base_url.rstrip("/").removesuffix("/v1") if base_url else None
+
+
+async def create_fake_session(root: str, script: dict[str, Any], *, seconds: float) -> str:
+    """POST a session script to the control API of the ``fake-api`` at ``root``; the id.
+
+    :class:`CLIError` when nothing answers there or what answers is not the fake;
+    :class:`CLIUsageError` when the fake refuses the script (its reason). ``seconds``: the
+    request's timeout.
+    """
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=seconds) as http:
+            response = await http.post(f"{root}/_fake/sessions", json=script)
+    except httpx.HTTPError as exc:
+        raise CLIError(
+            f"no fake answers at {root} ({exc or type(exc).__name__}): start it with "
+            "agentfn-asgi fake-api, or name where it listens with --url (or OPENAI_BASE_URL)"
+        ) from None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = None
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if response.status_code == 400 and isinstance(error, str):
+        raise CLIUsageError(error)
+    created = answer.get("id") if isinstance(answer, dict) else None
+    if response.status_code != 201 or not isinstance(created, str):
+        raise CLIError(
+            f"{root} is not agentfn-asgi fake-api: POST /_fake/sessions answered "
+            f"{response.status_code} {response.reason_phrase} (pass the fake's URL with --url)"
+        )
+    return created
+
+
+async def _session_for_send(event_type: str, seconds: float) -> str:
     """The session a ``send`` without ``--session`` names.
 
     An ``action_required`` delivery makes the app read the session: a made-up id is a 404
@@ -49,28 +92,32 @@ async def _session_for_send(http: Any, event_type: str) -> str:
     reads it and finds nothing to do); anywhere else the user must name one. Other event
     types are not read by the app: a placeholder id is enough.
     """
-    import httpx
-
     if event_type != "agent.session.action_required":
         return "sess_test"
-    base_url = Config.from_env().base_url
     refusal = CLIUsageError(
         "which session? pass --session SESSION_ID (one of your project's, waiting on a "
         "function call): the app reads the session an action_required delivery names. "
         "With OPENAI_BASE_URL pointing at agentfn-asgi fake-api, send creates one there"
     )
-    if not base_url:
+    root = _fake_root(None)
+    if root is None:
         raise refusal
-    root = base_url.rstrip("/").removesuffix("/v1")
     try:
-        response = await http.post(f"{root}/_fake/sessions", json={"idle": True})
-        created = response.json() if response.status_code == 201 else None
-    except (httpx.HTTPError, ValueError):
-        created = None
-    if not isinstance(created, dict) or not isinstance(created.get("id"), str):
+        created = await create_fake_session(root, {"idle": True}, seconds=seconds)
+    except CLIError:
         raise refusal from None
-    progress(f"created session {created['id']} in the fake at {root} (nothing pending)")
-    return str(created["id"])
+    progress(f"created session {created} in the fake at {root} (nothing pending)")
+    return created
+
+
+async def _fake_session(args: argparse.Namespace) -> int:
+    calls = [parse_call_spec(spec) for spec in args.call]
+    root = _fake_root(args.url) or _FAKE_ROOT
+    script = {"calls": [{"name": name, "arguments": arguments} for name, arguments in calls]}
+    session_id = await create_fake_session(root, script, seconds=args.timeout)
+    progress(f"created session {session_id} with {len(calls)} call(s) in the fake at {root}")
+    print(session_id)
+    return EXIT_OK
 
 
 async def _send(args: argparse.Namespace) -> int:
@@ -80,8 +127,7 @@ async def _send(args: argparse.Namespace) -> int:
 
     secret = secret_from(args.secret)
     if args.session_id is None:
-        async with httpx.AsyncClient(timeout=args.timeout) as http:
-            args.session_id = await _session_for_send(http, args.type)
+        args.session_id = await _session_for_send(args.type, args.timeout)
     data: dict[str, Any] = {"id": args.session_id}
     if args.type == "agent.session.action_required":
         data["required_action"] = {"type": args.action_type}
@@ -175,7 +221,8 @@ def register(sub: Any) -> None:
             "Serve an in-memory Agents API (GET/POST /v1/agents/sessions/...). Point your\n"
             "app's OPENAI_BASE_URL at it and name your webhook URL with --webhook-url.\n"
             "Create sessions with --call (one session whose step calls them in parallel),\n"
-            "or at any time with POST /_fake/sessions (below). A webhook the app does not\n"
+            "at any time with 'agentfn-asgi fake-api session --call NAME:JSON ...' from\n"
+            "another terminal, or with POST /_fake/sessions (below). A webhook the app does not\n"
             "take is retried with backoff (--webhook-retry-for); giving up is printed."
         ),
         epilog=(
@@ -232,6 +279,31 @@ def register(sub: Any) -> None:
         ),
     )
     fake.set_defaults(handler=_cmd_fake_api)
+    session = fake.add_subparsers(
+        dest="fake_command", title="in another terminal, while it runs", metavar="session"
+    ).add_parser(
+        "session",
+        help="start a session in a running fake-api; prints its id",
+        description=(
+            "Start a session in the agentfn-asgi fake-api running at --url: one step whose "
+            "calls (--call, repeatable) are pending together; the fake sends its webhook. "
+            "Prints the session id on stdout. For several steps, POST a script to "
+            "/_fake/sessions (see fake-api --help)."
+        ),
+    )
+    session.add_argument(
+        "--call",
+        action="append",
+        required=True,
+        metavar="NAME:JSON",
+        help="""a call of the session: 'get_customer:{"customer_id":"123"}' (repeatable)""",
+    )
+    session.add_argument(
+        "--url",
+        help=f"the fake's root URL (default: OPENAI_BASE_URL without /v1, else {_FAKE_ROOT})",
+    )
+    session.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    session.set_defaults(handler=lambda args: asyncio.run(_fake_session(args)))
 
     send = sub.add_parser(
         "send",

@@ -13,7 +13,7 @@ import site
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,13 +112,16 @@ async def run_example(
     host: str = "127.0.0.1",
     port: int | None = None,
     startup_timeout: float = 20.0,
+    options: Sequence[str] = (),
 ) -> AsyncIterator[RunningExample]:
     """Run ``uvicorn TARGET`` (``module:attr``) in a child process until the block exits.
 
     ``env`` is added to this process's environment; the child runs in ``cwd`` (default: the
     source checkout, for ``examples.*``), from where ``TARGET`` is importable, and finds
-    this package where this process found it. Yields once ``GET /openai/webhooks/healthz``
-    answers 200; raises :class:`DemoError` with the
+    this package where this process found it. ``options`` are more uvicorn options, after
+    (so over) this function's own: ``("--workers", "4")`` makes the child uvicorn's
+    supervisor of four worker processes on the one port. Yields once
+    ``GET /openai/webhooks/healthz`` answers 200; raises :class:`DemoError` with the
     child's output if it exits or stays unhealthy for ``startup_timeout`` seconds. The child
     is always stopped on exit (SIGTERM, then SIGKILL after 5 s).
     """
@@ -130,6 +133,7 @@ async def run_example(
     )
     command = [sys.executable, "-m", "uvicorn", target, "--host", host, "--port", str(port)]
     command += ["--log-level", "warning", "--lifespan", "on", "--timeout-graceful-shutdown", "5"]
+    command += options
     with log_path.open("wb") as log_file:
         process = await asyncio.create_subprocess_exec(
             *command, cwd=root, env=child_env, stdout=log_file, stderr=asyncio.subprocess.STDOUT

@@ -30,7 +30,7 @@ from agentfn_asgi.errors import ConfigurationError
 from agentfn_asgi.records import CallKey
 from agentfn_asgi.store import Store
 from agentfn_asgi.testing.fake import FakeAgentsAPI
-from agentfn_asgi.testing.fake_state import FakeCall
+from agentfn_asgi.testing.fake_state import FakeCall, Submission
 from agentfn_asgi.testing.server import serve_fake
 from agentfn_asgi.tools import FunctionTools
 from agentfn_asgi.tracing import Telemetry
@@ -88,6 +88,27 @@ class Connection(tuple[AgentWebhookApp, FakeAgentsAPI]):
     def store(self) -> Store:
         """The app's store."""
         return self.app.store
+
+    async def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 10.0,  # noqa: ASYNC109 - the fake's wait_* helpers take one too
+    ) -> Submission:
+        """Start a session whose one call is ``name(**arguments)``, wait until it is idle and
+        return the result the app submitted::
+
+            result = await conn.call("get_customer", {"customer_id": "123"})
+            assert result.success and result.output == '{"found":true}'
+
+        ``TimeoutError`` after ``timeout`` seconds (a call waiting for a person's approval
+        keeps its session waiting: answer it, then :meth:`FakeAgentsAPI.wait_idle`).
+        """
+        session_id = self.fake.create_session([[FakeCall(name, dict(arguments or {}))]])
+        await self.fake.wait_idle(session_id, timeout)
+        [result] = [s for s in self.fake.submissions if s.session_id == session_id]
+        return result
 
     async def create_session_in_doubt(
         self,

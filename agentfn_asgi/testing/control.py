@@ -299,9 +299,8 @@ async def serve_fake_api(
             file=stream,
         )
         print(
-            f"  create sessions: curl -X POST {root}/_fake/sessions -H 'content-type: "
-            """application/json' -d '{"calls":[{"name":"get_customer","arguments":"""
-            """{"customer_id":"123"}}]}'""",
+            f"  create sessions: agentfn-asgi fake-api session --url {root} "
+            """--call 'get_customer:{"customer_id":"123"}'""",
             file=stream,
             flush=True,
         )

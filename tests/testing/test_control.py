@@ -218,7 +218,7 @@ async def test_giving_up_is_printed_and_redeliver_gets_the_call_answered() -> No
         log = out.getvalue()
         assert "(attempt 1, next in 0.05 s)" in log
         assert "gave up on webhook wh_" in log and "after 2 attempt(s)" in log
-        session_id = log.split("session ", 1)[1].split()[0]
+        session_id = "sess_" + log.split("\nsession sess_", 1)[1].split()[0]
         assert f"curl -X POST {root}/_fake/sessions/{session_id}/redeliver" in log
         async with _app_on(app_port, root), httpx.AsyncClient() as http:
             answer = await http.post(f"{root}/_fake/sessions/{session_id}/redeliver")

@@ -5,6 +5,7 @@ decision through a confirmation step, and the signed link that works once (issue
 from __future__ import annotations
 
 import dataclasses
+import re
 import urllib.parse
 from collections.abc import AsyncIterator
 
@@ -103,6 +104,23 @@ async def test_the_list_the_arguments_and_a_confirmed_approval(page: Page) -> No
     )
     assert again.status_code == 409 and "already decided" in again.text
     assert page.ran == ["call_page"]
+
+
+async def test_an_expiry_to_come_reads_in_so_long_on_every_page(page: Page) -> None:
+    """The default expiry is a day ahead: "in 23h 59m", never "0s ago" (which it read on the
+    list, the call and the confirmation pages while the CLI said it right)."""
+    sid, request = await waiting(page, "acc_t", "call_time")
+    pages = [
+        await page.http.get(ADMIN_PATH + "/approvals", headers=BEARER),
+        await page.http.get(
+            ADMIN_PATH + "/call", params={"id": "call_time", "session": sid}, headers=BEARER
+        ),
+        await post(page.http, "/decide", approval=request.approval_id, decision="approve"),
+    ]
+    for shown in pages:
+        assert shown.status_code == 200
+        assert "<span>in 23h 59m</span>" in shown.text
+        assert re.search(r"<span>\ds ago</span>", shown.text)  # asked just now
 
 
 async def test_a_denial_from_the_page_reaches_the_model(page: Page) -> None:

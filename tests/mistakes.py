@@ -624,6 +624,18 @@ async def _no_secret_no_key() -> None:
 
 @mistake(
     STARTING,
+    "I misspelled an AGENTFN_* variable",
+    "unknown variable AGENTFN_STORE_ULR (did you mean AGENTFN_STORE_URL?): agentfn-asgi has no"
+    " such setting. Fix the name, or, if your host owns it, list it in AGENTFN_ALLOW_UNKNOWN"
+    " (names separated by commas; PREFIX_* for a prefix)",
+    category=ConfigurationError,
+)
+def _misspelled_variable() -> None:
+    Config.from_env({"AGENTFN_STORE_ULR": "redis://redis.internal:6379/0"})
+
+
+@mistake(
+    STARTING,
     "I wrote sqlite:/x (one slash)",
     "store URL 'sqlite:/x' is malformed: expected sqlite:///relative.db (from the working"
     " directory) or sqlite:////abs/path.db",

@@ -636,6 +636,17 @@ def _misspelled_variable() -> None:
 
 @mistake(
     STARTING,
+    "I misspelled a store URL option",
+    "unknown parameter ?key_prefx= in store URL 'redis://redis.internal:6379/0?key_prefx=app1:'"
+    " (did you mean ?key_prefix=?): fix or remove it in AGENTFN_STORE_URL (or store=)",
+    category=ConfigurationError,
+)
+def _misspelled_store_option() -> None:
+    open_store("redis://redis.internal:6379/0?key_prefx=app1:")
+
+
+@mistake(
+    STARTING,
     "I wrote sqlite:/x (one slash)",
     "store URL 'sqlite:/x' is malformed: expected sqlite:///relative.db (from the working"
     " directory) or sqlite:////abs/path.db",

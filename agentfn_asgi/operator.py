@@ -571,12 +571,6 @@ class Operator:
             approval_id, approve=approve, by=by, via=via, reason=reason, digest=digest
         )
 
-    def link_approvals(self, links: Callable[[ApprovalView], dict[str, str]]) -> None:
-        """Have each new approval request carry ``links(request)`` (the operator page's
-        signed link) when it reaches ``on_approval_request``."""
-        if self._dispatcher is not None:
-            self._dispatcher.approvals.links = links
-
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:
         found = await self._store.find_calls(call_id)

@@ -9,6 +9,7 @@ answered with 4xx; a failing store with 503; only a bug of ours or of the view i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.resources
 import logging
 import time
@@ -19,8 +20,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..errors import ApprovalError, StoreError
-from ..operator import ApprovalsView, ApprovalView, Operator, OperatorView
+from ..app import AgentWebhookApp
+from ..errors import ApprovalError, ConfigurationError, StoreError
+from ..operator import ApprovalsView, ApprovalView, OperatorView
 from .approval_links import ApprovalLinks
 from .approval_pages import link_done_page, link_page
 from .auth import SESSION_COOKIE, Authorizer, Gate, LoginThrottle, Session
@@ -57,33 +59,52 @@ class _Access:
     new_cookie: str | None = None  # a CSRF-binding cookie to set (host logins)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Page:
+    """What the page serves with, once its configuration is known."""
+
+    view: OperatorView
+    gate: Gate
+    links: ApprovalLinks
+
+
 class AdminApp:
     """The operator page: mount it where you like (``Mount``, or the integrations' helpers).
 
-    ``view`` is what it shows and settles through. It is **off unless configured**: give
-    ``tokens`` (one string or several, for rotation; at least 16 characters each) and/or an
-    ``authorizer`` (``callable(request) -> bool``, sync or async) that reuses the host's
-    login; with neither it raises :class:`~agentfn_asgi.errors.ConfigurationError`.
+    ``source`` is the webhook app (:class:`~agentfn_asgi.AgentWebhookApp`), whose store and
+    dispatcher the page reads and settles through, or any
+    :class:`~agentfn_asgi.operator.OperatorView`. Built on the webhook app, the page checks
+    nothing when it is built (a module that builds it at import time always imports): it
+    resolves its view and its configuration at start-up (its lifespan when the host forwards
+    one, else its first request), as the webhook app does. A mistake there fails the
+    lifespan with one line, or answers 503 and logs why.
+
+    It is **off unless configured**: give ``tokens`` (one string or several, for rotation; at
+    least 16 characters each; built on the webhook app, the default is
+    ``AGENTFN_ADMIN_TOKEN``) and/or an ``authorizer`` (``callable(request) -> bool``, sync or
+    async) that reuses the host's login. With neither, a page built on the webhook app
+    answers 404 everywhere, as if it were not mounted; on a view, it raises
+    :class:`~agentfn_asgi.errors.ConfigurationError`.
 
     ``secret`` signs the session cookies together with the token that logged in (default:
     the token alone); changing it logs everybody out. Several processes serving the page
     with only an ``authorizer`` need the same ``secret`` (it signs the CSRF cookie).
     ``session_max_age`` is in seconds; ``refresh_seconds`` is the auto-refresh period.
 
-    Logging out revokes the session through ``view`` (the app's store), so a copy of its
+    Logging out revokes the session through the view (the app's store), so a copy of its
     cookie is refused by every replica, also after a restart; failed logins are throttled
     per client address (429 with ``Retry-After``). See :mod:`agentfn_asgi.admin.auth`.
 
     ``public_url`` is where this page is reachable (``https://ops.example.com/openai/admin``):
-    with it, each new approval request of an app's :class:`~agentfn_asgi.operator.Operator`
-    carries a signed link (``links["approve"]``) to ``on_approval_request``. Opening the
-    link needs no login (it decides that one request, once); it is signed with ``secret``
-    (else the first token), so every process serving the page must share it.
+    with it, each new approval request of the webhook app carries a signed link
+    (``links["approve"]``) to ``on_approval_request``. Opening the link needs no login (it
+    decides that one request, once); it is signed with ``secret`` (else the first token), so
+    every process serving the page must share it.
     """
 
     def __init__(
         self,
-        view: OperatorView,
+        source: AgentWebhookApp | OperatorView,
         *,
         tokens: str | Iterable[str] | None = None,
         authorizer: Authorizer | None = None,
@@ -93,35 +114,98 @@ class AdminApp:
         clock: Callable[[], float] = time.time,
         public_url: str | None = None,
     ) -> None:
-        self.view = view
-        self.gate = Gate(
-            tokens=tokens,
-            authorizer=authorizer,
-            secret=secret,
-            max_age=session_max_age,
-            clock=clock,
-        )
+        self.source = source
         self.refresh_seconds = refresh_seconds
         self.clock = clock
         self.throttle = LoginThrottle(clock=clock)
-        #: Makes and reads the signed approval links (see ``public_url``).
-        self.links = ApprovalLinks(self.gate.link_key, base_url=public_url or "", clock=clock)
-        if public_url and isinstance(view, Operator):
-            view.link_approvals(self.approval_links)
+        self._gate = functools.partial(
+            Gate, authorizer=authorizer, secret=secret, max_age=session_max_age, clock=clock
+        )
+        self._tokens = tokens
+        self._public_url = public_url or ""
+        self._page: _Page | None = None
+        self._off = False
+        self._failure_logged = False
+        if isinstance(source, AgentWebhookApp):
+            if public_url:
+                source.link_approvals(self.approval_links)
+        elif public_url:
+            raise ConfigurationError(
+                "public_url= makes links for the webhook app's approval requests: build the"
+                " page on the webhook app, AdminApp(webhooks, ...)"
+            )
+        else:
+            self.check()  # nothing to wait for: a view and arguments are code, not settings
+
+    def check(self) -> None:
+        """Resolve the view and the configuration now instead of at start-up.
+
+        Raises :class:`~agentfn_asgi.errors.ConfigurationError` naming the problem (the
+        webhook app's configuration, a short token, a bad authorizer...)."""
+        self._resolve()
+
+    def _resolve(self) -> _Page | None:
+        """The page's parts (None when it is off), made on first use."""
+        if self._page is not None or self._off:
+            return self._page
+        tokens = self._tokens
+        source = self.source
+        if isinstance(source, AgentWebhookApp):
+            if tokens is None and self._gate.keywords["authorizer"] is None:
+                tokens = source.config.admin_tokens
+                if not tokens:
+                    self._off = True
+                    logger.info(
+                        "operator page: off (set AGENTFN_ADMIN_TOKEN, or pass tokens= or"
+                        " authorizer=), answering 404"
+                    )
+                    return None
+            view: OperatorView = source.operator()
+        else:
+            view = source
+        gate = self._gate(tokens=tokens)
+        links = ApprovalLinks(gate.link_key, base_url=self._public_url, clock=self.clock)
+        self._page = _Page(view=view, gate=gate, links=links)
+        return self._page
+
+    @property
+    def view(self) -> OperatorView:
+        """What the page shows and settles through."""
+        return self._parts().view
+
+    @property
+    def gate(self) -> Gate:
+        """Who may use the page."""
+        return self._parts().gate
+
+    @property
+    def links(self) -> ApprovalLinks:
+        """Makes and reads the signed approval links (see ``public_url``)."""
+        return self._parts().links
+
+    def _parts(self) -> _Page:
+        page = self._resolve()
+        if page is None:
+            raise ConfigurationError("the operator page is off: it has no token or authorizer")
+        return page
 
     def approval_links(self, request: ApprovalView) -> dict[str, str]:
         """The links of one approval request: ``approve`` (signed, decides it once) and
-        ``call`` (the call's page, behind the login)."""
-        base = self.links.base_url
+        ``call`` (the call's page, behind the login); none while the page cannot start."""
+        try:
+            links = self.links
+        except ConfigurationError:
+            return {}  # the page's own requests log why
+        base = links.base_url
         call = f"{base}/call?" + urllib.parse.urlencode(
             {"id": request.call_id, "session": request.session_id}
         )
-        signed = self.links.url(request.approval_id, request.digest, request.expires_at)
+        signed = links.url(request.approval_id, request.digest, request.expires_at)
         return {"approve": signed, "call": call}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
             await send({"type": "websocket.close", "code": 1008})
@@ -129,6 +213,16 @@ class AdminApp:
         request = Request(scope, receive)
         try:
             response = await self._respond(request)
+        except ConfigurationError as exc:
+            # It cannot start (no lifespan said so first): the reason is for the log only.
+            if not self._failure_logged:
+                self._failure_logged = True
+                logger.error("agentfn-asgi cannot start, the operator page answers 503: %s", exc)
+            root, route = _split_path(scope)
+            ctx = Context(root=root, route=route, refresh_seconds=self.refresh_seconds)
+            response = self._message(
+                ctx, 503, "Not configured", "The page cannot start; the server log says why."
+            )
         except ClientDisconnect:
             return
         except StoreError as exc:
@@ -153,6 +247,22 @@ class AdminApp:
         response.headers.update(SECURITY_HEADERS)
         await response(scope, receive, send)
 
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        # Served where the host forwards lifespan: resolve now, so a mistake stops the start.
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self._resolve()
+                except ConfigurationError as exc:
+                    text = f"agentfn-asgi cannot start: {exc}"
+                    await send({"type": "lifespan.startup.failed", "message": text})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
     # -- dispatch --------------------------------------------------------------------------
 
     async def _respond(self, request: Request) -> Response:
@@ -167,6 +277,8 @@ class AdminApp:
         except FormError as exc:
             return self._message(ctx, exc.status, "Bad request", exc.message)
         ctx = dataclasses.replace(ctx, query=query)
+        if self._resolve() is None:
+            return self._message(ctx, 404, "Not found", "There is no such page here.")
         if route == "/style.css" and method == "GET":
             return Response(_STYLESHEET, media_type="text/css; charset=utf-8")
         if route == "/login" and self.gate.tokens:
@@ -463,14 +575,3 @@ async def _read_form(request: Request, limit: int) -> Mapping[str, str]:
     except UnicodeDecodeError:
         raise FormError("the form is not UTF-8") from None
     return parse_pairs(text)
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    # Served on its own, the page has nothing to start: answer the protocol and return.
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

@@ -50,7 +50,7 @@ async def page() -> AsyncIterator[Page]:
     async with running_stack(
         account_tools(ran), settings=settings, on_approval_request=on_request
     ) as stack:
-        admin = AdminApp(stack.app.operator(), tokens=[TOKEN], public_url=PUBLIC)
+        admin = AdminApp(stack.app, tokens=[TOKEN], public_url=PUBLIC)
         transport = httpx.ASGITransport(app=host_app(admin))
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
             yield Page(stack, http, heard, ran)

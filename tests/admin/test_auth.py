@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
+import httpx
 import pytest
 from starlette.requests import Request
+from starlette.types import Message
 
+from agentfn_asgi import AgentWebhookApp, Config, FunctionTools
 from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.admin.auth import Gate
 from agentfn_asgi.errors import ConfigurationError
+from agentfn_asgi.integrations.starlette import ADMIN_PATH
 
 from ..support.clock import FakeClock
+from .conftest import TOKEN, host_app
 from .memory_view import MemoryOperatorView
 
 A = "token-aaaaaaaaaaaaaaaa"
@@ -35,6 +43,71 @@ def test_the_page_refuses_to_start_unconfigured() -> None:
     assert "AGENTFN_ADMIN_TOKEN" in str(info.value) and "authorizer=" in str(info.value)
     with pytest.raises(ConfigurationError, match="off unless configured"):
         AdminApp(MemoryOperatorView(), tokens=[])
+
+
+async def _get(admin: AdminApp) -> httpx.Response:
+    transport = httpx.ASGITransport(app=host_app(admin))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        return await http.get(ADMIN_PATH + "/", headers={"authorization": f"Bearer {TOKEN}"})
+
+
+async def _lifespan(admin: AdminApp) -> Message:
+    """The page's answer to a server's lifespan start-up."""
+    inbox: list[Message] = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return inbox.pop(0)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await admin({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+    return sent[0]
+
+
+@pytest.mark.anyio
+async def test_a_page_on_an_unconfigured_app_imports_and_fails_at_start_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``AdminApp(webhooks.operator(), ...)`` at module level ran the app's checks at import
+    (app.py failed to import without secrets). Built on the webhook app, the page checks
+    nothing then; its start-up names the app's problem in one line, its requests get 503
+    and the log says why, once."""
+    webhooks = AgentWebhookApp(FunctionTools(), config=Config(admin_tokens=(TOKEN,)))
+    admin = AdminApp(webhooks)  # at import: no secret, no key, nothing raised
+    started = await _lifespan(admin)
+    assert started["type"] == "lifespan.startup.failed"
+    assert started["message"].startswith("agentfn-asgi cannot start: 2 configuration problems")
+    assert "\n" not in started["message"]
+    with caplog.at_level(logging.ERROR, logger="agentfn_asgi.admin"):
+        for _ in range(2):
+            page = await _get(admin)
+            assert page.status_code == 503 and "the server log says why" in page.text
+    [logged] = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    assert "no webhook secret" in logged
+    assert "OPENAI_WEBHOOK_SECRET" not in page.text  # the reason is for the operator's log
+
+
+@pytest.mark.anyio
+async def test_a_page_on_the_app_takes_its_tokens_from_the_app_and_is_off_without() -> None:
+    """The tokens default to the app's AGENTFN_ADMIN_TOKEN; without one the page answers 404
+    everywhere, as if it were not mounted."""
+    ready = Config(webhook_secrets=("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",), api_key="sk-1")
+    on = AgentWebhookApp(
+        FunctionTools(),
+        store="memory://",
+        config=dataclasses.replace(ready, admin_tokens=(TOKEN,)),
+    )
+    assert (await _lifespan(AdminApp(on)))["type"] == "lifespan.startup.complete"
+    assert (await _get(AdminApp(on))).status_code == 200
+    off = AgentWebhookApp(FunctionTools(), store="memory://", config=ready)
+    assert (await _get(AdminApp(off))).status_code == 404
+    short = AdminApp(off, tokens=["short"])  # built: checked at start-up
+    with pytest.raises(ConfigurationError, match="at least 16 characters"):
+        short.check()
+    with pytest.raises(ConfigurationError, match="build the page on the webhook app"):
+        AdminApp(MemoryOperatorView(), tokens=[TOKEN], public_url="https://ops.example/admin")
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from typing import Any
 from ..dispatch.approvals import ApprovalView
 from ..errors import ApprovalError, CLIError
 from .calls import operator
-from .common import EXIT_OK, ago
+from .common import EXIT_OK, ago, show
 
 __all__ = ["approval_json", "format_approvals", "register"]
 
@@ -84,7 +84,7 @@ async def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([approval_json(v) for v in found], indent=2, ensure_ascii=False))
     else:
-        print(format_approvals(found, now=time.time()))
+        show(format_approvals(found, now=time.time()))
     return EXIT_OK
 
 
@@ -102,12 +102,12 @@ async def _decide(args: argparse.Namespace, *, approve: bool) -> int:
         except ApprovalError as exc:
             raise CLIError(f"refused: {exc}") from None
     if approve:
-        print(
+        show(
             f"approved: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
             f"by {who}; the app runs it within a few seconds"
         )
     else:
-        print(
+        show(
             f"denied: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
             f"by {who}; the model was told"
         )

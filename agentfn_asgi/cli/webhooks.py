@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from ..client import AgentsClient
 from ..config import Config
 from ..errors import APIError, APIStatusError, CLIError, CLIUsageError
+from ..integrations.starlette import not_found_hint
 from ..wire import WebhookEndpoint, WebhookEndpointWithSecret
 from .common import EXIT_FAILURE, EXIT_OK, api_client, progress
 
@@ -275,7 +276,7 @@ _HINTS = {
         f"the signature did not verify: is {_SECRET_VAR} in the app's environment this "
         "endpoint's secret (after a rotation, both secrets)?"
     ),
-    404: "nothing answers at that path: check the URL (the mount path and the route)",
+    404: not_found_hint(),
     405: "that path does not take POST: check the URL",
 }
 _OTHER = "a webhook sender counts anything but 2xx as a failure (redirects too)"

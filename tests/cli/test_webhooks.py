@@ -188,6 +188,20 @@ async def test_test_prints_the_status_the_app_answered(
     ]
 
 
+async def test_test_at_a_wrong_path_names_the_mount_path(
+    fake: FakeAgentsAPI, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An endpoint whose URL misses the mount path answers 404: the hint says so."""
+    async with app_with(
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", os.environ["OPENAI_BASE_URL"]
+    ) as url:
+        await cli(capsys, "webhooks", "create", "--url", url.replace("/openai/webhooks", "/hooks"))
+        (endpoint,) = fake.endpoints.by_id.values()
+        missed = await cli(capsys, "webhooks", "test", endpoint.id)
+    assert (missed.code, missed.out) == (1, "404 Not Found\n")
+    assert "nothing answers at that path: check the mount path" in missed.err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -56,6 +56,7 @@ _LOGIN_LIMIT = 16 * 1024
 class _Access:
     session: Session | None  # the verified cookie (binds CSRF tokens), if any
     bearer: bool  # authenticated by the Authorization header: no CSRF token needed
+    who: str  # recorded with a decision: a name, else how they got in
     new_cookie: str | None = None  # a CSRF-binding cookie to set (host logins)
 
 
@@ -81,9 +82,10 @@ class AdminApp:
 
     It is **off unless configured**: give ``tokens`` (one string or several, for rotation; at
     least 16 characters each; built on the webhook app, the default is
-    ``AGENTFN_ADMIN_TOKEN``) and/or an ``authorizer`` (``callable(request) -> bool``, sync or
-    async) that reuses the host's login. With neither, a page built on the webhook app
-    answers 404 everywhere, as if it were not mounted; on a view, it raises
+    ``AGENTFN_ADMIN_TOKEN``) and/or an ``authorizer`` (``callable(request) -> bool | str``,
+    sync or async: ``True`` or the person's name, recorded with their decisions) that reuses
+    the host's login; a token login asks for the name once. With neither, a page built on
+    the webhook app answers 404 everywhere, as if it were not mounted; on a view, it raises
     :class:`~agentfn_asgi.errors.ConfigurationError`.
 
     ``secret`` signs the session cookies together with the token that logged in (default:
@@ -300,6 +302,7 @@ class AdminApp:
             ctx,
             csrf=self.gate.csrf_token(session) if session is not None else "",
             logged_in=session is not None and session.via == "token",
+            who=access.who,
         )
         response = await self._handle(request, ctx, method, route, access)
         if access.new_cookie is not None:
@@ -421,15 +424,18 @@ class AdminApp:
     async def _access(self, request: Request) -> _Access | None:
         session = await self._session(request)
         if session is not None and session.via == "token":
-            return _Access(session=session, bearer=False)
+            who = session.name or "a token login (no name given)"
+            return _Access(session=session, bearer=False, who=who)
         presented = self.gate.bearer(request)
         if presented is not None and self.gate.match_token(presented) is not None:
-            return _Access(session=None, bearer=True)
-        if await self.gate.host_allows(request):
+            return _Access(session=None, bearer=True, who="an API client (bearer token)")
+        name = await self.gate.host_allows(request)
+        if name is not None:
+            who = name or "a host login (the authorizer gave no name)"
             if session is not None:
-                return _Access(session=session, bearer=False)
+                return _Access(session=session, bearer=False, who=who)
             session, cookie = self.gate.open_session()
-            return _Access(session=session, bearer=False, new_cookie=cookie)
+            return _Access(session=session, bearer=False, who=who, new_cookie=cookie)
         return None
 
     def _refuse(self, request: Request, ctx: Context, method: str) -> Response:
@@ -487,7 +493,7 @@ class AdminApp:
                 )
             return html_page(self._login_form(ctx, next_route, failed=True), status=401)
         self.throttle.succeeded(client)
-        _session, cookie = self.gate.open_session(key)
+        _session, cookie = self.gate.open_session(key, name=fields.get("name", ""))
         response = see_other(ctx.root + next_route)
         self._set_cookie(response, request, ctx, cookie)
         return response

@@ -435,8 +435,11 @@ def login_page(ctx: Context, *, next_route: str, failed: bool, hours: float) -> 
         '<input type="hidden" name="next" value="{next}">'
         '<label>Operator token <input type="password" name="token" '
         'autocomplete="current-password" required autofocus></label>'
+        '<label>Your name <input type="text" name="name" autocomplete="name" '
+        'maxlength="64"></label>'
         '<button type="submit">Log in</button></form>'
         '<p class="muted">One of the tokens the app was given (<code>AGENTFN_ADMIN_TOKEN</code>). '
+        "Your name is recorded with the approvals you decide. "
         "The session lasts {hours} hours.</p>",
         error=Safe('<p class="error" role="alert">That token is not valid.</p>') if failed else "",
         action=ctx.url("/login"),

@@ -222,10 +222,12 @@ def test_csrf_tokens_are_bound_to_their_session() -> None:
 
 
 @pytest.mark.anyio
-async def test_authorizer_only_true_allows_and_exceptions_deny(
+async def test_authorizer_only_true_or_a_name_allows_and_exceptions_deny(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Sync or async; truthy non-True values deny; a raising authorizer denies and logs."""
+    """Sync or async; True allows anonymously, a name allows as that person (recorded with
+    their decisions, printable and bounded); other truthy values, an empty or unprintable
+    name and a raising authorizer deny (the last logs)."""
     request = Request({"type": "http", "headers": [], "method": "GET", "path": "/"})
 
     async def async_yes(r: Request) -> bool:
@@ -238,17 +240,23 @@ async def test_authorizer_only_true_allows_and_exceptions_deny(
     for name, authorizer in {
         "sync": lambda r: True,
         "async": async_yes,
-        "truthy": lambda r: "user",
+        "name": lambda r: " alice\x1b[2J  smith ",
+        "long": lambda r: "x" * 100,
+        "blank": lambda r: "\x1b\n",
+        "truthy": lambda r: 1,
         "false": lambda r: False,
         "broken": broken,
     }.items():
         g = Gate(tokens=None, authorizer=authorizer, secret=None, max_age=60, clock=FakeClock())  # type: ignore[arg-type]
         verdicts[name] = await g.host_allows(request)
     assert verdicts == {
-        "sync": True,
-        "async": True,
-        "truthy": False,
-        "false": False,
-        "broken": False,
+        "sync": "",
+        "async": "",
+        "name": "alice[2J smith",
+        "long": "x" * 64,
+        "blank": None,
+        "truthy": None,
+        "false": None,
+        "broken": None,
     }
     assert "authorizer raised" in caplog.text

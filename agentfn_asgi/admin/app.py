@@ -215,16 +215,6 @@ class AdminApp:
         request = Request(scope, receive)
         try:
             response = await self._respond(request)
-        except ConfigurationError as exc:
-            # It cannot start (no lifespan said so first): the reason is for the log only.
-            if not self._failure_logged:
-                self._failure_logged = True
-                logger.error("agentfn-asgi cannot start, the operator page answers 503: %s", exc)
-            root, route = _split_path(scope)
-            ctx = Context(root=root, route=route, refresh_seconds=self.refresh_seconds)
-            response = self._message(
-                ctx, 503, "Not configured", "The page cannot start; the server log says why."
-            )
         except ClientDisconnect:
             return
         except StoreError as exc:
@@ -279,8 +269,16 @@ class AdminApp:
         except FormError as exc:
             return self._message(ctx, exc.status, "Bad request", exc.message)
         ctx = dataclasses.replace(ctx, query=query)
-        if self._resolve() is None:
-            return self._message(ctx, 404, "Not found", "There is no such page here.")
+        try:
+            if self._resolve() is None:
+                return self._message(ctx, 404, "Not found", "There is no such page here.")
+        except ConfigurationError as exc:
+            # It cannot start (no lifespan said so first): the reason is for the log only.
+            if not self._failure_logged:
+                self._failure_logged = True
+                logger.error("agentfn-asgi cannot start, the operator page answers 503: %s", exc)
+            message = "The page cannot start; the server log says why."
+            return self._message(ctx, 503, "Not configured", message)
         if route == "/style.css" and method == "GET":
             return Response(_STYLESHEET, media_type="text/css; charset=utf-8")
         if route == "/login" and self.gate.tokens:

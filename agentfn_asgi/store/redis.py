@@ -136,7 +136,9 @@ logger = logging.getLogger(__name__)
 
 # The query keys redis-py takes from a URL: its parsed ones and its connections' keywords
 # (any other key reaches a connection's constructor as a TypeError, at the first command).
-_DRIVER_PARAMETERS = frozenset(aioredis.connection.URL_QUERY_ARGUMENT_PARSERS).union(
+_DRIVER_PARAMETERS = frozenset(
+    getattr(aioredis.connection, "URL_QUERY_ARGUMENT_PARSERS", {})
+).union(
     *(
         inspect.signature(kind.__init__).parameters
         for kind in (

@@ -31,7 +31,7 @@ from ..config import Config
 from ..errors import APIError, APIStatusError, CLIError, CLIUsageError
 from ..integrations.starlette import not_found_hint
 from ..wire import WebhookEndpoint, WebhookEndpointWithSecret
-from .common import EXIT_FAILURE, EXIT_OK, api_client, progress
+from .common import EXIT_FAILURE, EXIT_OK, api_client, progress, show
 
 __all__ = ["DEFAULT_EVENTS", "format_endpoint", "format_endpoints", "register"]
 
@@ -181,7 +181,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_public(e) for e in endpoints], indent=2))
     else:
-        print(format_endpoints(endpoints))
+        show(format_endpoints(endpoints))
     return EXIT_OK
 
 
@@ -190,7 +190,7 @@ def _show(args: argparse.Namespace) -> int:
         lambda client: client.retrieve_webhook_endpoint(args.endpoint_id),
         "reading a webhook endpoint",
     )
-    print(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
+    show(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
     return EXIT_OK
 
 
@@ -205,7 +205,7 @@ def _update(args: argparse.Namespace) -> int:
         )
 
     endpoint = _run(work, "updating a webhook endpoint")
-    print(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
+    show(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
     return EXIT_OK
 
 

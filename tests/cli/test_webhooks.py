@@ -118,6 +118,11 @@ async def test_update_and_delete(fake: FakeAgentsAPI, capsys: pytest.CaptureFixt
     )
     assert run.code == 0, run.err
     assert "name      second" in run.out
+    # A name is anyone's text: shown with its control characters escaped.
+    hostile = await cli(capsys, "webhooks", "update", endpoint.id, "--name", "x\x1b[2Jy")
+    assert "name      x\\x1b[2Jy" in hostile.out and "\x1b" not in hostile.out
+    assert "\x1b" not in (await cli(capsys, "webhooks", "list")).out
+    await cli(capsys, "webhooks", "update", endpoint.id, "--name", "second")
     assert endpoint.event_types == ["agent.session.idle", "agent.session.action_required"]
     assert endpoint.url == "https://a.test/h"
     nothing = await cli(capsys, "webhooks", "update", endpoint.id)

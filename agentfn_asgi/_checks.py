@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
 import warnings
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -47,9 +48,11 @@ class ToolProblem:
         return self.message
 
 
-def label_of(fn: object) -> str:
+def label_of(fn: object, *, placed: bool = False) -> str:
     """How messages name a tool's function: ``tool function module.qualname``, or
-    ``openai tool 'name'`` for a tool built by the openai SDK."""
+    ``openai tool 'name'`` for a tool built by the openai SDK. ``placed`` adds where it is
+    defined, ``(file:line)``, for errors: where the fix goes (a traceback ends in our code;
+    warnings are shown at that line anyway, :func:`warn_at`)."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     if isinstance(getattr(fn, "definition", None), Mapping) and hasattr(fn, "name"):
@@ -58,7 +61,20 @@ def label_of(fn: object) -> str:
         fn = type(fn)
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     module = getattr(fn, "__module__", None)
-    return f"tool function {module}.{name}" if module else f"tool function {name}"
+    label = f"tool function {module}.{name}" if module else f"tool function {name}"
+    code = getattr(inspect.unwrap(fn), "__code__", None) if inspect.isroutine(fn) else None
+    if not placed or code is None:
+        return label
+    return f"{label} ({_place(code.co_filename)}:{code.co_firstlineno})"
+
+
+def _place(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if relative.startswith("..") else relative
 
 
 def check_option_names(where: str, options: Mapping[str, Any], valid: Collection[str]) -> None:

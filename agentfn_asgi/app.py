@@ -194,6 +194,8 @@ class AgentWebhookApp:
             public_url=public_url,
             on_approval_request=on_approval_request,
         )
+        self._env = env
+        self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
         self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
         self._draining = False
@@ -223,7 +225,23 @@ class AgentWebhookApp:
     def _parts(self) -> _Parts:
         if self._assembled is None:
             self._assembled = self._assemble()
+            self._assembled.dispatcher.approvals.links = self._approval_links
         return self._assembled
+
+    @property
+    def config(self) -> Config:
+        """What the environment said when the app was built (or ``config=``); raises
+        :class:`~agentfn_asgi.errors.ConfigurationError` if it could not be read."""
+        if isinstance(self._env, ConfigurationError):
+            raise self._env
+        return self._env
+
+    def link_approvals(self, links: Callable[[ApprovalView], dict[str, str]]) -> None:
+        """Have each new approval request carry ``links(request)`` when it reaches
+        ``on_approval_request`` (the operator page's signed link; it calls this)."""
+        self._approval_links = links
+        if self._assembled is not None:
+            self._assembled.dispatcher.approvals.links = links
 
     @property
     def verifier(self) -> WebhookVerifier:

@@ -15,13 +15,20 @@ variable                                               :class:`Config` field
 ``AGENTFN_STORE_NAMESPACE`` (default the project id)   ``store_namespace``
 ``AGENTFN_COMPLETION_SECRET``, ``AGENTFN_PUBLIC_URL``  ``completion_secrets``, ``public_url``
 ``AGENTFN_ADMIN_TOKEN`` (several: spaces or commas)    ``admin_tokens``
+``AGENTFN_ALLOW_UNKNOWN`` (names; ``PREFIX_*``)          ``allow_unknown``
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``  ``capture_content``
 ``AGENTFN_LEASE_SECONDS`` … (see :data:`DISPATCH_ENV`)  ``dispatch`` (a :class:`DispatchSettings`)
 =====================================================  ===========================================
+
+Any other ``AGENTFN_*`` variable is refused, with the closest name ("did you mean"): a
+misspelled ``AGENTFN_STORE_ULR`` would otherwise start every replica on its own SQLite file.
+Variables the host owns under our prefix are listed in ``AGENTFN_ALLOW_UNKNOWN``.
 """
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +64,8 @@ DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
     "AGENTFN_APPROVAL_TIMEOUT": ("approval_timeout", float, None),
 }
 _CAPTURE_VALUES: Final = frozenset({"true", "1", "span_only", "span_and_event"})
+#: Ours, read elsewhere: the test-only crash hook (:mod:`agentfn_asgi._crash`).
+_HOOK_VARIABLES: Final = ("AGENTFN_CRASH_AT", "AGENTFN_TEST_ONLY_ENABLE_CRASH_HOOK")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +138,12 @@ CONFIG_DOCS: Final[dict[str, SettingDoc]] = {
         "the operator page's tokens (16 characters or more; several separated by spaces or"
         " commas during a rotation); the page is off without a token or an authorizer",
         "AGENTFN_ADMIN_TOKEN",
+    ),
+    "allow_unknown": SettingDoc(
+        "other `AGENTFN_*` variables are refused at start-up (a misspelled name is not"
+        " silently ignored); list here, separated by spaces or commas, those your host owns:"
+        " names, or prefixes ending in `*` (`AGENTFN_MYAPP_*`)",
+        "AGENTFN_ALLOW_UNKNOWN",
     ),
     "capture_content": SettingDoc(
         "record tool arguments, results and exception messages on spans (`true` or `1`);"
@@ -245,6 +260,7 @@ class Config:
     completion_secrets: tuple[str, ...] = ()
     public_url: str | None = None
     admin_tokens: tuple[str, ...] = ()
+    allow_unknown: tuple[str, ...] = ()
     capture_content: bool = False
     dispatch: DispatchSettings = field(default_factory=DispatchSettings)
 
@@ -252,9 +268,12 @@ class Config:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
         """Read ``environ`` (default: this process's environment).
 
-        Raises ConfigurationError naming the variable when a value cannot be used.
+        Raises ConfigurationError naming the variable when a value cannot be used, or an
+        ``AGENTFN_*`` variable that is not ours and not in ``AGENTFN_ALLOW_UNKNOWN``.
         """
         env = os.environ if environ is None else environ
+        allow_unknown = parse_secrets(env.get("AGENTFN_ALLOW_UNKNOWN", ""))
+        _refuse_unknown(env, allow_unknown)
 
         def text(name: str) -> str | None:
             value = env.get(name, "").strip()
@@ -271,6 +290,7 @@ class Config:
             completion_secrets=parse_secrets(env.get("AGENTFN_COMPLETION_SECRET", "")),
             public_url=text("AGENTFN_PUBLIC_URL"),
             admin_tokens=parse_secrets(env.get("AGENTFN_ADMIN_TOKEN", "")),
+            allow_unknown=allow_unknown,
             capture_content=(
                 env.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").strip().lower()
                 in _CAPTURE_VALUES
@@ -300,6 +320,33 @@ class Config:
         options.setdefault("project", self.project)
         options.setdefault("organization", self.organization)
         return AgentsClient(**options)
+
+
+def _refuse_unknown(env: Mapping[str, str], allowed: tuple[str, ...]) -> None:
+    """Refuse the ``AGENTFN_*`` variables that are neither ours nor ``allowed``, each with
+    the closest of ours."""
+    known = {doc.variable for doc in CONFIG_DOCS.values() if doc.variable}
+    known.update(DISPATCH_ENV, _HOOK_VARIABLES)
+    unknown = sorted(
+        name
+        for name in env
+        if name.startswith("AGENTFN_")
+        and name not in known
+        and not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
+    )
+    if not unknown:
+        return
+    # Compared without the shared prefix, which would make every name look close.
+    suffixes = {name.removeprefix("AGENTFN_"): name for name in known}
+    named = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.removeprefix("AGENTFN_"), suffixes, n=1)
+        named.append(f"{name} (did you mean {suffixes[close[0]]}?)" if close else name)
+    raise ConfigurationError(
+        f"unknown variable{'s' if len(unknown) > 1 else ''} {', '.join(named)}: agentfn-asgi"
+        " has no such setting. Fix the name, or, if your host owns it, list it in"
+        " AGENTFN_ALLOW_UNKNOWN (names separated by commas; PREFIX_* for a prefix)"
+    )
 
 
 def dispatch_settings(env: Mapping[str, str]) -> DispatchSettings:

@@ -129,12 +129,31 @@ def outcome_of(record: CallRecord, now: float, margin: float = 0.0) -> Outcome:
     return "held"
 
 
+#: The stored states an outcome's calls are in (a list by outcome reads them, then keeps
+#: the calls of that outcome: what the overview counted).
+_OUTCOME_STATES: dict[str, tuple[str, ...]] = {
+    "running": ("claimed",),
+    "in_doubt": ("in_doubt",),
+    "submitting": ("succeeded", "failed"),
+    "succeeded": ("submitted",),
+    "failed": ("submitted",),
+    "stale": ("stale",),
+    "held": ("quarantined",),
+    "awaiting_approval": ("awaiting_approval",),
+    "approved": ("approved",),
+    "retrying": ("retry_scheduled",),
+    "waiting": ("waiting",),
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallFilter:
     """Which calls to list, newest first. ``since`` is a Unix time (calls first seen at or
-    after it); ``cursor`` is the ``next_cursor`` of the previous page (opaque)."""
+    after it); ``cursor`` is the ``next_cursor`` of the previous page (opaque); ``outcome``
+    (an :data:`Outcome`) lists exactly the calls the overview counts under it."""
 
     state: str | None = None
+    outcome: str | None = None
     session_id: str | None = None
     tool_name: str | None = None
     since: float | None = None
@@ -452,17 +471,34 @@ class Operator:
     async def calls(self, query: CallFilter) -> CallPage:
         """A page of calls, newest first (``OperatorInputError`` for a cursor not ours)."""
         before = None if query.cursor is None else _decode_cursor(query.cursor)
-        found = await self._store.list_calls(
-            CallQuery(
-                state=query.state,
-                session_id=query.session_id,
-                tool_name=query.tool_name,
-                since=query.since,
-                limit=query.limit + 1,
-                before=before,
-                margin=self._margin,
-            )
-        )
+        outcome, now = query.outcome, self._clock()
+        states = (query.state,) if outcome is None else _OUTCOME_STATES[outcome]
+        found: list[CallRecord] = []
+        for state in states:
+            cursor, matched = before, 0
+            while True:  # an outcome is a part of a state's calls: read on until enough
+                batch = await self._store.list_calls(
+                    CallQuery(
+                        state=state,
+                        session_id=query.session_id,
+                        tool_name=query.tool_name,
+                        since=query.since,
+                        limit=query.limit + 1,
+                        before=cursor,
+                        margin=self._margin,
+                    )
+                )
+                hits = [
+                    r
+                    for r in batch
+                    if outcome is None or outcome_of(r, now, self._margin) == outcome
+                ]
+                found += hits
+                matched += len(hits)
+                if matched > query.limit or len(batch) <= query.limit:
+                    break
+                cursor = _position(batch[-1])
+        found.sort(key=_position, reverse=True)
         page = found[: max(0, query.limit)]
         more = len(found) > len(page) and page
         next_cursor = _encode_cursor(page[-1]) if more else None
@@ -583,12 +619,6 @@ class Operator:
             raise ConfigurationError("nobody to tell: this view runs no app")
         return await self._dispatcher.approvals.notify_again(approval_id)
 
-    def link_approvals(self, links: Callable[[ApprovalView], dict[str, str]]) -> None:
-        """Have each new approval request carry ``links(request)`` (the operator page's
-        signed link) when it reaches ``on_approval_request``."""
-        if self._dispatcher is not None:
-            self._dispatcher.approvals.links = links
-
     # -- helpers ---------------------------------------------------------------------------
     async def _find(self, call_id: str, session_id: str | None) -> CallRecord:
         found = await self._store.find_calls(call_id)
@@ -682,9 +712,14 @@ def _output_of(record: CallRecord) -> str | None:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _encode_cursor(record: CallRecord) -> str:
+def _position(record: CallRecord) -> tuple[float, str, str, str]:
+    """Where ``record`` stands in a listing (newest first: the largest first)."""
     key = record.key
-    raw = json.dumps([record.created_at, key.session_id, key.turn_id, key.call_id])
+    return record.created_at, key.session_id, key.turn_id, key.call_id
+
+
+def _encode_cursor(record: CallRecord) -> str:
+    raw = json.dumps(list(_position(record)))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

@@ -207,7 +207,7 @@ class FunctionTool:
         """
         if looks_like_sdk_tool(fn):
             return cls.from_sdk(fn, **options)
-        label = label_of(fn)
+        label = label_of(fn, placed=True)
         settled = _settle(label, options)
         check_returns_once(fn, label)
         name = options.get("name")
@@ -223,7 +223,7 @@ class FunctionTool:
                 " description=..."
             )
         spec, parameters = build_arguments(fn, tool_name, arg_docs, label, context_type=ToolContext)
-        findings = untyped_problems(tool_name, label, parameters)
+        findings = untyped_problems(tool_name, label_of(fn), parameters)
         for finding in findings:
             warn_at(fn, finding.message)
         return cls(
@@ -297,7 +297,7 @@ class FunctionTool:
         thread). Options apply as for :meth:`from_function`; ``defer_loading`` and
         ``background`` can only switch on what the definition leaves off.
         """
-        label = label_of(handler)
+        label = label_of(handler, placed=True)
         sdk = read_sdk_tool(handler)
         source = adopted_definition(label, handler, sdk, definition)
         check_returns_once(handler, label)
@@ -306,7 +306,7 @@ class FunctionTool:
         tool_name = _checked_name(label, source["name"] if name is None else name)
         settled["defer_loading"] = settled["defer_loading"] or source.get("defer_loading") is True
         settled["background"] = settled["background"] or source.get("async") is True
-        findings = untyped_problems(tool_name, label, source["parameters"])
+        findings = untyped_problems(tool_name, label_of(handler), source["parameters"])
         for finding in findings:
             warn_at(handler, finding.message)
         return cls(
@@ -622,7 +622,8 @@ class FunctionTools:
         for tool in tools:
             if tool.name in self._tools or tool.name in seen:
                 raise ToolDefinitionError(
-                    f"{label_of(tool.fn)}: a tool named {tool.name!r} is already registered"
+                    f"{label_of(tool.fn, placed=True)}: a tool named {tool.name!r} is already"
+                    " registered"
                 )
             seen.add(tool.name)
         for tool in tools:

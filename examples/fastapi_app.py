@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.demo.tools import Ledger, tools
 from agentfn_asgi.integrations.fastapi import mount, mount_admin
-from examples.operator_page import admin_from_env
 
 
 @contextlib.asynccontextmanager
@@ -36,8 +36,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 app = FastAPI(lifespan=lifespan)
 webhooks = AgentWebhookApp(tools, resources=app.state)
 mount(app, webhooks, "/openai/webhooks")
-if (admin := admin_from_env(webhooks)) is not None:
-    mount_admin(app, admin, "/openai/admin")
+# The operator page: on with AGENTFN_ADMIN_TOKEN set, else 404 (see docs/operating.md).
+mount_admin(app, AdminApp(webhooks), "/openai/admin")
 
 
 @app.get("/")

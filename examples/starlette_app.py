@@ -22,9 +22,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agentfn_asgi import AgentWebhookApp
+from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.demo.tools import Ledger, tools
 from agentfn_asgi.integrations.starlette import mount, mount_admin
-from examples.operator_page import admin_from_env
 
 
 @contextlib.asynccontextmanager
@@ -44,5 +44,5 @@ async def index(request: Request) -> JSONResponse:
 app = Starlette(routes=[Route("/", index)], lifespan=lifespan)
 webhooks = AgentWebhookApp(tools, resources=app.state)
 mount(app, webhooks, "/openai/webhooks")
-if (admin := admin_from_env(webhooks)) is not None:
-    mount_admin(app, admin, "/openai/admin")
+# The operator page: on with AGENTFN_ADMIN_TOKEN set, else 404 (see docs/operating.md).
+mount_admin(app, AdminApp(webhooks), "/openai/admin")

@@ -24,6 +24,11 @@ from pathlib import Path
 
 import pytest
 
+# The suite's own knobs (AGENTFN_FUZZ_EXAMPLES=5000 in `make fuzz`, the history tests'
+# amounts) share the package's prefix: apps built from this environment would refuse them.
+_KNOBS = "AGENTFN_FUZZ_EXAMPLES AGENTFN_HISTORY_*"
+os.environ["AGENTFN_ALLOW_UNKNOWN"] = f"{os.environ.get('AGENTFN_ALLOW_UNKNOWN', '')} {_KNOBS}"
+
 
 @pytest.fixture
 def anyio_backend() -> str:

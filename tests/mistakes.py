@@ -216,7 +216,7 @@ REGISTERING = "Registering tools"
 @mistake(
     REGISTERING,
     "I registered a generator function (it yields rows)",
-    "tool function …stream_rows: a generator function (it uses yield) cannot be a tool, which"
+    "tool function …stream_rows (…): a generator function (it uses yield) cannot be a tool, which"
     " sends one result when it returns; collect the items and return them (return list(...))"
     " or return one string",
 )
@@ -234,7 +234,7 @@ def _generator() -> None:
 @mistake(
     REGISTERING,
     "I registered an async generator function",
-    "tool function …stream_rows: an async generator function (async def with yield) cannot be"
+    "tool function …stream_rows (…): an async generator function (async def with yield) cannot be"
     " a tool, which sends one result when it returns; collect the items and return them"
     " (return [item async for item in ...]) or return one string",
 )
@@ -334,7 +334,7 @@ def _misspelled_option() -> None:
 @mistake(
     REGISTERING,
     "A limit that could never run a call: @tools.function(concurrency=0)",
-    "tool function …lookup: concurrency=0 would never run a call; set concurrency=1 or more,"
+    "tool function …lookup (…): concurrency=0 would never run a call; set concurrency=1 or more,"
     " or drop it for no bound",
 )
 def _concurrency_zero() -> None:
@@ -347,7 +347,7 @@ def _concurrency_zero() -> None:
 @mistake(
     REGISTERING,
     "A rate of zero: @tools.function(rate='0/s')",
-    "tool function …lookup: rate='0/s' would never run a call; give a positive rate such as"
+    "tool function …lookup (…): rate='0/s' would never run a call; give a positive rate such as"
     " rate='5/s', or drop it for no bound",
 )
 def _rate_zero() -> None:
@@ -360,7 +360,7 @@ def _rate_zero() -> None:
 @mistake(
     REGISTERING,
     "A limit on a tool handed to a queue: @tools.function(enqueue=..., concurrency=4)",
-    "tool function …lookup: concurrency= and rate= limit calls run here; a queued tool's"
+    "tool function …lookup (…): concurrency= and rate= limit calls run here; a queued tool's"
     " worker is limited by its queue (bound its workers), so drop them or drop enqueue=",
 )
 def _limit_with_enqueue() -> None:
@@ -391,7 +391,7 @@ class Shop:
 @mistake(
     REGISTERING,
     "I decorated a method inside its class",
-    "tool function …Shop.lookup: parameter 'self': this is a method taken from its class;"
+    "tool function …Shop.lookup (…): parameter 'self': this is a method taken from its class;"
     " register the bound method of an instance instead: tools.add(instance.lookup)",
 )
 def _method_in_class_body() -> None:
@@ -401,7 +401,7 @@ def _method_in_class_body() -> None:
 @mistake(
     REGISTERING,
     "My tool has no docstring",
-    "tool function …ping: the Agents API requires a description; add a docstring or pass"
+    "tool function …ping (…): the Agents API requires a description; add a docstring or pass"
     " description=...",
 )
 def _no_docstring() -> None:
@@ -418,7 +418,7 @@ class Connection:
 @mistake(
     REGISTERING,
     "A parameter's type is a class pydantic cannot describe",
-    "tool function …query: parameter 'db' has type Connection, which pydantic cannot validate"
+    "tool function …query (…): parameter 'db' has type Connection, which pydantic cannot validate"
     " or describe; use JSON types (str, int, float, bool, list, dict), a pydantic model, a"
     " dataclass or a TypedDict",
 )
@@ -433,7 +433,7 @@ def _unknown_class() -> None:
 @mistake(
     REGISTERING,
     "An annotation names a class imported under TYPE_CHECKING (or defined in a function)",
-    "tool function …lookup: parameter 'customer': cannot resolve annotation 'Customer'"
+    "tool function …lookup (…): parameter 'customer': cannot resolve annotation 'Customer'"
     " (name 'Customer' is not defined); define or import it at module level, not under"
     " `if TYPE_CHECKING:` nor inside a function: annotations are read from the module when"
     " the tool is registered",
@@ -455,7 +455,7 @@ class Invoice(BaseModel):
 @mistake(
     REGISTERING,
     "My model refers to a class that is not defined",
-    "tool function …send_invoice: parameter 'invoice' has type Invoice, which refers to"
+    "tool function …send_invoice (…): parameter 'invoice' has type Invoice, which refers to"
     " InvoiceLine, a name that is not defined; define or import InvoiceLine at module level"
     " (if it comes after Invoice, call Invoice.model_rebuild() below it)",
 )
@@ -470,7 +470,7 @@ def _undefined_forward_reference() -> None:
 @mistake(
     REGISTERING,
     'A default cannot be written as JSON: limit: float = float("inf")',
-    "tool function …search: parameter 'limit' has the default inf, which JSON cannot hold;"
+    "tool function …search (…): parameter 'limit' has the default inf, which JSON cannot hold;"
     " use a finite number or None",
 )
 def _default_not_json() -> None:
@@ -484,7 +484,7 @@ def _default_not_json() -> None:
 @mistake(
     REGISTERING,
     "A Field constraint is invalid",
-    "tool function …find: parameter 'code' has type str with invalid constraints: unclosed"
+    "tool function …find (…): parameter 'code' has type str with invalid constraints: unclosed"
     " character class",
 )
 def _invalid_constraint() -> None:
@@ -498,7 +498,7 @@ def _invalid_constraint() -> None:
 @mistake(
     REGISTERING,
     "reconcile= without side_effects=True",
-    "tool function …charge: reconcile= only applies with side_effects=True",
+    "tool function …charge (…): reconcile= only applies with side_effects=True",
 )
 def _reconcile_without_side_effects() -> None:
     def charge(amount: int) -> str:
@@ -547,7 +547,7 @@ def _key_is_not_the_name() -> None:
 @mistake(
     FROM_SDK,
     "A definition in the Chat Completions shape",
-    "tool function …_get_weather: the definition has the Chat Completions shape {'type':"
+    "tool function …_get_weather (…): the definition has the Chat Completions shape {'type':"
     " 'function', 'function': {...}}; agent.tools takes it flat: {'type': 'function', 'name':"
     " ..., 'description': ..., 'parameters': {...}}",
 )
@@ -559,7 +559,7 @@ def _chat_completions_definition() -> None:
 @mistake(
     FROM_SDK,
     'A definition with "strict": true (a Responses API habit)',
-    "tool function …_get_weather: the definition has keys agent.tools does not take: strict"
+    "tool function …_get_weather (…): the definition has keys agent.tools does not take: strict"
     " (it takes async, defer_loading, description, name, parameters, type)",
 )
 def _strict_definition() -> None:
@@ -620,6 +620,29 @@ async def _no_secret_no_key() -> None:
         await webhooks.startup()
     finally:
         await webhooks.shutdown()
+
+
+@mistake(
+    STARTING,
+    "I misspelled an AGENTFN_* variable",
+    "unknown variable AGENTFN_STORE_ULR (did you mean AGENTFN_STORE_URL?): agentfn-asgi has no"
+    " such setting. Fix the name, or, if your host owns it, list it in AGENTFN_ALLOW_UNKNOWN"
+    " (names separated by commas; PREFIX_* for a prefix)",
+    category=ConfigurationError,
+)
+def _misspelled_variable() -> None:
+    Config.from_env({"AGENTFN_STORE_ULR": "redis://redis.internal:6379/0"})
+
+
+@mistake(
+    STARTING,
+    "I misspelled a store URL option",
+    "unknown parameter ?key_prefx= in store URL 'redis://redis.internal:6379/0?key_prefx=app1:'"
+    " (did you mean ?key_prefix=?): fix or remove it in AGENTFN_STORE_URL (or store=)",
+    category=ConfigurationError,
+)
+def _misspelled_store_option() -> None:
+    open_store("redis://redis.internal:6379/0?key_prefx=app1:")
 
 
 @mistake(

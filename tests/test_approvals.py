@@ -6,12 +6,15 @@ run twice by a redelivery."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from agentfn_asgi.backoff import Backoff
+from agentfn_asgi.cli import main
 from agentfn_asgi.dispatch.approvals import ApprovalView
 from agentfn_asgi.errors import (
     ApprovalDecidedError,
@@ -25,7 +28,7 @@ from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import Connection, FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext
 
-from .support.stack import FAST, running_stack
+from .support.stack import API_KEY, FAST, running_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -73,6 +76,35 @@ async def submitted(stack: Connection, call_id: str) -> Any:
         while not [s for s in stack.fake.submissions if s.call_id == call_id]:
             await anyio.sleep(0.02)
     return next(s for s in stack.fake.submissions if s.call_id == call_id)
+
+
+async def test_the_cli_shows_what_is_being_decided_with_content(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``approvals`` listed requests without their arguments: a person deciding in the
+    terminal could not see what they approve. ``--content`` reads them from the live
+    session (they are not stored); ``--json --content`` adds ``arguments``."""
+    url = f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    async with running_stack(
+        account_tools([]), store=url, settings=SETTINGS, loopback=True
+    ) as stack:
+        sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_42"}, call_id="call_c")]]
+        )
+        record = await until_state(stack, sid, "call_c", CallState.AWAITING_APPROVAL)
+        assert record.approval is not None
+        monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+        monkeypatch.setenv("OPENAI_BASE_URL", stack.client.base_url)
+        listing = ["approvals", "--content", "--store", url]
+        assert await anyio.to_thread.run_sync(main, listing) == 0
+        line = f'{record.approval.approval_id}  arguments {{"account_id": "acc_42"}}'
+        assert line in capsys.readouterr().out
+        assert await anyio.to_thread.run_sync(main, [*listing, "--json"]) == 0
+        [item] = json.loads(capsys.readouterr().out)
+        assert json.loads(item["arguments"]) == {"account_id": "acc_42"}
+        monkeypatch.delenv("OPENAI_API_KEY")
+        assert await anyio.to_thread.run_sync(main, listing) == 0
+        assert "arguments (unread: it needs OPENAI_API_KEY" in capsys.readouterr().out
 
 
 async def test_a_held_call_runs_once_when_approved_and_the_decision_is_taken_once() -> None:

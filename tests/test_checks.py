@@ -183,7 +183,9 @@ def test_schema_errors_are_one_line_with_pydantic_as_the_cause(
     message = str(raised.value)
     assert "\n" not in message
     assert "errors.pydantic.dev" not in message
-    assert message.startswith(f"tool function {fn.__module__}.{fn.__qualname__}: ")
+    line = fn.__code__.co_firstlineno
+    label = f"tool function {fn.__module__}.{fn.__qualname__} (tests/test_checks.py:{line}): "
+    assert message.startswith(label)
     assert expected in message
     assert isinstance(raised.value.__cause__, cause)
 

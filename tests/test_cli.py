@@ -305,11 +305,17 @@ async def test_send_reads_the_secret_from_the_environment(
 
 @pytest.mark.anyio
 async def test_send_failures_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    """A refused signature (401) and an unreachable URL both exit 1 with the cause."""
+    """A refused signature (401), a wrong path (404, with a hint at the mount path) and an
+    unreachable URL all exit 1 with the cause."""
     other = "whsec_" + "b3RoZXItc2VjcmV0LW90aGVyLXNlY3JldA=="
     async with receiver() as (url, _):
         assert await run_cli("send", url, "--secret", other, "--session", "sess_x") == 1
         assert capsys.readouterr().out.startswith("401")
+        wrong = url.replace("/openai/webhooks", "/webhooks")
+        assert await run_cli("send", wrong, "--secret", SECRET, "--session", "sess_x") == 1
+        said = capsys.readouterr()
+        assert said.out.startswith("404")
+        assert "nothing answers at /webhooks: check the mount path" in said.err
     dead = f"http://127.0.0.1:{free_port()}/openai/webhooks"
     code = await run_cli("send", dead, "--secret", SECRET, "--session", "s", "--timeout", "2")
     assert code == 1

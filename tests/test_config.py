@@ -120,3 +120,37 @@ def test_the_app_takes_what_it_is_not_given_from_the_environment(
         FunctionTools(), config=Config(webhook_secrets=(SECRET,), api_key="sk-2")
     )
     assert explicit.dispatcher.settings == DispatchSettings()
+
+
+def test_a_misspelled_variable_is_refused_with_the_name_it_meant() -> None:
+    """AGENTFN_STORE_ULR was silently ignored: every replica started on its own SQLite file.
+    Every unknown AGENTFN_* variable is named at once, each with the closest of ours."""
+    with pytest.raises(ConfigurationError) as refused:
+        Config.from_env({"AGENTFN_STORE_ULR": "redis://r", "AGENTFN_FENCE_MARGIN": "2"})
+    message = str(refused.value)
+    assert "AGENTFN_STORE_ULR (did you mean AGENTFN_STORE_URL?)" in message
+    assert "AGENTFN_FENCE_MARGIN (did you mean AGENTFN_LEASE_MARGIN?)" in message
+    assert "AGENTFN_ALLOW_UNKNOWN" in message
+
+
+def test_variables_the_host_owns_are_allowed_by_name_or_prefix() -> None:
+    """AGENTFN_ALLOW_UNKNOWN lists the host's own names (or PREFIX_*); OTHER_* are not ours."""
+    env = {
+        "AGENTFN_ALLOW_UNKNOWN": "AGENTFN_LEGACY_FLAG, AGENTFN_MYAPP_*",
+        "AGENTFN_LEGACY_FLAG": "1",
+        "AGENTFN_MYAPP_REGION": "eu",
+        "OTHER_STORE_ULR": "x",
+    }
+    assert Config.from_env(env).allow_unknown == ("AGENTFN_LEGACY_FLAG", "AGENTFN_MYAPP_*")
+    with pytest.raises(ConfigurationError, match="AGENTFN_MYAPP2"):
+        Config.from_env({**env, "AGENTFN_MYAPP2": "1"})
+
+
+def test_an_app_with_a_misspelled_variable_cannot_start_but_imports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Building the app still never fails (imports stay safe); its start-up names the fix."""
+    monkeypatch.setenv("AGENTFN_STORE_ULR", "redis://r")
+    app = AgentWebhookApp(FunctionTools(), webhook_secret=SECRET)
+    with pytest.raises(ConfigurationError, match="did you mean AGENTFN_STORE_URL"):
+        app.check()

@@ -139,7 +139,8 @@ def _command_lines(code: str, top: set[str]) -> Iterator[list[str]]:
         if code[: match.start()].rstrip().endswith("install"):
             continue  # the package, not the program
         rest = re.split(r"\s(?:#|\||;|&&|>)|$", code[match.end() :], maxsplit=1)[0]
-        if not rest.split() or not rest.split()[0].endswith(":"):  # "agentfn-asgi status: ..."
+        # A message, not a command: "agentfn-asgi status: ...", "agentfn-asgi cannot start: ..."
+        if not any(word.endswith(":") for word in rest.split()[:2]):
             yield rest.split()
     words = code.split()
     if PROGRAM not in code and len(words) > 1 and words[0] in top:

@@ -247,13 +247,15 @@ async def test_examples_mount_the_operator_page_when_a_token_is_set(
 )
 def test_a_start_up_mistake_is_one_line_under_uvicorn(target: str, tmp_path: Path) -> None:
     """Started without a webhook secret or an API key, each example's server prints one line
-    naming both problems, no traceback, and exits non-zero."""
+    naming both problems, no traceback, and exits non-zero: with the operator page mounted
+    too (it ran the app's checks at import, a 50-line traceback)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("OPENAI_API_KEY", "OPENAI_WEBHOOK_SECRET", "AGENTFN_ADMIN_TOKEN")
     }
     env.update(
+        AGENTFN_ADMIN_TOKEN="example-admin-token-0123",
         AGENTFN_STORE_URL=f"sqlite:///{tmp_path / 'store.sqlite3'}",
         EXAMPLE_DJANGO_DB=str(tmp_path / "django.sqlite3"),
         EXAMPLE_LEDGER=str(tmp_path / "ledger.jsonl"),

@@ -87,7 +87,7 @@ async def running_service(url: str, fake: FakeAgentsAPI, base_url: str) -> Async
         example_tools, webhook_secret=SECRET, client=client, store=url, settings=SETTINGS
     )
     host = Starlette(routes=webhook_routes(webhooks), lifespan=webhooks.lifespan)
-    mount_admin(host, AdminApp(webhooks.operator(), tokens=[TOKEN]))
+    mount_admin(host, AdminApp(webhooks, tokens=[TOKEN]))
     async with serve_app(host) as root:
         await webhooks.dispatcher.sweep()  # passes do not overlap: the start-up one is over
         fake.add_webhook_url(root + "/openai/webhooks")

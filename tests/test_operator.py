@@ -91,6 +91,30 @@ async def test_each_call_has_one_outcome_and_the_counts_add_up() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("limit", [1, 2, 50])
+async def test_each_outcome_lists_exactly_the_calls_its_badge_counts(limit: int) -> None:
+    """The overview's "succeeded 1" opened the submitted calls (the failed one too) and
+    "running 2" the claimed ones (in doubt too): each outcome now lists exactly the calls
+    it counts, page by page."""
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    expected = await _seed(store, clock)
+    operator = Operator(store, location="memory://", clock=clock)
+    counts = (await operator.overview()).outcomes
+    for outcome in OUTCOMES:
+        listed: list[str] = []
+        cursor = None
+        while True:
+            page = await operator.calls(CallFilter(outcome=outcome, limit=limit, cursor=cursor))
+            listed += [c.call_id for c in page.calls]
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+        assert sorted(listed) == sorted(c for c, o in expected.items() if o == outcome)
+        assert len(listed) == counts[outcome], outcome
+
+
+@pytest.mark.anyio
 async def test_what_an_operator_asks_wrongly_raises_the_trees_errors() -> None:
     """An unknown call is a CallNotFoundError, an id naming calls of two sessions, a cursor
     not of the listing and a duration not understood are OperatorInputErrors: in the one

@@ -2,14 +2,14 @@
 
 An ASGI app the host mounts where it likes, reading through the same
 :class:`~agentfn_asgi.operator.OperatorView` as the CLI. It is **off unless configured**:
-without ``tokens`` or an ``authorizer`` it refuses to start::
+without tokens (default ``AGENTFN_ADMIN_TOKEN``) or an ``authorizer`` it answers 404::
 
-    from agentfn_asgi import Config
     from agentfn_asgi.admin import AdminApp
     from agentfn_asgi.integrations.starlette import mount_admin
 
-    admin = AdminApp(webhooks.operator(), tokens=Config.from_env().admin_tokens)
-    mount_admin(app, admin)                    # GET /openai/admin (also FastAPI)
+    mount_admin(app, AdminApp(webhooks))       # GET /openai/admin (also FastAPI)
+
+Built on the webhook app it checks nothing at import; it starts with the app.
 
 Pages: overview (health, counts by state), calls (filters ``state``, ``session``,
 ``tool``, ``since``, ``limit``; newest first, paginated), one call's timeline (content only

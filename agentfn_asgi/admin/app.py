@@ -10,6 +10,7 @@ answered with 4xx; a failing store with 503; only a bug of ours or of the view i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.resources
 import logging
 import time
@@ -21,8 +22,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._asgi import exact_router
-from ..errors import ApprovalError, StoreError
-from ..operator import ApprovalsView, ApprovalView, Operator, OperatorView
+from ..app import AgentWebhookApp
+from ..errors import ApprovalError, ConfigurationError, StoreError
+from ..operator import ApprovalsView, ApprovalView, OperatorView
 from .approval_links import LINK_MAX_AGE, ApprovalLinks
 from .approval_pages import LINK_SCRIPT_SOURCE, link_done_page, link_open_page, link_page
 from .auth import (
@@ -69,31 +71,52 @@ _Route = Callable[[Request, Context, str], Awaitable[Response]]
 class _Access:
     session: Session | None  # the verified cookie (binds CSRF tokens), if any
     bearer: bool  # authenticated by the Authorization header: no CSRF token needed
+    who: str  # recorded with a decision: a name, else how they got in
     new_cookie: str | None = None  # a CSRF-binding cookie to set (host logins)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Page:
+    """What the page serves with, once its configuration is known."""
+
+    view: OperatorView
+    gate: Gate
+    links: ApprovalLinks
 
 
 class AdminApp:
     """The operator page: mount it where you like (``Mount``, or the integrations' helpers).
 
-    ``view`` is what it shows and settles through. It is **off unless configured**: give
-    ``tokens`` (one string or several, for rotation; at least 16 characters each) and/or an
-    ``authorizer`` (``callable(request) -> bool``, sync or async) that reuses the host's
-    login; with neither it raises :class:`~agentfn_asgi.errors.ConfigurationError`.
+    ``source`` is the webhook app (:class:`~agentfn_asgi.AgentWebhookApp`), whose store and
+    dispatcher the page reads and settles through, or any
+    :class:`~agentfn_asgi.operator.OperatorView`. Built on the webhook app, the page checks
+    nothing when it is built (a module that builds it at import time always imports): it
+    resolves its view and its configuration at start-up (its lifespan when the host forwards
+    one, else its first request), as the webhook app does. A mistake there fails the
+    lifespan with one line, or answers 503 and logs why.
+
+    It is **off unless configured**: give ``tokens`` (one string or several, for rotation; at
+    least 16 characters each; built on the webhook app, the default is
+    ``AGENTFN_ADMIN_TOKEN``) and/or an ``authorizer`` (``callable(request) -> bool | str``,
+    sync or async: ``True`` or the person's name, recorded with their decisions) that reuses
+    the host's login; a token login asks for the name once. With neither, a page built on
+    the webhook app answers 404 everywhere, as if it were not mounted; on a view, it raises
+    :class:`~agentfn_asgi.errors.ConfigurationError`.
 
     ``secret`` signs the session cookies together with the token that logged in (default:
     the token alone); changing it logs everybody out. Several processes serving the page
     with only an ``authorizer`` need the same ``secret`` (it signs the CSRF cookie).
     ``session_max_age`` is in seconds; ``refresh_seconds`` is the auto-refresh period.
 
-    Logging out revokes the session through ``view`` (the app's store), so a copy of its
+    Logging out revokes the session through the view (the app's store), so a copy of its
     cookie is refused by every replica, also after a restart; failed logins are throttled
     per client (429 with ``Retry-After``): per browser that logged in before, else per
     address, where ``trusted_proxies`` (addresses or networks) are the proxies whose
     ``X-Forwarded-For`` is believed. See :mod:`agentfn_asgi.admin.auth`.
 
     ``public_url`` is where this page is reachable (``https://ops.example.com/openai/admin``):
-    with it, each new approval request of an app's :class:`~agentfn_asgi.operator.Operator`
-    carries a signed link (``links["approve"]``) to ``on_approval_request``. Opening the
+    with it, each new approval request of the webhook app carries a signed link
+    (``links["approve"]``) to ``on_approval_request``. Opening the
     link needs no login (it decides that one request, once); its token is in the URL
     fragment, so no server or proxy logs it. It expires after ``link_max_age`` seconds (one
     hour), or with its request if sooner; the call's page sends a new one. It is signed
@@ -104,7 +127,7 @@ class AdminApp:
 
     def __init__(
         self,
-        view: OperatorView,
+        source: AgentWebhookApp | OperatorView,
         *,
         tokens: str | Iterable[str] | None = None,
         authorizer: Authorizer | None = None,
@@ -116,24 +139,67 @@ class AdminApp:
         link_max_age: float = LINK_MAX_AGE,
         trusted_proxies: str | Iterable[str] = (),
     ) -> None:
-        self.view = view
-        self.gate = Gate(
-            tokens=tokens,
-            authorizer=authorizer,
-            secret=secret,
-            max_age=session_max_age,
-            clock=clock,
-        )
+        self.source = source
         self.refresh_seconds = refresh_seconds
         self.clock = clock
         self.throttle = LoginThrottle(clock=clock, trusted_proxies=trusted_proxies)
-        #: Makes and reads the signed approval links (see ``public_url``).
-        self.links = ApprovalLinks(
-            self.gate.link_key, base_url=public_url or "", clock=clock, max_age=link_max_age
+        self._gate = functools.partial(
+            Gate, authorizer=authorizer, secret=secret, max_age=session_max_age, clock=clock
         )
-        if public_url and isinstance(view, Operator):
-            view.link_approvals(self.approval_links)
-        if public_url and secret is None and not self.gate.tokens:
+        self._tokens = tokens
+        self._secret = secret
+        self._public_url = public_url or ""
+        self._link_max_age = link_max_age
+        self._page: _Page | None = None
+        self._off = False
+        self._failure_logged = False
+        if isinstance(source, AgentWebhookApp):
+            if public_url:
+                source.link_approvals(self.approval_links)
+        elif public_url:
+            raise ConfigurationError(
+                "public_url= makes links for the webhook app's approval requests: build the"
+                " page on the webhook app, AdminApp(webhooks, ...)"
+            )
+        else:
+            self.check()  # nothing to wait for: a view and arguments are code, not settings
+        # /login is routed whatever the tokens (known at start-up): without tokens it is 404.
+        routes: list[tuple[str, _Route, str]] = [("/style.css", _stylesheet, "GET, HEAD")]
+        routes.append(("/approval", self._signed_link, "GET, HEAD, POST"))
+        routes.append(("/login", self._login, "GET, HEAD, POST"))
+        routes += [(path, self._signed_in, "GET, HEAD") for path in GET_PAGES]
+        routes += [(path, self._signed_in, "POST") for path in ("/settle", "/logout", "/decide")]
+        served = [(path, self._serve(route), allow) for path, route, allow in routes]
+        self._router = exact_router(served, self._serve(self._not_found), self._not_allowed)
+
+    def check(self) -> None:
+        """Resolve the view and the configuration now instead of at start-up.
+
+        Raises :class:`~agentfn_asgi.errors.ConfigurationError` naming the problem (the
+        webhook app's configuration, a short token, a bad authorizer...)."""
+        self._resolve()
+
+    def _resolve(self) -> _Page | None:
+        """The page's parts (None when it is off), made on first use."""
+        if self._page is not None or self._off:
+            return self._page
+        tokens = self._tokens
+        source = self.source
+        if isinstance(source, AgentWebhookApp):
+            if tokens is None and self._gate.keywords["authorizer"] is None:
+                tokens = source.config.admin_tokens
+                if not tokens:
+                    self._off = True
+                    logger.info(
+                        "operator page: off (set AGENTFN_ADMIN_TOKEN, or pass tokens= or"
+                        " authorizer=), answering 404"
+                    )
+                    return None
+            view: OperatorView = source.operator()
+        else:
+            view = source
+        gate = self._gate(tokens=tokens)
+        if self._public_url and self._secret is None and not gate.tokens:
             # Warned, not refused: one process works until it restarts, and the requests
             # stay decidable on the page; but every link this process made dies with it.
             logger.warning(
@@ -141,33 +207,71 @@ class AdminApp:
                 "(authorizer= without secret= or tokens=): another replica, or this one after "
                 "a restart, refuses them. Give every process the same secret=."
             )
-        routes: list[tuple[str, _Route, str]] = [("/style.css", _stylesheet, "GET, HEAD")]
-        routes.append(("/approval", self._signed_link, "GET, HEAD, POST"))
-        routes += [(path, self._signed_in, "GET, HEAD") for path in GET_PAGES]
-        routes += [(path, self._signed_in, "POST") for path in ("/settle", "/logout", "/decide")]
-        if self.gate.tokens:  # without tokens the host logs people in: no /login here
-            routes.append(("/login", self._login, "GET, HEAD, POST"))
-        served = [(path, self._serve(route), allow) for path, route, allow in routes]
-        self._router = exact_router(served, self._serve(self._not_found), self._not_allowed)
+        links = ApprovalLinks(
+            gate.link_key, base_url=self._public_url, clock=self.clock, max_age=self._link_max_age
+        )
+        self._page = _Page(view=view, gate=gate, links=links)
+        return self._page
+
+    @property
+    def view(self) -> OperatorView:
+        """What the page shows and settles through."""
+        return self._parts().view
+
+    @property
+    def gate(self) -> Gate:
+        """Who may use the page."""
+        return self._parts().gate
+
+    @property
+    def links(self) -> ApprovalLinks:
+        """Makes and reads the signed approval links (see ``public_url``)."""
+        return self._parts().links
+
+    def _parts(self) -> _Page:
+        page = self._resolve()
+        if page is None:
+            raise ConfigurationError("the operator page is off: it has no token or authorizer")
+        return page
 
     def approval_links(self, request: ApprovalView) -> dict[str, str]:
         """The links of one approval request: ``approve`` (signed, decides it once) and
-        ``call`` (the call's page, behind the login)."""
-        base = self.links.base_url
+        ``call`` (the call's page, behind the login); none while the page cannot start."""
+        try:
+            links = self.links
+        except ConfigurationError:
+            return {}  # the page's own requests log why
+        base = links.base_url
         call = f"{base}/call?" + urllib.parse.urlencode(
             {"id": request.call_id, "session": request.session_id}
         )
-        signed = self.links.url(request.approval_id, request.digest, request.expires_at)
+        signed = links.url(request.approval_id, request.digest, request.expires_at)
         return {"approve": signed, "call": call}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
             await send({"type": "websocket.close", "code": 1008})
             return
         await self._router(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        # Served where the host forwards lifespan: resolve now, so a mistake stops the start.
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    self._resolve()
+                except ConfigurationError as exc:
+                    text = f"agentfn-asgi cannot start: {exc}"
+                    await send({"type": "lifespan.startup.failed", "message": text})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -211,6 +315,18 @@ class AdminApp:
         except FormError as exc:
             return self._message(ctx, exc.status, "Bad request", exc.message)
         ctx = dataclasses.replace(ctx, now=self.clock(), query=query)
+        if route is _stylesheet:
+            return await route(request, ctx, method)
+        try:
+            if self._resolve() is None:
+                return self._message(ctx, 404, "Not found", "There is no such page here.")
+        except ConfigurationError as exc:
+            # It cannot start (no lifespan said so first): the reason is for the log only.
+            if not self._failure_logged:
+                self._failure_logged = True
+                logger.error("agentfn-asgi cannot start, the operator page answers 503: %s", exc)
+            message = "The page cannot start; the server log says why."
+            return self._message(ctx, 503, "Not configured", message)
         return await route(request, ctx, method)
 
     async def _not_found(self, request: Request, ctx: Context, method: str) -> Response:
@@ -234,6 +350,7 @@ class AdminApp:
             ctx,
             csrf=self.gate.csrf_token(session) if session is not None else "",
             logged_in=session is not None and session.via == "token",
+            who=access.who,
         )
         response = await self._handle(request, ctx, method, ctx.route, access)
         if access.new_cookie is not None:
@@ -364,15 +481,18 @@ class AdminApp:
     async def _access(self, request: Request) -> _Access | None:
         session = await self._session(request)
         if session is not None and session.via == "token":
-            return _Access(session=session, bearer=False)
+            who = session.name or "a token login (no name given)"
+            return _Access(session=session, bearer=False, who=who)
         presented = self.gate.bearer(request)
         if presented is not None and self.gate.match_token(presented) is not None:
-            return _Access(session=None, bearer=True)
-        if await self.gate.host_allows(request):
+            return _Access(session=None, bearer=True, who="an API client (bearer token)")
+        name = await self.gate.host_allows(request)
+        if name is not None:
+            who = name or "a host login (the authorizer gave no name)"
             if session is not None:
-                return _Access(session=session, bearer=False)
+                return _Access(session=session, bearer=False, who=who)
             session, cookie = self.gate.open_session()
-            return _Access(session=session, bearer=False, new_cookie=cookie)
+            return _Access(session=session, bearer=False, who=who, new_cookie=cookie)
         return None
 
     def _refuse(self, request: Request, ctx: Context, method: str) -> Response:
@@ -396,6 +516,8 @@ class AdminApp:
         return response
 
     async def _login(self, request: Request, ctx: Context, method: str) -> Response:
+        if not self.gate.tokens:  # without tokens the host logs people in: no login here
+            return await self._not_found(request, ctx, method)
         next_route = _safe_next(ctx.query.get("next"))
         if method == "GET":
             session = await self._session(request)
@@ -429,7 +551,7 @@ class AdminApp:
                 )
             return html_page(self._login_form(ctx, next_route, failed=True), status=401)
         self.throttle.succeeded(client)
-        _session, cookie = self.gate.open_session(key)
+        _session, cookie = self.gate.open_session(key, name=fields.get("name", ""))
         response = see_other(ctx.root + next_route)
         self._set_cookie(response, request, ctx, cookie)
         browser = self.gate.browser_cookie(key)
@@ -531,14 +653,3 @@ async def _read_form(request: Request, limit: int) -> Mapping[str, str]:
     except UnicodeDecodeError:
         raise FormError("the form is not UTF-8") from None
     return parse_pairs(text)
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    # Served on its own, the page has nothing to start: answer the protocol and return.
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return

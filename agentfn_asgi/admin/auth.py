@@ -8,8 +8,12 @@ Three ways in, checked in this order:
   removing a token ends exactly the sessions it opened, and changing ``secret=`` ends all;
 - ``Authorization: Bearer <token>`` (API clients): compared in constant time with every
   configured token;
-- the host's **authorizer** (its own login): ``authorizer(request) -> bool`` (or awaitable),
-  where only ``True`` allows; if it raises, the request is denied and the error logged.
+- the host's **authorizer** (its own login): ``authorizer(request) -> bool | str`` (or
+  awaitable), where only ``True`` or a person's name (a non-empty string, recorded with
+  their decisions) allows; if it raises, the request is denied and the error logged.
+
+Who decides an approval is recorded: the authorizer's name, or the name given once at the
+login form (a token is shared; the name says which person used it).
 
 A POST authenticated by a cookie (ours or the host's) carries a synchronizer token bound to
 our session cookie's random id; a bearer POST needs none (a browser never adds that header
@@ -74,18 +78,23 @@ __all__ = [
     "LOGIN_CLIENTS",
     "LOGIN_FAILURES",
     "LOGIN_WINDOW",
+    "MAX_NAME",
     "MIN_TOKEN_LENGTH",
     "SESSION_COOKIE",
     "Authorizer",
     "Gate",
     "LoginThrottle",
     "Session",
+    "person",
 ]
 
 logger = logging.getLogger("agentfn_asgi.admin")
 
-#: ``authorizer(request)`` → ``True`` to allow (anything else denies); may be async.
-Authorizer = Callable[[Request], bool | Awaitable[bool]]
+#: ``authorizer(request)`` → ``True``, or the person's name, to allow (anything else
+#: denies); may be async.
+Authorizer = Callable[[Request], bool | str | Awaitable[bool | str]]
+#: The longest name a login or an authorizer may give (kept in the cookie, shown in logs).
+MAX_NAME = 64
 
 #: Shorter tokens are refused at start: the page can settle calls, so it needs a real secret.
 MIN_TOKEN_LENGTH = 16
@@ -115,6 +124,7 @@ class Session:
     via: Literal["token", "host"]
     key: bytes
     issued_at: float = 0.0
+    name: str = ""  # who logged in, as they said at the login form
 
 
 def _derive(base: bytes, purpose: bytes, material: bytes) -> bytes:
@@ -233,13 +243,17 @@ class Gate:
 
     # -- cookies ---------------------------------------------------------------------------
 
-    def open_session(self, key: bytes | None = None) -> tuple[Session, str]:
+    def open_session(self, key: bytes | None = None, *, name: str = "") -> tuple[Session, str]:
         """A new session and its cookie value: a token session when ``key`` (from
-        :meth:`match_token`) is given, else a CSRF-only session for a host login."""
+        :meth:`match_token`) is given, with the ``name`` given at login, else a CSRF-only
+        session for a host login."""
         via: Literal["token", "host"] = "token" if key is not None else "host"
         key = key if key is not None else self._host_key
-        session = Session(sid=secrets.token_urlsafe(16), via=via, key=key, issued_at=self._now())
-        value = self._serializers[key].dumps({"sid": session.sid, "via": via})
+        name = person(name) if via == "token" else ""
+        session = Session(
+            sid=secrets.token_urlsafe(16), via=via, key=key, issued_at=self._now(), name=name
+        )
+        value = self._serializers[key].dumps({"sid": session.sid, "via": via, "name": name})
         return session, value
 
     def read_session(self, cookie: str | None) -> Session | None:
@@ -262,7 +276,9 @@ class Gate:
             # A cookie signed with a token's key is a login; one signed with the host key
             # only ever binds CSRF tokens, whatever its payload claims.
             if via == "token" and key != self._host_key:
-                return Session(sid=sid, via="token", key=key, issued_at=issued_at)
+                name = payload.get("name")
+                name = person(name) if isinstance(name, str) else ""
+                return Session(sid=sid, via="token", key=key, issued_at=issued_at, name=name)
             if via == "host" and key == self._host_key:
                 return Session(sid=sid, via="host", key=key, issued_at=issued_at)
             return None
@@ -308,18 +324,28 @@ class Gate:
 
     # -- the host's authorizer -------------------------------------------------------------
 
-    async def host_allows(self, request: Request) -> bool:
-        """Ask the host's authorizer; only ``True`` allows, and an exception denies."""
+    async def host_allows(self, request: Request) -> str | None:
+        """Ask the host's authorizer: None denies, else who it let in ("" when it answered
+        ``True``, not a name). Only ``True`` or a non-empty string allows; an exception
+        denies."""
         if self.authorizer is None:
-            return False
+            return None
         try:
             verdict: object = self.authorizer(request)
             if inspect.isawaitable(verdict):
                 verdict = await verdict
         except Exception:
             logger.exception("operator page: the authorizer raised; request denied")
-            return False
-        return verdict is True
+            return None
+        if verdict is True:
+            return ""
+        return person(verdict) or None if isinstance(verdict, str) else None
+
+
+def person(name: str) -> str:
+    """A name as recorded and shown: printable, one line, at most :data:`MAX_NAME`
+    characters (anything else is dropped: it comes from a form or the host)."""
+    return " ".join("".join(c for c in name if c.isprintable()).split())[:MAX_NAME]
 
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network

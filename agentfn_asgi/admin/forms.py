@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ..operator import CallFilter, DisplayState, json_or_text
+from ..operator import OUTCOMES, CallFilter, DisplayState, json_or_text
 from ..operator import parse_duration as operator_parse_duration
 
 __all__ = [
@@ -78,6 +78,7 @@ class CallQuery:
     """The calls list's filters as the operator typed them (kept to refill the form)."""
 
     state: str | None = None
+    outcome: str | None = None
     session: str | None = None
     tool: str | None = None
     since: str | None = None
@@ -90,6 +91,11 @@ class CallQuery:
         state = _text(fields, "state")
         if state is not None and state not in DISPLAY_STATES:
             raise FormError(f"unknown state {state!r}; one of: {', '.join(DISPLAY_STATES)}")
+        outcome = _text(fields, "outcome")
+        if outcome is not None and outcome not in OUTCOMES:
+            raise FormError(f"unknown outcome {outcome!r}; one of: {', '.join(OUTCOMES)}")
+        if outcome is not None and state is not None:
+            raise FormError("filter by state or by outcome, not both")
         since = _text(fields, "since")
         if since is not None:
             parse_duration(since)
@@ -101,6 +107,7 @@ class CallQuery:
             limit = int(raw_limit)
         return cls(
             state=state,
+            outcome=outcome,
             session=_text(fields, "session"),
             tool=_text(fields, "tool"),
             since=since,
@@ -112,6 +119,7 @@ class CallQuery:
         """The :class:`CallFilter` to ask the view for (``since`` counted back from ``now``)."""
         return CallFilter(
             state=self.state,
+            outcome=self.outcome,
             session_id=self.session,
             tool_name=self.tool,
             since=None if self.since is None else now - parse_duration(self.since),
@@ -123,6 +131,7 @@ class CallQuery:
         """Query parameters that reproduce these filters (for links), with ``cursor``."""
         params = {
             "state": self.state,
+            "outcome": self.outcome,
             "session": self.session,
             "tool": self.tool,
             "since": self.since,

@@ -187,7 +187,7 @@ async def decide(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
         decided = await view.decide(
             approval_id,
             approve=approve,
-            by=PAGE_DECIDER,
+            by=ctx.who or PAGE_DECIDER,
             via="page",
             reason=None if approve else (reason or None),
             digest=request.digest,

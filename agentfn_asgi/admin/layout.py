@@ -46,6 +46,7 @@ class Context:
     now: float = 0.0
     csrf: str = ""  # the synchronizer token to put in forms ("" for bearer clients)
     logged_in: bool = False  # a login-form session (shows "Log out")
+    who: str = ""  # who is signed in, as recorded with their decisions
     refresh_seconds: int = 10
 
     def url(self, route: str, params: Mapping[str, str] | None = None) -> str:

@@ -62,9 +62,9 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
     counts = dict.fromkeys(OUTCOMES, 0) | dict(overview.outcomes)
     count_rows = join(
         render(
-            '<tr><td>{badge}</td><td>{filter}</td><td class="num">{n}</td></tr>',
+            '<tr><td>{badge}</td><td class="num"><a href="{href}">{n}</a></td></tr>',
             badge=outcome_badge(outcome),
-            filter=_outcome_filter(ctx, outcome),
+            href=ctx.url("/calls", {"outcome": outcome}),
             n=n,
         )
         for outcome, n in counts.items()
@@ -107,54 +107,29 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
     return frame(ctx, title="Overview", body=body, refreshable=True)
 
 
-#: The calls list's state filters that show an outcome's calls (with others, where noted).
-_OUTCOME_FILTERS = {
-    "running": (("claimed", "claimed (running and in doubt)"),),
-    "in_doubt": (("in_doubt", "in doubt"),),
-    "submitting": (("succeeded", "saved successes"), ("failed", "saved failures")),
-    "succeeded": (("submitted", "submitted (succeeded and failed)"),),
-    "failed": (("submitted", "submitted (succeeded and failed)"),),
-    "stale": (("stale", "stale"),),
-    "held": (("quarantined", "quarantined"),),
-    "awaiting_approval": (("awaiting_approval", "waiting for approval"),),
-    "approved": (("approved", "approved, about to run"),),
-    "retrying": (("retry_scheduled", "retry scheduled"),),
-    "waiting": (("waiting", "waiting for a limit"),),
-}
-
-
-def _outcome_filter(ctx: Context, outcome: str) -> Safe:
-    return join(
-        (
-            render(
-                '<a href="{href}" class="muted">{label}</a>',
-                href=ctx.url("/calls", {"state": state}),
-                label=label,
-            )
-            for state, label in _OUTCOME_FILTERS[outcome]
-        ),
-        " · ",
-    )
-
-
 # -- calls -------------------------------------------------------------------------------
 
 
-def _filter_form(ctx: Context, fields: Mapping[str, str]) -> Safe:
-    options = join(
+def _options(fields: Mapping[str, str], name: str, values: Iterable[str]) -> Safe:
+    return join(
         render(
-            '<option value="{s}"{selected}>{s}</option>',
-            s=state,
-            selected=Safe(" selected") if fields.get("state") == state else Safe(""),
+            '<option value="{v}"{selected}>{v}</option>',
+            v=value,
+            selected=Safe(" selected") if fields.get(name) == value else Safe(""),
         )
-        for state in DISPLAY_STATES
+        for value in values
     )
+
+
+def _filter_form(ctx: Context, fields: Mapping[str, str]) -> Safe:
     keep_refresh = (
         Safe('<input type="hidden" name="refresh" value="1">') if ctx.refreshing else Safe("")
     )
     return render(
         '<form method="get" action="{action}" class="filters">'
-        '<label>State <select name="state"><option value="">any</option>{options}</select></label>'
+        '<label>State <select name="state"><option value="">any</option>{states}</select></label>'
+        '<label>Outcome <select name="outcome"><option value="">any</option>{outcomes}</select>'
+        "</label>"
         '<label>Session <input name="session" value="{session}"></label>'
         '<label>Tool <input name="tool" value="{tool}"></label>'
         '<label>Since <input name="since" value="{since}" placeholder="15m, 2h, 3d" size="7">'
@@ -163,7 +138,8 @@ def _filter_form(ctx: Context, fields: Mapping[str, str]) -> Safe:
         "</label>{keep_refresh}"
         '<button type="submit">Filter</button> <a href="{action}">Clear</a></form>',
         action=ctx.url("/calls"),
-        options=options,
+        states=_options(fields, "state", DISPLAY_STATES),
+        outcomes=_options(fields, "outcome", OUTCOMES),
         session=fields.get("session", ""),
         tool=fields.get("tool", ""),
         since=fields.get("since", ""),
@@ -435,8 +411,11 @@ def login_page(ctx: Context, *, next_route: str, failed: bool, hours: float) -> 
         '<input type="hidden" name="next" value="{next}">'
         '<label>Operator token <input type="password" name="token" '
         'autocomplete="current-password" required autofocus></label>'
+        '<label>Your name <input type="text" name="name" autocomplete="name" '
+        'maxlength="64"></label>'
         '<button type="submit">Log in</button></form>'
         '<p class="muted">One of the tokens the app was given (<code>AGENTFN_ADMIN_TOKEN</code>). '
+        "Your name is recorded with the approvals you decide. "
         "The session lasts {hours} hours.</p>",
         error=Safe('<p class="error" role="alert">That token is not valid.</p>') if failed else "",
         action=ctx.url("/login"),

@@ -23,9 +23,12 @@ __all__ = [
 
 
 def when(ctx: Context, at: float) -> Safe:
-    """How long ago, then the exact time."""
+    """How long ago (or, for a time to come such as an expiry, how soon), then the exact
+    time."""
+    ahead = at - ctx.now
+    relative = f"in {age(ahead)}" if ahead >= 1 else f"{age(-ahead)} ago"
     return render(
-        "<span>{age} ago</span> <small>{at}</small>", age=age(ctx.now - at), at=timestamp(at)
+        "<span>{relative}</span> <small>{at}</small>", relative=relative, at=timestamp(at)
     )
 
 

@@ -21,7 +21,8 @@ Subcommands::
 
 Exit codes: 0 success, 1 operational failure (the message says what failed), 2 a usage or
 configuration mistake (bad arguments, a ``MODULE:ATTR`` that is not a registry, a missing
-key, a malformed or missing store). No user mistake prints a traceback: one line on stderr;
+key, a malformed or missing store); 130 interrupted; 141 the reader of the output went away
+(``calls | head``). No user mistake prints a traceback: one line on stderr;
 a mistyped option or subcommand gets the closest one suggested.
 The environment is read through :mod:`agentfn_asgi.config`, as the app reads it, so every
 command agrees with the app on the store, the keys and the ``AGENTFN_*`` settings.
@@ -30,6 +31,8 @@ command agrees with the app on the store, the keys and the ``AGENTFN_*`` setting
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -65,9 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`calls | head`): stop quietly, as other tools do. What is
+        # still buffered goes nowhere, else the interpreter's own flush would complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except ConfigurationError as exc:
         print(f"agentfn-asgi {args.command}: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

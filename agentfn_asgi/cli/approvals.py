@@ -2,7 +2,8 @@
 
 ``approvals`` lists the waiting requests (``--json``: an array of objects with
 ``approval_id``, ``session_id``, ``turn_id``, ``call_id``, ``tool_name``, ``requested_at``,
-``expires_at``, times in ISO 8601 UTC). ``approvals approve ID`` and ``approvals deny ID``
+``expires_at``, times in ISO 8601 UTC; with ``--content`` also ``arguments``, read from the
+live session). ``approvals approve ID`` and ``approvals deny ID``
 take the decision through a dispatcher built like the app's (same store and namespace, same
 ``AGENTFN_*`` settings): exit 0 when it was taken, 1 when it was refused (decided already,
 expired, unknown), 2 for a usage mistake. An approved call is run by the app's replicas,
@@ -23,7 +24,7 @@ from typing import Any
 from ..dispatch.approvals import ApprovalView
 from ..errors import ApprovalError, CLIError
 from .calls import operator
-from .common import EXIT_OK, ago
+from .common import EXIT_OK, ago, show
 
 __all__ = ["approval_json", "format_approvals", "register"]
 
@@ -79,12 +80,24 @@ def _left(seconds: float) -> str:
 
 
 async def _list(args: argparse.Namespace) -> int:
-    async with operator(args.store) as view:
+    arguments: dict[str, str | None] = {}
+    async with operator(args.store, api="optional" if args.content else "none") as view:
         found = await view.approvals(limit=args.limit)
+        for v in found if args.content else ():
+            # Not stored (they may hold personal data): read from the live session.
+            got = await view.approval(v.approval_id)
+            arguments[v.approval_id] = got[1].arguments if got is not None else None
     if args.json:
-        print(json.dumps([approval_json(v) for v in found], indent=2, ensure_ascii=False))
-    else:
-        print(format_approvals(found, now=time.time()))
+        items = [approval_json(v) for v in found]
+        for item in items if args.content else ():
+            item["arguments"] = arguments[item["approval_id"]]
+        print(json.dumps(items, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    text = format_approvals(found, now=time.time())
+    for approval_id, given in arguments.items():
+        unread = "(unread: it needs OPENAI_API_KEY, and the session must still wait)"
+        text += f"\n{approval_id}  arguments {unread if given is None else given}"
+    show(text)
     return EXIT_OK
 
 
@@ -102,12 +115,12 @@ async def _decide(args: argparse.Namespace, *, approve: bool) -> int:
         except ApprovalError as exc:
             raise CLIError(f"refused: {exc}") from None
     if approve:
-        print(
+        show(
             f"approved: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
             f"by {who}; the app runs it within a few seconds"
         )
     else:
-        print(
+        show(
             f"denied: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
             f"by {who}; the model was told"
         )
@@ -134,6 +147,11 @@ def register(sub: Any) -> None:
     )
     approvals.add_argument("--limit", type=int, default=200, help="at most this many")
     approvals.add_argument("--json", action="store_true", help="a JSON array of objects")
+    approvals.add_argument(
+        "--content",
+        action="store_true",
+        help="also each call's arguments, read from its live session (needs OPENAI_API_KEY)",
+    )
     approvals.add_argument("--store", help=_STORE_HELP)
     approvals.set_defaults(handler=lambda args: asyncio.run(_list(args)))
     which = approvals.add_subparsers(dest="approvals_command", metavar="SUBCOMMAND")

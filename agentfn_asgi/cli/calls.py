@@ -40,6 +40,7 @@ from .common import (
     check_store_exists,
     load_tools,
     progress,
+    show,
     store_url,
     tools_spec,
 )
@@ -222,7 +223,7 @@ async def _calls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([asdict(c) for c in page.calls], indent=2, ensure_ascii=False))
     else:
-        print(format_calls(list(page.calls), now=now))
+        show(format_calls(list(page.calls), now=now))
         if page.next_cursor:
             progress(f"(more than {args.limit}: raise --limit or narrow the filters)")
     return EXIT_OK
@@ -236,7 +237,7 @@ async def _show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(detail), indent=2, ensure_ascii=False))
     else:
-        print(format_call(detail, now=time.time()))
+        show(format_call(detail, now=time.time()))
     return EXIT_OK
 
 
@@ -259,7 +260,7 @@ async def _settle(args: argparse.Namespace) -> int:
                 rerun=args.rerun,
             )
         )
-        print(f"{outcome.status}: {outcome.message}")
+        show(f"{outcome.status}: {outcome.message}")
     return EXIT_FAILURE if outcome.status == "refused" else EXIT_OK
 
 
@@ -272,7 +273,7 @@ async def _deliveries(args: argparse.Namespace) -> int:
         print("no deliveries")
     else:
         now = time.time()
-        print("\n".join(_delivery_line(d, now) for d in found))
+        show("\n".join(_delivery_line(d, now) for d in found))
     return EXIT_OK
 
 

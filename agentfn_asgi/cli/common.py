@@ -31,8 +31,10 @@ __all__ = [
     "check_store_exists",
     "describe",
     "load_tools",
+    "printable",
     "progress",
     "secret_from",
+    "show",
     "store_url",
     "tools_spec",
 ]
@@ -250,6 +252,26 @@ def secret_from(value: str | None) -> str:
     if not secret.strip():
         raise ConfigurationError("no webhook secret: pass --secret or set OPENAI_WEBHOOK_SECRET")
     return secret
+
+
+# Characters a terminal acts on rather than shows (escape sequences, carriage return,
+# backspace, bell, C1 controls, bidirectional overrides), as text: \n and \t are kept.
+_CONTROLS = {
+    code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7F, 0xA0)) if code not in (9, 10)
+}
+_BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_CONTROLS.update({code: f"\\u{code:04x}" for code in _BIDI})
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``): what tools and people wrote
+    (output, errors, reasons, arguments) cannot drive the operator's terminal."""
+    return text.translate(_CONTROLS)
+
+
+def show(text: str) -> None:
+    """Print a command's human-readable answer, control characters escaped."""
+    print(printable(text))
 
 
 def progress(message: str, *, stream: TextIO | None = None) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..config import Config
 from ..errors import AgentFnError, CLIError, CLIUsageError
+from ..integrations.starlette import not_found_hint
 from .common import EXIT_FAILURE, EXIT_OK, load_tools, progress, secret_from, tools_spec
 
 __all__ = ["create_fake_session", "parse_call_spec", "register"]
@@ -145,6 +146,8 @@ async def _send(args: argparse.Namespace) -> int:
     print(f"{response.status_code} {response.reason_phrase}")
     if response.content:
         print(response.text)
+    if response.status_code == 404:
+        progress(not_found_hint(args.url))
     if response.is_redirect:
         progress(
             "a redirect is a failed delivery for a webhook sender: use the exact URL "

@@ -20,6 +20,7 @@ from .common import (
     check_store_exists,
     load_tools,
     progress,
+    show,
     tools_spec,
 )
 
@@ -85,7 +86,7 @@ async def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(asdict(overview), indent=2))
     else:
-        print(format_overview(overview))
+        show(format_overview(overview))
     return EXIT_OK
 
 
@@ -123,7 +124,7 @@ async def _recover(args: argparse.Namespace) -> int:
             await store.close()
     for record in calls:
         key, state = record.key, record.state.value
-        print(f"{key.call_id}  {record.tool_name}  {state}  attempt {record.attempt}")
+        show(f"{key.call_id}  {record.tool_name}  {state}  attempt {record.attempt}")
     if args.session and not calls:
         print(f"no calls recorded for session {args.session}")
     print("recovery done")

@@ -29,8 +29,9 @@ from urllib.parse import urlsplit
 from ..client import AgentsClient
 from ..config import Config
 from ..errors import APIError, APIStatusError, CLIError, CLIUsageError
+from ..integrations.starlette import not_found_hint
 from ..wire import WebhookEndpoint, WebhookEndpointWithSecret
-from .common import EXIT_FAILURE, EXIT_OK, api_client, progress
+from .common import EXIT_FAILURE, EXIT_OK, api_client, progress, show
 
 __all__ = ["DEFAULT_EVENTS", "format_endpoint", "format_endpoints", "register"]
 
@@ -180,7 +181,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_public(e) for e in endpoints], indent=2))
     else:
-        print(format_endpoints(endpoints))
+        show(format_endpoints(endpoints))
     return EXIT_OK
 
 
@@ -189,7 +190,7 @@ def _show(args: argparse.Namespace) -> int:
         lambda client: client.retrieve_webhook_endpoint(args.endpoint_id),
         "reading a webhook endpoint",
     )
-    print(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
+    show(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
     return EXIT_OK
 
 
@@ -204,7 +205,7 @@ def _update(args: argparse.Namespace) -> int:
         )
 
     endpoint = _run(work, "updating a webhook endpoint")
-    print(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
+    show(json.dumps(_public(endpoint), indent=2) if args.json else format_endpoint(endpoint))
     return EXIT_OK
 
 
@@ -275,7 +276,7 @@ _HINTS = {
         f"the signature did not verify: is {_SECRET_VAR} in the app's environment this "
         "endpoint's secret (after a rotation, both secrets)?"
     ),
-    404: "nothing answers at that path: check the URL (the mount path and the route)",
+    404: not_found_hint(),
     405: "that path does not take POST: check the URL",
 }
 _OTHER = "a webhook sender counts anything but 2xx as a failure (redirects too)"

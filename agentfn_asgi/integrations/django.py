@@ -90,7 +90,8 @@ def with_webhooks(
 class AdminBeside(WebhooksAndDjango):
     """One ASGI app: ``path`` (exact, trailing slash and below) → the operator page, the rest
     → ``app``. Unlike :class:`WebhooksAndDjango`, ``lifespan`` goes to ``app`` (typically
-    ``with_webhooks(...)``, which starts the webhook app); the page has nothing to start."""
+    ``with_webhooks(...)``, which starts the webhook app); the page resolves its own parts
+    on its first request."""
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -34,6 +35,7 @@ __all__ = [
     "ExactPathApp",
     "mount",
     "mount_admin",
+    "not_found_hint",
     "webhook_routes",
 ]
 
@@ -45,6 +47,17 @@ AnyASGIApp = Callable[..., Awaitable[None]]
 DEFAULT_PATH = "/openai/webhooks"
 #: Where the examples and the documentation mount the operator page.
 ADMIN_PATH = "/openai/admin"
+
+
+def not_found_hint(url: str | None = None) -> str:
+    """What a 404 at a webhook URL means (said by ``agentfn-asgi send``, ``webhooks test``
+    and the fake's delivery log): the receiver is mounted at another path, or not at all."""
+    path = urlsplit(url).path or "/" if url else "that path"
+    return (
+        f"nothing answers at {path}: check the mount path. mount(app, webhooks, PATH) serves"
+        f" the receiver at PATH exactly (the examples use {DEFAULT_PATH}); GET PATH/healthz"
+        " answers where it is mounted"
+    )
 
 
 def _normalise(path: str) -> str:

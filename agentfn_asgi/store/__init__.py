@@ -15,9 +15,10 @@ drivers stay optional.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlencode
 
@@ -34,6 +35,7 @@ __all__ = [
     "open_store",
     "redact_url",
     "store_location",
+    "unknown_url_parameter",
 ]
 
 #: Used when neither an argument nor ``AGENTFN_STORE_URL`` names a store: a file in the
@@ -130,8 +132,21 @@ def _malformed(url: str) -> str:
     )
 
 
+def unknown_url_parameter(url: str, name: str, known: Iterable[str]) -> ConfigurationError:
+    """The error for a store URL's query key ``name`` that is none of ``known``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    hint = f" (did you mean ?{close[0]}=?)" if close else ""
+    return ConfigurationError(
+        f"unknown parameter ?{name}= in store URL {redact_url(url)!r}{hint}: fix or remove it"
+        " in AGENTFN_STORE_URL (or store=)"
+    )
+
+
 def _pop_store_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
-    """``redis://h/0?key_prefix=app1:`` → (``redis://h/0``, {"key_prefix": "app1:"})."""
+    """``redis://h/0?key_prefix=app1:`` → (``redis://h/0``, {"key_prefix": "app1:"}).
+
+    The rest goes to the driver; a key close to one of ours (``?schem=``) is refused here,
+    where its fix is known (PostgreSQL would take it for a server setting)."""
     base, sep, query = url.partition("?")
     if not sep:
         return url, {}
@@ -140,6 +155,8 @@ def _pop_store_options(url: str, names: tuple[str, ...]) -> tuple[str, dict[str,
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name in names:
             ours[name] = value
+        elif difflib.get_close_matches(name, names, n=1, cutoff=0.75):
+            raise unknown_url_parameter(url, name, names)
         else:
             kept.append((name, value))
     return (f"{base}?{urlencode(kept)}" if kept else base), ours

@@ -26,6 +26,8 @@ fake clock.
 from __future__ import annotations
 
 import asyncio
+import re
+import shlex
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -75,6 +77,31 @@ _DRIVER_ERRORS: tuple[type[Exception], ...] = (
     *_UNAVAILABLE,
 )
 _CLOSE_ERRORS: tuple[type[Exception], ...] = (TimeoutError, *_UNAVAILABLE)
+
+
+def _refused(url: str, exc: BaseException) -> ConfigurationError | None:
+    """A connection refused for a mistake in the store URL, as the start-up's one line
+    naming the fix (the server's words alone do not say what to run or what to change)."""
+    shown = f"PostgreSQL store {redact_url(url)!r}: {exc}"
+    quoted = re.search(r'"(.+)"', str(exc))
+    name = shlex.quote(quoted.group(1)) if quoted else "NAME"
+    if isinstance(exc, pg_errors.InvalidCatalogNameError):
+        return ConfigurationError(
+            f"{shown}: create it (createdb {name}) or fix the database name in the store URL"
+        )
+    if isinstance(exc, pg_errors.InvalidPasswordError):
+        return ConfigurationError(f"{shown}: fix the password in the store URL")
+    if isinstance(exc, pg_errors.InvalidAuthorizationSpecificationError):
+        return ConfigurationError(
+            f"{shown}: create the role (createuser {name}) or fix the user in the store URL"
+        )
+    if isinstance(exc, pg_errors.UndefinedObjectError) and quoted:
+        # asyncpg sends every query key it does not know to the server as a setting.
+        return ConfigurationError(
+            f"{shown}: ?{quoted.group(1)}= in the store URL is neither a PostgreSQL setting"
+            " nor ours (schema=): fix or remove it"
+        )
+    return None
 
 
 def _translate(action: str, exc: BaseException) -> StoreError:
@@ -159,7 +186,7 @@ class PostgresStore(SQLStore):
             except (pg_errors.ClientConfigurationError, ValueError) as exc:
                 raise ConfigurationError(f"bad PostgreSQL store URL: {exc}") from exc
             except Exception as exc:
-                raise _translate("connect", exc) from exc
+                raise _refused(self._url, exc) or _translate("connect", exc) from exc
             try:
                 conn = await pool.acquire()
                 async with conn.transaction():

@@ -76,9 +76,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import inspect
 import logging
 import math
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -96,7 +98,7 @@ from agentfn_asgi.records import (
     StoreStats,
 )
 from agentfn_asgi.store import _redis_scripts as scripts
-from agentfn_asgi.store import redact_url
+from agentfn_asgi.store import redact_url, unknown_url_parameter
 from agentfn_asgi.store._codec import (
     claim_status_for,
     record_from_mapping,
@@ -119,6 +121,23 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 __all__ = ["RedisStore"]
 
 logger = logging.getLogger(__name__)
+
+# The query keys redis-py takes from a URL: its parsed ones and its connections' keywords
+# (any other key reaches a connection's constructor as a TypeError, at the first command).
+_DRIVER_PARAMETERS = frozenset(
+    getattr(aioredis.connection, "URL_QUERY_ARGUMENT_PARSERS", {})
+).union(
+    *(
+        inspect.signature(kind.__init__).parameters
+        for kind in (
+            aioredis.connection.AbstractConnection,
+            aioredis.Connection,
+            aioredis.SSLConnection,
+            aioredis.UnixDomainSocketConnection,
+            aioredis.BlockingConnectionPool,
+        )
+    )
+) - {"self", "kwargs", "connection_kwargs", "connection_class"}
 
 _PRUNE_BATCH = 500
 #: How many index entries one list_calls script looks at, so a filter that matches little
@@ -264,6 +283,11 @@ class RedisStore(Transitions):
         socket_timeout: float = 5.0,
         max_connections: int = 64,
     ) -> None:
+        for name, _ in urllib.parse.parse_qsl(
+            urllib.parse.urlsplit(url).query, keep_blank_values=True
+        ):
+            if name not in _DRIVER_PARAMETERS:
+                raise unknown_url_parameter(url, name, [*_DRIVER_PARAMETERS, "key_prefix"])
         self._url = url
         self._prefix = key_prefix
         self.namespace = namespace

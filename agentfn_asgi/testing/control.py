@@ -26,6 +26,7 @@ from starlette.routing import request_response
 from starlette.types import Receive, Scope, Send
 
 from agentfn_asgi._asgi import exact_router
+from agentfn_asgi.integrations.starlette import not_found_hint
 from agentfn_asgi.testing.fake import FakeAgentsAPI
 from agentfn_asgi.testing.fake_state import FakeCall
 from agentfn_asgi.testing.fake_webhooks import DeliveryAttempt, webhook_backoff
@@ -320,11 +321,14 @@ def _describe_attempt(attempt: DeliveryAttempt, root: str) -> list[str]:
     """The log lines of one delivery attempt (``root``: where the control API answers)."""
     answer = attempt.status if attempt.status is not None else attempt.error
     if attempt.test:
-        return [f"test webhook {attempt.event_type} -> {attempt.url}: {answer}"]
+        line = f"test webhook {attempt.event_type} -> {attempt.url}: {answer}"
+        return [line, f"  {not_found_hint(attempt.url)}"] if attempt.status == 404 else [line]
     line = f"webhook {attempt.event_type} -> {attempt.url}: {answer}"
     if attempt.next_retry is not None:
         line += f" (attempt {attempt.attempt}, next in {attempt.next_retry:g} s)"
     lines = [line]
+    if attempt.status == 404 and attempt.attempt == 1:
+        lines.append(f"  {not_found_hint(attempt.url)}")
     if attempt.gave_up:
         lines.append(
             f"gave up on webhook {attempt.webhook_id} ({attempt.event_type}) to {attempt.url} "

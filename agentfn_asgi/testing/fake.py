@@ -68,7 +68,7 @@ class FakeAgentsAPI:
     ``webhook_client`` sends them (e.g. over ``httpx.ASGITransport`` to an app in the same
     process); by default the fake owns one. ``webhook_retry_delays`` is the backoff between
     delivery attempts: fast by default (six attempts over 1.5 s, for tests);
-    ``webhook_backoff(300)`` retries for about five minutes, as ``fake-api`` does.
+    ``webhook_backoff(300)`` retries for five minutes, as ``fake-api`` does.
     ``step_delay`` delays the next step after a step's results (0: at once).
     ``sse_keepalive`` is the seconds between ``: keepalive`` comments.
     ``webhook_concurrency`` is how many deliveries may be in flight at once (1: strictly in

@@ -45,12 +45,12 @@ DEFAULT_WEBHOOK_RETRY_DELAYS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)
 def webhook_backoff(
     window: float, *, first: float = 1.0, factor: float = 2.0, cap: float = 60.0
 ) -> tuple[float, ...]:
-    """Retry delays for a sender that keeps trying for about ``window`` seconds.
+    """Retry delays for a sender that keeps trying for ``window`` seconds.
 
     The delays start at ``first`` and grow by ``factor`` up to ``cap`` (exponential backoff,
-    as OpenAI's sender does over 72 hours); they add up to at most ``window``.
-    ``webhook_backoff(300)`` is 1, 2, 4, ... 32, 60, 60, 60 s: ten attempts over four
-    minutes. A ``window`` below ``first`` means no retry at all.
+    as OpenAI's sender does over 72 hours); the last one is shortened so that they add up
+    to ``window``. ``webhook_backoff(300)`` is 1, 2, 4, ... 32, 60, 60, 60, 57 s: eleven
+    attempts over five minutes. A ``window`` below ``first`` means no retry at all.
     """
     if first <= 0 or factor < 1 or cap < first:
         raise ValueError("need first > 0, factor >= 1 and cap >= first")
@@ -60,6 +60,8 @@ def webhook_backoff(
         delays.append(delay)
         total += delay
         delay = min(delay * factor, cap)
+    if window - total >= first:
+        delays.append(window - total)  # the window is what the banner and the docs promise
     return tuple(delays)
 
 

@@ -145,6 +145,7 @@ class MemoryOperatorView:
                 e.summary
                 for e in self.entries.values()
                 if (query.state is None or e.summary.state == query.state)
+                and (query.outcome is None or e.summary.outcome == query.outcome)
                 and (query.session_id is None or e.summary.session_id == query.session_id)
                 and (query.tool_name is None or e.summary.tool_name == query.tool_name)
                 and (query.since is None or e.summary.created_at >= query.since)

@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.integrations.starlette import ADMIN_PATH
-from agentfn_asgi.operator import CallSummary
+from agentfn_asgi.operator import OUTCOMES, CallSummary
 
 from .conftest import NOW, OTHER_TOKEN, TOKEN, AdminFactory, AdminScenario, admin_url, host_app
 from .memory_view import HOSTILE_TOOL, MemoryOperatorView, seed
@@ -391,22 +391,14 @@ async def test_the_page_answers_at_the_exact_mount_path(client: httpx.AsyncClien
 async def test_overview_shows_health_counts_and_what_needs_attention(
     client: httpx.AsyncClient, admin_scenario: AdminScenario
 ) -> None:
-    """Store health, each outcome with its count and the filters that list it, and the held
+    """Store health, each outcome with its count linking to its calls' list, and the held
     and in-doubt calls by id."""
     html = (await client.get(admin_url("/"), headers=BEARER)).text
     assert "Healthy" in html
     for outcome in ["running", "in doubt", "submitting", "succeeded", "failed", "stale", "held"]:
         assert f">{outcome}</span>" in html
-    for state in [
-        "claimed",
-        "in_doubt",
-        "succeeded",
-        "failed",
-        "submitted",
-        "stale",
-        "quarantined",
-    ]:
-        assert f'href="/openai/admin/calls?state={state}"' in html
+    for outcome in OUTCOMES:
+        assert f'href="/openai/admin/calls?outcome={outcome}"' in html
     assert admin_scenario.held.call_id in html and admin_scenario.in_doubt.call_id in html
     assert admin_scenario.hostile.call_id not in html.split("Needs attention")[1]
 

@@ -56,7 +56,7 @@ async def page() -> AsyncIterator[Page]:
     async with running_stack(
         account_tools(ran), settings=settings, on_approval_request=on_request
     ) as stack:
-        admin = AdminApp(stack.app.operator(), tokens=[TOKEN], public_url=PUBLIC)
+        admin = AdminApp(stack.app, tokens=[TOKEN], public_url=PUBLIC)
         transport = httpx.ASGITransport(app=host_app(admin))
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
             yield Page(stack, http, heard, ran)
@@ -110,6 +110,59 @@ async def test_the_list_the_arguments_and_a_confirmed_approval(page: Page) -> No
     )
     assert again.status_code == 409 and "already decided" in again.text
     assert page.ran == ["call_page"]
+
+
+async def test_an_expiry_to_come_reads_in_so_long_on_every_page(page: Page) -> None:
+    """The default expiry is a day ahead: "in 23h 59m", never "0s ago" (which it read on the
+    list, the call and the confirmation pages while the CLI said it right)."""
+    sid, request = await waiting(page, "acc_t", "call_time")
+    pages = [
+        await page.http.get(ADMIN_PATH + "/approvals", headers=BEARER),
+        await page.http.get(
+            ADMIN_PATH + "/call", params={"id": "call_time", "session": sid}, headers=BEARER
+        ),
+        await post(page.http, "/decide", approval=request.approval_id, decision="approve"),
+    ]
+    for shown in pages:
+        assert shown.status_code == 200
+        assert "<span>in 23h 59m</span>" in shown.text
+        assert re.search(r"<span>\ds ago</span>", shown.text)  # asked just now
+
+
+async def test_the_page_records_who_decided(page: Page) -> None:
+    """A decision on the page was recorded as by "operator page". Now it names the person:
+    the name given once at the login form, or the name the host's authorizer returns."""
+    _, first = await waiting(page, "acc_n1", "call_n1")
+    login = {"token": TOKEN, "name": "Alice Example", "next": "/"}
+    assert (await page.http.post(ADMIN_PATH + "/login", data=login)).status_code == 303
+    listed = await page.http.get(ADMIN_PATH + "/approvals")
+    csrf = re.search(r'name="csrf" value="([^"]*)"', listed.text)
+    assert csrf is not None
+    decided = await post(
+        page.http,
+        "/decide",
+        bearer=False,
+        csrf=csrf.group(1),
+        approval=first.approval_id,
+        decision="approve",
+        confirm="yes",
+    )
+    assert decided.status_code == 303
+
+    host = AdminApp(page.stack.app, authorizer=lambda request: "bob@example.com")
+    sid, second = await waiting(page, "acc_n2", "call_n2")
+    transport = httpx.ASGITransport(app=host_app(host))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        shown = await http.get(ADMIN_PATH + "/call", params={"id": "call_n2", "session": sid})
+        csrf = re.search(r'name="csrf" value="([^"]*)"', shown.text)
+        assert csrf is not None
+        fields = {"csrf": csrf.group(1), "approval": second.approval_id, "decision": "deny"}
+        denied = await http.post(ADMIN_PATH + "/decide", data={**fields, "confirm": "yes"})
+        assert denied.status_code == 303
+    view = page.stack.app.operator()
+    for call_id, who in (("call_n1", "Alice Example"), ("call_n2", "bob@example.com")):
+        approval = (await view.call(call_id)).approval
+        assert approval is not None and approval.decided_by == who
 
 
 async def test_a_denial_from_the_page_reaches_the_model(page: Page) -> None:
@@ -201,7 +254,7 @@ async def test_a_logged_link_replayed_by_someone_else_decides_nothing() -> None:
         account_tools(ran), settings=settings, on_approval_request=on_request
     ) as stack:
         admin = AdminApp(
-            stack.app.operator(), tokens=[TOKEN], public_url=f"http://127.0.0.1:{port}{ADMIN_PATH}"
+            stack.app, tokens=[TOKEN], public_url=f"http://127.0.0.1:{port}{ADMIN_PATH}"
         )
         async with serve_app(host_app(admin), port=port, access_log=True) as root:
             access = logging.getLogger("uvicorn.access")

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from typing import Any
 
+import httpx
 import pytest
 from starlette.requests import Request
+from starlette.types import Message
 
+from agentfn_asgi import AgentWebhookApp, Config, FunctionTools
 from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.admin.auth import Gate
 from agentfn_asgi.errors import ConfigurationError
+from agentfn_asgi.integrations.starlette import ADMIN_PATH
 
 from ..support.clock import FakeClock
+from .conftest import TOKEN, host_app
 from .memory_view import MemoryOperatorView
 
 A = "token-aaaaaaaaaaaaaaaa"
@@ -37,6 +44,71 @@ def test_the_page_refuses_to_start_unconfigured() -> None:
     assert "AGENTFN_ADMIN_TOKEN" in str(info.value) and "authorizer=" in str(info.value)
     with pytest.raises(ConfigurationError, match="off unless configured"):
         AdminApp(MemoryOperatorView(), tokens=[])
+
+
+async def _get(admin: AdminApp) -> httpx.Response:
+    transport = httpx.ASGITransport(app=host_app(admin))
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        return await http.get(ADMIN_PATH + "/", headers={"authorization": f"Bearer {TOKEN}"})
+
+
+async def _lifespan(admin: AdminApp) -> Message:
+    """The page's answer to a server's lifespan start-up."""
+    inbox: list[Message] = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return inbox.pop(0)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await admin({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+    return sent[0]
+
+
+@pytest.mark.anyio
+async def test_a_page_on_an_unconfigured_app_imports_and_fails_at_start_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``AdminApp(webhooks.operator(), ...)`` at module level ran the app's checks at import
+    (app.py failed to import without secrets). Built on the webhook app, the page checks
+    nothing then; its start-up names the app's problem in one line, its requests get 503
+    and the log says why, once."""
+    webhooks = AgentWebhookApp(FunctionTools(), config=Config(admin_tokens=(TOKEN,)))
+    admin = AdminApp(webhooks)  # at import: no secret, no key, nothing raised
+    started = await _lifespan(admin)
+    assert started["type"] == "lifespan.startup.failed"
+    assert started["message"].startswith("agentfn-asgi cannot start: 2 configuration problems")
+    assert "\n" not in started["message"]
+    with caplog.at_level(logging.ERROR, logger="agentfn_asgi.admin"):
+        for _ in range(2):
+            page = await _get(admin)
+            assert page.status_code == 503 and "the server log says why" in page.text
+    [logged] = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    assert "no webhook secret" in logged
+    assert "OPENAI_WEBHOOK_SECRET" not in page.text  # the reason is for the operator's log
+
+
+@pytest.mark.anyio
+async def test_a_page_on_the_app_takes_its_tokens_from_the_app_and_is_off_without() -> None:
+    """The tokens default to the app's AGENTFN_ADMIN_TOKEN; without one the page answers 404
+    everywhere, as if it were not mounted."""
+    ready = Config(webhook_secrets=("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",), api_key="sk-1")
+    on = AgentWebhookApp(
+        FunctionTools(),
+        store="memory://",
+        config=dataclasses.replace(ready, admin_tokens=(TOKEN,)),
+    )
+    assert (await _lifespan(AdminApp(on)))["type"] == "lifespan.startup.complete"
+    assert (await _get(AdminApp(on))).status_code == 200
+    off = AgentWebhookApp(FunctionTools(), store="memory://", config=ready)
+    assert (await _get(AdminApp(off))).status_code == 404
+    short = AdminApp(off, tokens=["short"])  # built: checked at start-up
+    with pytest.raises(ConfigurationError, match="at least 16 characters"):
+        short.check()
+    with pytest.raises(ConfigurationError, match="build the page on the webhook app"):
+        AdminApp(MemoryOperatorView(), tokens=[TOKEN], public_url="https://ops.example/admin")
 
 
 @pytest.mark.parametrize(
@@ -151,10 +223,12 @@ def test_csrf_tokens_are_bound_to_their_session() -> None:
 
 
 @pytest.mark.anyio
-async def test_authorizer_only_true_allows_and_exceptions_deny(
+async def test_authorizer_only_true_or_a_name_allows_and_exceptions_deny(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Sync or async; truthy non-True values deny; a raising authorizer denies and logs."""
+    """Sync or async; True allows anonymously, a name allows as that person (recorded with
+    their decisions, printable and bounded); other truthy values, an empty or unprintable
+    name and a raising authorizer deny (the last logs)."""
     request = Request({"type": "http", "headers": [], "method": "GET", "path": "/"})
 
     async def async_yes(r: Request) -> bool:
@@ -167,18 +241,24 @@ async def test_authorizer_only_true_allows_and_exceptions_deny(
     for name, authorizer in {
         "sync": lambda r: True,
         "async": async_yes,
-        "truthy": lambda r: "user",
+        "name": lambda r: " alice\x1b[2J  smith ",
+        "long": lambda r: "x" * 100,
+        "blank": lambda r: "\x1b\n",
+        "truthy": lambda r: 1,
         "false": lambda r: False,
         "broken": broken,
     }.items():
         g = Gate(tokens=None, authorizer=authorizer, secret=None, max_age=60, clock=FakeClock())  # type: ignore[arg-type]
         verdicts[name] = await g.host_allows(request)
     assert verdicts == {
-        "sync": True,
-        "async": True,
-        "truthy": False,
-        "false": False,
-        "broken": False,
+        "sync": "",
+        "async": "",
+        "name": "alice[2J smith",
+        "long": "x" * 64,
+        "blank": None,
+        "truthy": None,
+        "false": None,
+        "broken": None,
     }
     assert "authorizer raised" in caplog.text
 
@@ -190,9 +270,13 @@ def test_links_that_only_this_process_can_read_are_warned_about(
     random per process, so another replica (or a restart) refuses the links; a WARNING says
     so at start. With ``secret=`` (or a token) every process reads every link, silently."""
     url = "https://ops.example.com/openai/admin"
+    ready = Config(webhook_secrets=("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",), api_key="sk-1")
 
     def replica(**options: Any) -> AdminApp:
-        return AdminApp(MemoryOperatorView(), authorizer=lambda request: True, **options)
+        app = AgentWebhookApp(FunctionTools(), store="memory://", config=ready)
+        page = AdminApp(app, authorizer=lambda request: True, **options)
+        page.check()  # what its start-up does
+        return page
 
     caplog.set_level("WARNING", logger="agentfn_asgi.admin")
     one, other = replica(public_url=url), replica(public_url=url)
@@ -207,6 +291,7 @@ def test_links_that_only_this_process_can_read_are_warned_about(
     shared = {"public_url": url, "secret": "s" * 32}
     one, other = replica(**shared), replica(**shared)
     assert other.links.read(one.links.token("apr_1", "digest", expires_at=4e9)).approval_id
-    AdminApp(MemoryOperatorView(), tokens=[A], public_url=url)
+    with_token = AgentWebhookApp(FunctionTools(), store="memory://", config=ready)
+    AdminApp(with_token, tokens=[A], public_url=url).check()
     replica()  # no public URL: no links to warn about
     assert not [r for r in caplog.records if r.levelname == "WARNING"]

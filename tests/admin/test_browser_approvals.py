@@ -51,7 +51,7 @@ async def test_an_operator_approves_one_denies_one_and_a_link_works_once(
     async with running_stack(
         account_tools(ran), settings=settings, on_approval_request=on_request
     ) as stack:
-        admin = AdminApp(stack.app.operator(), tokens=[TOKEN], public_url=site)
+        admin = AdminApp(stack.app, tokens=[TOKEN], public_url=site)
         sessions = {}
         calls = (("call_a", "acc_a"), ("call_d", "acc_d"), ("call_l", "acc_l"), ("call_p", "acc_p"))
         for call_id, account in calls:

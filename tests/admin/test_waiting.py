@@ -35,8 +35,8 @@ async def test_a_waiting_call_has_its_badge_its_count_its_filter_and_its_limit()
     async with connect(AdminApp(view, tokens=[TOKEN], clock=clock)) as http:
         overview = (await http.get(admin_url("/"), headers=BEARER)).text
         assert '<span class="state outcome-waiting">waiting for a limit</span>' in overview
-        assert 'href="/openai/admin/calls?state=waiting"' in overview
-        listing = (await http.get(admin_url("/calls?state=waiting"), headers=BEARER)).text
+        assert 'href="/openai/admin/calls?outcome=waiting"' in overview
+        listing = (await http.get(admin_url("/calls?outcome=waiting"), headers=BEARER)).text
         assert "c_wait" in listing and "c_run" not in listing
         page = await http.get(admin_url("/call?id=c_wait&session=sess"), headers=BEARER)
     assert page.status_code == 200

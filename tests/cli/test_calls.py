@@ -353,3 +353,32 @@ async def test_settle_rerun_runs_the_handler_with_the_next_attempt(
     detail = json.loads(capsys.readouterr().out)
     assert detail["summary"]["state"] == "submitted"
     assert detail["summary"]["attempt"] == 2
+
+
+@pytest.mark.anyio
+async def test_what_tools_and_people_wrote_reaches_the_terminal_escaped(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tool's output and a hold reason carrying terminal escape sequences (clear the
+    screen, retitle the window, a carriage return that overwrites the line) were printed
+    raw by ``calls`` and ``calls show``: they are shown escaped, lines and tabs kept."""
+    hostile = "\x1b[2J\x1b]0;pwned\x07ok\rforged\u202e"
+    store = open_store(store_url)
+    await store.open()
+    try:
+        held = CallKey("sess_x", "turn_1", "call_x")
+        await store.claim_call(held, tool_name="create_refund", owner="r1", lease_seconds=30)
+        await store.quarantine(held, owner="r1", attempt=1, reason=f"held: {hostile}")
+        done = CallKey("sess_x", "turn_1", "call_y")
+        await store.claim_call(done, tool_name="get_customer", owner="r1", lease_seconds=30)
+        output = json.dumps({"output": f"line one\n\t{hostile}"})
+        await store.save_result(done, owner="r1", attempt=1, result=SavedResult(True, output, "k"))
+    finally:
+        await store.close()
+    assert await run_cli("calls", "--store", store_url) == 0
+    assert await run_cli("calls", "show", "call_x", "--store", store_url) == 0
+    assert await run_cli("calls", "show", "call_y", "--store", store_url, "--content") == 0
+    out = capsys.readouterr().out
+    assert not any(c in out for c in "\x1b\x07\r\u202e"), repr(out)
+    assert "held: \\x1b[2J\\x1b]0;pwned\\x07ok\\x0dforged\\u202e" in out
+    assert "line one\n\t\\x1b[2J" in out

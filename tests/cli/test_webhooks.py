@@ -118,6 +118,11 @@ async def test_update_and_delete(fake: FakeAgentsAPI, capsys: pytest.CaptureFixt
     )
     assert run.code == 0, run.err
     assert "name      second" in run.out
+    # A name is anyone's text: shown with its control characters escaped.
+    hostile = await cli(capsys, "webhooks", "update", endpoint.id, "--name", "x\x1b[2Jy")
+    assert "name      x\\x1b[2Jy" in hostile.out and "\x1b" not in hostile.out
+    assert "\x1b" not in (await cli(capsys, "webhooks", "list")).out
+    await cli(capsys, "webhooks", "update", endpoint.id, "--name", "second")
     assert endpoint.event_types == ["agent.session.idle", "agent.session.action_required"]
     assert endpoint.url == "https://a.test/h"
     nothing = await cli(capsys, "webhooks", "update", endpoint.id)
@@ -186,6 +191,20 @@ async def test_test_prints_the_status_the_app_answered(
         "agent.session.action_required",
         "agent.session.idle",
     ]
+
+
+async def test_test_at_a_wrong_path_names_the_mount_path(
+    fake: FakeAgentsAPI, env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An endpoint whose URL misses the mount path answers 404: the hint says so."""
+    async with app_with(
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", os.environ["OPENAI_BASE_URL"]
+    ) as url:
+        await cli(capsys, "webhooks", "create", "--url", url.replace("/openai/webhooks", "/hooks"))
+        (endpoint,) = fake.endpoints.by_id.values()
+        missed = await cli(capsys, "webhooks", "test", endpoint.id)
+    assert (missed.code, missed.out) == (1, "404 Not Found\n")
+    assert "nothing answers at that path: check the mount path" in missed.err
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,7 @@ class AppProcess:
             PYTHONUNBUFFERED="1",
         )
         env[LEDGER_ENV] = str(self.ledger)
+        env["AGENTFN_ALLOW_UNKNOWN"] = LEDGER_ENV  # the test app's own variable
         if crash_at is not None:
             env["AGENTFN_CRASH_AT"] = crash_at
             env[ARMING_VARIABLE] = ARMING_VALUE

@@ -219,6 +219,25 @@ def test_network_schemes_load_their_backend(url: str, class_name: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (
+            "redis://127.0.0.1:6379/0?key_prefx=a:",
+            r"\?key_prefx= .* \(did you mean \?key_prefix=\?\)",
+        ),
+        ("redis://127.0.0.1:6379/0?sockettimeout=2", r"did you mean \?socket_timeout=\?"),
+        ("redis://127.0.0.1:6379/0?color=red", r"unknown parameter \?color= in store URL"),
+        ("postgresql://h/db?schem=app1", r"\?schem= .* \(did you mean \?schema=\?\)"),
+    ],
+)
+def test_unknown_query_keys_are_refused_with_the_one_meant(url: str, message: str) -> None:
+    """?key_prefx= reached redis-py (a TypeError at the first command) and ?schem= reached
+    PostgreSQL as a server setting: both are refused when the URL is read."""
+    with pytest.raises(ConfigurationError, match=message):
+        open_store(url)
+
+
+@pytest.mark.parametrize(
     ("url", "driver", "module", "extra"),
     [
         ("redis://127.0.0.1", "redis", "agentfn_asgi.store.redis", "redis"),

@@ -8,6 +8,7 @@ unreachable, failed instead under CI=true.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -144,6 +145,40 @@ async def test_unreachable_postgres_raises_unavailable_quickly() -> None:
         await store.record_delivery("m", "s")
     assert time.monotonic() - started < 3.0
     await store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "fix"),
+    [
+        (
+            "postgresql://postgres@127.0.0.1:5432/agentfn_no_such_db",
+            'database "agentfn_no_such_db" does not exist: create it (createdb agentfn_no_such_db)',
+        ),
+        (
+            "postgresql://agentfn_no_such_role@127.0.0.1:5432/test",
+            "create the role (createuser agentfn_no_such_role) or fix the user",
+        ),
+        (
+            "postgresql://postgres@127.0.0.1:5432/test?statment_timeout=5000",
+            "?statment_timeout= in the store URL is neither a PostgreSQL setting nor ours",
+        ),
+    ],
+)
+async def test_a_url_the_server_refuses_is_named_with_its_fix(url: str, fix: str) -> None:
+    """A missing database, role or setting ended in a StoreError traceback at start-up; it
+    is now the configuration error the start-up prints as one line, with what to run."""
+    await _reachable()
+    store = PostgresStore(url, command_timeout=5.0)
+    with pytest.raises(ConfigurationError, match=re.escape(fix)):
+        await store.open()
+    await store.close()
+
+
+async def _reachable() -> None:
+    try:
+        await (await asyncpg.connect(POSTGRES_URL, timeout=5)).close()
+    except (OSError, asyncpg.PostgresError) as exc:
+        require_service("postgres", str(exc))
 
 
 @pytest.mark.parametrize(("min_size", "max_size"), [(3, 2), (0, 0), (-1, 4)])

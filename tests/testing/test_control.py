@@ -227,6 +227,21 @@ async def test_giving_up_is_printed_and_redeliver_gets_the_call_answered() -> No
         assert [s["output"] for s in await submissions()] == ["hi"]
 
 
+async def test_a_webhook_url_nothing_answers_names_the_mount_path() -> None:
+    """A 404 from the app's host (the receiver is mounted at another path) was logged as a
+    bare 404; each webhook's first attempt now says to check the mount path."""
+    app_port = free_port()
+    async with (
+        serve_app(Starlette(), port=app_port, lifespan="off"),
+        _fake_api(app_port, webhook_retry_delays=(0.05,)) as (_, out, _),
+    ):
+        await _wait_for(lambda: _contains(out, "gave up"), 10)
+    log = out.getvalue()
+    assert "-> http://127.0.0.1:" in log and "/openai/webhooks: 404" in log
+    assert "  nothing answers at /openai/webhooks: check the mount path" in log
+    assert log.count("check the mount path") == log.count("(attempt 1, next in")
+
+
 @pytest.mark.slow
 async def test_the_default_retries_wait_for_an_app_started_seconds_later() -> None:
     """``fake-api``'s default schedule (minutes, not 1.5 s) delivers to an app that starts
@@ -239,7 +254,7 @@ async def test_the_default_retries_wait_for_an_app_started_seconds_later() -> No
         async with _app_on(app_port, root):
             await _wait_for(lambda: _has_results(submissions, 1), 15)
     assert "gave up" not in out.getvalue()
-    assert "a failed webhook is retried 9 time(s) over 243 s" in out.getvalue()
+    assert "a failed webhook is retried 10 time(s) over 300 s" in out.getvalue()
 
 
 async def _contains(out: io.StringIO, text: str) -> bool:

@@ -28,6 +28,7 @@ from agentfn_asgi.testing import (
     signed_delivery,
     webhook_backoff,
 )
+from agentfn_asgi.testing.control import DEV_WEBHOOK_RETRY_WINDOW
 from agentfn_asgi.wire import parse_webhook_event
 
 pytestmark = pytest.mark.anyio
@@ -737,12 +738,13 @@ async def test_each_attempt_says_whether_another_follows(
     assert all(d.next_retry == 0.01 for d in second if not d.ok)
 
 
-def test_webhook_backoff_doubles_up_to_a_cap_within_the_window() -> None:
-    """``webhook_backoff`` grows exponentially, caps each delay and never exceeds the
-    window; a window shorter than the first delay means no retry."""
-    assert webhook_backoff(300) == (1, 2, 4, 8, 16, 32, 60, 60, 60)
-    assert sum(webhook_backoff(300)) <= 300
-    assert webhook_backoff(1.0, first=0.25, cap=0.5) == (0.25, 0.5)
+def test_webhook_backoff_doubles_up_to_a_cap_and_fills_the_window() -> None:
+    """``webhook_backoff`` grows exponentially, caps each delay and adds up to the window:
+    ``fake-api``'s five minutes are five minutes (its banner said 243 s); a window shorter
+    than the first delay means no retry."""
+    assert webhook_backoff(300) == (1, 2, 4, 8, 16, 32, 60, 60, 60, 57)
+    assert sum(webhook_backoff(DEV_WEBHOOK_RETRY_WINDOW)) == DEV_WEBHOOK_RETRY_WINDOW == 300
+    assert webhook_backoff(1.0, first=0.25, cap=0.5) == (0.25, 0.5, 0.25)
     assert webhook_backoff(0.5) == ()
     with pytest.raises(ValueError, match="first > 0"):
         webhook_backoff(10, first=0)

@@ -24,13 +24,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_app.exampleproj
 django_application = get_asgi_application()
 
 from agentfn_asgi import AgentWebhookApp  # noqa: E402
+from agentfn_asgi.admin import AdminApp  # noqa: E402
 from agentfn_asgi.demo.tools import ExampleResources, Ledger  # noqa: E402
 from agentfn_asgi.integrations.django import with_admin, with_webhooks  # noqa: E402
 from examples.django_app.exampleproject.tools import tools  # noqa: E402
-from examples.operator_page import admin_from_env  # noqa: E402
 
 # Host resources handlers reach as ``ctx.resources`` (created once, at start-up).
 webhooks = AgentWebhookApp(tools, resources=ExampleResources(ledger=Ledger.from_env()))
 application = with_webhooks(django_application, webhooks, "/openai/webhooks")
-if (admin := admin_from_env(webhooks)) is not None:
-    application = with_admin(application, admin, "/openai/admin")
+# The operator page: on with AGENTFN_ADMIN_TOKEN set, else 404 (see docs/operating.md).
+application = with_admin(application, AdminApp(webhooks), "/openai/admin")

@@ -3,7 +3,8 @@ transition changes.
 
 Every store carries out the same machine. :func:`apply` carries one row out on a record: it
 is the reference, and the memory store runs it. The SQL statements and the Redis scripts of
-every transition are rendered from the rows (:mod:`agentfn_asgi.store._compile`;
+every transition are rendered from the rows (:mod:`agentfn_asgi.store.sql.compile`,
+:mod:`agentfn_asgi.store.redis.compile`;
 ``docs/how-it-works/state-machine.md`` shows them), and the generated histories
 (``tests/store/test_histories.py``) hold every backend's behaviour to the reference's. A new
 state or transition is a row here.
@@ -191,7 +192,8 @@ class Transition:
 
     This is all a store needs: :func:`apply` carries a row out on a record (the memory store
     runs it; it is the reference), and the SQL statements and Lua scripts of the other stores
-    are rendered from the same fields (:mod:`agentfn_asgi.store._compile`).
+    are rendered from the same fields (:mod:`agentfn_asgi.store.sql.compile`,
+    :mod:`agentfn_asgi.store.redis.compile`).
     """
 
     name: str

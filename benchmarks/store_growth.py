@@ -1,6 +1,6 @@
 """Store growth: the per-call cost of the SQLite store with 10^3 against 10^6 recorded calls.
 
-Drives :class:`~agentfn_asgi.store.sqlite.SQLiteStore` directly (no HTTP). Each file is
+Drives :class:`~agentfn_asgi.store.sql.sqlite.SQLiteStore` directly (no HTTP). Each file is
 pre-filled in bulk with N submitted calls and N resolved deliveries (random ids, as real
 ones are, so inserts land all over the B-trees); then one "call" is the store work the
 dispatcher does for a delivery with one function call: ``record_delivery``,
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from agentfn_asgi.records import CallKey, SavedResult
-from agentfn_asgi.store.sqlite import SQLiteStore
+from agentfn_asgi.store.sql.sqlite import SQLiteStore
 
 __all__ = ["measure_round", "prefill"]
 

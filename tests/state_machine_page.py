@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 from agentfn_asgi.states import CLAIM_ORDER, TRANSITIONS, Transition
-from agentfn_asgi.store import _redis_scripts as lua
-from agentfn_asgi.store import _sql_statements as sql
-from agentfn_asgi.store._compile import lua_apply
-from agentfn_asgi.store._sql_dialect import SQLITE
+from agentfn_asgi.store.redis import scripts as lua
+from agentfn_asgi.store.redis.compile import lua_apply
+from agentfn_asgi.store.sql import statements as sql
+from agentfn_asgi.store.sql.dialect import SQLITE
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "how-it-works" / "state-machine.md"
 BEGIN = "<!-- state-machine:begin (generated: python -m tests.state_machine_page --write) -->"

@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl, unquote, urlencode
 from agentfn_asgi.errors import ConfigurationError
 from agentfn_asgi.store.base import Store
 from agentfn_asgi.store.memory import MemoryStore
-from agentfn_asgi.store.sqlite import SQLiteStore
+from agentfn_asgi.store.sql.sqlite import SQLiteStore
 
 __all__ = [
     "DEFAULT_STORE_URL",
@@ -44,10 +44,10 @@ DEFAULT_STORE_URL: Final = "sqlite:///agentfn.sqlite3"
 
 # scheme -> (module, class, pip extra, top-level driver package)
 _LAZY_BACKENDS: Final = {
-    "redis": ("agentfn_asgi.store.redis", "RedisStore", "redis", "redis"),
-    "rediss": ("agentfn_asgi.store.redis", "RedisStore", "redis", "redis"),
-    "postgresql": ("agentfn_asgi.store.postgres", "PostgresStore", "postgres", "asyncpg"),
-    "postgres": ("agentfn_asgi.store.postgres", "PostgresStore", "postgres", "asyncpg"),
+    "redis": ("agentfn_asgi.store.redis.store", "RedisStore", "redis", "redis"),
+    "rediss": ("agentfn_asgi.store.redis.store", "RedisStore", "redis", "redis"),
+    "postgresql": ("agentfn_asgi.store.sql.postgres", "PostgresStore", "postgres", "asyncpg"),
+    "postgres": ("agentfn_asgi.store.sql.postgres", "PostgresStore", "postgres", "asyncpg"),
 }
 _SQLITE_QUERY_OPTIONS: Final = {"synchronous": str, "busy_timeout": float}
 

@@ -3,7 +3,8 @@ backend over one primitive: :meth:`Transitions._transition`.
 
 A backend carries a row out in one atomic step of its own (the memory store runs
 :func:`~agentfn_asgi.states.apply`; SQLite and PostgreSQL run the row's statement, Redis its
-script, both rendered from the row by :mod:`agentfn_asgi.store._compile`). What is left to
+script, both rendered from the row by :mod:`agentfn_asgi.store.sql.compile` and
+:mod:`agentfn_asgi.store.redis.compile`). What is left to
 write per operation is what it takes and what it answers, here, once.
 
 :func:`flat_args` spells a step's arguments as the flat values the SQL statements and Lua
@@ -15,15 +16,36 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
 from agentfn_asgi.states import Args
 from agentfn_asgi.store._codec import approval_detail, saved_detail
-from agentfn_asgi.store._compile import RESULT_COLUMNS
 
-__all__ = ["Transitions", "flat_args"]
+__all__ = ["APPROVAL_COLUMNS", "RESULT_COLUMNS", "Transitions", "flat_args", "flat_columns"]
+
+#: The columns (SQL) and hash fields (Redis) of a saved result, besides its state.
+RESULT_COLUMNS: Final = (
+    "success",
+    "event_json",
+    "idempotency_key",
+    "error_type",
+    "source",
+    "full_output",
+)
+#: The columns of an approval request: its id (to be found by) and the request as JSON.
+APPROVAL_COLUMNS: Final = ("approval_id", "approval")
+
+
+def flat_columns(field: str) -> tuple[str, ...]:
+    """The flat columns of a record field (a result and an approval are several)."""
+    if field == "result":
+        return RESULT_COLUMNS
+    if field == "approval":
+        return APPROVAL_COLUMNS
+    return (field,)
+
 
 #: The decision on an approval request, by the row that takes it.
 _DECISIONS = {"approved": "approve", "denied": "deny", "expired": "expire_approval"}

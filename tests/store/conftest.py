@@ -143,9 +143,9 @@ def _redis_backend(
     clock: FakeClock,
 ) -> tuple[Callable[[str], Store], Callable[[], Awaitable[None]]]:
     try:
-        from agentfn_asgi.store.redis import RedisStore
+        from agentfn_asgi.store.redis.store import RedisStore
     except ImportError as exc:
-        require_service("redis", f"agentfn_asgi.store.redis cannot be imported: {exc}")
+        require_service("redis", f"agentfn_asgi.store.redis.store cannot be imported: {exc}")
     prefix = f"agentfn-test:{uuid.uuid4().hex}:"
 
     async def cleanup() -> None:
@@ -172,9 +172,9 @@ def _postgres_backend(
     clock: FakeClock,
 ) -> tuple[Callable[[str], Store], Callable[[], Awaitable[None]]]:
     try:
-        from agentfn_asgi.store.postgres import PostgresStore
+        from agentfn_asgi.store.sql.postgres import PostgresStore
     except ImportError as exc:
-        require_service("postgres", f"agentfn_asgi.store.postgres cannot be imported: {exc}")
+        require_service("postgres", f"agentfn_asgi.store.sql.postgres cannot be imported: {exc}")
     schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
 
     async def cleanup() -> None:

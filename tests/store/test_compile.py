@@ -1,7 +1,8 @@
-"""The compilers of the state table (agentfn_asgi.store._compile): each row rendered as one SQL
-statement and one Lua function carries exactly the row's guard, resulting state, effects and
-event. (What the rendered text *does* is held to the reference, states.apply, by the
-generated histories on SQLite, PostgreSQL and Redis: tests/store/test_histories.py.)"""
+"""The compilers of the state table (store/sql/compile.py, store/redis/compile.py): each row
+rendered as one SQL statement and one Lua function carries exactly the row's guard, resulting
+state, effects and event. (What the rendered text *does* is held to the reference,
+states.apply, by the generated histories on SQLite, PostgreSQL and Redis:
+tests/store/test_histories.py.)"""
 
 from __future__ import annotations
 
@@ -12,16 +13,11 @@ import pytest
 
 from agentfn_asgi.records import CallState
 from agentfn_asgi.states import TRANSITIONS, Guard, Target, Transition, Way
-from agentfn_asgi.store import _redis_scripts as lua
-from agentfn_asgi.store import _sql_statements as sql
-from agentfn_asgi.store._compile import (
-    RESULT_COLUMNS,
-    lua_apply,
-    lua_transition,
-    sql_claim,
-    sql_guard,
-    sql_transition,
-)
+from agentfn_asgi.store._transitions import RESULT_COLUMNS
+from agentfn_asgi.store.redis import scripts as lua
+from agentfn_asgi.store.redis.compile import lua_apply, lua_transition
+from agentfn_asgi.store.sql import statements as sql
+from agentfn_asgi.store.sql.compile import sql_claim, sql_guard, sql_transition
 from tests import state_machine_page
 
 #: Rows that change an existing call with a statement of their own.
@@ -146,7 +142,8 @@ def test_a_new_row_is_rendered_with_no_hand_written_text() -> None:
     )
     table = {**TRANSITIONS, "cancel": cancel}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("agentfn_asgi.store._compile.TRANSITIONS", table)
+        patch.setattr("agentfn_asgi.store.sql.compile.TRANSITIONS", table)
+        patch.setattr("agentfn_asgi.store.redis.compile.TRANSITIONS", table)
         text = sql_transition("cancel", since=True)
         script = lua_transition("cancel")
     assert "state = 'stale'" in text and "limiter = NULL" in text

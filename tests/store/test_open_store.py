@@ -240,8 +240,8 @@ def test_unknown_query_keys_are_refused_with_the_one_meant(url: str, message: st
 @pytest.mark.parametrize(
     ("url", "driver", "module", "extra"),
     [
-        ("redis://127.0.0.1", "redis", "agentfn_asgi.store.redis", "redis"),
-        ("postgresql://127.0.0.1/db", "asyncpg", "agentfn_asgi.store.postgres", "postgres"),
+        ("redis://127.0.0.1", "redis", "agentfn_asgi.store.redis.store", "redis"),
+        ("postgresql://127.0.0.1/db", "asyncpg", "agentfn_asgi.store.sql.postgres", "postgres"),
     ],
 )
 def test_missing_driver_names_the_extra(

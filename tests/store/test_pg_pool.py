@@ -1,4 +1,4 @@
-"""The PostgreSQL store's connection pool (:mod:`agentfn_asgi.store._pg_pool`), on a real
+"""The PostgreSQL store's connection pool (:mod:`agentfn_asgi.store.sql.pg_pool`), on a real
 PostgreSQL: connections reused, callers served in line, failed and lost connections never
 handed out again, nothing leaked when a caller gives up.
 
@@ -22,7 +22,7 @@ from .conftest import POSTGRES_URL, require_service
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 asyncpg = pytest.importorskip("asyncpg")
-from agentfn_asgi.store._pg_pool import ConnectionPool  # noqa: E402 - after the driver check
+from agentfn_asgi.store.sql.pg_pool import ConnectionPool  # noqa: E402 - after the driver check
 
 PoolMaker = Callable[..., Any]
 

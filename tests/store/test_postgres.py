@@ -18,7 +18,7 @@ import pytest
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey, ClaimStatus
-from agentfn_asgi.store._sql_schema import STEPS
+from agentfn_asgi.store.sql.schema import STEPS
 
 from ..support.clock import FakeClock as Clock
 from ..support.ports import free_port
@@ -28,7 +28,7 @@ from .conftest import require_service
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 asyncpg = pytest.importorskip("asyncpg")
-from agentfn_asgi.store.postgres import PostgresStore  # noqa: E402 - after the driver check
+from agentfn_asgi.store.sql.postgres import PostgresStore  # noqa: E402 - after the driver check
 
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 

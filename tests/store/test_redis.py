@@ -35,8 +35,8 @@ from .conftest import require_service
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
 redis_asyncio = pytest.importorskip("redis.asyncio")
-from agentfn_asgi.store import redis as redis_store  # noqa: E402 - after the driver check
-from agentfn_asgi.store.redis import RedisStore  # noqa: E402
+from agentfn_asgi.store.redis import store as redis_store  # noqa: E402 - after the driver check
+from agentfn_asgi.store.redis.store import RedisStore  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 StoreMaker = Callable[..., Any]

@@ -1,4 +1,4 @@
-"""The Redis store's loop-turn batching (:mod:`agentfn_asgi.store._redis_batch`), on a real
+"""The Redis store's loop-turn batching (:mod:`agentfn_asgi.store.redis.batch`), on a real
 Redis: the scripts of one turn share one write, and each caller still gets its own answer.
 
 Needs Redis on 127.0.0.1:6379; skipped when it is unreachable, failed instead under CI=true.
@@ -25,8 +25,8 @@ from redis.asyncio.connection import AbstractConnection  # noqa: E402
 from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: E402
 from redis.exceptions import ResponseError  # noqa: E402
 
-from agentfn_asgi.store._redis_batch import ALONE_OVER, BATCH_MAX, ScriptBatcher  # noqa: E402
-from agentfn_asgi.store.redis import RedisStore  # noqa: E402
+from agentfn_asgi.store.redis.batch import ALONE_OVER, BATCH_MAX, ScriptBatcher  # noqa: E402
+from agentfn_asgi.store.redis.store import RedisStore  # noqa: E402
 
 
 @pytest.fixture

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from agentfn_asgi.records import CallKey, CallState, ClaimStatus
-from agentfn_asgi.store import Store, _redis_layout, _sql_schema
+from agentfn_asgi.store import Store
 from agentfn_asgi.store._versions import Step
+from agentfn_asgi.store.redis import layout as _redis_layout
+from agentfn_asgi.store.sql import schema as _sql_schema
 
 from .conftest import POSTGRES_URL, REDIS_URL, StoreFactory, claim, result
 

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.store import _sql_schema
 from agentfn_asgi.store._codec import record_from_mapping
-from agentfn_asgi.store._sql_dialect import SQLITE, postgres_dialect
-from agentfn_asgi.store._sql_schema import (
+from agentfn_asgi.store._versions import Step
+from agentfn_asgi.store.sql import schema as _sql_schema
+from agentfn_asgi.store.sql.dialect import SQLITE, postgres_dialect
+from agentfn_asgi.store.sql.schema import (
     CALL_COLUMNS,
     INDEXES,
     STEPS,
@@ -19,8 +20,7 @@ from agentfn_asgi.store._sql_schema import (
     fill,
     schema_changes,
 )
-from agentfn_asgi.store._sql_statements import CLAIM
-from agentfn_asgi.store._versions import Step
+from agentfn_asgi.store.sql.statements import CLAIM
 
 
 def test_postgres_numbers_parameters_in_order_of_first_use() -> None:

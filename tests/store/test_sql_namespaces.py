@@ -16,8 +16,8 @@ import pytest
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.records import CallKey, CallQuery, CallRecord, CallState, ClaimStatus
 from agentfn_asgi.store import Store
-from agentfn_asgi.store import _sql_statements as statements
-from agentfn_asgi.store._sql_statements import LIST_FILTERS, list_calls_statement
+from agentfn_asgi.store.sql import statements as statements
+from agentfn_asgi.store.sql.statements import LIST_FILTERS, list_calls_statement
 
 from .conftest import LEASE, FakeClock, StoreFactory, result
 

@@ -20,9 +20,9 @@ import pytest
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.records import CallKey
 from agentfn_asgi.store import SQLiteStore
-from agentfn_asgi.store._sql_dialect import SQLITE
-from agentfn_asgi.store._sql_schema import STEPS
-from agentfn_asgi.store._sql_statements import (
+from agentfn_asgi.store.sql.dialect import SQLITE
+from agentfn_asgi.store.sql.schema import STEPS
+from agentfn_asgi.store.sql.statements import (
     ADMISSION,
     EXPIRED_CLAIMS,
     PRUNE_CALLS,

@@ -7,8 +7,8 @@
 2. **Schema**: the tables, their partial indexes, and the steps that bring a database to
    this schema version (:data:`STEPS`, :func:`schema_changes`).
 
-The statements are in :mod:`agentfn_asgi.store._sql_statements`; the store over them in
-:mod:`agentfn_asgi.store._sql`.
+The statements are in :mod:`agentfn_asgi.store.sql.statements`; the store over them in
+:mod:`agentfn_asgi.store.sql.store`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any, Final
 
 from agentfn_asgi.records import CallState
 from agentfn_asgi.states import PRUNABLE, SAVED
-from agentfn_asgi.store._compile import sql_guard, sql_states
-from agentfn_asgi.store._sql_dialect import WORDS
 from agentfn_asgi.store._versions import (
     Step,
     check_readable,
     readable_after,
     steps_to_take,
 )
+from agentfn_asgi.store.sql.compile import sql_guard, sql_states
+from agentfn_asgi.store.sql.dialect import WORDS
 
 __all__ = [
     "BUCKET_COLUMNS",

@@ -5,7 +5,7 @@ and claims (a lease takeover is the conditional ``DO UPDATE … WHERE`` of the s
 conditional ``UPDATE … WHERE state = … RETURNING`` for results and state changes. When a
 conditional write matches nothing, the row is read back only to *report* what the database
 already decided. The statements and the store's methods are shared with SQLite
-(:mod:`agentfn_asgi.store._sql`); this module is the asyncpg plumbing.
+(:mod:`agentfn_asgi.store.sql.store`); this module is the asyncpg plumbing.
 
 Flow control is the one exception: the claim of a limited tool's call and its holder's poll
 count the limiter's holders, waiters and tokens and change the call in one transaction,
@@ -34,15 +34,15 @@ from typing import Any, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.store import redact_url
-from agentfn_asgi.store._sql import SQLStore, Statement, Steps
-from agentfn_asgi.store._sql_dialect import postgres_dialect, quote_identifier
-from agentfn_asgi.store._sql_schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
+from agentfn_asgi.store.sql.dialect import postgres_dialect, quote_identifier
+from agentfn_asgi.store.sql.schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
+from agentfn_asgi.store.sql.store import SQLStore, Statement, Steps
 
 try:
     import asyncpg
     from asyncpg import exceptions as pg_errors
 
-    from agentfn_asgi.store._pg_pool import ConnectionPool  # imports the driver too
+    from agentfn_asgi.store.sql.pg_pool import ConnectionPool  # imports the driver too
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
         "the postgresql:// store needs the asyncpg driver: pip install 'agentfn-asgi[postgres]'"
@@ -118,7 +118,7 @@ class PostgresStore(SQLStore):
     """A :class:`~agentfn_asgi.store.base.Store` on PostgreSQL (11+) through asyncpg.
 
     Its connections are kept by a small pool of its own
-    (:class:`~agentfn_asgi.store._pg_pool.ConnectionPool`: a checkout costs no task or timer);
+    (:class:`~agentfn_asgi.store.sql.pg_pool.ConnectionPool`: a checkout costs no task or timer);
     ``max_size`` connections at most, ``min_size`` opened at start. Every query is bounded by
     ``command_timeout`` (also the connect timeout and the wait for a free connection),
     after which :class:`StoreUnavailableError` is raised. A connection that died (server

@@ -1,8 +1,8 @@
 """The SQL state machine of the SQLite and PostgreSQL stores, written once; read top to bottom.
 
-The fragments they share and the schema are in :mod:`agentfn_asgi.store._sql_schema`.
+The fragments they share and the schema are in :mod:`agentfn_asgi.store.sql.schema`.
 
-3. **Statements**, in the order of a call's life, in :mod:`agentfn_asgi.store._sql_statements`.
+3. **Statements**, in the order of a call's life, in :mod:`agentfn_asgi.store.sql.statements`.
    What a claim does to which state, the first-writer-wins save and the allowed transitions
    are decided there, inside one statement each, never by reading and then writing from
    Python.
@@ -20,14 +20,14 @@ backend runs with its driver; every statement still carries its row's guard.
 
 How the text is written. Parameters are named (``:now``). ``{p}`` before every table and
 index name, the column types (``{text}``…) and the rest of what the two databases spell
-differently are filled in by the dialect layer (:mod:`agentfn_asgi.store._sql_dialect`). The
+differently are filled in by the dialect layer (:mod:`agentfn_asgi.store.sql.dialect`). The
 shared fragments (``{key}``, ``{columns}``, and the state predicates ``{claimed}``,
 ``{saved}``, ``{pending}``, ``{terminal}``) are filled in here, once. Queries and partial
 indexes use the *same* predicate text on purpose: SQLite uses a partial index only when the
 query repeats the index's condition term for term.
 
 Adding a column: its ``(name, type)`` in :data:`CALL_COLUMNS` (a new database is made with
-it), a step adding it to a database made before (:data:`~agentfn_asgi.store._sql_schema.STEPS`,
+it), a step adding it to a database made before (:data:`~agentfn_asgi.store.sql.schema.STEPS`,
 additive: the release before keeps working beside this one), the statement that writes it
 below, its field in :class:`~agentfn_asgi.records.CallRecord` and its reading in
 :func:`~agentfn_asgi.store._codec.record_from_mapping`.
@@ -36,7 +36,7 @@ Every record is keyed by its namespace first (``(namespace, session_id, turn_id,
 ``(namespace, delivery_id)``): ``{key}`` and every other condition name ``:namespace``, the
 store's, so a store never reads or changes another namespace's rows.
 
-A call's history is bounded text (:func:`~agentfn_asgi.store._sql_schema.append_sql`): its
+A call's history is bounded text (:func:`~agentfn_asgi.store.sql.schema.append_sql`): its
 first events in ``history`` (JSON objects, no separator), its last ones in ``history_tail``
 (one per line) and the count of all in ``history_count``;
 :func:`~agentfn_asgi.records.parse_history` reads both parts back. ``{columns}`` (the hot
@@ -67,8 +67,9 @@ from agentfn_asgi.store._codec import (
     claim_status_for,
     record_from_mapping,
 )
-from agentfn_asgi.store._sql_schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
-from agentfn_asgi.store._sql_statements import (
+from agentfn_asgi.store._transitions import Transitions, flat_args
+from agentfn_asgi.store.sql.schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
+from agentfn_asgi.store.sql.statements import (
     ADMISSION,
     APPROVED_CALLS,
     CALLS_FOR_SESSION,
@@ -104,7 +105,6 @@ from agentfn_asgi.store._sql_statements import (
     WAITING_APPROVALS_EXPIRED,
     list_calls_statement,
 )
-from agentfn_asgi.store._transitions import Transitions, flat_args
 
 __all__ = ["SQLStore", "Statement", "Steps", "run_steps"]
 

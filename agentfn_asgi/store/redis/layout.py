@@ -3,7 +3,7 @@ prefix to it (the rule two releases share a store by is in
 :mod:`agentfn_asgi.store._versions`).
 
 ``{p}layout`` is a hash ``{version, readable_from}``, the one key outside the namespaces.
-Layout 1 is the keys drawn in :mod:`agentfn_asgi.store.redis`; they are made as records are
+Layout 1 is the keys drawn in :mod:`agentfn_asgi.store.redis.store`; they are made as records are
 written, so a new prefix needs nothing but its marker. A later release appends a step to
 :data:`STEPS`: Lua that runs once, at open, in the same script that moves the marker on
 (``P``: the bare key prefix). It is additive first (keys the release before never reads, a

@@ -1,6 +1,6 @@
 """The dialect layer of the SQL stores: what SQLite and PostgreSQL spell differently.
 
-The statements of :mod:`agentfn_asgi.store._sql` are written once, with named parameters
+The statements of :mod:`agentfn_asgi.store.sql.store` are written once, with named parameters
 (``:now``) and a few words in braces that a :class:`Dialect` fills in (:data:`WORDS`):
 
 - ``{p}`` prefixes every table and index name: nothing for SQLite, ``"schema".`` for

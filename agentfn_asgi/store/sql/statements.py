@@ -1,12 +1,12 @@
 """The statements of the SQL state machine (SQLite and PostgreSQL), in the order of a call's
-life; :mod:`agentfn_asgi.store._sql` runs them.
+life; :mod:`agentfn_asgi.store.sql.store` runs them.
 
 What a claim does to which state, the first-writer-wins save and the allowed transitions
 are decided here, inside one statement each, never by reading and then writing from
 Python. Parameters are named (``:now``); ``{p}``, the column types and what else the two
-databases spell differently are filled in by :mod:`agentfn_asgi.store._sql_dialect`; the
+databases spell differently are filled in by :mod:`agentfn_asgi.store.sql.dialect`; the
 shared fragments (``{key}``, ``{columns}``, ``{claimed}``...) by
-:func:`~agentfn_asgi.store._sql_schema.fill`, here, once.
+:func:`~agentfn_asgi.store.sql.schema.fill`, here, once.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from agentfn_asgi.states import TRANSITIONS, Target
-from agentfn_asgi.store._compile import sql_claim, sql_transition
-from agentfn_asgi.store._sql_schema import DELIVERY_LIST, HOT_COLUMNS, fill
+from agentfn_asgi.store.sql.compile import sql_claim, sql_transition
+from agentfn_asgi.store.sql.schema import DELIVERY_LIST, HOT_COLUMNS, fill
 
 __all__ = [
     "ADMISSION",

@@ -2,7 +2,7 @@
 
 Concurrency. Every claim and every save is one conditional statement (an upsert or an
 ``UPDATE … WHERE state = 'claimed'``, written once for SQLite and PostgreSQL in
-:mod:`agentfn_asgi.store._sql`), so several :class:`SQLiteStore` instances, in one process
+:mod:`agentfn_asgi.store.sql.store`), so several :class:`SQLiteStore` instances, in one process
 or in several, can share a file: SQLite serialises writers on the file lock and
 ``busy_timeout`` makes a writer wait for it instead of failing at once. Flow control's
 claims and polls (several statements: count a limiter's holders, waiters and tokens, then
@@ -11,7 +11,7 @@ lock from its first read: one step for every process on the file.
 
 Event loop. The store's connection belongs to one writer thread, with group commit; the
 operations of one loop turn run inline, in one transaction, when that thread is idle and
-the write lock is free (see :mod:`agentfn_asgi.store._sqlite_writer`); the loop never waits
+the write lock is free (see :mod:`agentfn_asgi.store.sql.sqlite_writer`); the loop never waits
 on locks or fsync.
 
 Durability. The journal is WAL with ``synchronous=NORMAL`` by default: a committed write
@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
-from agentfn_asgi.store._sql import SQLStore, Statement, Steps, run_steps
-from agentfn_asgi.store._sql_dialect import SQLITE
-from agentfn_asgi.store._sql_schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
-from agentfn_asgi.store._sqlite_writer import STOP, Writer
+from agentfn_asgi.store.sql.dialect import SQLITE
+from agentfn_asgi.store.sql.schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
+from agentfn_asgi.store.sql.sqlite_writer import STOP, Writer
+from agentfn_asgi.store.sql.store import SQLStore, Statement, Steps, run_steps
 
 __all__ = ["SQLiteStore"]
 

@@ -1,26 +1,20 @@
 # ruff: noqa: S608 - statements are rendered from the state table only, never input.
-"""The state table (:mod:`agentfn_asgi.states`) rendered as SQL and as Lua.
+"""The state table (:mod:`agentfn_asgi.states`) rendered as SQL, for SQLite and PostgreSQL.
 
-No SQL statement or Redis script of a transition is written by hand: each row's guards
-(when it may happen) and effects (what it changes, :attr:`~agentfn_asgi.states.Transition.sets`)
-are rendered here, so a row exists in one place and the backends cannot drift from the
-reference (:func:`~agentfn_asgi.states.apply`). ``docs/how-it-works/state-machine.md`` shows
-what this module renders for every row; a test keeps that page equal to it.
+No statement of a transition is written by hand: each row's guards (when it may happen) and
+effects (what it changes, :attr:`~agentfn_asgi.states.Transition.sets`) are rendered here,
+so a row exists in one place and the stores cannot drift from the reference
+(:func:`~agentfn_asgi.states.apply`); the Lua of Redis is rendered from the same rows
+(:mod:`agentfn_asgi.store.redis.compile`). ``docs/how-it-works/state-machine.md`` shows what
+is rendered for every row; a test keeps that page equal to it.
 
-SQL (:func:`sql_transition`): one ``UPDATE`` per row over named parameters (``:owner``,
-``:now``, ``:takeover_before``, ``:since``, ``:admitted``...: the step's arguments, see
+:func:`sql_transition`: one ``UPDATE`` per row over named parameters (``:owner``, ``:now``,
+``:takeover_before``, ``:since``, ``:admitted``...: the step's arguments, see
 :data:`~agentfn_asgi.states.Args`), whose ``WHERE`` is the row's guard and whose ``SET``
 carries its effects and appends its history event (:func:`append_sql`). Every value on the
 right of ``SET`` is the row's value before the change, as the table means it. The claim's
 insert and its upsert (:func:`sql_claim`) are rendered from the ``claim``, ``take_over`` and
 ``reclaim`` rows.
-
-Lua (:func:`lua_transition`): ``may_<row>(c, a)`` for every row, where ``c`` is the call as
-:data:`LUA_READ` reads it (``state``, ``owner``, ``attempt``, ``lease``, ``updated``,
-``approval_id``; ``state`` false when absent) and ``a`` the step's arguments (strings; absent
-ones nil; ``admitted`` a boolean the admission sets); ``apply_<row>(key, member, c, a)``,
-which makes the change, appends the event and reindexes the call; and the script of a row
-run alone.
 """
 
 from __future__ import annotations
@@ -37,49 +31,21 @@ from agentfn_asgi.states import (
     Transition,
     Way,
 )
+from agentfn_asgi.store._transitions import APPROVAL_COLUMNS, RESULT_COLUMNS, flat_columns
 
 __all__ = [
     "DETAIL_SQL",
-    "LUA_GUARDS",
-    "LUA_READ",
     "OWNER_SQL",
-    "RESULT_COLUMNS",
     "append_sql",
     "event_sql",
-    "lua_apply",
-    "lua_states",
-    "lua_transition",
     "sql_claim",
     "sql_guard",
     "sql_states",
     "sql_transition",
 ]
 
-#: The columns (SQL) and hash fields (Redis) of a saved result, besides its state.
-RESULT_COLUMNS: Final = (
-    "success",
-    "event_json",
-    "idempotency_key",
-    "error_type",
-    "source",
-    "full_output",
-)
-#: The columns of an approval request: its id (to be found by) and the request as JSON.
-_APPROVAL_COLUMNS: Final = ("approval_id", "approval")
 OWNER_SQL: Final = "CAST(:owner AS {{text}})"
 DETAIL_SQL: Final = "CAST(:detail AS {{text}})"
-
-
-def _columns(field: str) -> tuple[str, ...]:
-    """The flat columns of a record field (a result and an approval are several)."""
-    if field == "result":
-        return RESULT_COLUMNS
-    if field == "approval":
-        return _APPROVAL_COLUMNS
-    return (field,)
-
-
-# -- SQL -----------------------------------------------------------------------------------
 
 
 def sql_states(states: frozenset[CallState], *, alias: str = "") -> str:
@@ -193,7 +159,7 @@ def _sql_value(column: str, source: str, alias: str) -> str:
     if source.startswith("?"):
         return f"coalesce({alias}{column}, :{source[2:]})"
     # A result or a request is passed column by column, each under its own name.
-    return ":" + (column if column in (*RESULT_COLUMNS, *_APPROVAL_COLUMNS) else source[1:])
+    return ":" + (column if column in (*RESULT_COLUMNS, *APPROVAL_COLUMNS) else source[1:])
 
 
 def _sql_values(row: Transition, alias: str = "") -> dict[str, str]:
@@ -204,7 +170,7 @@ def _sql_values(row: Transition, alias: str = "") -> dict[str, str]:
     elif row.target is Target.BY_RESULT:
         values["state"] = ":state"
     for field, source in row.sets:
-        for column in _columns(field):
+        for column in flat_columns(field):
             values[column] = _sql_value(column, source, alias)
     return values
 
@@ -268,141 +234,4 @@ def sql_claim(on_conflict: str | None) -> str:
         + ",\n        ".join(sets)
         + f"\n    WHERE {sql_guard('take_over', alias='c.')} OR {reclaim}"
         + f"\n    RETURNING {on_conflict}"
-    )
-
-
-# -- Lua -----------------------------------------------------------------------------------
-
-
-def lua_states(states: frozenset[CallState]) -> str:
-    """A Lua condition on ``c.state`` (false, i.e. absent, when ``states`` is empty)."""
-    if not states:
-        return "not c.state"
-    listed = [state for state in CallState if state in states]
-    return "(" + " or ".join(f"c.state == '{state.value}'" for state in listed) + ")"
-
-
-_LUA_GUARD_TERMS: Final = {
-    Guard.HOLDER: "c.owner == a.owner and c.attempt == a.attempt",
-    Guard.OWN_LIVE_LEASE: "c.owner == a.owner and tonumber(c.lease) >= tonumber(a.now)",
-    Guard.LEASE_LAPSED: "tonumber(c.lease) < tonumber(a.takeover_before)",
-    Guard.UNCHANGED_SINCE: "(a.since == nil or tonumber(c.updated) <= tonumber(a.since))",
-    Guard.APPROVAL_OPEN: "tonumber(a.now) < tonumber(c.lease)",
-    Guard.APPROVAL_LAPSED: "tonumber(a.now) >= tonumber(c.lease)",
-    Guard.DUE: "tonumber(c.lease) <= tonumber(a.now)",
-    Guard.ADMITTED: "a.admitted == true",
-    Guard.REFUSED: "a.admitted == false",
-    Guard.SAME_REQUEST: "c.approval_id == a.approval_id",
-}
-
-
-def _lua_guard(row: Transition) -> str:
-    ways = [
-        " and ".join([lua_states(way.states), *(_LUA_GUARD_TERMS[g] for g in sorted(way.guards))])
-        for way in row.ways
-    ]
-    body = " or ".join(f"({way})" for way in ways)
-    return f"local function may_{row.name}(c, a)\n  return {body}\nend\n"
-
-
-#: Lua: read a call's guarded fields into ``c`` (see the module docstring).
-LUA_READ: Final = """
-local function guard_fields(key)
-  local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'lease_expires_at',
-                       'updated_at', 'approval_id')
-  return {state = r[1], owner = r[2], attempt = r[3], lease = r[4], updated = r[5],
-          approval_id = r[6]}
-end
-"""
-
-#: Lua: ``may_<row>(c, a)`` for every row of the table.
-LUA_GUARDS: Final = LUA_READ + "".join(_lua_guard(row) for row in TRANSITIONS.values())
-
-
-def _lua_value(column: str, source: str) -> str:
-    if source == "now":
-        return "a.now"
-    if source.isdigit():
-        return f"'{source}'"
-    return f"a.{column if column in (*RESULT_COLUMNS, *_APPROVAL_COLUMNS) else source[1:]}"
-
-
-def lua_apply(name: str) -> str:
-    """``apply_<name>(key, member, c, a)``: row ``name``'s effects on the call's hash, its
-    event, its indexes (the caller checked ``may_<name>``). A nil value clears its field."""
-    row = TRANSITIONS[name]
-    lines = ["local set, drop = {}, {}"]
-    attempt = "c.attempt"
-    if name == "claim":
-        lines.append("set = {'failures', '0', 'namespace', a.namespace, 'tool_name', a.tool_name,")
-        lines.append("       'session_id', a.session_id, 'turn_id', a.turn_id,")
-        lines.append("       'call_id', a.call_id}")
-        lines.append("redis.call('SADD', N .. 's:' .. h(a.session_id), member)")
-        lines.append("redis.call('SADD', N .. 'k:' .. h(a.call_id), member)")
-    if isinstance(row.target, CallState):
-        lines.append(f"put(set, drop, 'state', '{row.target.value}')")
-    elif row.target is Target.BY_RESULT:
-        lines.append("put(set, drop, 'state', a.state)")
-    for field, source in row.sets:
-        for column in _columns(field):
-            if source == "+1":
-                lines.append(f"local {column} = redis.call('HINCRBY', key, '{column}', 1)")
-                if column == "attempt":
-                    attempt = "attempt"
-            elif source == "null":
-                lines.append(f"table.insert(drop, '{column}')")
-            elif source.startswith("?"):
-                value = f"a.{source[2:]}"
-                lines.append(f"if {value} then redis.call('HSETNX', key, '{column}', {value}) end")
-            else:
-                lines.append(f"put(set, drop, '{column}', {_lua_value(column, source)})")
-                if column == "attempt":
-                    attempt = _lua_value(column, source)
-    lines.append("write(key, set, drop)")
-    if row.event is not None:
-        owner = "a.owner" if "owner" in row.says else "nil"
-        detail = "a.detail" if "detail" in row.says else "nil"
-        lines.append(f"add_event(member, a.now, '{row.event}', {attempt}, {owner}, {detail})")
-    lines.append("reindex_call(key, member)")
-    body = "\n".join("  " + line for line in lines)
-    return f"local function apply_{name}(key, member, c, a)\n{body}\nend\n"
-
-
-#: Lua: the writing helpers every ``apply_<row>`` uses.
-LUA_WRITE: Final = """
--- A field to set (value) or to clear (nil).
-local function put(set, drop, field, value)
-  if value == nil then table.insert(drop, field) else
-    table.insert(set, field)
-    table.insert(set, value)
-  end
-end
-local function write(key, set, drop)
-  if #drop > 0 then redis.call('HDEL', key, unpack(drop)) end
-  if #set > 0 then redis.call('HSET', key, unpack(set)) end
-end
-"""
-
-
-def lua_transition(name: str) -> str:
-    """The script of row ``name`` run alone. KEYS: the call's hash. ARGV: the namespace's
-    prefix, the call's member, '1' to answer the record, then the step's arguments as
-    name/value pairs. Answers false (no call), or {1 or 0 (whether it happened), then the
-    call's hash fields when asked}."""
-    return (
-        lua_apply(name)
-        + f"""
-local key, member = KEYS[1], ARGV[2]
-local a = {{}}
-for i = 4, #ARGV, 2 do a[ARGV[i]] = ARGV[i + 1] end
-local c = guard_fields(key)
-if not c.state then return false end
-local done = 0
-if may_{name}(c, a) then
-  apply_{name}(key, member, c, a)
-  done = 1
-end
-if ARGV[3] == '1' then return {{done, redis.call('HGETALL', key)}} end
-return {{done}}
-"""
     )

@@ -1,10 +1,10 @@
 """Redis store (``redis://`` / ``rediss://``): several replicas sharing one Redis.
 
-Every step is one Lua script (:mod:`agentfn_asgi.store._redis_scripts`), so it is atomic
+Every step is one Lua script (:mod:`agentfn_asgi.store.redis.scripts`), so it is atomic
 inside Redis: a record, its history and the indexes over it change together, and a retried
 or concurrent step from another replica never falls into a gap. The scripts started in one
 turn of the event loop go to Redis together, as one pipeline on one connection
-(:mod:`agentfn_asgi.store._redis_batch`): one write and one read for many steps, each still
+(:mod:`agentfn_asgi.store.redis.batch`): one write and one read for many steps, each still
 atomic on its own and answered on its own.
 
 Keys, all under ``key_prefix`` ``{p}``; ``h()`` is SHA-1 in hex (Lua computes the same with
@@ -97,14 +97,14 @@ from agentfn_asgi.records import (
     Limit,
     StoreStats,
 )
-from agentfn_asgi.store import _redis_scripts as scripts
 from agentfn_asgi.store import redact_url, unknown_url_parameter
 from agentfn_asgi.store._codec import (
     claim_status_for,
     record_from_mapping,
 )
-from agentfn_asgi.store._redis_layout import LAYOUT_KEY, layout_change
 from agentfn_asgi.store._transitions import Transitions, flat_args
+from agentfn_asgi.store.redis import scripts
+from agentfn_asgi.store.redis.layout import LAYOUT_KEY, layout_change
 
 try:
     import redis.asyncio as aioredis
@@ -112,7 +112,7 @@ try:
     from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialBackoff
 
-    from agentfn_asgi.store._redis_batch import ScriptBatcher  # imports the driver too
+    from agentfn_asgi.store.redis.batch import ScriptBatcher  # imports the driver too
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ConfigurationError(
         "the redis:// store needs the redis driver: pip install 'agentfn-asgi[redis]'"
@@ -120,7 +120,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 __all__ = ["RedisStore"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("agentfn_asgi.store.redis")
 
 # The query keys redis-py takes from a URL: its parsed ones and its connections' keywords
 # (any other key reaches a connection's constructor as a TypeError, at the first command).
@@ -296,7 +296,7 @@ class RedisStore(Transitions):
         self._max_connections = max_connections
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
-        # One loop turn's scripts share one pipeline (see _redis_batch).
+        # One loop turn's scripts share one pipeline (see store/redis/batch.py).
         self._batcher = ScriptBatcher()
         self._closed = False
         self._layout_checked = False
@@ -372,7 +372,7 @@ class RedisStore(Transitions):
 
     async def _check_layout(self, client: Any) -> None:
         """Refuse a key prefix of a layout this code cannot work on, and bring it to this
-        layout (:mod:`~agentfn_asgi.store._redis_layout`) when it lags."""
+        layout (:mod:`~agentfn_asgi.store.redis.layout`) when it lags."""
         where = f"Redis key prefix {self._prefix!r}"
         with _translated("open"):
             while True:

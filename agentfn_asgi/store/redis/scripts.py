@@ -1,4 +1,4 @@
-"""Lua scripts of the Redis store, one per step (see :mod:`agentfn_asgi.store.redis`).
+"""Lua scripts of the Redis store, one per step (see :mod:`agentfn_asgi.store.redis.store`).
 
 Each script runs atomically inside Redis: a record, its history and every index over it
 change in one step, and nothing else runs in between. The key layout is drawn in the redis
@@ -7,7 +7,7 @@ plus its own body; ``ARGV[1]`` is always the key prefix of the store's namespace
 (``{p}n:{h(namespace)}:``), every key the script touches is built on it, so no script can
 reach another namespace's keys; every time value is passed in from the caller's clock,
 never read from Redis' ``TIME``. The key layout's version and its steps are in
-:mod:`agentfn_asgi.store._redis_layout`.
+:mod:`agentfn_asgi.store.redis.layout`.
 
 Three rules the helpers keep:
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from agentfn_asgi.records import CallState
 from agentfn_asgi.states import CLAIM_ORDER, HISTORY_HEAD, HISTORY_TAIL, SAVED
 from agentfn_asgi.states import TRANSITIONS as STATE_TABLE
-from agentfn_asgi.store._compile import LUA_GUARDS, LUA_WRITE, lua_apply, lua_transition
+from agentfn_asgi.store.redis.compile import LUA_GUARDS, LUA_WRITE, lua_apply, lua_transition
 
 __all__ = [
     "ADMIT",
@@ -214,7 +214,7 @@ end
 
 
 def _script(body: str) -> str:
-    # Every script may ask the state table's rows (may_<row>, rendered by store/_compile.py).
+    # Every script may ask the state table's rows (may_<row>, rendered by store/sql/compile.py).
     return _PRELUDE + LUA_GUARDS + LUA_WRITE + body
 
 
@@ -504,7 +504,7 @@ return {admit_or_wait(key, member, c, a, L, tokens) or '', redis.call('HGETALL',
 """
 )
 
-#: The script of every row run alone (:func:`~agentfn_asgi.store._compile.lua_transition`),
+#: The script of every row run alone (:func:`~agentfn_asgi.store.redis.compile.lua_transition`),
 #: by the row's name; the claim's and the admission's rows run inside CLAIM and ADMIT.
 TRANSITIONS = {
     name: _script(lua_transition(name))

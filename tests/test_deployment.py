@@ -75,12 +75,16 @@ def _session(i: int) -> list[list[FakeCall]]:
 
 
 def _workers(supervisor: int) -> set[int]:
-    """The pids of uvicorn's worker processes (multiprocessing's spawned children)."""
-    return {
-        child.pid
-        for child in psutil.Process(supervisor).children()
-        if any("spawn_main" in part for part in child.cmdline())
-    }
+    """The pids of uvicorn's worker processes (multiprocessing's spawned children); a
+    worker that just ended (a zombie until uvicorn reaps it) is none of them."""
+    found = set()
+    for child in psutil.Process(supervisor).children():
+        try:
+            if any("spawn_main" in part for part in child.cmdline()):
+                found.add(child.pid)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return found
 
 
 async def _busy_worker(url: str, workers: set[int]) -> tuple[int, CallKey]:

@@ -51,6 +51,7 @@ from ._asgi import (
 )
 from ._crash import crash_point
 from .backoff import Backoff
+from .calls.records import CallKey, CallState
 from .client import AgentsClient
 from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
@@ -66,7 +67,6 @@ from .errors import (
 from .jobs import COMPLETE_PATH, COMPLETION_BODY_LIMIT, WorkerJobs, worker_jobs
 from .logs import one_line_start_failure, show_by_default
 from .operator import Operator
-from .records import CallKey, CallState
 from .signing import WebhookVerifier, parse_secrets
 from .store import Store, store_location
 from .stream import FollowSummary, follow_session, stream_delivery_id

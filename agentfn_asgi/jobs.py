@@ -2,7 +2,7 @@
 
 A tool registered with ``enqueue=`` does not run in the web process. Once its arguments are
 validated, the dispatcher asks :class:`WorkerJobs` to hand the call off: it builds a
-:class:`~agentfn_asgi.records.Job` carrying a signed completion token and gives it to the
+:class:`~agentfn_asgi.calls.records.Job` carrying a signed completion token and gives it to the
 tool's ``enqueue`` callable (sync or async: a Celery/RQ/arq task's ``delay``, a Redis
 ``LPUSH``, an HTTP POST to a worker); the dispatcher then extends the call's claim to the
 job's deadline and moves on. A worker runs the handler wherever it likes
@@ -76,9 +76,9 @@ from starlette.types import Receive, Scope, Send
 
 from ._asgi import BodyTooLargeError, DisconnectedError, read_body, send_json
 from ._threads import ThreadPool
+from .calls.records import CallKey, Completion, Job
 from .dispatch import Dispatcher
 from .errors import CompletionTokenError, CompletionTokenExpiredError, ConfigurationError
-from .records import CallKey, Completion, Job
 from .running import default_thread_pool, is_async_callable
 from .signing import parse_secrets
 from .tools import FunctionTool, FunctionTools, ToolContext

@@ -26,6 +26,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
+from .calls.records import (
+    LIMITER_KEY_SEPARATOR,
+    CallEvent,
+    CallKey,
+    CallQuery,
+    CallRecord,
+    CallState,
+    DeliveryRecord,
+)
+from .calls.states import in_doubt, settleable
 from .dispatch import Dispatcher
 from .dispatch.approvals import ApprovalView, approval_view
 from .errors import (
@@ -35,16 +45,6 @@ from .errors import (
     OperatorInputError,
     StoreError,
 )
-from .records import (
-    LIMITER_KEY_SEPARATOR,
-    CallEvent,
-    CallKey,
-    CallQuery,
-    CallRecord,
-    CallState,
-    DeliveryRecord,
-)
-from .states import in_doubt, settleable
 from .store.base import ApprovalStore, Store
 
 __all__ = [

@@ -3,7 +3,7 @@
 Everything the package sends as a tool result is built here, and only here: the event
 (:func:`success_event`, :func:`failure_event`), its compact JSON (:func:`event_json`), the
 request body that carries it (:func:`events_body`), the idempotency key it travels under
-(:func:`submission_key`), and the :class:`~agentfn_asgi.records.SavedResult` the dispatcher
+(:func:`submission_key`), and the :class:`~agentfn_asgi.calls.records.SavedResult` the dispatcher
 saves before submitting (:func:`encode_result`, :func:`failure_result`). Pure functions: no I/O.
 
 Encoding rules (:func:`encode_output`):
@@ -36,12 +36,12 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
+from .calls.records import CallKey, SavedResult
 from .errors import (
     ResultEncodingError,
     ResultTooLargeError,
 )
 from .messages import model_error_message, too_large_message
-from .records import CallKey, SavedResult
 
 __all__ = [
     "DEFAULT_SAFETY_MARGIN",

@@ -87,6 +87,7 @@ from ._sdk import (
     read_sdk_tool,
 )
 from ._threads import ThreadPool
+from .calls.records import Job
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .messages import validation_error_message
 from .policy import (
@@ -97,7 +98,6 @@ from .policy import (
     ToolPolicy,
     option_docs,
 )
-from .records import Job
 from .running import invoke, is_async_callable, needs_approval, run_reconcile
 
 __all__ = [

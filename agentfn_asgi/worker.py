@@ -29,6 +29,7 @@ import httpx
 
 from ._threads import ThreadPool
 from .backoff import Backoff
+from .calls.records import Completion, Job
 from .client import status_error
 from .errors import (
     APIConnectionError,
@@ -40,7 +41,6 @@ from .errors import (
     ToolError,
 )
 from .messages import model_error_message, timeout_message
-from .records import Completion, Job
 from .results import encode_output
 from .running import invoke
 from .tools import FunctionTool, FunctionTools, ToolContext

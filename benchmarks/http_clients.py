@@ -110,8 +110,8 @@ async def _round(client: Any, sid: str, body: bytes, *, n: int, inflight: int) -
 
 
 async def measure(url: str, sid: str, call_id: str, *, n: int, rounds: int) -> str:
+    from agentfn_asgi.calls.records import CallKey
     from agentfn_asgi.client import AgentsClient
-    from agentfn_asgi.records import CallKey
     from agentfn_asgi.results import encode_result, events_body
 
     saved = encode_result(

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from agentfn_asgi.records import CallKey, SavedResult
+from agentfn_asgi.calls.records import CallKey, SavedResult
 from agentfn_asgi.results import encode_output, event_json, success_event
 from agentfn_asgi.signing import WebhookVerifier, signed_headers
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store

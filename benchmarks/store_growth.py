@@ -16,7 +16,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from agentfn_asgi.records import CallKey, SavedResult
+from agentfn_asgi.calls.records import CallKey, SavedResult
 from agentfn_asgi.store.sql.sqlite import SQLiteStore
 
 __all__ = ["measure_round", "prefill"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from agentfn_asgi.states import CLAIM_ORDER, TRANSITIONS, Transition
+from agentfn_asgi.calls.states import CLAIM_ORDER, TRANSITIONS, Transition
 from agentfn_asgi.store.redis import scripts as lua
 from agentfn_asgi.store.redis.compile import lua_apply
 from agentfn_asgi.store.sql import statements as sql

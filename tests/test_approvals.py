@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from agentfn_asgi.backoff import Backoff
+from agentfn_asgi.calls.records import CallKey, CallRecord, CallState, arguments_digest
 from agentfn_asgi.cli import main
 from agentfn_asgi.dispatch.approvals import ApprovalView
 from agentfn_asgi.errors import (
@@ -22,7 +23,6 @@ from agentfn_asgi.errors import (
     ApprovalNotFoundError,
     ToolDefinitionError,
 )
-from agentfn_asgi.records import CallKey, CallRecord, CallState, arguments_digest
 from agentfn_asgi.store import Store
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import Connection, FakeCall
@@ -286,7 +286,7 @@ async def test_an_approved_call_is_claimed_by_one_replica_only() -> None:
     other = store.sharing("")
     key = CallKey("s", "t", "c")
     await store.claim_call(key, tool_name="close_account", owner="a", lease_seconds=30)
-    from agentfn_asgi.records import ApprovalRequest
+    from agentfn_asgi.calls.records import ApprovalRequest
 
     request = ApprovalRequest(
         approval_id="apr_1",
@@ -453,7 +453,7 @@ async def test_an_approved_call_asking_to_be_retried_reruns_without_a_second_app
 async def test_an_approved_call_of_a_limited_tool_waits_for_its_turn_then_runs() -> None:
     """``approval=`` with ``concurrency=1``: once approved, the call asks its limiter like
     any claim (its slot held by another replica's call: it waits), then runs, approved."""
-    from agentfn_asgi.records import Limit
+    from agentfn_asgi.calls.records import Limit
 
     ran: list[str] = []
     tools = FunctionTools()

@@ -22,8 +22,8 @@ from typing import Any
 import anyio
 import pytest
 
+from agentfn_asgi.calls.records import CallRecord, CallState
 from agentfn_asgi.demo import free_port
-from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 

@@ -20,6 +20,7 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi.app import AgentWebhookApp
+from agentfn_asgi.calls.records import CallKey, SavedResult
 from agentfn_asgi.cli import build_parser, main
 from agentfn_asgi.cli.common import load_tools
 from agentfn_asgi.cli.dev import parse_call_spec
@@ -27,7 +28,6 @@ from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo.tools import tools as example_tools
 from agentfn_asgi.errors import CLIError, CLIUsageError
 from agentfn_asgi.integrations.starlette import webhook_routes
-from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.testing.control import ONE_STEP_SHAPE, SESSION_SCRIPT_SHAPE, serve_fake_api

@@ -26,8 +26,8 @@ import httpx
 import psutil
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallQuery
 from agentfn_asgi.demo import run_example
-from agentfn_asgi.records import CallKey, CallQuery
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 

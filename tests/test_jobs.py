@@ -17,6 +17,7 @@ from itsdangerous import URLSafeTimedSerializer
 from pydantic import BaseModel
 
 from agentfn_asgi.app import AgentWebhookApp
+from agentfn_asgi.calls.records import CallKey, CallState
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import (
     CompletionTokenError,
@@ -34,7 +35,6 @@ from agentfn_asgi.jobs import (
     parse_completion,
 )
 from agentfn_asgi.messages import ENQUEUE_FAILED_MESSAGE, JOB_DEADLINE_MESSAGE
-from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, derive_idempotency_key

@@ -24,11 +24,11 @@ from starlette.applications import Starlette
 
 from agentfn_asgi import AgentWebhookApp, DispatchSettings
 from agentfn_asgi.admin import AdminApp
+from agentfn_asgi.calls.records import CallKey
 from agentfn_asgi.cli import main
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.demo.tools import tools as example_tools
 from agentfn_asgi.integrations.starlette import ADMIN_PATH, mount_admin, webhook_routes
-from agentfn_asgi.records import CallKey
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 

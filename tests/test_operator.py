@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, Limit, SavedResult
 from agentfn_asgi.errors import AgentFnError, CallNotFoundError, OperatorError, OperatorInputError
 from agentfn_asgi.operator import OUTCOMES, CallFilter, Operator, outcome_of, parse_duration
-from agentfn_asgi.records import CallKey, Limit, SavedResult
 from agentfn_asgi.store.memory import MemoryStore
 
 from .support.clock import FakeClock

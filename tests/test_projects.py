@@ -19,10 +19,10 @@ import pytest
 from starlette.applications import Starlette
 
 from agentfn_asgi import AgentWebhookApp, DispatchSettings
+from agentfn_asgi.calls.records import CallState, Job
 from agentfn_asgi.cli import main
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.integrations.starlette import webhook_routes
-from agentfn_asgi.records import CallState, Job
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_app, serve_fake
 from agentfn_asgi.testing.deliveries import action_required_event, signed_delivery

@@ -19,8 +19,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from agentfn_asgi.calls.records import CallQuery
 from agentfn_asgi.demo import RunningExample
-from agentfn_asgi.records import CallQuery
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentfn_asgi.records import CallState
+from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 

@@ -305,7 +305,7 @@ def test_fit_text_output_accounts_for_json_escaping() -> None:
 def test_a_long_text_result_is_the_same_json_whether_spliced_or_dumped(output: str) -> None:
     """Long texts that need no escaping are spliced into the event, the others dumped: the
     saved bytes are json.dumps' in every case (and so is the idempotency key)."""
-    from agentfn_asgi.records import CallKey
+    from agentfn_asgi.calls.records import CallKey
     from agentfn_asgi.results import encode_result
 
     key = CallKey("sess_1", "turn_1", "call_1")

@@ -1,4 +1,4 @@
-"""The call state machine's table (agentfn_asgi.states): consistent with itself and with the
+"""The call state machine's table (agentfn_asgi.calls.states): consistent with itself and with the
 states it names. The stores are held to it by the generated histories
 (tests/store/test_histories.py); what they run is rendered from it (tests/store/test_compile.py)."""
 
@@ -9,8 +9,8 @@ import itertools
 
 import pytest
 
-from agentfn_asgi.records import ApprovalRequest, CallKey, CallRecord, CallState
-from agentfn_asgi.states import (
+from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallRecord, CallState
+from agentfn_asgi.calls.states import (
     FOR_A_PERSON,
     PRUNABLE,
     SAVED,

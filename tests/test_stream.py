@@ -12,9 +12,9 @@ import pytest
 
 from agentfn_asgi import FunctionTools
 from agentfn_asgi.backoff import Backoff
+from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.errors import AuthenticationError
-from agentfn_asgi.records import CallState
 from agentfn_asgi.stream import FollowSummary, follow_session, stream_delivery_id
 from agentfn_asgi.testing import Connection, FakeAgentsAPI, FakeCall, RawJSON, serve_fake
 from agentfn_asgi.wire import AgentSession

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentfn_asgi.calls.records import CallRecord, CallState
 from agentfn_asgi.demo.process import WEBHOOK_PATH, free_port, run_example
 from agentfn_asgi.errors import AgentFnError, DemoError
-from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.store import Store, open_store
 from agentfn_asgi.store.base import ApprovalStore
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake

@@ -2,7 +2,7 @@
 
 A call of a tool declared with ``approval=`` is held in ``awaiting_approval`` by the replica
 that claimed it (:meth:`Executor._request_approval`), with its request on the record. From
-there (the rows of :mod:`agentfn_asgi.states`):
+there (the rows of :mod:`agentfn_asgi.calls.states`):
 
 - :meth:`Approvals.decide` takes a person's decision once, in the store, from any process
   (the app, the CLI, the operator page). Deny saves a failure carrying the reason and
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backoff import Backoff
+from ..calls.records import CallKey, CallRecord, CallState
 from ..client import AgentsClient
 from ..errors import (
     APIError,
@@ -46,7 +47,6 @@ from ..errors import (
     StoreError,
 )
 from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
-from ..records import CallKey, CallRecord, CallState
 from ..results import failure_result
 from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTools

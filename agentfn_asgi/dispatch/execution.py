@@ -33,6 +33,16 @@ import anyio
 
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
+from ..calls.records import (
+    ApprovalRequest,
+    CallKey,
+    CallRecord,
+    CallState,
+    ClaimStatus,
+    Limit,
+    SavedResult,
+    arguments_digest,
+)
 from ..errors import (
     APIError,
     ArgumentValidationError,
@@ -58,16 +68,6 @@ from ..messages import (
     error_type_for,
     model_error_message,
     timeout_message,
-)
-from ..records import (
-    ApprovalRequest,
-    CallKey,
-    CallRecord,
-    CallState,
-    ClaimStatus,
-    Limit,
-    SavedResult,
-    arguments_digest,
 )
 from ..results import encode_result, failure_result
 from ..running import invoke, run_reconcile

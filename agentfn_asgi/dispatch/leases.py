@@ -22,8 +22,8 @@ from typing import Any
 
 import anyio
 
+from ..calls.records import CallKey
 from ..errors import StoreError
-from ..records import CallKey
 from ..store.base import Store
 
 __all__ = ["Lease", "LeaseKeeper", "LeaseLostError"]

@@ -1,7 +1,8 @@
 """Flow control's side of one call: its limit, and its wait for a turn.
 
-A tool with ``concurrency=`` or ``rate=`` gives each call a :class:`~agentfn_asgi.records.Limit`
-(:func:`limit_for`), which the claim passes to the store. A call the limiter refuses is left
+A tool with ``concurrency=`` or ``rate=`` gives each call a
+:class:`~agentfn_asgi.calls.records.Limit` (:func:`limit_for`), which the claim passes to the
+store. A call the limiter refuses is left
 ``waiting`` in the store, and :class:`Waiter` sees it through: its task holds no process
 slot and no thread while it waits, and polls
 (:meth:`~agentfn_asgi.store.base.Store.admit_call`), taking the process slot only for each
@@ -28,9 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ArgumentValidationError, StoreError
-from ..messages import LIMIT_KEY_FAILED_MESSAGE, MAX_WAIT_MESSAGE
-from ..records import (
+from ..calls.records import (
     LIMITER_KEY_SEPARATOR,
     CallKey,
     CallRecord,
@@ -39,6 +38,8 @@ from ..records import (
     Limit,
     SavedResult,
 )
+from ..errors import ArgumentValidationError, StoreError
+from ..messages import LIMIT_KEY_FAILED_MESSAGE, MAX_WAIT_MESSAGE
 from ..results import failure_result
 from ..store.base import Store
 from ..tools import FunctionTool, ToolContext, derive_idempotency_key

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from ..calls.records import CallKey, DeliveryRecord
 from ..client import AgentsClient
 from ..errors import (
     APIError,
@@ -33,7 +34,6 @@ from ..errors import (
     SessionNotFoundYetError,
     StoreError,
 )
-from ..records import CallKey, DeliveryRecord
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
+from ..calls.records import CallKey, CallRecord, CallState, SavedResult
+from ..calls.states import settleable
 from ..client import AgentsClient
 from ..errors import CallNotFoundError, OperatorInputError
-from ..records import CallKey, CallRecord, CallState, SavedResult
 from ..results import encode_result, failure_result
-from ..states import settleable
 from ..store.base import Store
 from ..tools import FunctionTool, FunctionTools
 from .execution import Executor

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from .._crash import crash_point
+from ..calls.records import CallRecord
 from ..client import AgentsClient
 from ..errors import (
     APIError,
@@ -27,7 +28,6 @@ from ..errors import (
     NotFoundError,
     UnknownPendingToolCallError,
 )
-from ..records import CallRecord
 from ..results import event_json, events_body, failure_event, submission_key
 from ..store.base import Store
 from ..tracing import Telemetry

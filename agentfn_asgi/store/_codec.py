@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     ApprovalRequest,
     CallKey,
     CallRecord,

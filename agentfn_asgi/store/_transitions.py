@@ -2,7 +2,7 @@
 backend over one primitive: :meth:`Transitions._transition`.
 
 A backend carries a row out in one atomic step of its own (the memory store runs
-:func:`~agentfn_asgi.states.apply`; SQLite and PostgreSQL run the row's statement, Redis its
+:func:`~agentfn_asgi.calls.states.apply`; SQLite and PostgreSQL run the row's statement, Redis its
 script, both rendered from the row by :mod:`agentfn_asgi.store.sql.compile` and
 :mod:`agentfn_asgi.store.redis.compile`). What is left to
 write per operation is what it takes and what it answers, here, once.
@@ -18,9 +18,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
+from agentfn_asgi.calls.states import Args
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
-from agentfn_asgi.states import Args
 from agentfn_asgi.store._codec import approval_detail, saved_detail
 
 __all__ = ["APPROVAL_COLUMNS", "RESULT_COLUMNS", "Transitions", "flat_args", "flat_columns"]

@@ -4,7 +4,7 @@ Every backend (``memory://``, ``sqlite:///``, ``redis://``, ``postgresql://``) i
 :class:`Store`. Each method is one atomic step *inside the store* (a unique constraint, a
 conditional update, a Lua script, a row lock); no method may read and then write from Python
 with a gap another replica could fall into. The values it takes and returns, and the call
-states, are in :mod:`agentfn_asgi.records`.
+states, are in :mod:`agentfn_asgi.calls.records`.
 
 Time comes from the store's injected ``clock`` (Unix seconds, ``time.time`` by default), so
 leases are comparable across replicas that share the store.
@@ -26,11 +26,11 @@ lists, counts or prunes a record of another (the same delivery id or call key in
 namespaces are two independent records).
 
 **The state machine.** Which operation may change a call, from which state, under which
-guard, to which state, is declared once in :mod:`agentfn_asgi.states`; every backend
+guard, to which state, is declared once in :mod:`agentfn_asgi.calls.states`; every backend
 carries out that table (the memory store executes it and is the reference).
 
 **History.** Every step of a call is appended to its history in the same atomic step that
-makes it (:class:`~agentfn_asgi.records.CallEvent`); content (arguments, output) is never
+makes it (:class:`~agentfn_asgi.calls.records.CallEvent`); content (arguments, output) is never
 part of it. The history is bounded: its first ``HISTORY_HEAD`` and last ``HISTORY_TAIL``
 events are kept, with a count of those dropped between them.
 
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     ApprovalRequest,
     CallKey,
     CallQuery,
@@ -177,7 +177,7 @@ class Store(Protocol):
         holding the slot (a retried admission) → ``CLAIMED``, unchanged. Not held by
         ``(owner, attempt)`` any more → what a claim would answer (``BUSY``, ``SAVED``,
         ``DONE``; None: the call is gone); the caller stops. The rule is
-        :func:`agentfn_asgi.states.admits`.
+        :func:`agentfn_asgi.calls.states.admits`.
         """
 
     async def renew_lease(
@@ -277,7 +277,7 @@ class Store(Protocol):
 
     async def stats(self, *, margin: float = 0.0) -> StoreStats:
         """Counts for operators; in doubt: claimed, its lease run out more than ``margin``
-        seconds ago (:func:`agentfn_asgi.states.in_doubt`)."""
+        seconds ago (:func:`agentfn_asgi.calls.states.in_doubt`)."""
 
     # -- revocations -----------------------------------------------------------------------
     async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
@@ -291,7 +291,7 @@ class Store(Protocol):
 @runtime_checkable
 class ApprovalStore(Protocol):
     """The operations of durable human approval (``approval=`` tools), rows
-    ``request_approval`` … ``run_approved`` of :mod:`agentfn_asgi.states`.
+    ``request_approval`` … ``run_approved`` of :mod:`agentfn_asgi.calls.states`.
 
     Every backend of the package (memory, SQLite, PostgreSQL, Redis) is one. It is kept
     apart from :class:`Store` so that a store of your own without them still works: the

@@ -5,7 +5,7 @@ reading and writing its dicts: on one event loop no other coroutine can run in b
 Do not share one instance across event loops running in different threads.
 
 It is also the reference the other backends are held to: every change to a call is
-:func:`~agentfn_asgi.states.apply` of a row of the state table, the
+:func:`~agentfn_asgi.calls.states.apply` of a row of the state table, the
 contract suite (``tests/store``) runs the same tests on all four backends, and the generated
 histories compare every backend with this one after every step.
 
@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentfn_asgi.errors import StoreUnavailableError
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     CallKey,
     CallQuery,
     CallRecord,
@@ -33,7 +32,7 @@ from agentfn_asgi.records import (
     Limit,
     StoreStats,
 )
-from agentfn_asgi.states import (
+from agentfn_asgi.calls.states import (
     CLAIM_ORDER,
     SAVED,
     TRANSITIONS,
@@ -45,6 +44,7 @@ from agentfn_asgi.states import (
     in_doubt,
     reclaimed,
 )
+from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.store._codec import claim_status_for
 from agentfn_asgi.store._transitions import Transitions
 

@@ -25,9 +25,9 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from agentfn_asgi.app import AgentWebhookApp
+from agentfn_asgi.calls.records import CallKey
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.errors import ConfigurationError
-from agentfn_asgi.records import CallKey
 from agentfn_asgi.store import Store
 from agentfn_asgi.testing.fake import FakeAgentsAPI
 from agentfn_asgi.testing.fake_state import FakeCall, Submission

@@ -35,7 +35,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import AttributeValue
 
-from ..records import ApprovalRequest, SavedResult
+from ..calls.records import ApprovalRequest, SavedResult
 from .names import (
     APPROVAL_DECIDED_BY,
     APPROVAL_DECIDED_VIA,

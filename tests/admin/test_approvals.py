@@ -18,10 +18,10 @@ import pytest
 from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.admin.approval_links import ApprovalLinks
 from agentfn_asgi.admin.approval_pages import LINK_SCRIPT, LINK_SCRIPT_SOURCE
+from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.dispatch.approvals import ApprovalView
 from agentfn_asgi.integrations.starlette import ADMIN_PATH
-from agentfn_asgi.records import CallState
 from agentfn_asgi.testing import Connection, FakeCall, serve_app
 
 from ..support.clock import FakeClock

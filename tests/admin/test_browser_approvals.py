@@ -13,10 +13,10 @@ import anyio
 import pytest
 
 from agentfn_asgi.admin import AdminApp
+from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.dispatch.approvals import ApprovalView
 from agentfn_asgi.integrations.starlette import ADMIN_PATH
-from agentfn_asgi.records import CallState
 from agentfn_asgi.testing import FakeCall, serve_app
 
 from ..support.stack import FAST, running_stack

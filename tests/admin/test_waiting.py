@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from agentfn_asgi.admin import AdminApp
+from agentfn_asgi.calls.records import CallKey, ClaimStatus, Limit
 from agentfn_asgi.operator import Operator
-from agentfn_asgi.records import CallKey, ClaimStatus, Limit
 from agentfn_asgi.store.memory import MemoryStore
 
 from ..support.clock import FakeClock

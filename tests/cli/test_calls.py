@@ -10,8 +10,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, SavedResult
 from agentfn_asgi.cli import main
-from agentfn_asgi.records import CallKey, SavedResult
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from agentfn_asgi.calls.records import LIMITER_KEY_SEPARATOR, CallKey, ClaimStatus, Limit
 from agentfn_asgi.cli.calls import format_call, format_calls
 from agentfn_asgi.cli.ops import format_overview
 from agentfn_asgi.operator import CallFilter, Operator
-from agentfn_asgi.records import LIMITER_KEY_SEPARATOR, CallKey, ClaimStatus, Limit
 from agentfn_asgi.store.memory import MemoryStore
 
 from ..support.clock import FakeClock

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallRecord
 from agentfn_asgi.client import AgentsClient
 from agentfn_asgi.dispatch import Dispatcher, DispatchSettings
-from agentfn_asgi.records import CallKey, CallRecord
 from agentfn_asgi.results import encode_result
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall

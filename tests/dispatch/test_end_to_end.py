@@ -12,10 +12,10 @@ from typing import Any
 import anyio
 import pytest
 
+from agentfn_asgi.calls.records import CallRecord, CallState
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import ToolError
 from agentfn_asgi.messages import IN_DOUBT_MESSAGE
-from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.store import Store, open_store
 from agentfn_asgi.testing import (
     Connection,

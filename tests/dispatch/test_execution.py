@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallState
 from agentfn_asgi.errors import CompletionMismatchError, CompletionTokenError
 from agentfn_asgi.messages import ENQUEUE_FAILED_MESSAGE, IN_DOUBT_MESSAGE
-from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.tools import FunctionTools
 

@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
+from agentfn_asgi.calls.records import CallKey
 from agentfn_asgi.dispatch.leases import LeaseKeeper, LeaseLostError
-from agentfn_asgi.records import CallKey
 from agentfn_asgi.store.memory import MemoryStore
 
 from ..support.clock import FakeClock

@@ -19,9 +19,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentfn_asgi import RetryLater
+from agentfn_asgi.calls.records import (
+    LIMITER_KEY_SEPARATOR,
+    CallKey,
+    CallState,
+    ClaimOutcome,
+    Limit,
+)
 from agentfn_asgi.dispatch import Dispatcher
 from agentfn_asgi.messages import LIMIT_KEY_FAILED_MESSAGE, MAX_WAIT_MESSAGE
-from agentfn_asgi.records import LIMITER_KEY_SEPARATOR, CallKey, CallState, ClaimOutcome, Limit
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext

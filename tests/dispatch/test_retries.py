@@ -15,10 +15,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentfn_asgi import RetryLater
+from agentfn_asgi.calls.records import CallKey, CallState
 from agentfn_asgi.demo.tools import ExampleResources, Ledger, build_tools
 from agentfn_asgi.dispatch import Dispatcher
 from agentfn_asgi.policy import RetryPolicy
-from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallState, ClaimOutcome
 from agentfn_asgi.dispatch.scheduler import _claimed
 from agentfn_asgi.errors import (
     APIError,
@@ -14,7 +15,6 @@ from agentfn_asgi.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from agentfn_asgi.records import CallKey, CallState, ClaimOutcome
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 

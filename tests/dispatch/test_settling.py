@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallState
 from agentfn_asgi.errors import CallNotFoundError, OperatorError, OperatorInputError
 from agentfn_asgi.operator import CallFilter, Operator
-from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
 
 from ..support.clock import FakeClock

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.dispatch.submission import Submitter
-from agentfn_asgi.records import CallState
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.tracing import Telemetry
 

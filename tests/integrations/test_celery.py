@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.errors import ConfigurationError, ToolError
 from agentfn_asgi.integrations.celery import (
     TASK_NAME,
@@ -36,7 +37,6 @@ from agentfn_asgi.integrations.celery import (
     register_task,
 )
 from agentfn_asgi.messages import ENQUEUE_FAILED_MESSAGE, REDELIVERED_IN_DOUBT_MESSAGE
-from agentfn_asgi.records import CallState
 from agentfn_asgi.testing import Connection as Stack
 from agentfn_asgi.testing import FakeCall, serve_app
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ReconcileOutcome, ToolContext, Unknown

@@ -25,10 +25,10 @@ import psutil
 import pytest
 from kombu import Connection, Queue
 
+from agentfn_asgi.calls.records import CallKey
 from agentfn_asgi.demo import run_example
 from agentfn_asgi.jobs import CompletionTokens
 from agentfn_asgi.messages import JOB_DEADLINE_MESSAGE
-from agentfn_asgi.records import CallKey
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, Submission, serve_fake
 
 from ..store.conftest import require_service

@@ -19,10 +19,10 @@ import anyio
 import httpx
 import pytest
 
+from agentfn_asgi.calls.records import CallRecord, CallState
 from agentfn_asgi.client import AgentsClient, RetryEvent
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import InternalServerError
-from agentfn_asgi.records import CallRecord, CallState
 from agentfn_asgi.results import success_event
 from agentfn_asgi.store import Store
 from agentfn_asgi.testing import (

@@ -29,8 +29,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from agentfn_asgi.calls.records import CallRecord, CallState, StoreStats
 from agentfn_asgi.messages import IN_DOUBT_MESSAGE
-from agentfn_asgi.records import CallRecord, CallState, StoreStats
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 

@@ -23,9 +23,9 @@ import anyio
 import pytest
 
 from agentfn_asgi import FunctionTools, NotRun, Ran, ToolContext
+from agentfn_asgi.calls.records import CallKey, CallState
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store.memory import MemoryStore
 from agentfn_asgi.testing import FakeCall
 

@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from agentfn_asgi import FunctionTools, ToolContext
+from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.dispatch import DispatchSettings
 from agentfn_asgi.messages import TOO_MANY_ATTEMPTS_MESSAGE
-from agentfn_asgi.records import CallState
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import (
     FakeAgentsAPI,

@@ -16,8 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallState
 from agentfn_asgi.dispatch import DispatchSettings
-from agentfn_asgi.records import CallKey, CallState
 from agentfn_asgi.store import open_store
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ToolContext

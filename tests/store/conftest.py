@@ -16,8 +16,8 @@ from typing import NoReturn, Protocol
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, ClaimStatus, SavedResult
 from agentfn_asgi.errors import StoreUnavailableError
-from agentfn_asgi.records import CallKey, ClaimStatus, SavedResult
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
 
 # Re-exported: store tests (and others' branches) import the suite's clock from here too.

@@ -11,8 +11,7 @@ from collections.abc import Awaitable
 
 import pytest
 
-from agentfn_asgi.errors import StoreError, StoreUnavailableError
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     CallKey,
     CallState,
     ClaimOutcome,
@@ -21,6 +20,7 @@ from agentfn_asgi.records import (
     Limit,
     SavedResult,
 )
+from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.store import Store
 from tests.store.conftest import KEY, LEASE, StoreFactory, claim, require_service, result
 from tests.support.clock import FakeClock

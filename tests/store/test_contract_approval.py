@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentfn_asgi.records import ApprovalRequest, CallState, ClaimStatus
+from agentfn_asgi.calls.records import ApprovalRequest, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 from agentfn_asgi.store.base import ApprovalStore
 

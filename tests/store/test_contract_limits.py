@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from agentfn_asgi.records import CallKey, CallState, ClaimOutcome, ClaimStatus, Limit
+from agentfn_asgi.calls.records import CallKey, CallState, ClaimOutcome, ClaimStatus, Limit
 from agentfn_asgi.store import Store
 from tests.store.conftest import LEASE, StoreFactory, result
 from tests.support.clock import FakeClock

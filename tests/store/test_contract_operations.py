@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentfn_asgi.records import CallKey, CallQuery, CallState, ClaimStatus
+from agentfn_asgi.calls.records import CallKey, CallQuery, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 
 from ..support.clock import FakeClock

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from agentfn_asgi.records import CallState, ClaimOutcome, ClaimStatus, SavedResult
+from agentfn_asgi.calls.records import CallState, ClaimOutcome, ClaimStatus, SavedResult
 from agentfn_asgi.store import Store
 from tests.store.conftest import KEY, LEASE, StoreFactory, claim, result
 from tests.support.clock import FakeClock

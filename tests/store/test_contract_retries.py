@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus
+from agentfn_asgi.calls.records import CallKey, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 from tests.store.conftest import KEY, LEASE, StoreFactory, claim, result
 from tests.support.clock import FakeClock

@@ -49,8 +49,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from agentfn_asgi.errors import AgentFnError, StoreUnavailableError
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     CallEvent,
     CallKey,
     CallQuery,
@@ -62,7 +61,8 @@ from agentfn_asgi.records import (
     SavedResult,
     StoreStats,
 )
-from agentfn_asgi.states import in_doubt
+from agentfn_asgi.calls.states import in_doubt
+from agentfn_asgi.errors import AgentFnError, StoreUnavailableError
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
 from tests.store.conftest import FakeClock, _postgres_backend, _redis_backend, require_service
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallQuery, CallState, ClaimStatus, StoreStats
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import CallKey, CallQuery, CallState, ClaimStatus, StoreStats
 from agentfn_asgi.store import Store
 from tests.store.conftest import KEY, LEASE, FakeClock, StoreFactory, result
 

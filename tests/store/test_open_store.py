@@ -22,7 +22,7 @@ from agentfn_asgi.store import (
 
 def test_all_is_sorted_and_complete() -> None:
     """The package exports the protocol, the built-in stores and open_store, sorted; the
-    values they share live in agentfn_asgi.records, not here."""
+    values they share live in agentfn_asgi.calls.records, not here."""
     assert store_package.__all__ == sorted(store_package.__all__)
     for name in store_package.__all__:
         assert hasattr(store_package, name), name

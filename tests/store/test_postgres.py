@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, ClaimStatus
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.records import CallKey, ClaimStatus
 from agentfn_asgi.store.sql.schema import STEPS
 
 from ..support.clock import FakeClock as Clock

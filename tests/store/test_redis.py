@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     CallEvent,
     CallKey,
     CallQuery,
@@ -26,7 +25,8 @@ from agentfn_asgi.records import (
     SavedResult,
     parse_history,
 )
-from agentfn_asgi.states import HISTORY_HEAD, HISTORY_TAIL
+from agentfn_asgi.calls.states import HISTORY_HEAD, HISTORY_TAIL
+from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 
 from ..support.clock import FakeClock as Clock
 from ..support.ports import free_port

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.records import CallKey, CallState, ClaimStatus
+from agentfn_asgi.calls.records import CallKey, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 from agentfn_asgi.store._versions import Step
 from agentfn_asgi.store.redis import layout as _redis_layout

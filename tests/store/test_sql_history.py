@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.records import CallKey, CallRecord
-from agentfn_asgi.states import HISTORY_HEAD, HISTORY_TAIL
+from agentfn_asgi.calls.records import CallKey, CallRecord
+from agentfn_asgi.calls.states import HISTORY_HEAD, HISTORY_TAIL
 from agentfn_asgi.store import SQLiteStore, Store
 
 from .conftest import KEY, LEASE, POSTGRES_URL, FakeClock, StoreFactory, result

@@ -13,8 +13,8 @@ import re
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey, CallQuery, CallRecord, CallState, ClaimStatus
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import CallKey, CallQuery, CallRecord, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 from agentfn_asgi.store.sql import statements as statements
 from agentfn_asgi.store.sql.statements import LIST_FILTERS, list_calls_statement

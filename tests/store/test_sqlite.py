@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from agentfn_asgi.calls.records import CallKey
 from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.records import CallKey
 from agentfn_asgi.store import SQLiteStore
 from agentfn_asgi.store.sql.dialect import SQLITE
 from agentfn_asgi.store.sql.schema import STEPS
@@ -69,7 +69,7 @@ def test_two_processes_claim_each_call_once(tmp_path: Path) -> None:
         """
         import asyncio, sys
         from agentfn_asgi.store import SQLiteStore
-        from agentfn_asgi.records import CallKey, ClaimStatus
+        from agentfn_asgi.calls.records import CallKey, ClaimStatus
 
         async def main() -> None:
             store = SQLiteStore(sys.argv[1])

@@ -9,8 +9,8 @@ from typing import Any
 
 import anyio
 
+from agentfn_asgi.calls.records import CallKey, CallRecord, CallState, Job
 from agentfn_asgi.errors import ToolError
-from agentfn_asgi.records import CallKey, CallRecord, CallState, Job
 from agentfn_asgi.store import Store
 from agentfn_asgi.testing import Connection
 from agentfn_asgi.tools import FunctionTools, ToolContext

@@ -1,9 +1,9 @@
-"""The state table (:mod:`agentfn_asgi.states`) rendered as Lua, for the Redis store.
+"""The state table (:mod:`agentfn_asgi.calls.states`) rendered as Lua, for the Redis store.
 
 No script of a transition is written by hand: each row's guards and effects are rendered
 here, as the SQL of the other stores is (:mod:`agentfn_asgi.store.sql.compile`), so a row
 exists in one place and the stores cannot drift from the reference
-(:func:`~agentfn_asgi.states.apply`).
+(:func:`~agentfn_asgi.calls.states.apply`).
 
 ``may_<row>(c, a)`` for every row, where ``c`` is the call as :data:`LUA_READ` reads it
 (``state``, ``owner``, ``attempt``, ``lease``, ``updated``, ``approval_id``; ``state`` false
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from agentfn_asgi.records import CallState
-from agentfn_asgi.states import TRANSITIONS, Guard, Target, Transition
+from agentfn_asgi.calls.records import CallState
+from agentfn_asgi.calls.states import TRANSITIONS, Guard, Target, Transition
 from agentfn_asgi.store._transitions import APPROVAL_COLUMNS, RESULT_COLUMNS, flat_columns
 
 __all__ = ["LUA_GUARDS", "LUA_READ", "LUA_WRITE", "lua_apply", "lua_states", "lua_transition"]

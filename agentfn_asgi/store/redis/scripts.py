@@ -23,9 +23,9 @@ Three rules the helpers keep:
 
 from __future__ import annotations
 
-from agentfn_asgi.records import CallState
-from agentfn_asgi.states import CLAIM_ORDER, HISTORY_HEAD, HISTORY_TAIL, SAVED
-from agentfn_asgi.states import TRANSITIONS as STATE_TABLE
+from agentfn_asgi.calls.records import CallState
+from agentfn_asgi.calls.states import CLAIM_ORDER, HISTORY_HEAD, HISTORY_TAIL, SAVED
+from agentfn_asgi.calls.states import TRANSITIONS as STATE_TABLE
 from agentfn_asgi.store.redis.compile import LUA_GUARDS, LUA_WRITE, lua_apply, lua_transition
 
 __all__ = [
@@ -50,12 +50,12 @@ __all__ = [
     "WAITING_APPROVALS",
 ]
 
-#: The history's bounds, from :mod:`agentfn_asgi.records` (the rule every store keeps).
+#: The history's bounds, from :mod:`agentfn_asgi.calls.records` (the rule every store keeps).
 _HISTORY = f"""
 local HISTORY_HEAD, HISTORY_TAIL = {HISTORY_HEAD}, {HISTORY_TAIL}
 """
 
-#: The state table's sets (:mod:`agentfn_asgi.states`), as Lua tables.
+#: The state table's sets (:mod:`agentfn_asgi.calls.states`), as Lua tables.
 _STATE_SETS = (
     "local STATES = {"
     + ", ".join(f"'{state.value}'" for state in CallState)
@@ -295,7 +295,7 @@ return #ids
 
 # -- calls: the steps of a call's life -----------------------------------------------------
 
-# Flow control (agentfn_asgi.states): a limiter's keys live under the namespace at
+# Flow control (agentfn_asgi.calls.states): a limiter's keys live under the namespace at
 # {n}l:{h(name)}: (a name may hold any character): `holders` (members of the calls that
 # took a slot, scored by their lease then), `waiters` (members of the calls waiting for
 # one, scored by created_at: with the member's byte order, the line's order) and `bucket`
@@ -313,7 +313,7 @@ local function read_limit(at)
           keys = limiter_keys(ARGV[at])}
 end
 
--- bucket_tokens() of agentfn_asgi.states: a new bucket is full; a clock that reads
+-- bucket_tokens() of agentfn_asgi.calls.states: a new bucket is full; a clock that reads
 -- earlier than the last update refills nothing.
 local function bucket_tokens(L, now)
   local b = redis.call('HMGET', L.keys.bucket, 'tokens', 'updated_at')
@@ -322,7 +322,7 @@ local function bucket_tokens(L, now)
                   tonumber(b[1]) + math.max(0, tonumber(now) - tonumber(b[2])) * L.rate)
 end
 
--- admits() of agentfn_asgi.states for the call at `key` (never counted itself): the
+-- admits() of agentfn_asgi.calls.states for the call at `key` (never counted itself): the
 -- limiter's answer, why it refuses ('concurrency' or 'rate') and the bucket's tokens now.
 -- Holders: claimed with this limiter, lease not before live_after (now - margin); ahead:
 -- waiting with it, as live, and before the call in (created_at, member) order, which is
@@ -395,7 +395,7 @@ end
 
 
 def _claim_order() -> str:
-    """The claim's decision, rendered from :data:`~agentfn_asgi.states.CLAIM_ORDER`."""
+    """The claim's decision, rendered from :data:`~agentfn_asgi.calls.states.CLAIM_ORDER`."""
     special = {
         # Our own claim, retried: ours already; it asks for a slot if it holds none yet.
         "reclaim": """  local status = 'in_doubt'
@@ -419,7 +419,7 @@ def _claim_order() -> str:
     return "".join(out)
 
 
-# Guarantees: the claim decides by the rows of CLAIM_ORDER (agentfn_asgi.states): exactly one
+# Guarantees: the claim decides by the rows of CLAIM_ORDER (agentfn_asgi.calls.states): exactly one
 # claimant gets an absent call (attempt 1) or an expired claim (lease expired before
 # takeover_before: attempt + 1, in doubt); the holder's own retried claim (same owner, lease
 # live) gets it back unchanged; a due retry or a waiter whose lease lapsed is claimed as the

@@ -85,8 +85,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     CallKey,
     CallQuery,
     CallRecord,
@@ -97,6 +96,7 @@ from agentfn_asgi.records import (
     Limit,
     StoreStats,
 )
+from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.store import redact_url, unknown_url_parameter
 from agentfn_asgi.store._codec import (
     claim_status_for,

@@ -1,16 +1,16 @@
 # ruff: noqa: S608 - statements are rendered from the state table only, never input.
-"""The state table (:mod:`agentfn_asgi.states`) rendered as SQL, for SQLite and PostgreSQL.
+"""The state table (:mod:`agentfn_asgi.calls.states`) rendered as SQL, for SQLite and PostgreSQL.
 
 No statement of a transition is written by hand: each row's guards (when it may happen) and
-effects (what it changes, :attr:`~agentfn_asgi.states.Transition.sets`) are rendered here,
+effects (what it changes, :attr:`~agentfn_asgi.calls.states.Transition.sets`) are rendered here,
 so a row exists in one place and the stores cannot drift from the reference
-(:func:`~agentfn_asgi.states.apply`); the Lua of Redis is rendered from the same rows
+(:func:`~agentfn_asgi.calls.states.apply`); the Lua of Redis is rendered from the same rows
 (:mod:`agentfn_asgi.store.redis.compile`). ``docs/how-it-works/state-machine.md`` shows what
 is rendered for every row; a test keeps that page equal to it.
 
 :func:`sql_transition`: one ``UPDATE`` per row over named parameters (``:owner``, ``:now``,
 ``:takeover_before``, ``:since``, ``:admitted``...: the step's arguments, see
-:data:`~agentfn_asgi.states.Args`), whose ``WHERE`` is the row's guard and whose ``SET``
+:data:`~agentfn_asgi.calls.states.Args`), whose ``WHERE`` is the row's guard and whose ``SET``
 carries its effects and appends its history event (:func:`append_sql`). Every value on the
 right of ``SET`` is the row's value before the change, as the table means it. The claim's
 insert and its upsert (:func:`sql_claim`) are rendered from the ``claim``, ``take_over`` and
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from agentfn_asgi.records import CallState
-from agentfn_asgi.states import (
+from agentfn_asgi.calls.records import CallState
+from agentfn_asgi.calls.states import (
     HISTORY_HEAD,
     HISTORY_TAIL,
     TRANSITIONS,
@@ -101,7 +101,7 @@ def sql_guard(name: str, *, alias: str = "", owner: str = ":owner", optional: bo
 
 
 def event_sql(kind: str, attempt: str, *, owner: str = "NULL", detail: str = "NULL") -> str:
-    """SQL building one history event (:class:`~agentfn_asgi.records.CallEvent` as JSON),
+    """SQL building one history event (:class:`~agentfn_asgi.calls.records.CallEvent` as JSON),
     from the statement's own values: ``attempt``, ``owner`` and ``detail`` are SQL
     expressions. The ``{{`` escapes survive the statement's ``fill``."""
     return (
@@ -147,7 +147,7 @@ def append_sql(event: str, *, row: str = "", unless: str | None = None) -> str:
 
 
 def _sql_value(column: str, source: str, alias: str) -> str:
-    """The SQL of a column's new value from its :data:`~agentfn_asgi.states.SOURCES`."""
+    """The SQL of a column's new value from its :data:`~agentfn_asgi.calls.states.SOURCES`."""
     if source == "now":
         return ":now"
     if source == "+1":

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from agentfn_asgi.records import CallState
-from agentfn_asgi.states import PRUNABLE, SAVED
+from agentfn_asgi.calls.records import CallState
+from agentfn_asgi.calls.states import PRUNABLE, SAVED
 from agentfn_asgi.store._versions import (
     Step,
     check_readable,
@@ -58,7 +58,7 @@ def _state_in(*states: CallState) -> str:
 
 
 #: What ``{name}`` stands for in the statements below, in both dialects. The state sets are
-#: the table's (:mod:`agentfn_asgi.states`), so partial indexes and queries agree with it.
+#: the table's (:mod:`agentfn_asgi.calls.states`), so partial indexes and queries agree with it.
 FRAGMENTS: Final[Mapping[str, str]] = {
     # Every record lives in its store's namespace: every keyed statement names it.
     "key": "namespace = :namespace AND session_id = :session_id AND turn_id = :turn_id"
@@ -155,7 +155,7 @@ REVOKED_TOKEN_COLUMNS: Final = (
 )
 #: Flow control: each rated limiter's token bucket, as it was when a call last spent a
 #: token (its tokens then, and when); refilled by the clock on reading
-#: (:func:`~agentfn_asgi.states.bucket_tokens`). A limiter without a row has a full bucket.
+#: (:func:`~agentfn_asgi.calls.states.bucket_tokens`). A limiter without a row has a full bucket.
 BUCKET_COLUMNS: Final = (
     ("namespace", "{text} NOT NULL"),
     ("limiter", "{text} NOT NULL"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from agentfn_asgi.states import TRANSITIONS, Target
+from agentfn_asgi.calls.states import TRANSITIONS, Target
 from agentfn_asgi.store.sql.compile import sql_claim, sql_transition
 from agentfn_asgi.store.sql.schema import DELIVERY_LIST, HOT_COLUMNS, fill
 

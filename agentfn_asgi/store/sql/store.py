@@ -12,7 +12,7 @@ The fragments they share and the schema are in :mod:`agentfn_asgi.store.sql.sche
 
 Flow control (a claim with a ``limit``, ``admit_call``) is the one place where a decision
 needs several statements: the limiter's holders, waiters and bucket are counted, the rule
-(:func:`~agentfn_asgi.states.admits`) is applied here, and the call's row changes by the
+(:func:`~agentfn_asgi.calls.states.admits`) is applied here, and the call's row changes by the
 answer, all in one transaction that holds the limiter's lock (PostgreSQL: an advisory lock
 on the namespace and limiter; SQLite: the write lock, taken when the transaction begins).
 Such a transaction is written once, as a generator of statements (:data:`Steps`) that each
@@ -29,7 +29,7 @@ query repeats the index's condition term for term.
 Adding a column: its ``(name, type)`` in :data:`CALL_COLUMNS` (a new database is made with
 it), a step adding it to a database made before (:data:`~agentfn_asgi.store.sql.schema.STEPS`,
 additive: the release before keeps working beside this one), the statement that writes it
-below, its field in :class:`~agentfn_asgi.records.CallRecord` and its reading in
+below, its field in :class:`~agentfn_asgi.calls.records.CallRecord` and its reading in
 :func:`~agentfn_asgi.store._codec.record_from_mapping`.
 
 Every record is keyed by its namespace first (``(namespace, session_id, turn_id, call_id)``,
@@ -39,7 +39,7 @@ store's, so a store never reads or changes another namespace's rows.
 A call's history is bounded text (:func:`~agentfn_asgi.store.sql.schema.append_sql`): its
 first events in ``history`` (JSON objects, no separator), its last ones in ``history_tail``
 (one per line) and the count of all in ``history_count``;
-:func:`~agentfn_asgi.records.parse_history` reads both parts back. ``{columns}`` (the hot
+:func:`~agentfn_asgi.calls.records.parse_history` reads both parts back. ``{columns}`` (the hot
 path: claims, saves, the sweep) leaves them out; ``{detail_columns}`` adds them.
 """
 
@@ -50,8 +50,7 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agentfn_asgi.errors import StoreError
-from agentfn_asgi.records import (
+from agentfn_asgi.calls.records import (
     CallKey,
     CallQuery,
     CallRecord,
@@ -62,7 +61,8 @@ from agentfn_asgi.records import (
     Limit,
     StoreStats,
 )
-from agentfn_asgi.states import TRANSITIONS, admits, allows, bucket_tokens, reclaimed
+from agentfn_asgi.calls.states import TRANSITIONS, admits, allows, bucket_tokens, reclaimed
+from agentfn_asgi.errors import StoreError
 from agentfn_asgi.store._codec import (
     claim_status_for,
     record_from_mapping,
@@ -502,7 +502,7 @@ class SQLStore(Transitions, abc.ABC):
     def _admission(
         self, record: CallRecord, limit: Limit, params: Mapping[str, object], now: float
     ) -> Steps[_Admission]:
-        """The limiter's answer for ``record`` (:func:`~agentfn_asgi.states.admits`), from
+        """The limiter's answer for ``record`` (:func:`~agentfn_asgi.calls.states.admits`), from
         its holders, the live waiters ahead of the call and its bucket, counted now."""
         found = yield Statement(
             ADMISSION,

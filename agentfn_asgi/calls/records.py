@@ -254,7 +254,7 @@ class CallRecord:
     ``next_attempt_at`` is when the recovery sweep may next retry a saved result that failed
     to submit (``failures`` times so far). ``history_dropped`` counts the events left out of
     a long history between its first and last events (the bound of
-    :mod:`agentfn_asgi.states`).
+    :mod:`agentfn_asgi.calls.states`).
     ``approval`` is the call's approval request, once one was made (kept after the decision).
     """
 
@@ -358,7 +358,7 @@ class CallQuery:
     """Which calls :meth:`Store.list_calls` returns, newest first (by first seen).
 
     ``state`` is a :class:`CallState` value or ``in_doubt`` (claimed, its lease run out more
-    than ``margin`` seconds ago: :func:`agentfn_asgi.states.in_doubt`); ``since`` a Unix
+    than ``margin`` seconds ago: :func:`agentfn_asgi.calls.states.in_doubt`); ``since`` a Unix
     time (first seen at or after); ``before`` the position after which the page starts: the
     ``(created_at, session_id, turn_id, call_id)`` of the last call of the previous page.
     """

@@ -30,7 +30,7 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
                                  └─adopt (the waiter's lease lapsed)──▶ claimed (next attempt)
 
 Flow control (``concurrency=`` / ``rate=`` on a tool): a claimed call of a limited tool
-takes a slot of its limiter (:attr:`~agentfn_asgi.records.CallRecord.limiter`) when the
+takes a slot of its limiter (:attr:`~agentfn_asgi.calls.records.CallRecord.limiter`) when the
 limits admit it (:func:`admits`), or waits for one (``waiting``), holding no slot and no
 thread; its holder polls (``admit_call``), which also renews the waiter's lease. A call
 holds a slot while it is ``claimed`` with its ``limiter`` set and a lease that has not
@@ -50,7 +50,7 @@ Guards (:class:`Guard`) are the conditions beyond the source state: who holds th
 whether its lease lapsed, whether the record changed since it was read. The one rule of what
 an operator may settle or re-run is :func:`settleable`.
 
-This module imports only :mod:`agentfn_asgi.records`.
+This module imports only :mod:`agentfn_asgi.calls.records`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agentfn_asgi.records import CallEvent, CallRecord, CallState, ClaimStatus
+from agentfn_asgi.calls.records import CallEvent, CallRecord, CallState, ClaimStatus
 
 __all__ = [
     "CLAIM_ORDER",

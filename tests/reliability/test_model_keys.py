@@ -1,0 +1,92 @@
+"""Values the model chooses that end up in the store's keys (issue 37, item 1).
+
+A ``concurrency_key`` keyed by an argument makes the model choose the limiter's name. Each
+test names the behaviour of the code before the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentfn_asgi import FunctionTools, ToolContext
+from agentfn_asgi.records import LIMITER_KEY_SEPARATOR
+from agentfn_asgi.testing import FakeCall
+
+from ..support.backends import store_url_for
+from ..support.stack import running_stack
+
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.backends),
+    pytest.param("postgres", marks=pytest.mark.backends),
+]
+
+
+@contextlib.asynccontextmanager
+async def _store_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
+    if backend == "memory":
+        yield "memory://"
+        return
+    async with store_url_for(backend, tmp_path) as url:
+        yield url
+
+
+def _customer_tools(ran: list[str]) -> FunctionTools:
+    tools = FunctionTools()
+
+    def customer_of(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+        return str(arguments["customer_id"])
+
+    @tools.function(concurrency=1, rate="100/s", burst=5, concurrency_key=customer_of)
+    async def lookup_customer(customer_id: str) -> str:
+        """Look a customer up."""
+        ran.append(customer_id)
+        return f"found {len(customer_id)}"
+
+    return tools
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_10kb_concurrency_key_value_is_answered_on_every_store(
+    backend: str, tmp_path: Path
+) -> None:
+    """Before: on PostgreSQL the limiter's name (the tool's name and the key's value, from
+    the model) went into the ``calls_limiter`` index and the buckets' primary key; past
+    about 2.7 KB PostgreSQL refused every claim, the sweep retried it as an outage for ever
+    and the session waited for ever (a NUL in the value the same). Now: every call runs under
+    a limiter of bounded size, and an operator still reads the value's start."""
+    huge = secrets.token_hex(5_000)  # 10 KB that do not compress
+    values = {"big1": huge, "big2": huge, "nul": "acme\x00corp", "plain": "acme"}
+    ran: list[str] = []
+    calls = [
+        FakeCall("lookup_customer", {"customer_id": value}, call_id=call_id)
+        for call_id, value in values.items()
+    ]
+    async with (
+        _store_url(backend, tmp_path) as url,
+        running_stack(_customer_tools(ran), store=url) as stack,
+    ):
+        sid = stack.fake.create_session([calls])
+        await stack.fake.wait_idle(sid, timeout=20)
+        records = {r.key.call_id: r for r in await stack.store.calls_for_session(sid)}
+    by_call = {s.call_id: s for s in stack.fake.submissions}
+    assert set(by_call) == set(values)
+    assert all(s.success for s in by_call.values()), by_call
+    assert sorted(ran) == sorted(values.values())
+    limiters = {call_id: r.limiter or "" for call_id, r in records.items()}
+    assert set(limiters) == set(values)
+    tool = f"lookup_customer{LIMITER_KEY_SEPARATOR}"
+    assert limiters["plain"] == f"{tool}acme"  # a short printable value is kept as it is
+    assert limiters["big1"] == limiters["big2"] != limiters["plain"]
+    assert limiters["big1"].startswith(f"{tool}{huge[:24]}…")
+    assert limiters["nul"].startswith(f"{tool}acme\\x00corp…")
+    assert all(len(name.encode()) < 200 for name in limiters.values())

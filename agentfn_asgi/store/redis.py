@@ -85,7 +85,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from agentfn_asgi.records import (
     CallKey,
     CallQuery,
@@ -254,7 +259,7 @@ def _translated(action: str) -> Iterator[None]:
         raise StoreError(f"Redis store failed during {action}: {exc}") from exc
     except UnicodeError as exc:  # a text that is not valid Unicode (a lone surrogate)
         _raise_lost_cancellation(task, requested)
-        raise StoreError(f"Redis store refused a value during {action}: {exc}") from exc
+        raise StoreRefusedError(f"Redis store refused a value during {action}: {exc}") from exc
     _raise_lost_cancellation(task, requested)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agentfn_asgi import FunctionTools, ToolContext
+from agentfn_asgi.messages import STORE_REFUSED_MESSAGE
 from agentfn_asgi.records import LIMITER_KEY_SEPARATOR
 from agentfn_asgi.testing import FakeCall
 
@@ -90,3 +91,38 @@ async def test_a_10kb_concurrency_key_value_is_answered_on_every_store(
     assert limiters["big1"].startswith(f"{tool}{huge[:24]}…")
     assert limiters["nul"].startswith(f"{tool}acme\\x00corp…")
     assert all(len(name.encode()) < 200 for name in limiters.values())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_call_whose_values_the_store_refuses_fails_instead_of_looping(
+    backend: str, tmp_path: Path
+) -> None:
+    """A function name holding a NUL (the model chose it; no tool has it): PostgreSQL
+    refuses the text. Before: every claim raised, the sweep retried it as an outage for ever
+    and the session waited for ever. Now: the call is recorded under a storable name and
+    fails for the model; its sibling is answered as usual, on every store."""
+    ran: list[str] = []
+    async with (
+        _store_url(backend, tmp_path) as url,
+        running_stack(_customer_tools(ran), store=url) as stack,
+    ):
+        calls = [
+            FakeCall("lookup\x00customer", {"customer_id": "acme"}, call_id="strange"),
+            FakeCall("lookup_customer", {"customer_id": "acme"}, call_id="plain"),
+        ]
+        sid = stack.fake.create_session([calls])
+        await stack.fake.wait_idle(sid, timeout=20)
+        records = {r.key.call_id: r for r in await stack.store.calls_for_session(sid)}
+    by_call = {s.call_id: s for s in stack.fake.submissions}
+    assert set(by_call) == {"strange", "plain"}
+    assert by_call["plain"].success and ran == ["acme"]
+    assert not by_call["strange"].success
+    strange = records["strange"]
+    assert strange.result is not None
+    if backend == "postgres":
+        assert strange.tool_name == "lookup\\x00customer"
+        assert strange.result.error_type == "store_refused"
+        assert by_call["strange"].error == STORE_REFUSED_MESSAGE.format(name=strange.tool_name)
+    else:  # the others take the name: no such tool
+        assert strange.tool_name == "lookup\x00customer"
+        assert strange.result.error_type == "unknown_tool"

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from agentfn_asgi.records import (
     CallEvent,
     CallKey,
@@ -536,9 +541,9 @@ async def test_a_redis_that_keeps_data_in_memory_only_is_warned_about(
 
 async def test_a_text_that_is_not_valid_unicode_is_a_store_error(make_store: StoreMaker) -> None:
     """A lone surrogate (a command-line argument of undecodable bytes) is refused with the
-    package's StoreError, as the SQL stores refuse it, not redis-py's UnicodeEncodeError;
-    the store goes on."""
+    package's StoreRefusedError, as the SQL stores refuse it, not redis-py's
+    UnicodeEncodeError; the store goes on."""
     store = await make_store()
-    with pytest.raises(StoreError, match="refused a value"):
+    with pytest.raises(StoreRefusedError, match="refused a value"):
         await store.record_delivery("d\ud800", "sess_1")
     assert await store.record_delivery("d1", "sess_1") is True

@@ -342,9 +342,10 @@ class Executor:
         resolves: bool,
     ) -> tuple[ClaimOutcome, SavedResult | None]:
         """The store's claim of ``key``, and None; or, when the store refuses a value the
-        call carries (a limiter's or a tool's name it cannot hold: the same claim would be
-        refused for ever, an outage that never ends), the claim taken without the limit and
-        with the tool's name made storable, and the failure to save instead of running."""
+        call carries (the model's: a function name with a NUL, which PostgreSQL cannot
+        hold), the claim taken again without the limit and with the name made storable, and
+        the failure to save instead of running: the same claim would be refused for ever,
+        an outage that never ends."""
         claim = functools.partial(
             self._store.claim_call,
             key,

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from agentfn_asgi import FunctionTools, ToolContext
+from agentfn_asgi.dispatch.limits import limit_for
 from agentfn_asgi.messages import STORE_REFUSED_MESSAGE
-from agentfn_asgi.records import LIMITER_KEY_SEPARATOR
+from agentfn_asgi.records import LIMITER_KEY_SEPARATOR, CallKey, Limit
 from agentfn_asgi.testing import FakeCall
+from agentfn_asgi.wire import FunctionCallAction
 
 from ..support.backends import store_url_for
 from ..support.stack import running_stack
@@ -126,3 +128,42 @@ async def test_a_call_whose_values_the_store_refuses_fails_instead_of_looping(
     else:  # the others take the name: no such tool
         assert strange.tool_name == "lookup\x00customer"
         assert strange.result.error_type == "unknown_tool"
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [
+        ("c" * 64, True),  # the longest value kept as it is
+        ("c" * 65, False),
+        ("acme\ncorp", False),  # control characters are never kept
+        ("acme\x1fcorp", False),  # nor the separator: a kept name has exactly one
+        ("acme\ud800", False),  # nor a lone surrogate
+        ("顧客-42", True),  # printable text of any script is
+    ],
+)
+async def test_a_limiter_name_keeps_short_printable_values_and_digests_the_rest(
+    value: str, kept: bool
+) -> None:
+    """Two values sharing their first characters still get two limiters (the digest covers
+    the whole value); a kept name holds one separator, a digested one two, so no value
+    kept as it is can name another value's limiter."""
+    tool = _customer_tools([]).get("lookup_customer")
+    key = CallKey("sess_1", "turn_1", "call_1")
+
+    async def name_of(customer_id: str) -> str:
+        action = FunctionCallAction(
+            turn_id="turn_1",
+            call_id="call_1",
+            name="lookup_customer",
+            arguments={"customer_id": customer_id},
+        )
+        limit = await limit_for(key, action, tool, None)
+        assert isinstance(limit, Limit)
+        return limit.name
+
+    name, sibling = await name_of(value), await name_of(value + "x")
+    assert name != sibling and name == await name_of(value)
+    assert name.count(LIMITER_KEY_SEPARATOR) == (1 if kept else 2)
+    assert (name == f"lookup_customer{LIMITER_KEY_SEPARATOR}{value}") is kept
+    assert name.replace(LIMITER_KEY_SEPARATOR, ":").isprintable()
+    assert len(name) <= len("lookup_customer") + 1 + max(64, 24 * 6 + 2 + 32)

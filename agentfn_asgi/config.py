@@ -234,7 +234,7 @@ DISPATCH_DOCS: Final[dict[str, SettingDoc]] = {
     ),
     "call_retention": SettingDoc(
         "how long finished calls and their results are kept (held calls are kept until an"
-        " operator settles them)",
+        " operator settles them), and the rate buckets of limiters idle that long",
         unit="s",
     ),
     "result_limit": SettingDoc("the API's size limit for one tool result event, in bytes"),

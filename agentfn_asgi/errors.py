@@ -25,7 +25,8 @@ translated at the boundary with ``raise ... from exc``. Every warning derives fr
     │   ├── WebhookSignatureError       no signature matched any secret             → 401
     │   └── WebhookTimestampError       timestamp outside the tolerance window      → 401
     ├── StoreError                      the durable store failed
-    │   └── StoreUnavailableError       cannot reach the store now (webhook answers 503)
+    │   ├── StoreUnavailableError       cannot reach the store now (webhook answers 503)
+    │   └── StoreRefusedError           the store refuses a value: retrying never succeeds
     ├── CompletionTokenError            a worker's completion token is refused      → 401
     │   ├── CompletionTokenExpiredError the token was authentic but has expired     → 401
     │   └── CompletionMismatchError     it names another tool than its call (also a
@@ -98,6 +99,7 @@ __all__ = [
     "RetryLater",
     "SessionNotFoundYetError",
     "StoreError",
+    "StoreRefusedError",
     "StoreUnavailableError",
     "ToolDefinitionError",
     "ToolDefinitionWarning",
@@ -239,6 +241,11 @@ class StoreError(AgentFnError):
 
 class StoreUnavailableError(StoreError):
     """The store cannot be reached right now; callers should back off and retry."""
+
+
+class StoreRefusedError(StoreError):
+    """The store refuses a value it was given (too large for its keys, a character it
+    cannot hold): the same write never succeeds, so its call fails instead of being retried."""
 
 
 class CompletionTokenError(AgentFnError):

@@ -35,6 +35,7 @@ __all__ = [
     "REDELIVERED_IN_DOUBT_MESSAGE",
     "RETRIED_SUFFIX",
     "RETRY_LATER_EXHAUSTED_MESSAGE",
+    "STORE_REFUSED_MESSAGE",
     "THREADS_BUSY_MESSAGE",
     "TOO_MANY_ATTEMPTS_MESSAGE",
     "UNKNOWN_TOOL_MESSAGE",
@@ -116,6 +117,13 @@ MAX_WAIT_MESSAGE = (
 LIMIT_KEY_FAILED_MESSAGE = (
     "Tool '{name}' could not run this call: the service could not tell which limit it falls"
     " under. It did not run; tell the user."
+)
+#: The service's store refused a value of this call (a limiter's or a tool's name it cannot
+#: hold): retrying would never succeed, so the call fails without running.
+STORE_REFUSED_MESSAGE = (
+    "This call of '{name}' could not be recorded: it carries a value the service cannot "
+    "store (too long, or holding characters it cannot keep). It did not run; call it again "
+    "with shorter, plain values."
 )
 THREADS_BUSY_MESSAGE = (
     "Tool '{name}' could not start: the service had no free thread for it within "

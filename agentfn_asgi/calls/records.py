@@ -300,10 +300,11 @@ class Limit:
     """One call's flow-control limits, as the store applies them when it admits the call.
 
     ``name`` is the limiter (the tool's name, plus :data:`LIMITER_KEY_SEPARATOR` and the
-    ``concurrency_key``'s value when the tool has one): calls sharing it share its slots and
-    its bucket across every replica on the store. ``concurrency``: slots (None: no bound);
-    ``rate``: tokens per second (None: no bound), ``burst``: the bucket's size. The margin
-    and the waiter's lease come from the claim.
+    ``concurrency_key``'s value when the tool has one; a long or unprintable value is
+    digested, so the name is small and storable whatever the model sent): calls sharing it
+    share its slots and its bucket across every replica on the store. ``concurrency``:
+    slots (None: no bound); ``rate``: tokens per second (None: no bound), ``burst``: the
+    bucket's size. The margin and the waiter's lease come from the claim.
     """
 
     name: str

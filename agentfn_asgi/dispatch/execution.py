@@ -21,6 +21,7 @@ an operator and nothing is sent.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import secrets
@@ -38,6 +39,7 @@ from ..calls.records import (
     CallKey,
     CallRecord,
     CallState,
+    ClaimOutcome,
     ClaimStatus,
     Limit,
     SavedResult,
@@ -50,6 +52,7 @@ from ..errors import (
     ConfigurationError,
     RetryLater,
     StoreError,
+    StoreRefusedError,
     ToolError,
 )
 from ..messages import (
@@ -61,6 +64,7 @@ from ..messages import (
     JOB_DEADLINE_MESSAGE,
     RETRIED_SUFFIX,
     RETRY_LATER_EXHAUSTED_MESSAGE,
+    STORE_REFUSED_MESSAGE,
     THREADS_BUSY_MESSAGE,
     TOO_MANY_ATTEMPTS_MESSAGE,
     UNKNOWN_TOOL_MESSAGE,
@@ -69,7 +73,7 @@ from ..messages import (
     model_error_message,
     timeout_message,
 )
-from ..results import encode_result, failure_result
+from ..results import encode_result, escape_surrogates, failure_result
 from ..running import invoke, run_reconcile
 from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
@@ -292,16 +296,7 @@ class Executor:
                 return None  # shutting down: the call stays for the next process
             sent = time.monotonic()
             try:
-                outcome = await self._store.claim_call(
-                    key,
-                    tool_name=action.name,
-                    owner=self._owner,
-                    lease_seconds=self._settings.lease_seconds,
-                    delivery_id=delivery_id,
-                    margin=self._settings.fence_margin,
-                    limit=limit,
-                    resolves_delivery=resolves,
-                )
+                outcome, refused = await self._claim(key, action, delivery_id, limit, resolves)
             except Exception as exc:
                 if claimed is None:
                     logger.warning("claiming the retry of call %s failed: %s", key, exc)
@@ -310,6 +305,8 @@ class Executor:
                 return None
             if claimed is not None:
                 claimed.set_result(None)
+            if refused is not None:
+                limit, limiting = None, refused
             status, record = outcome.status, outcome.record
             if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
                 crash_point("after_claim", action.name)
@@ -335,6 +332,38 @@ class Executor:
                 return None
         # Waiting for the limiter: the process slot is free for others meanwhile.
         return await self._wait_for_turn(record, action, tool, limit, delivery_id, sent)
+
+    async def _claim(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        delivery_id: str | None,
+        limit: Limit | None,
+        resolves: bool,
+    ) -> tuple[ClaimOutcome, SavedResult | None]:
+        """The store's claim of ``key``, and None; or, when the store refuses a value the
+        call carries (the model's: a function name with a NUL, which PostgreSQL cannot
+        hold), the claim taken again without the limit and with the name made storable, and
+        the failure to save instead of running: the same claim would be refused for ever,
+        an outage that never ends."""
+        claim = functools.partial(
+            self._store.claim_call,
+            key,
+            owner=self._owner,
+            lease_seconds=self._settings.lease_seconds,
+            delivery_id=delivery_id,
+            margin=self._settings.fence_margin,
+            resolves_delivery=resolves,
+        )
+        try:
+            return await claim(tool_name=action.name, limit=limit), None
+        except StoreRefusedError as exc:
+            logger.error("call %s: the store refused it, so it fails: %s", key, exc)
+        name = escape_surrogates(action.name).replace("\0", "\\x00")
+        message = STORE_REFUSED_MESSAGE.format(name=name)
+        return await claim(tool_name=name, limit=None), failure_result(
+            key, message, "store_refused"
+        )
 
     async def _wait_for_turn(
         self,

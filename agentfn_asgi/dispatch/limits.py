@@ -22,6 +22,7 @@ runs a :class:`Turn`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import time
@@ -70,7 +71,10 @@ async def limit_for(
     The limiter is the tool's name, plus the ``concurrency_key``'s value when it has one: the
     key function gets the parsed arguments and a :class:`ToolContext` for the call with
     attempt 0 and no deadline (it is asked before the call is claimed). Its value is made a
-    string. Arguments that do not parse give no limit: the call fails validation without
+    string: a short printable one is kept as it is, any other (long, or holding control
+    characters or lone surrogates: it comes from the model's arguments) becomes its first
+    characters, escaped, and a digest of it, so every store can key and index the name.
+    Arguments that do not parse give no limit: the call fails validation without
     running. A key function that raises fails the call (the model is told it did not run);
     the exception is logged."""
     if tool is None or not tool.policy.limited or action.unreadable is not None:
@@ -99,8 +103,30 @@ async def limit_for(
             logger.exception("the concurrency_key of tool %s failed for call %s", name, key)
             message = LIMIT_KEY_FAILED_MESSAGE.format(name=name)
             return failure_result(key, message, "limit_key_error", source="limit")
-        name = f"{name}{LIMITER_KEY_SEPARATOR}{value}"
+        name = _limiter_name(name, str(value))
     return Limit(name=name, concurrency=policy.concurrency, rate=policy.rate, burst=policy.burst)
+
+
+#: The longest ``concurrency_key`` value kept as it is in a limiter's name.
+_KEPT_VALUE = 64
+#: How many characters of a longer (or unprintable) value its name shows, before a digest.
+_SHOWN_VALUE = 24
+
+
+def _limiter_name(tool: str, value: str) -> str:
+    """The limiter of ``tool``'s calls whose ``concurrency_key`` is ``value``: bounded in
+    size and storable (an index row of PostgreSQL holds about 2.7 KB, and no store takes a
+    NUL or a lone surrogate everywhere), readable where an operator sees it. A digested
+    name has a second separator, which a kept value (printable) never holds: no kept value
+    can share a digested value's limiter."""
+    if len(value) <= _KEPT_VALUE and value.isprintable():
+        return f"{tool}{LIMITER_KEY_SEPARATOR}{value}"
+    shown = "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        for c in value[:_SHOWN_VALUE]
+    )
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{tool}{LIMITER_KEY_SEPARATOR}{shown}…{LIMITER_KEY_SEPARATOR}{digest}"
 
 
 @dataclass(frozen=True, slots=True)

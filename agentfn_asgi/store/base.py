@@ -114,9 +114,12 @@ class Store(Protocol):
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
         """Remove delivery records received and submitted or stale calls last updated before
-        the given times (quarantined and pending calls are never pruned).
+        the given times (quarantined and pending calls are never pruned), and the flow-control
+        state of limiters idle since ``calls_before`` (a rated limiter's bucket last spent
+        before it, which would read full by then: a missing one does).
 
-        Must not block the event loop or other replicas for long; returns records removed.
+        Must not block the event loop or other replicas for long; returns the deliveries and
+        calls removed.
         """
 
     # -- calls -----------------------------------------------------------------------------

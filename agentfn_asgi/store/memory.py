@@ -211,7 +211,26 @@ class MemoryStore(Transitions):
             del data.deliveries[delivery_key]
         for call_key in old_calls:
             del data.calls[call_key]
+        self._prune_limiters(calls_before)
         return len(old_deliveries) + len(old_calls)
+
+    def _prune_limiters(self, before: float) -> None:
+        """Drop the index entries of calls that moved on (and emptied entries) and the
+        buckets last spent before ``before``: the flow-control state of a limiter lasts no
+        longer than its calls, whatever values a ``concurrency_key`` took."""
+        data, ns = self._data, self.namespace
+        for limited, keys in list(data.limited.items()):
+            if limited[0] != ns:
+                continue
+            for key in list(keys):
+                other = data.calls.get((ns, key))
+                if other is None or other.limiter != limited[1] or other.state not in _LIMITED:
+                    keys.discard(key)
+            if not keys:
+                del data.limited[limited]
+        for bucket, (_, updated_at) in list(data.buckets.items()):
+            if bucket[0] == ns and updated_at < before:
+                del data.buckets[bucket]
 
     # -- calls: every change is one row of the state table ---------------------------------
     def _get(self, key: CallKey) -> CallRecord | None:

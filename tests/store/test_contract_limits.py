@@ -9,7 +9,10 @@ import asyncio
 import pytest
 
 from agentfn_asgi.calls.records import CallKey, CallState, ClaimOutcome, ClaimStatus, Limit
-from agentfn_asgi.store import Store
+from agentfn_asgi.store import MemoryStore, Store
+from agentfn_asgi.store.redis.store import RedisStore
+from agentfn_asgi.store.redis.store import _h as redis_h
+from agentfn_asgi.store.sql.store import SQLStore, Statement
 from tests.store.conftest import LEASE, StoreFactory, result
 from tests.support.clock import FakeClock
 
@@ -267,3 +270,52 @@ async def test_a_waiters_poll_does_not_hide_it_from_a_stale_mark(
     assert record is not None and record.state is CallState.STALE
     after = await admit(store, 3)
     assert after is not None and after.status is ClaimStatus.DONE
+
+
+async def _limiters_with_state(store: Store) -> set[str]:
+    """The limiters a store keeps flow-control state for, by name (Redis: by the hash its
+    keys carry): buckets; the memory store's index and Redis' holders and waiters sets. A
+    SQL store's holders and waiters are its calls' rows, pruned with them."""
+    if isinstance(store, MemoryStore):
+        data = store._data
+        return {name for _, name in (*data.buckets, *data.limited)}
+    if isinstance(store, RedisStore):
+        space = store._space
+        client = store._redis()
+        keys = [key async for key in client.scan_iter(match=f"{space}l:*")]
+        indexed = await client.zrange(f"{space}i:buckets", 0, -1)
+        return {key.removeprefix(f"{space}l:").split(":")[0] for key in keys} | {
+            redis_h(name) for name in indexed
+        }
+    assert isinstance(store, SQLStore)
+    rows = await store._rows("test", Statement("SELECT limiter FROM {p}buckets", {}))
+    return {str(row[0]) for row in rows}
+
+
+async def test_prune_removes_the_flow_control_state_of_idle_limiters(
+    store: Store, clock: FakeClock
+) -> None:
+    """Before: a bucket per rated limiter (one per ``concurrency_key`` value, which the
+    model chooses) and, on Redis, holders and waiters sets per limiter, were kept for ever.
+    Now: ``prune`` removes the state of limiters idle since ``calls_before`` with their
+    calls, keeps a limiter in use (its slot held, its bucket spent) as it was, and still
+    counts only the deliveries and calls it removed."""
+    customers = [Limit(name=f"report\x1fcustomer {n}", concurrency=1, rate=0.001) for n in (0, 1)]
+    for n, limit in enumerate(customers):
+        assert (await claim(store, n, limit=limit)).status is ClaimStatus.CLAIMED
+    # A second call of the first customer waits (its slot is held, its bucket empty).
+    assert (await claim(store, 2, limit=customers[0])).status is ClaimStatus.WAITING
+    for n in (0, 1, 2):  # each saves (the waiter its max_wait failure) and is submitted
+        await store.save_result(key(n), owner="a", attempt=1, result=result())
+        await store.mark_submitted(key(n))
+    assert len(await _limiters_with_state(store)) == 2
+    clock.advance(100.0)
+    live = Limit(name="report\x1fcustomer live", concurrency=1, rate=0.001)
+    assert (await claim(store, 3, limit=live)).status is ClaimStatus.CLAIMED
+
+    removed = await store.prune(deliveries_before=clock() - 50.0, calls_before=clock() - 50.0)
+    assert removed == 3
+    ident = redis_h if isinstance(store, RedisStore) else str
+    assert await _limiters_with_state(store) == {ident(live.name)}
+    # The live limiter is as it was: its slot held and its bucket spent.
+    assert (await claim(store, 4, limit=live)).status is ClaimStatus.WAITING

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -16,8 +17,13 @@ from typing import Any
 
 import pytest
 
-from agentfn_asgi.calls.records import CallKey, ClaimStatus
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.calls.records import CallKey, ClaimStatus, Limit
+from agentfn_asgi.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from agentfn_asgi.store.sql.schema import STEPS
 
 from ..support.clock import FakeClock as Clock
@@ -292,3 +298,25 @@ async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
     assert not isinstance(info.value, StoreUnavailableError)
     await newer.close()
     await _execute(f'UPDATE "{schema}".schema_version SET version = 1, readable_from = 1')
+
+
+async def test_values_postgres_refuses_are_refused_not_failed(make_store: StoreMaker) -> None:
+    """A NUL, a lone surrogate, and a limiter's name past the size of an index row: each is
+    a StoreRefusedError (retrying never succeeds: the dispatcher fails such a call instead
+    of treating it as an outage), and the store goes on."""
+    store = await make_store()
+    huge = Limit(name="t\x1f" + secrets.token_hex(5_000), concurrency=1)  # does not compress
+    refused: list[tuple[str, Limit | None]] = [("a\x00b", None), ("a\ud800", None), ("t", huge)]
+    for n, (tool_name, limit) in enumerate(refused):
+        with pytest.raises(StoreRefusedError, match="refused the data"):
+            await store.claim_call(
+                CallKey("s", "t", f"c{n}"),
+                tool_name=tool_name,
+                owner="o",
+                lease_seconds=5,
+                limit=limit,
+            )
+    claimed = await store.claim_call(
+        CallKey("s", "t", "c"), tool_name="t", owner="o", lease_seconds=5
+    )
+    assert claimed.status is ClaimStatus.CLAIMED

@@ -26,7 +26,12 @@ from agentfn_asgi.calls.records import (
     parse_history,
 )
 from agentfn_asgi.calls.states import HISTORY_HEAD, HISTORY_TAIL
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 
 from ..support.clock import FakeClock as Clock
 from ..support.ports import free_port
@@ -218,8 +223,8 @@ async def test_a_limiter_lives_under_its_namespace_and_its_sets_follow_the_calls
 ) -> None:
     """A limiter (any name: a concurrency_key's value may hold any character) keeps its
     holders, its waiters and its bucket at ``{n}l:{h(name)}:``; a claim without a limit
-    writes none of it. The call hashes decide: a holder that saved (a script that knows
-    nothing of limiters) leaves the holders when the limiter next counts."""
+    writes none of it. A holder that saved leaves the holders at once (a script that knows
+    nothing of limiters: the reindex does it), so the sets last no longer than the calls."""
     clock = Clock()
     store: RedisStore = await make_store(clock=clock, namespace="proj")
     name = "report\x1fcustomer *?[1]"
@@ -252,7 +257,7 @@ async def test_a_limiter_lives_under_its_namespace_and_its_sets_follow_the_calls
         assert await members("waiters") == [redis_store._member(two)]
         assert await client.hget(base + "bucket", "tokens") == "4"
         await store.save_result(one, owner="a", attempt=1, result=_result())
-        assert await members("holders") == [redis_store._member(one)]
+        assert await members("holders") == []
         admitted = await store.admit_call(two, owner="a", attempt=1, limit=limit, lease_seconds=30)
         assert admitted is not None and admitted.status is ClaimStatus.CLAIMED
         assert await members("holders") == [redis_store._member(two)]
@@ -536,9 +541,9 @@ async def test_a_redis_that_keeps_data_in_memory_only_is_warned_about(
 
 async def test_a_text_that_is_not_valid_unicode_is_a_store_error(make_store: StoreMaker) -> None:
     """A lone surrogate (a command-line argument of undecodable bytes) is refused with the
-    package's StoreError, as the SQL stores refuse it, not redis-py's UnicodeEncodeError;
-    the store goes on."""
+    package's StoreRefusedError, as the SQL stores refuse it, not redis-py's
+    UnicodeEncodeError; the store goes on."""
     store = await make_store()
-    with pytest.raises(StoreError, match="refused a value"):
+    with pytest.raises(StoreRefusedError, match="refused a value"):
         await store.record_delivery("d\ud800", "sess_1")
     assert await store.record_delivery("d1", "sess_1") is True

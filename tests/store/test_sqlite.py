@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 
 from agentfn_asgi.calls.records import CallKey
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from agentfn_asgi.store import SQLiteStore
 from agentfn_asgi.store.sql.dialect import SQLITE
 from agentfn_asgi.store.sql.schema import STEPS
@@ -502,9 +507,10 @@ async def test_commits_that_would_fsync_never_run_on_the_loop(tmp_path: Path) ->
 
 async def test_a_value_sqlite_cannot_take_is_a_store_error(store: SQLiteStore) -> None:
     """A lone surrogate (a command-line argument of undecodable bytes) or an integer past
-    64 bits is refused with the package's StoreError, not the driver's own exception."""
-    with pytest.raises(StoreError, match="refused a value"):
+    64 bits is refused with the package's StoreRefusedError (retrying never succeeds: the
+    dispatcher fails such a call), not the driver's own exception."""
+    with pytest.raises(StoreRefusedError, match="refused a value"):
         await store.record_delivery("d\ud800", "s")
-    with pytest.raises(StoreError, match="refused a value"):
+    with pytest.raises(StoreRefusedError, match="refused a value"):
         await store._call(lambda conn: conn.execute("SELECT ?", (2**64,)).fetchone())
     assert await store.record_delivery("d1", "s") is True

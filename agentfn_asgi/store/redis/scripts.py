@@ -40,6 +40,7 @@ __all__ = [
     "GET_CALL",
     "LIST_CALLS",
     "LIST_DELIVERIES",
+    "PRUNE_BUCKETS",
     "PRUNE_CALLS",
     "PRUNE_DELIVERIES",
     "RECORD_DELIVERY",
@@ -91,15 +92,19 @@ local function reindex_call(key, member)
                        'next_attempt_at', 'updated_at', 'success', 'limiter', 'approval_id')
   local state, created = r[1], r[2]
   -- A request is found by its id; a limiter's holders and waiters say whom its admission
-  -- looks at (it drops whoever moved on).
+  -- looks at (it drops whoever moved on); a call that left them for good (saved, held,
+  -- scheduled...) leaves its sets here, so a limiter's sets last no longer than its calls.
   if r[8] then redis.call('SET', approval_key(r[8]), member) end
-  if r[7] and (state == 'claimed' or state == 'waiting') then
+  if r[7] then
     local L = limiter_keys(r[7])
     if state == 'claimed' then
       redis.call('ZREM', L.waiters, member)
       redis.call('ZADD', L.holders, r[3], member)
-    else
+    elseif state == 'waiting' then
       redis.call('ZADD', L.waiters, created, member)
+    else
+      redis.call('ZREM', L.holders, member)
+      redis.call('ZREM', L.waiters, member)
     end
   end
   for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
@@ -361,11 +366,13 @@ local function admission(L, key, member, now, live_after)
 end
 
 -- An admitted call of a rated limiter spends one token: the bucket is (tokens - 1, now),
--- written with every digit (Lua's own formatting keeps 14).
+-- written with every digit (Lua's own formatting keeps 14); the buckets index finds it
+-- for prune.
 local function spend(L, now, tokens)
   if L.rate then
     redis.call('HSET', L.keys.bucket, 'tokens', string.format('%.17g', tokens - 1),
                'updated_at', now)
+    redis.call('ZADD', I .. 'buckets', now, L.name)
   end
 end
 
@@ -533,6 +540,19 @@ for _, m in ipairs(members) do
   redis.call('DEL', key, history_key(m))
 end
 return #members
+""")
+
+# Guarantees: one batch of the namespace's rated limiters whose bucket was last spent
+# before `before` lose their bucket (a missing bucket reads full, as it would be by then).
+# KEYS: the namespace's buckets index. ARGV: N, before, batch. Returns the count.
+PRUNE_BUCKETS = _script("""
+local names = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LIMIT', 0,
+                         tonumber(ARGV[3]))
+for _, name in ipairs(names) do
+  redis.call('DEL', limiter_keys(name).bucket)
+  redis.call('ZREM', KEYS[1], name)
+end
+return #names
 """)
 
 # -- calls: approval -----------------------------------------------------------------------

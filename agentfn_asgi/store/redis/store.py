@@ -49,15 +49,18 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
     submitted_failed    submitted failures, by created_at            (stats)
     waiting             calls awaiting approval, by the request's expiry (expiry, lists)
     approved            approved calls not yet run, by updated_at    (every replica's poll)
+    buckets             rated limiters' names, by their bucket's updated_at       (prune)
 
 and ``{n}a:{h(approval_id)}`` (a string: the member of the call whose approval request it
 is), so a person's decision finds its call.
 
 Flow control: a limiter's holders and waiters sets only say which calls to look at; the
 call hashes (``state``, ``limiter``, ``lease_expires_at``) decide. The claim or admission
-that counts them drops every member whose hash says it moved on, so a holder that saved,
-was quarantined or taken over frees its slot without the script that moved it knowing of
-limiters, and a renewal need not touch them. A claim without a limit reads none of them.
+that counts them drops every member whose hash says it moved on, so a holder taken over
+frees its slot without the script that moved it knowing of limiters, and a renewal need
+not touch them; a call that leaves ``claimed`` or ``waiting`` with its limiter (saved,
+held, scheduled...) leaves the sets in ``reindex_call``, so they last no longer than the
+limiter's calls. A claim without a limit reads none of them. A bucket goes in ``prune``.
 
 A store sees and changes only its own namespace's records: the same call key or delivery
 id in two namespaces are two independent records.
@@ -96,7 +99,12 @@ from agentfn_asgi.calls.records import (
     Limit,
     StoreStats,
 )
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from agentfn_asgi.store import redact_url, unknown_url_parameter
 from agentfn_asgi.store._codec import (
     claim_status_for,
@@ -254,7 +262,7 @@ def _translated(action: str) -> Iterator[None]:
         raise StoreError(f"Redis store failed during {action}: {exc}") from exc
     except UnicodeError as exc:  # a text that is not valid Unicode (a lone surrogate)
         _raise_lost_cancellation(task, requested)
-        raise StoreError(f"Redis store refused a value during {action}: {exc}") from exc
+        raise StoreRefusedError(f"Redis store refused a value during {action}: {exc}") from exc
     _raise_lost_cancellation(task, requested)
 
 
@@ -529,10 +537,12 @@ class RedisStore(Transitions):
         return [_delivery(flat) for flat in rows]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Delete old deliveries and old submitted or stale calls of this namespace, in
-        batches of 500 (one short script each, so other clients get Redis in between)."""
+        """Delete old deliveries, old submitted or stale calls and the buckets of limiters
+        idle since ``calls_before`` of this namespace, in batches of 500 (one short script
+        each, so other clients get Redis in between); the deliveries and calls removed."""
         deliveries = await self._drain("prune_deliveries", [], _num(deliveries_before))
         calls = await self._drain("prune_calls", [self._index("finished")], _num(calls_before))
+        await self._drain("prune_buckets", [self._index("buckets")], _num(calls_before))
         return deliveries + calls
 
     # -- calls -----------------------------------------------------------------------------

@@ -32,7 +32,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
+from agentfn_asgi.errors import (
+    ConfigurationError,
+    StoreError,
+    StoreRefusedError,
+    StoreUnavailableError,
+)
 from agentfn_asgi.store import redact_url
 from agentfn_asgi.store.sql.dialect import postgres_dialect, quote_identifier
 from agentfn_asgi.store.sql.schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
@@ -107,8 +112,9 @@ def _refused(url: str, exc: BaseException) -> ConfigurationError | None:
 def _translate(action: str, exc: BaseException) -> StoreError:
     if isinstance(exc, pg_errors.ClientConfigurationError):
         return StoreError(f"PostgreSQL store misconfigured ({action}): {exc}")
-    if isinstance(exc, pg_errors.DataError):
-        return StoreError(f"PostgreSQL store refused the data ({action}): {exc}")
+    if isinstance(exc, pg_errors.DataError | pg_errors.ProgramLimitExceededError):
+        # A value it will never take (a NUL, a lone surrogate, an index row past its size).
+        return StoreRefusedError(f"PostgreSQL store refused the data ({action}): {exc}")
     if isinstance(exc, _UNAVAILABLE):
         return StoreUnavailableError(f"PostgreSQL store unavailable during {action}: {exc}")
     return StoreError(f"PostgreSQL store failed during {action}: {exc}")

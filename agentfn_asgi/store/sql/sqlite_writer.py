@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from agentfn_asgi.errors import StoreError, StoreUnavailableError
+from agentfn_asgi.errors import StoreError, StoreRefusedError, StoreUnavailableError
 
 __all__ = [
     "CHECKPOINT_COMMITS",
@@ -208,10 +208,13 @@ class WriterConnection:
                     f"SQLite store {self.path} is unavailable: {exc}"
                 ) from exc
             except sqlite3.Error as exc:  # not a database, corrupt, constraint: a real fault
+                if isinstance(exc, sqlite3.DataError):  # a text or blob past SQLite's bound
+                    message = f"SQLite store {self.path} refused a value: {exc}"
+                    raise StoreRefusedError(message) from exc
                 raise StoreError(f"SQLite store {self.path} failed: {exc}") from exc
             except (ValueError, OverflowError) as exc:
                 # A value SQLite cannot take (a lone surrogate, an integer past 64 bits).
-                raise StoreError(f"SQLite store {self.path} refused a value: {exc}") from exc
+                raise StoreRefusedError(f"SQLite store {self.path} refused a value: {exc}") from exc
         except Exception as exc:
             return False, exc
 

@@ -36,6 +36,7 @@ __all__ = [
     "LIST_FILTERS",
     "LIST_UNRESOLVED",
     "PRUNE_BATCH",
+    "PRUNE_BUCKETS",
     "PRUNE_CALLS",
     "PRUNE_DELIVERIES",
     "RECORD_DELIVERY",
@@ -249,6 +250,14 @@ PRUNE_CALLS: Final = fill("""
     DELETE FROM {p}calls WHERE {rowid} IN (
         SELECT {rowid} FROM {p}calls
         WHERE {finished} AND updated_at < :before AND namespace = :namespace
+        LIMIT :batch {skip_locked})""")
+# A rated limiter's bucket untouched since before the retention goes too: it would read
+# full by then at any sensible rate, and a missing bucket reads full (states.bucket_tokens),
+# so values of a concurrency_key (the model's) do not pile up buckets for ever.
+PRUNE_BUCKETS: Final = fill("""
+    DELETE FROM {p}buckets WHERE {rowid} IN (
+        SELECT {rowid} FROM {p}buckets
+        WHERE updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
 

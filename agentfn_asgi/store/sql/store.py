@@ -86,6 +86,7 @@ from agentfn_asgi.store.sql.statements import (
     LIST_DELIVERIES,
     LIST_UNRESOLVED,
     PRUNE_BATCH,
+    PRUNE_BUCKETS,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
     RECORD_DELIVERY,
@@ -285,7 +286,8 @@ class SQLStore(Transitions, abc.ABC):
         return [_delivery(row) for row in rows]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Delete old deliveries and old submitted or stale calls in batches of 500 rows.
+        """Delete old deliveries, old submitted or stale calls and the buckets of limiters
+        idle since ``calls_before``, in batches of 500 rows; the deliveries and calls removed.
 
         Each batch is its own short statement, so other work gets the lock in between.
         """
@@ -293,12 +295,14 @@ class SQLStore(Transitions, abc.ABC):
         for template, before in (
             (PRUNE_DELIVERIES, deliveries_before),
             (PRUNE_CALLS, calls_before),
+            (PRUNE_BUCKETS, calls_before),
         ):
             params = {"before": before, "batch": PRUNE_BATCH, "namespace": self.namespace}
             statement = Statement(template, params)
             while True:
                 count = await self._count("prune", statement)
-                removed += count
+                if template is not PRUNE_BUCKETS:
+                    removed += count
                 if count < PRUNE_BATCH:
                     break
         return removed

@@ -190,7 +190,8 @@ class ApprovalRequest:
     state table's approval guards read). Once decided, ``decision`` is ``approved``,
     ``denied`` or ``expired``, with who (``decided_by``), how (``decided_via``: ``cli``,
     ``api``, ``page``, ``link``, ``sweep``), when and why (``reason``, what the model sees on
-    a denial).
+    a denial). ``asked_at`` is the attempt that asked (nothing ran in it): the runs of the
+    call are its attempts after that one.
     """
 
     approval_id: str
@@ -198,6 +199,7 @@ class ApprovalRequest:
     digest: str
     requested_at: float
     expires_at: float
+    asked_at: int = 0
     decision: str | None = None
     decided_by: str | None = None
     decided_via: str | None = None
@@ -226,6 +228,7 @@ class ApprovalRequest:
                 digest=str(data["digest"]),
                 requested_at=float(data["requested_at"]),
                 expires_at=float(data["expires_at"]),
+                asked_at=int(data.get("asked_at", 0)),
                 decision=data.get("decision"),
                 decided_by=data.get("decided_by"),
                 decided_via=data.get("decided_via"),

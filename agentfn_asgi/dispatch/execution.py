@@ -116,7 +116,7 @@ class _Attempt:
     in_doubt: bool
     delivery_id: str | None
     lease: Lease
-    #: When the call was first claimed (a retry policy's deadline counts from it).
+    #: When the call was first claimed.
     created_at: float
     #: The call's approval request, when it has one (decided ``approved`` for a run).
     approval: ApprovalRequest | None = None
@@ -131,6 +131,19 @@ class _Attempt:
     @property
     def approved(self) -> bool:
         return self.approval is not None and self.approval.decision == "approved"
+
+    @property
+    def runs(self) -> int:
+        """The executions of the call this attempt makes up to: its attempts after the one
+        that asked for approval (which ran nothing)."""
+        return self.number - (0 if self.approval is None else self.approval.asked_at)
+
+    @property
+    def started_at(self) -> float:
+        """When the call could first run (a retry policy's deadline counts from it): its
+        approval, or its first claim."""
+        decided = None if self.approval is None else self.approval.decided_at
+        return self.created_at if decided is None else decided
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,7 +587,7 @@ class Executor:
             message = UNREADABLE_ARGUMENTS_MESSAGE.format(reason=action.unreadable)
             return failure_result(key, message, "validation_error")
         policy = self._policy(tool)
-        if attempt.in_doubt and attempt.number > policy.max_attempts:
+        if attempt.in_doubt and attempt.runs > policy.max_attempts:
             return await self._too_many_attempts(attempt, tool)
         context = self._context(attempt, tool)
         try:
@@ -628,6 +641,7 @@ class Executor:
             digest=arguments_digest(attempt.action.arguments),
             requested_at=now,
             expires_at=now + timeout,
+            asked_at=attempt.number,
         )
         self._leases.check(attempt.lease)
         record = await store.request_approval(
@@ -666,7 +680,7 @@ class Executor:
             turn_id=key.turn_id,
             call_id=key.call_id,
             tool_name=tool.name,
-            attempt=attempt.number,
+            attempt=attempt.runs,
             deadline=None if timeout is None else self._clock() + timeout,
             idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
             resources=self._resources,
@@ -749,14 +763,14 @@ class Executor:
         """Another attempt at the backoff's (or ``RetryLater``'s) time, while the tool's
         bounds allow: its retry policy's attempts and deadline, else its ``max_attempts``.
         Past them, the failure the model sees says the call was retried and the last error."""
-        retry, number = policy.retry, attempt.number
+        retry, number = policy.retry, attempt.runs
         limit = retry.attempts if retry is not None else policy.max_attempts
         if after is None:
             assert retry is not None
             after = retry.backoff(number, random.random())
         at = self._clock() + after
         deadline = None if retry is None else retry.deadline
-        within = deadline is None or at <= attempt.created_at + deadline
+        within = deadline is None or at <= attempt.started_at + deadline
         error, asked = type(exc).__name__, isinstance(exc, RetryLater)
         if number < limit and within:
             reason = f"{error}: {exc.reason}" if isinstance(exc, RetryLater) else error
@@ -789,7 +803,7 @@ class Executor:
         )
 
     async def _too_many_attempts(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
-        started = attempt.number - 1
+        started = attempt.runs - 1
         logger.error(
             "call %s of %s was started %d times and never finished; not running it again",
             attempt.key,

@@ -259,6 +259,9 @@ class CallRecord:
     a long history between its first and last events (the bound of
     :mod:`agentfn_asgi.states`).
     ``approval`` is the call's approval request, once one was made (kept after the decision).
+    ``nonce`` is the one-off token of the claim that started the current attempt, when its
+    claimant gave one (running an approved call, an operator's re-run): a claim retried after
+    its answer was lost recognises its own success by it.
     """
 
     key: CallKey
@@ -280,6 +283,7 @@ class CallRecord:
     #: Flow control: the limiter whose slot the call holds (``claimed``) or waits for
     #: (``waiting``; its ``next_attempt_at`` is then when it began to wait). None otherwise.
     limiter: str | None = None
+    nonce: str | None = None
 
 
 class ClaimStatus(enum.StrEnum):

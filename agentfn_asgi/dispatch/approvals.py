@@ -46,7 +46,7 @@ from ..errors import (
     StoreError,
 )
 from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
-from ..records import CallKey, CallRecord, CallState
+from ..records import ApprovalRequest, CallKey, CallRecord, CallState
 from ..results import failure_result
 from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTools
@@ -152,12 +152,15 @@ class Approvals:
         self._count_due = 0.0
         # Approved calls whose session could not be read: (next read due, last pause).
         self._unreadable: dict[CallKey, tuple[float, int]] = {}  # (next read, failures)
+        # Requests made here whose write went unanswered: read again by the next poll.
+        self._unconfirmed: dict[CallKey, ApprovalRequest] = {}
         #: The host's ``on_approval_request``: told of each request made here, once.
         self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
         #: Builds the links of a request (the operator page's signed link), when the page
         #: knows its public URL (``AdminApp(public_url=...)``).
         self.links: Callable[[ApprovalView], dict[str, str]] | None = None
         executor.on_approval_request = self._requested
+        executor.on_approval_unconfirmed = self._unconfirmed.__setitem__
 
     @property
     def enabled(self) -> bool:
@@ -327,6 +330,7 @@ class Approvals:
     async def poll(self) -> None:
         """One pass: expire lapsed requests, claim and run approved calls, count waiting."""
         store = self._approval_store()
+        await self._confirm_requests()
         for record in await store.waiting_approvals(expired_by=self._clock(), limit=POLL_BATCH):
             if not self._busy(record.key):
                 await self._expire(record)
@@ -346,6 +350,19 @@ class Approvals:
             self._count_due = time.monotonic() + self._settings.recovery_interval
             waiting = await store.waiting_approvals(limit=COUNT_LIMIT)
             self._telemetry.set_approvals_waiting(len(waiting))
+
+    async def _confirm_requests(self) -> None:
+        """Tell of the requests whose write went unanswered, now that the store shows
+        they were made (a store still failing keeps them for the next poll)."""
+        for key, request in list(self._unconfirmed.items()):
+            record = await self._store.get_call(key)
+            del self._unconfirmed[key]
+            if (
+                record is not None
+                and record.state is CallState.AWAITING_APPROVAL
+                and record.approval == request
+            ):
+                self._requested(record)
 
     async def _run_approved(self, record: CallRecord) -> None:
         """Read the live session for the call's arguments, claim it (one replica wins) and

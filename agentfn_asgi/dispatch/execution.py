@@ -190,6 +190,9 @@ class Executor:
         self._held_for_approval: set[CallKey] = set()
         #: Called with each new approval request (the app's notifier), never awaited here.
         self.on_approval_request: Callable[[CallRecord], None] | None = None
+        #: Called with a request whose write may or may not have happened (its answer lost,
+        #: the store not read back): the notifier reads it again later.
+        self.on_approval_unconfirmed: Callable[[CallKey, ApprovalRequest], None] | None = None
         self._closing = False
         self._closed: asyncio.Event | None = None
         self._waiter = Waiter(store, settings, telemetry, owner=owner, clock=clock)
@@ -644,9 +647,16 @@ class Executor:
             asked_at=attempt.number,
         )
         self._leases.check(attempt.lease)
-        record = await store.request_approval(
-            key, owner=self._owner, attempt=attempt.number, request=request
-        )
+        try:
+            record = await store.request_approval(
+                key, owner=self._owner, attempt=attempt.number, request=request
+            )
+        except StoreError:
+            # The answer was lost and the store could not be read back: the request may be
+            # waiting all the same, so whoever tells of requests looks again later.
+            if self.on_approval_unconfirmed is not None:
+                self.on_approval_unconfirmed(key, request)
+            raise
         if record.approval != request:
             return None  # our claim was taken over meanwhile: its holder decides
         self._held_for_approval.add(key)

@@ -259,9 +259,9 @@ class CallRecord:
     a long history between its first and last events (the bound of
     :mod:`agentfn_asgi.states`).
     ``approval`` is the call's approval request, once one was made (kept after the decision).
-    ``nonce`` is the one-off token of the claim that started the current attempt, when its
-    claimant gave one (running an approved call, an operator's re-run): a claim retried after
-    its answer was lost recognises its own success by it.
+    ``nonce`` is the one-off token of the step that started the current attempt or settled
+    it, when that step gave one (running an approved call, an operator's re-run or result): a
+    step retried after its answer was lost recognises its own success by it.
     """
 
     key: CallKey

@@ -90,6 +90,7 @@ __all__ = [
     "reclaimed",
     "resulting_state",
     "settleable",
+    "settled_with",
 ]
 
 
@@ -452,7 +453,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             SETTLEABLE,
             Target.BY_RESULT,
             event="settled",
-            sets=_sets(**_RESULT, quarantine_reason="null"),
+            sets=_sets(**_RESULT, quarantine_reason="null", nonce=":nonce"),
             says=_DETAIL,
         ),
         Transition(
@@ -547,6 +548,12 @@ def reclaimed(record: CallRecord) -> ClaimStatus:
     if record.state is CallState.WAITING:
         return ClaimStatus.WAITING
     return ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
+
+
+def settled_with(record: CallRecord | None, *, nonce: str) -> bool:
+    """Is ``record`` settled with the one-off ``nonce`` of a ``settle`` step (a result saved
+    by an operator)? Then that step happened (see :func:`claimed_with`)."""
+    return record is not None and record.state in SAVED and record.nonce == nonce
 
 
 def claimed_with(record: CallRecord | None, *, owner: str, nonce: str) -> bool:

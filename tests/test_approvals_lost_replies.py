@@ -22,8 +22,11 @@ import anyio
 import pytest
 
 from agentfn_asgi.dispatch.approvals import ApprovalView
-from agentfn_asgi.records import CallKey, CallState
+from agentfn_asgi.errors import StoreError
+from agentfn_asgi.records import ApprovalRequest, CallKey, CallState
+from agentfn_asgi.results import failure_result
 from agentfn_asgi.store import Store, open_store
+from agentfn_asgi.store.base import ApprovalStore
 from agentfn_asgi.testing import Connection, FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext
 
@@ -137,6 +140,7 @@ async def lossy_store(backend: str) -> AsyncIterator[tuple[Store, ReplyDropper]]
         except Exception as exc:
             require_service(backend, f"{type(exc).__name__}: {exc}")
         try:
+            await warm_up(store)
             yield store, proxy
         finally:
             await store.close()
@@ -145,6 +149,23 @@ async def lossy_store(backend: str) -> AsyncIterator[tuple[Store, ReplyDropper]]
                 await direct.destroy()  # type: ignore[attr-defined]  # Redis/PostgreSQL
             finally:
                 await direct.close()
+
+
+async def warm_up(store: Store) -> None:
+    """Run each approval and settling step once on a call that does not exist, so that
+    Redis knows its script: the answer dropped is then the step's own, not the ``NOSCRIPT``
+    refusal that precedes a script's first run."""
+    assert isinstance(store, ApprovalStore)
+    nobody = CallKey("warm", "up", "nobody")
+    request = ApprovalRequest(
+        approval_id="apr_none", tool_name="t", digest="", requested_at=0.0, expires_at=0.0
+    )
+    assert await store.claim_approved(nobody, owner="w", lease_seconds=1) is None
+    assert await store.release(nobody, owner="w", lease_seconds=1) is None
+    result = failure_result(nobody, "no", "none", source="operator")
+    assert await store.settle(nobody, result=result) is None
+    with contextlib.suppress(StoreError):
+        await store.request_approval(nobody, owner="w", attempt=1, request=request)
 
 
 @contextlib.asynccontextmanager
@@ -202,9 +223,13 @@ async def test_a_lost_answer_to_claiming_an_approved_call_still_runs_it_once(bac
 
 
 @BACKENDS
-async def test_a_lost_answer_to_an_operators_rerun_still_runs_it(backend: str) -> None:
-    """The operator's re-run (``release``) commits and its answer is lost: it is still the
-    operator's re-run, which runs the call, not "it changed meanwhile"."""
+@pytest.mark.parametrize("rerun", [True, False], ids=["rerun", "result"])
+async def test_a_lost_answer_to_an_operators_settling_still_counts(
+    backend: str, rerun: bool
+) -> None:
+    """The operator's re-run (``release``) or result (``settle``) commits and its answer is
+    lost: it is still the operator's, which runs the call (or submits the result), not
+    "refused: it changed meanwhile"."""
     ran: list[int] = []
     tools = FunctionTools()
 
@@ -221,13 +246,18 @@ async def test_a_lost_answer_to_an_operators_rerun_still_runs_it(backend: str) -
         key = CallKey(sid, str(action["turn_id"]), "t")
         await store.claim_call(key, tool_name="transfer", owner="gone", lease_seconds=60)
         await store.quarantine(key, owner="gone", attempt=1, reason="held for a person")
-        proxy.arm(owner_of(stack))  # the next step naming us: the release
-        outcome = await stack.app.operator().settle("t", session_id=sid, rerun=True)
-        assert outcome.status == "running", outcome.message
+        # The next step naming us (the release), or saying who answered (the settle).
+        proxy.arm(owner_of(stack) if rerun else b"source=operator")
+        operator = stack.app.operator()
+        if rerun:
+            outcome = await operator.settle("t", session_id=sid, rerun=True)
+        else:
+            outcome = await operator.settle("t", session_id=sid, output="sent by hand")
+        assert outcome.status == ("running" if rerun else "submitted"), outcome.message
         submission = await submitted(stack, "t")
     assert proxy.dropped == 1
     assert submission.success, submission.error
-    assert ran == [2]
+    assert ran == ([2] if rerun else [])
 
 
 @BACKENDS
@@ -246,7 +276,7 @@ async def test_every_approval_request_is_told_even_when_the_answer_was_lost(
 
     calls = [FakeCall("transfer", {"amount": n}, call_id=f"t{n}") for n in range(4)]
     tools = transfer_tools([])
-    async with lossy_stack(backend, tools, on_approval_request=notify) as (stack, _, proxy):
+    async with lossy_stack(backend, tools, on_approval_request=notify) as (stack, store, proxy):
         # In every request's JSON: the first write of a request.
         proxy.arm(b'"digest"', blackout=blackout)
         sid = stack.fake.create_session([calls])
@@ -258,5 +288,10 @@ async def test_every_approval_request_is_told_even_when_the_answer_was_lost(
         with anyio.fail_after(10):
             while sorted(told) != ids:
                 await anyio.sleep(0.02)
+        # Asked once each: the writes whose answer was lost are the ones that stand.
+        histories = [await store.get_call(record.key, history=True) for record in waiting]
     assert proxy.dropped == 1
     assert len(ids) == 4
+    for record in histories:
+        assert record is not None
+        assert [e.kind for e in record.history] == ["claimed", "approval_requested"]

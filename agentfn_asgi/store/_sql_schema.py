@@ -118,7 +118,7 @@ CALL_COLUMNS: Final = (
     ("created_at", "{real} NOT NULL"),
     ("updated_at", "{real} NOT NULL"),
     ("delivery_id", "{text}"),
-    # the one-off token of the claim that started this attempt (CallRecord.nonce), if given
+    # the one-off token of the step that started or settled this attempt (CallRecord.nonce)
     ("nonce", "{text}"),
     # the saved result: all NULL until one is saved
     ("success", "{boolean}"),

@@ -16,10 +16,11 @@ Redis pipeline that lost its connection answers each of its steps with
 the step may have happened, and the row's guard refuses it a second time (the call left the
 row's source state). So every operation whose answer matters says how it recognises its own
 result in the record as it stands (:meth:`Transitions._recognised`): the record refused
-with the retry, or read back after an unavailable store. A claim that leaves nothing of its
+with the retry, or read back after an unavailable store. A step that leaves nothing of its
 own to recognise (``run_approved``, ``release``: any replica, or another poll of this one,
-could hold the next attempt) records a one-off ``nonce``
-(:func:`~agentfn_asgi.states.claimed_with`).
+could hold the next attempt; ``settle``: another operator could save the same result)
+records a one-off ``nonce`` (:func:`~agentfn_asgi.states.claimed_with`,
+:func:`~agentfn_asgi.states.settled_with`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
-from agentfn_asgi.states import SAVED, Args, claimed_with
+from agentfn_asgi.states import SAVED, Args, claimed_with, settled_with
 from agentfn_asgi.store._codec import approval_detail, saved_detail
 from agentfn_asgi.store._compile import RESULT_COLUMNS
 
@@ -172,19 +173,25 @@ class Transitions(abc.ABC):
         return done
 
     async def settle(
-        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
+        self,
+        key: CallKey,
+        *,
+        result: SavedResult,
+        margin: float = 0.0,
+        nonce: str | None = None,
     ) -> CallRecord | None:
         """An operator's result for a quarantined or in-doubt call; see the protocol."""
-        now = self._clock()
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
         args = {
             "now": now,
             "takeover_before": now - margin,
             "result": result,
             "detail": saved_detail(result, None),
+            "nonce": nonce,
         }
-        # Not recognised when its answer is lost: another operator's equal result would be
-        # taken for ours. The result saved is submitted by the sweep all the same.
-        done, found = await self._transition("settle", key, args, record=True)
+        done, found = await self._recognised(
+            "settle", key, args, lambda r: settled_with(r, nonce=nonce)
+        )
         return _saved(found, result) if done and found is not None else None
 
     async def release(

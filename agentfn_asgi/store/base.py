@@ -225,11 +225,18 @@ class Store(Protocol):
         """
 
     async def settle(
-        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
+        self,
+        key: CallKey,
+        *,
+        result: SavedResult,
+        margin: float = 0.0,
+        nonce: str | None = None,
     ) -> CallRecord | None:
         """An operator's result for a quarantined call, or an in-doubt one (claimed, lease
         expired more than ``margin`` ago): saved as for a handler (``settled`` in the
-        history). None when the call is in no such state (running, saved, done, unknown)."""
+        history). None when the call is in no such state (running, saved, done, unknown).
+        The step records ``nonce`` (None: a new random one), by which it recognises itself
+        when its answer was lost (:func:`~agentfn_asgi.states.settled_with`)."""
 
     async def release(
         self,

@@ -821,7 +821,7 @@ class Histories(RuleBasedStateMachine):
         self.both(
             f"settle({key}, result={result!r}, margin={margin})",
             ns,
-            lambda s: s.settle(key, result=result, margin=margin),
+            lambda s: s.settle(key, result=result, margin=margin, nonce="n-settle"),
             call_view,
             key=key,
         )

@@ -202,15 +202,21 @@ BACKENDS = pytest.mark.parametrize("backend", ["redis", "postgres"])
 
 
 @BACKENDS
-async def test_a_lost_answer_to_claiming_an_approved_call_still_runs_it_once(backend: str) -> None:
+@pytest.mark.parametrize("blackout", [0.0, 1.0], ids=["read-back", "store-down-a-while"])
+async def test_a_lost_answer_to_claiming_an_approved_call_still_runs_it_once(
+    backend: str, blackout: float
+) -> None:
     """The approved call's claim commits and its answer is lost: the store's retry finds the
-    call claimed with its own nonce, so the call runs at once, exactly once, not in doubt."""
+    call claimed with its own nonce, so the call runs at once, exactly once, not in doubt;
+    when the store cannot be read back at once (down for a second, less than the lease),
+    the next poll that can read it finds the claim its own and runs it."""
     ran: list[int] = []
     async with lossy_stack(backend, transfer_tools(ran)) as (stack, store, proxy):
         sid = stack.fake.create_session([[FakeCall("transfer", {"amount": 5}, call_id="t")]])
         waiting = await until_state(stack, sid, "t", CallState.AWAITING_APPROVAL)
         assert waiting.approval is not None
-        proxy.arm(owner_of(stack))  # the next step naming us: the claim of the approved call
+        # The next step naming us: the claim of the approved call.
+        proxy.arm(owner_of(stack), blackout=blackout)
         await stack.app.approve(waiting.approval.approval_id, by="alice")
         submission = await submitted(stack, "t")
         record = await store.get_call(waiting.key, history=True)

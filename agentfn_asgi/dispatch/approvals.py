@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -48,9 +49,11 @@ from ..errors import (
 from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
 from ..records import ApprovalRequest, CallKey, CallRecord, CallState
 from ..results import failure_result
+from ..states import claimed_with
 from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
+from ..wire import FunctionCallAction
 from .execution import Executor
 from .settings import DispatchSettings
 from .submission import Submitter, read_session
@@ -154,6 +157,8 @@ class Approvals:
         self._unreadable: dict[CallKey, tuple[float, int]] = {}  # (next read, failures)
         # Requests made here whose write went unanswered: read again by the next poll.
         self._unconfirmed: dict[CallKey, ApprovalRequest] = {}
+        # Approved calls whose claim went unanswered: (its nonce, when sent, the action).
+        self._unanswered_claims: dict[CallKey, tuple[str, float, FunctionCallAction]] = {}
         #: The host's ``on_approval_request``: told of each request made here, once.
         self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
         #: Builds the links of a request (the operator page's signed link), when the page
@@ -353,7 +358,15 @@ class Approvals:
 
     async def _confirm_requests(self) -> None:
         """Tell of the requests whose write went unanswered, now that the store shows
-        they were made (a store still failing keeps them for the next poll)."""
+        they were made, and run the approved calls whose claim went unanswered, now that the
+        store shows it is ours (a store still failing keeps them for the next poll)."""
+        for key, (nonce, sent, action) in list(self._unanswered_claims.items()):
+            record = await self._store.get_call(key)
+            del self._unanswered_claims[key]
+            if claimed_with(record, owner=self._owner, nonce=nonce):
+                assert record is not None
+                tool = self._tools.get(action.name)
+                self._track(key, self._executor.rerun(record, action, tool, claimed_at=sent))
         for key, request in list(self._unconfirmed.items()):
             record = await self._store.get_call(key)
             del self._unconfirmed[key]
@@ -395,10 +408,17 @@ class Approvals:
         if action is None:
             await self._store.mark_stale(key, unchanged_since=read_at)
             return
-        sent = time.monotonic()
-        claimed = await self._approval_store().claim_approved(
-            key, owner=self._owner, lease_seconds=self._settings.lease_seconds
-        )
+        sent, nonce = time.monotonic(), secrets.token_hex(8)
+        try:
+            claimed = await self._approval_store().claim_approved(
+                key, owner=self._owner, lease_seconds=self._settings.lease_seconds, nonce=nonce
+            )
+        except StoreError:
+            # Its answer was lost and the store could not be read back: the claim may be
+            # ours all the same. The next poll looks, and runs it if it is (its lease counts
+            # from now: it is fenced as any run).
+            self._unanswered_claims[key] = (nonce, sent, action)
+            raise
         if claimed is None:
             return  # another replica claimed it first
         tool = self._tools.get(action.name)

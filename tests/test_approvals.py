@@ -556,16 +556,10 @@ async def test_an_approved_call_whose_session_cannot_be_read_is_retried_with_pau
     assert ran == ["c"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the approval request counts as attempt 1 (run_approved starts attempt 2): the "
-    "count of runs needs the attempt the approval was asked at, on the record "
-    "(records.py, dispatch/execution.py); remove this mark with the fix",
-)
 async def test_the_approval_request_does_not_use_up_a_retry_attempt() -> None:
     """With ``RetryPolicy(attempts=2)``, an approved call whose handler keeps failing with a
     transient error runs twice, and the model is told it was tried 2 times: asking for the
-    approval ran nothing, so it is no attempt."""
+    approval ran nothing, so it is no attempt (``ctx.attempt`` counts the runs: 1, then 2)."""
     from agentfn_asgi import RetryPolicy
 
     runs: list[int] = []
@@ -586,4 +580,34 @@ async def test_the_approval_request_does_not_use_up_a_retry_attempt() -> None:
         await stack.app.approve(waiting.approval.approval_id, by="alice")
         submission = await submitted(stack, "t2")
     assert not submission.success and "tried 2 times" in (submission.error or "")
-    assert len(runs) == 2
+    assert runs == [1, 2]
+
+
+async def test_a_retry_deadline_counts_from_the_approval_not_from_the_request() -> None:
+    """``RetryPolicy(deadline=...)`` bounds the retries of the runs: a call that waited for
+    its approval longer than the deadline is still retried after it was approved."""
+    from agentfn_asgi import RetryPolicy
+
+    runs: list[int] = []
+    tools = FunctionTools()
+
+    @tools.function(
+        approval=True,
+        timeout=0.5,
+        retry=RetryPolicy(attempts=3, initial_backoff=0.05, deadline=1.0, transient=(OSError,)),
+    )
+    def transfer(ctx: ToolContext, amount: int) -> str:
+        """Transfer money."""
+        runs.append(ctx.attempt)
+        if len(runs) == 1:
+            raise OSError("bank unreachable")
+        return "sent"
+
+    async with running_stack(tools, settings=SETTINGS) as stack:
+        sid = stack.fake.create_session([[FakeCall("transfer", {"amount": 5}, call_id="t3")]])
+        waiting = await until_state(stack, sid, "t3", CallState.AWAITING_APPROVAL)
+        assert waiting.approval is not None
+        await anyio.sleep(1.2)  # the person takes longer than the deadline to decide
+        await stack.app.approve(waiting.approval.approval_id, by="alice")
+        submission = await submitted(stack, "t3")
+    assert submission.success and runs == [1, 2]

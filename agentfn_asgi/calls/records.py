@@ -190,7 +190,8 @@ class ApprovalRequest:
     state table's approval guards read). Once decided, ``decision`` is ``approved``,
     ``denied`` or ``expired``, with who (``decided_by``), how (``decided_via``: ``cli``,
     ``api``, ``page``, ``link``, ``sweep``), when and why (``reason``, what the model sees on
-    a denial).
+    a denial). ``asked_at`` is the attempt that asked (nothing ran in it): the runs of the
+    call are its attempts after that one.
     """
 
     approval_id: str
@@ -198,6 +199,7 @@ class ApprovalRequest:
     digest: str
     requested_at: float
     expires_at: float
+    asked_at: int = 0
     decision: str | None = None
     decided_by: str | None = None
     decided_via: str | None = None
@@ -226,6 +228,7 @@ class ApprovalRequest:
                 digest=str(data["digest"]),
                 requested_at=float(data["requested_at"]),
                 expires_at=float(data["expires_at"]),
+                asked_at=int(data.get("asked_at", 0)),
                 decision=data.get("decision"),
                 decided_by=data.get("decided_by"),
                 decided_via=data.get("decided_via"),
@@ -256,6 +259,9 @@ class CallRecord:
     a long history between its first and last events (the bound of
     :mod:`agentfn_asgi.calls.states`).
     ``approval`` is the call's approval request, once one was made (kept after the decision).
+    ``nonce`` is the one-off token of the step that started the current attempt or settled
+    it, when that step gave one (running an approved call, an operator's re-run or result): a
+    step retried after its answer was lost recognises its own success by it.
     """
 
     key: CallKey
@@ -277,6 +283,7 @@ class CallRecord:
     #: Flow control: the limiter whose slot the call holds (``claimed``) or waits for
     #: (``waiting``; its ``next_attempt_at`` is then when it began to wait). None otherwise.
     limiter: str | None = None
+    nonce: str | None = None
 
 
 class ClaimStatus(enum.StrEnum):

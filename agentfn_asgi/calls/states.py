@@ -85,11 +85,13 @@ __all__ = [
     "appended",
     "apply",
     "bucket_tokens",
+    "claimed_with",
     "holds",
     "in_doubt",
     "reclaimed",
     "resulting_state",
     "settleable",
+    "settled_with",
 ]
 
 
@@ -168,6 +170,7 @@ FIELDS: Final = frozenset(
         "delivery_id",
         "result",
         "approval",
+        "nonce",
     }
 )
 
@@ -275,7 +278,11 @@ _NEXT_ATTEMPT: Final = {
     "lease_expires_at": ":lease_expires_at",
     "updated_at": "now",
     "limiter": "null",
+    "nonce": "null",
 }
+#: A fresh attempt whose claimant passed a one-off ``nonce``: its own claim, retried after
+#: the answer was lost, finds the call claimed with it (:func:`claimed_with`).
+_NEXT_ATTEMPT_WITH_NONCE: Final = {**_NEXT_ATTEMPT, "nonce": ":nonce"}
 #: A result saved: owed to the API from now (the sweep's ``next_attempt_at``).
 _RESULT: Final = {"result": ":result", "updated_at": "now", "next_attempt_at": "now"}
 _RENEWED: Final = {"lease_expires_at": ":lease_expires_at", "updated_at": "now"}
@@ -448,7 +455,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             SETTLEABLE,
             Target.BY_RESULT,
             event="settled",
-            sets=_sets(**_RESULT, quarantine_reason="null"),
+            sets=_sets(**_RESULT, quarantine_reason="null", nonce=":nonce"),
             says=_DETAIL,
         ),
         Transition(
@@ -457,7 +464,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             SETTLEABLE,
             CallState.CLAIMED,
             event="released",
-            sets=_sets(**_NEXT_ATTEMPT, quarantine_reason="null"),
+            sets=_sets(**_NEXT_ATTEMPT_WITH_NONCE, quarantine_reason="null"),
             says=_OWNER,
         ),
         Transition("prune", "prune", (_from(*PRUNABLE),), Target.REMOVED),
@@ -504,7 +511,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(CallState.APPROVED),),
             CallState.CLAIMED,
             event="claimed_approved",
-            sets=_sets(**_NEXT_ATTEMPT),
+            sets=_sets(**_NEXT_ATTEMPT_WITH_NONCE),
             says=_OWNER,
         ),
         *_FLOW_CONTROL,
@@ -543,6 +550,26 @@ def reclaimed(record: CallRecord) -> ClaimStatus:
     if record.state is CallState.WAITING:
         return ClaimStatus.WAITING
     return ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
+
+
+def settled_with(record: CallRecord | None, *, nonce: str) -> bool:
+    """Is ``record`` settled with the one-off ``nonce`` of a ``settle`` step (a result saved
+    by an operator)? Then that step happened (see :func:`claimed_with`)."""
+    return record is not None and record.state in SAVED and record.nonce == nonce
+
+
+def claimed_with(record: CallRecord | None, *, owner: str, nonce: str) -> bool:
+    """Is ``record`` claimed by ``owner`` with the one-off ``nonce`` of a ``run_approved`` or
+    ``release`` step? Then that step happened: a retry of it (its answer was lost, the store
+    sent it again) is refused by the row's guard, and the caller recognises its own success
+    by this instead. Another claim of the same owner (another poll of the same process)
+    carries another nonce, so it is never taken for this one."""
+    return (
+        record is not None
+        and record.state is CallState.CLAIMED
+        and record.owner == owner
+        and record.nonce == nonce
+    )
 
 
 def _guard_holds(guard: Guard, record: CallRecord, args: Args) -> bool:

@@ -29,13 +29,15 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..backoff import Backoff
-from ..calls.records import CallKey, CallRecord, CallState
+from ..calls.records import ApprovalRequest, CallKey, CallRecord, CallState
+from ..calls.states import claimed_with
 from ..client import AgentsClient
 from ..errors import (
     APIError,
@@ -51,6 +53,7 @@ from ..results import failure_result
 from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
+from ..wire import FunctionCallAction
 from .execution import Executor
 from .settings import DispatchSettings
 from .submission import Submitter, read_session
@@ -152,12 +155,17 @@ class Approvals:
         self._count_due = 0.0
         # Approved calls whose session could not be read: (next read due, last pause).
         self._unreadable: dict[CallKey, tuple[float, int]] = {}  # (next read, failures)
+        # Requests made here whose write went unanswered: read again by the next poll.
+        self._unconfirmed: dict[CallKey, ApprovalRequest] = {}
+        # Approved calls whose claim went unanswered: (its nonce, when sent, the action).
+        self._unanswered_claims: dict[CallKey, tuple[str, float, FunctionCallAction]] = {}
         #: The host's ``on_approval_request``: told of each request made here, once.
         self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
         #: Builds the links of a request (the operator page's signed link), when the page
         #: knows its public URL (``AdminApp(public_url=...)``).
         self.links: Callable[[ApprovalView], dict[str, str]] | None = None
         executor.on_approval_request = self._requested
+        executor.on_approval_unconfirmed = self._unconfirmed.__setitem__
 
     @property
     def enabled(self) -> bool:
@@ -327,6 +335,7 @@ class Approvals:
     async def poll(self) -> None:
         """One pass: expire lapsed requests, claim and run approved calls, count waiting."""
         store = self._approval_store()
+        await self._confirm_requests()
         for record in await store.waiting_approvals(expired_by=self._clock(), limit=POLL_BATCH):
             if not self._busy(record.key):
                 await self._expire(record)
@@ -346,6 +355,27 @@ class Approvals:
             self._count_due = time.monotonic() + self._settings.recovery_interval
             waiting = await store.waiting_approvals(limit=COUNT_LIMIT)
             self._telemetry.set_approvals_waiting(len(waiting))
+
+    async def _confirm_requests(self) -> None:
+        """Tell of the requests whose write went unanswered, now that the store shows
+        they were made, and run the approved calls whose claim went unanswered, now that the
+        store shows it is ours (a store still failing keeps them for the next poll)."""
+        for key, (nonce, sent, action) in list(self._unanswered_claims.items()):
+            record = await self._store.get_call(key)
+            del self._unanswered_claims[key]
+            if claimed_with(record, owner=self._owner, nonce=nonce):
+                assert record is not None
+                tool = self._tools.get(action.name)
+                self._track(key, self._executor.rerun(record, action, tool, claimed_at=sent))
+        for key, request in list(self._unconfirmed.items()):
+            record = await self._store.get_call(key)
+            del self._unconfirmed[key]
+            if (
+                record is not None
+                and record.state is CallState.AWAITING_APPROVAL
+                and record.approval == request
+            ):
+                self._requested(record)
 
     async def _run_approved(self, record: CallRecord) -> None:
         """Read the live session for the call's arguments, claim it (one replica wins) and
@@ -378,10 +408,17 @@ class Approvals:
         if action is None:
             await self._store.mark_stale(key, unchanged_since=read_at)
             return
-        sent = time.monotonic()
-        claimed = await self._approval_store().claim_approved(
-            key, owner=self._owner, lease_seconds=self._settings.lease_seconds
-        )
+        sent, nonce = time.monotonic(), secrets.token_hex(8)
+        try:
+            claimed = await self._approval_store().claim_approved(
+                key, owner=self._owner, lease_seconds=self._settings.lease_seconds, nonce=nonce
+            )
+        except StoreError:
+            # Its answer was lost and the store could not be read back: the claim may be
+            # ours all the same. The next poll looks, and runs it if it is (its lease counts
+            # from now: it is fenced as any run).
+            self._unanswered_claims[key] = (nonce, sent, action)
+            raise
         if claimed is None:
             return  # another replica claimed it first
         tool = self._tools.get(action.name)

@@ -120,7 +120,7 @@ class _Attempt:
     in_doubt: bool
     delivery_id: str | None
     lease: Lease
-    #: When the call was first claimed (a retry policy's deadline counts from it).
+    #: When the call was first claimed.
     created_at: float
     #: The call's approval request, when it has one (decided ``approved`` for a run).
     approval: ApprovalRequest | None = None
@@ -135,6 +135,19 @@ class _Attempt:
     @property
     def approved(self) -> bool:
         return self.approval is not None and self.approval.decision == "approved"
+
+    @property
+    def runs(self) -> int:
+        """The executions of the call this attempt makes up to: its attempts after the one
+        that asked for approval (which ran nothing)."""
+        return self.number - (0 if self.approval is None else self.approval.asked_at)
+
+    @property
+    def started_at(self) -> float:
+        """When the call could first run (a retry policy's deadline counts from it): its
+        approval, or its first claim."""
+        decided = None if self.approval is None else self.approval.decided_at
+        return self.created_at if decided is None else decided
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +194,9 @@ class Executor:
         self._held_for_approval: set[CallKey] = set()
         #: Called with each new approval request (the app's notifier), never awaited here.
         self.on_approval_request: Callable[[CallRecord], None] | None = None
+        #: Called with a request whose write may or may not have happened (its answer lost,
+        #: the store not read back): the notifier reads it again later.
+        self.on_approval_unconfirmed: Callable[[CallKey, ApprovalRequest], None] | None = None
         self._closing = False
         self._closed: asyncio.Event | None = None
         self._waiter = Waiter(store, settings, telemetry, owner=owner, clock=clock)
@@ -603,7 +619,7 @@ class Executor:
             message = UNREADABLE_ARGUMENTS_MESSAGE.format(reason=action.unreadable)
             return failure_result(key, message, "validation_error")
         policy = self._policy(tool)
-        if attempt.in_doubt and attempt.number > policy.max_attempts:
+        if attempt.in_doubt and attempt.runs > policy.max_attempts:
             return await self._too_many_attempts(attempt, tool)
         context = self._context(attempt, tool)
         try:
@@ -657,11 +673,19 @@ class Executor:
             digest=arguments_digest(attempt.action.arguments),
             requested_at=now,
             expires_at=now + timeout,
+            asked_at=attempt.number,
         )
         self._leases.check(attempt.lease)
-        record = await store.request_approval(
-            key, owner=self._owner, attempt=attempt.number, request=request
-        )
+        try:
+            record = await store.request_approval(
+                key, owner=self._owner, attempt=attempt.number, request=request
+            )
+        except StoreError:
+            # The answer was lost and the store could not be read back: the request may be
+            # waiting all the same, so whoever tells of requests looks again later.
+            if self.on_approval_unconfirmed is not None:
+                self.on_approval_unconfirmed(key, request)
+            raise
         if record.approval != request:
             return None  # our claim was taken over meanwhile: its holder decides
         self._held_for_approval.add(key)
@@ -695,7 +719,7 @@ class Executor:
             turn_id=key.turn_id,
             call_id=key.call_id,
             tool_name=tool.name,
-            attempt=attempt.number,
+            attempt=attempt.runs,
             deadline=None if timeout is None else self._clock() + timeout,
             idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
             resources=self._resources,
@@ -778,14 +802,14 @@ class Executor:
         """Another attempt at the backoff's (or ``RetryLater``'s) time, while the tool's
         bounds allow: its retry policy's attempts and deadline, else its ``max_attempts``.
         Past them, the failure the model sees says the call was retried and the last error."""
-        retry, number = policy.retry, attempt.number
+        retry, number = policy.retry, attempt.runs
         limit = retry.attempts if retry is not None else policy.max_attempts
         if after is None:
             assert retry is not None
             after = retry.backoff(number, random.random())
         at = self._clock() + after
         deadline = None if retry is None else retry.deadline
-        within = deadline is None or at <= attempt.created_at + deadline
+        within = deadline is None or at <= attempt.started_at + deadline
         error, asked = type(exc).__name__, isinstance(exc, RetryLater)
         if number < limit and within:
             reason = f"{error}: {exc.reason}" if isinstance(exc, RetryLater) else error
@@ -818,7 +842,7 @@ class Executor:
         )
 
     async def _too_many_attempts(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
-        started = attempt.number - 1
+        started = attempt.runs - 1
         logger.error(
             "call %s of %s was started %d times and never finished; not running it again",
             attempt.key,

@@ -109,4 +109,5 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         # A request is kept whole as JSON; its id has a column of its own to be found by.
         approval=ApprovalRequest.from_json(row.get("approval")) if row.get("approval_id") else None,
         limiter=row.get("limiter") or None,
+        nonce=row.get("nonce") or None,
     )

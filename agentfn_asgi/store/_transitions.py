@@ -9,18 +9,32 @@ write per operation is what it takes and what it answers, here, once.
 
 :func:`flat_args` spells a step's arguments as the flat values the SQL statements and Lua
 scripts read (a saved result and an approval request as their columns).
+
+**A write whose answer was lost.** A store sends a step again when the connection drops
+before its answer arrives (redis-py's ``Retry``, the PostgreSQL store's one retry), and a
+Redis pipeline that lost its connection answers each of its steps with
+:class:`~agentfn_asgi.errors.StoreUnavailableError` although they may have run. Either way
+the step may have happened, and the row's guard refuses it a second time (the call left the
+row's source state). So every operation whose answer matters says how it recognises its own
+result in the record as it stands (:meth:`Transitions._recognised`): the record refused
+with the retry, or read back after an unavailable store. A step that leaves nothing of its
+own to recognise (``run_approved``, ``release``: any replica, or another poll of this one,
+could hold the next attempt; ``settle``: another operator could save the same result)
+records a one-off ``nonce`` (:func:`~agentfn_asgi.calls.states.claimed_with`,
+:func:`~agentfn_asgi.calls.states.settled_with`).
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
-from agentfn_asgi.calls.states import Args
-from agentfn_asgi.errors import StoreError
+from agentfn_asgi.calls.states import SAVED, Args, claimed_with, settled_with
+from agentfn_asgi.errors import StoreError, StoreUnavailableError
 from agentfn_asgi.store._codec import approval_detail, saved_detail
 
 __all__ = ["APPROVAL_COLUMNS", "RESULT_COLUMNS", "Transitions", "flat_args", "flat_columns"]
@@ -91,10 +105,25 @@ class Transitions(abc.ABC):
         holds: :meth:`_saved` puts it back.
         """
 
-    async def _row(self, name: str, key: CallKey, **args: Any) -> CallRecord | None:
-        """The record after row ``name``, or None when the row did not apply."""
-        done, found = await self._transition(name, key, {"now": self._clock(), **args}, record=True)
-        return found if done else None
+    async def _recognised(
+        self,
+        name: str,
+        key: CallKey,
+        args: Mapping[str, Any],
+        mine: Callable[[CallRecord], bool],
+    ) -> tuple[bool, CallRecord | None]:
+        """Row ``name`` as :meth:`_transition` with the record, where a refusal that finds
+        ``mine`` true of the record (our own step, its answer lost and the step retried)
+        counts as done, and so does an unavailable store (the answer lost, maybe after the
+        step) when the record read back is ``mine``; otherwise that error is raised."""
+        try:
+            done, found = await self._transition(name, key, args, record=True)
+        except StoreUnavailableError:
+            found = await self.get_call(key)
+            if found is None or not mine(found):
+                raise
+            return True, found
+        return done or (found is not None and mine(found)), found
 
     async def _done(self, name: str, key: CallKey, **args: Any) -> bool:
         """Whether row ``name`` applied."""
@@ -125,7 +154,9 @@ class Transitions(abc.ABC):
             "result": result,
             "detail": saved_detail(result, duration),
         }
-        done, found = await self._transition("save", key, args, record=True)
+        done, found = await self._recognised(
+            "save", key, args, lambda r: _holds_result(r, result, attempt=attempt)
+        )
         if found is None:
             raise StoreError(f"cannot save a result for call {key}: it was never claimed")
         return _saved(found, result) if done else found
@@ -150,38 +181,63 @@ class Transitions(abc.ABC):
         self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
     ) -> bool:
         """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled`` until ``at``."""
-        return await self._done(
-            "schedule_retry", key, owner=owner, attempt=attempt, at=at, detail=reason
-        )
+        args = {"now": self._clock(), "owner": owner, "attempt": attempt, "at": at}
+
+        def mine(record: CallRecord) -> bool:
+            # (owner, attempt) names one holder's claim: only it schedules its retry.
+            return record.state is CallState.RETRY_SCHEDULED and (
+                record.owner,
+                record.attempt,
+                record.lease_expires_at,
+            ) == (owner, attempt, at)
+
+        done, _ = await self._recognised("schedule_retry", key, {**args, "detail": reason}, mine)
+        return done
 
     async def settle(
-        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
+        self,
+        key: CallKey,
+        *,
+        result: SavedResult,
+        margin: float = 0.0,
+        nonce: str | None = None,
     ) -> CallRecord | None:
         """An operator's result for a quarantined or in-doubt call; see the protocol."""
-        now = self._clock()
-        found = await self._row(
-            "settle",
-            key,
-            now=now,
-            takeover_before=now - margin,
-            result=result,
-            detail=saved_detail(result, None),
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {
+            "now": now,
+            "takeover_before": now - margin,
+            "result": result,
+            "detail": saved_detail(result, None),
+            "nonce": nonce,
+        }
+        done, found = await self._recognised(
+            "settle", key, args, lambda r: settled_with(r, nonce=nonce)
         )
-        return None if found is None else _saved(found, result)
+        return _saved(found, result) if done and found is not None else None
 
     async def release(
-        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        lease_seconds: float,
+        margin: float = 0.0,
+        nonce: str | None = None,
     ) -> CallRecord | None:
         """An operator's re-run: claimed by ``owner`` with the next attempt."""
-        now = self._clock()
-        return await self._row(
-            "release",
-            key,
-            now=now,
-            takeover_before=now - margin,
-            owner=owner,
-            lease_expires_at=now + lease_seconds,
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {
+            "now": now,
+            "takeover_before": now - margin,
+            "owner": owner,
+            "lease_expires_at": now + lease_seconds,
+            "nonce": nonce,
+        }
+        done, found = await self._recognised(
+            "release", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
         )
+        return found if done else None
 
     # -- approval ------------------------------------------------------------------------
     async def request_approval(
@@ -196,7 +252,9 @@ class Transitions(abc.ABC):
             "approval": request,
             "detail": approval_detail(request),
         }
-        _, found = await self._transition("request_approval", key, args, record=True)
+        _, found = await self._recognised(
+            "request_approval", key, args, lambda r: r.approval == request
+        )
         if found is None:
             raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
         return found
@@ -226,30 +284,49 @@ class Transitions(abc.ABC):
             reason=reason,
         )
         # The row's guards (still waiting, this request, its expiry) decide; the request read
-        # above only supplies the fields a decision does not change.
-        found = await self._row(
-            _DECISIONS[decision],
-            key,
-            now=now,
-            approval_id=approval_id,
-            approval=decided,
-            detail=approval_detail(decided),
-            result=result,
+        # above only supplies the fields a decision does not change. Ours, if its answer was
+        # lost: the request as decided here (who, how, when to the clock's precision).
+        args = {
+            "now": now,
+            "approval_id": approval_id,
+            "approval": decided,
+            "detail": approval_detail(decided),
+            "result": result,
+        }
+        done, found = await self._recognised(
+            _DECISIONS[decision], key, args, lambda r: r.approval == decided
         )
-        if found is None or result is None:
-            return found
-        return _saved(found, result)
+        if not done or found is None:
+            return None
+        return found if result is None else _saved(found, result)
 
     async def claim_approved(
-        self, key: CallKey, *, owner: str, lease_seconds: float
+        self, key: CallKey, *, owner: str, lease_seconds: float, nonce: str | None = None
     ) -> CallRecord | None:
-        """An approved call, claimed by ``owner`` to run as the next attempt."""
-        lease = self._clock() + lease_seconds
-        return await self._row("run_approved", key, owner=owner, lease_expires_at=lease)
+        """An approved call, claimed by ``owner`` to run as the next attempt (None: not
+        approved, or claimed by another claim, even another of the same ``owner``)."""
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds, "nonce": nonce}
+        done, found = await self._recognised(
+            "run_approved", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
+        )
+        return found if done else None
 
     @abc.abstractmethod
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of one call (see :class:`~agentfn_asgi.store.base.Store`)."""
+
+
+def _holds_result(record: CallRecord, result: SavedResult, *, attempt: int) -> bool:
+    """Does ``record`` hold ``result``, saved by ``attempt``? Only that attempt's holder
+    saves in it (fencing), so it is our own save."""
+    saved = record.result
+    return (
+        record.state in SAVED
+        and record.attempt == attempt
+        and saved is not None
+        and (saved.success, saved.event_json) == (result.success, result.event_json)
+    )
 
 
 def _saved(record: CallRecord, result: SavedResult) -> CallRecord:

@@ -228,17 +228,32 @@ class Store(Protocol):
         """
 
     async def settle(
-        self, key: CallKey, *, result: SavedResult, margin: float = 0.0
+        self,
+        key: CallKey,
+        *,
+        result: SavedResult,
+        margin: float = 0.0,
+        nonce: str | None = None,
     ) -> CallRecord | None:
         """An operator's result for a quarantined call, or an in-doubt one (claimed, lease
         expired more than ``margin`` ago): saved as for a handler (``settled`` in the
-        history). None when the call is in no such state (running, saved, done, unknown)."""
+        history). None when the call is in no such state (running, saved, done, unknown).
+        The step records ``nonce`` (None: a new random one), by which it recognises itself
+        when its answer was lost (:func:`~agentfn_asgi.calls.states.settled_with`)."""
 
     async def release(
-        self, key: CallKey, *, owner: str, lease_seconds: float, margin: float = 0.0
+        self,
+        key: CallKey,
+        *,
+        owner: str,
+        lease_seconds: float,
+        margin: float = 0.0,
+        nonce: str | None = None,
     ) -> CallRecord | None:
         """An operator's re-run of a quarantined or in-doubt call: claimed by ``owner`` with
-        the next attempt (``released`` in the history). None when it is in no such state."""
+        the next attempt (``released`` in the history). None when it is in no such state.
+        The claim records ``nonce`` (None: a new random one), by which it recognises itself
+        when its answer was lost (:func:`~agentfn_asgi.calls.states.claimed_with`)."""
 
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of one call (with its history if asked), or None."""
@@ -330,10 +345,13 @@ class ApprovalStore(Protocol):
         the expiry does not allow it."""
 
     async def claim_approved(
-        self, key: CallKey, *, owner: str, lease_seconds: float
+        self, key: CallKey, *, owner: str, lease_seconds: float, nonce: str | None = None
     ) -> CallRecord | None:
         """``approved`` → ``claimed`` by ``owner`` with the next attempt (a fresh run). None
-        when it is not ``approved`` (another replica claimed it first)."""
+        when it is not ``approved`` (another claim took it first, even one of the same
+        ``owner``). The claim records ``nonce`` (None: a new random one), by which it
+        recognises itself when its answer was lost
+        (:func:`~agentfn_asgi.calls.states.claimed_with`)."""
 
     async def find_approval(self, approval_id: str) -> CallRecord | None:
         """The call whose request is ``approval_id`` (decided or not), with its history."""

@@ -31,8 +31,12 @@ async def test_only_the_holder_schedules_a_retry(store: Store, clock: FakeClock)
         at,
     )
     assert [(e.kind, e.detail) for e in record.history][-1] == ("retry_scheduled", "429")
-    # Scheduled is not claimed: a second schedule, a save or a quarantine does nothing.
-    assert not await store.schedule_retry(KEY, owner="a", attempt=1, at=at, reason="again")
+    # Scheduled is not claimed: a second schedule, a save or a quarantine does nothing. The
+    # holder's own schedule sent again (its answer lost) is recognised as done.
+    assert not await store.schedule_retry(KEY, owner="a", attempt=1, at=at + 1, reason="again")
+    assert await store.schedule_retry(KEY, owner="a", attempt=1, at=at, reason="429")
+    again = await store.get_call(KEY, history=True)
+    assert again is not None and again.history == record.history
     saved = await store.save_result(KEY, owner="a", attempt=1, result=result())
     assert saved.state is CallState.RETRY_SCHEDULED
 

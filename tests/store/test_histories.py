@@ -821,7 +821,7 @@ class Histories(RuleBasedStateMachine):
         self.both(
             f"settle({key}, result={result!r}, margin={margin})",
             ns,
-            lambda s: s.settle(key, result=result, margin=margin),
+            lambda s: s.settle(key, result=result, margin=margin, nonce="n-settle"),
             call_view,
             key=key,
         )
@@ -836,7 +836,10 @@ class Histories(RuleBasedStateMachine):
         self.both(
             f"release({key}, owner={owner!r}, lease_seconds={lease}, margin={margin})",
             ns,
-            lambda s: s.release(key, owner=owner, lease_seconds=lease, margin=margin),
+            # One nonce for both: it is kept on the record, which is compared.
+            lambda s: s.release(
+                key, owner=owner, lease_seconds=lease, margin=margin, nonce="n-" + owner
+            ),
             call_view,
             key=key,
         )

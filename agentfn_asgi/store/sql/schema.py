@@ -118,6 +118,8 @@ CALL_COLUMNS: Final = (
     ("created_at", "{real} NOT NULL"),
     ("updated_at", "{real} NOT NULL"),
     ("delivery_id", "{text}"),
+    # the one-off token of the step that started or settled this attempt (CallRecord.nonce)
+    ("nonce", "{text}"),
     # the saved result: all NULL until one is saved
     ("success", "{boolean}"),
     ("event_json", "{text}"),

@@ -80,7 +80,7 @@ from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_k
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .leases import Lease, LeaseKeeper, LeaseLostError
-from .limits import Limiting, Turn, Waiter, limit_for
+from .limits import NO_LIMIT, Admission, Turn, Waiter, limit_for
 from .settings import DispatchSettings, ResolvedPolicy, resolve
 from .submission import Submitter
 
@@ -245,11 +245,11 @@ class Executor:
         claims it first runs it.
         """
         try:
-            limiting = await limit_for(key, action, tool, self._resources)
+            admission = await self._admission(key, action, tool)
             due = await self._claim_and_run(
-                key, action, tool, delivery_id, claimed, limiting, resolves=resolves
+                key, action, tool, delivery_id, claimed, admission, resolves=resolves
             )
-            await self._follow_retries(key, action, tool, due, limiting)
+            await self._follow_retries(key, action, tool, due, admission)
         finally:
             if not claimed.done():  # cancelled before the claim was decided
                 claimed.cancel()
@@ -260,7 +260,7 @@ class Executor:
         action: FunctionCallAction,
         tool: FunctionTool | None,
         due: float | None,
-        limiting: Limiting,
+        admission: Admission,
     ) -> None:
         """Wait for each scheduled retry's time, then claim and run it (flow control)."""
         while due is not None and not self._closing:
@@ -269,7 +269,7 @@ class Executor:
             await self._wait_unless_closed(max(0.0, due - self._clock()))
             if self._closing:
                 return  # the retry stays scheduled in the store for the next process
-            due = await self._claim_and_run(key, action, tool, None, None, limiting)
+            due = await self._claim_and_run(key, action, tool, None, None, admission)
 
     async def _wait_unless_closed(self, seconds: float, *, freed: str | None = None) -> None:
         """Sleep ``seconds``, or until :meth:`close`: a waiting retry never holds up a
@@ -297,7 +297,7 @@ class Executor:
         tool: FunctionTool | None,
         delivery_id: str | None,
         claimed: asyncio.Future[None] | None,
-        limiting: Limiting = None,
+        admission: Admission = NO_LIMIT,
         *,
         resolves: bool = False,
     ) -> float | None:
@@ -306,7 +306,7 @@ class Executor:
         time of the retry to wait for (scheduled by this attempt, or found scheduled and
         not due yet), else None."""
         assert self._slots is not None, "start() first"
-        limit = limiting if isinstance(limiting, Limit) else None
+        limit = admission.limit
         async with self._slots:
             if self._closing:
                 return None  # shutting down: the call stays for the next process
@@ -322,22 +322,18 @@ class Executor:
             if claimed is not None:
                 claimed.set_result(None)
             if refused is not None:
-                limit, limiting = None, refused
+                limit, admission = None, Admission(failure=refused)
             status, record = outcome.status, outcome.record
             if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
                 crash_point("after_claim", action.name)
-                attempt = _Attempt(
-                    key=key,
-                    action=action,
-                    tool=tool,
-                    number=record.attempt,
-                    in_doubt=status is ClaimStatus.IN_DOUBT,
+                attempt = self._attempt(
+                    record,
+                    action,
+                    tool,
+                    sent=sent,
                     delivery_id=delivery_id,
-                    lease=self._leases.lease(key, attempt=record.attempt, claimed_at=sent),
-                    created_at=record.created_at,
-                    approval=record.approval,
-                    limiter=None if limit is None else limit.name,
-                    preset=None if isinstance(limiting, Limit) else limiting,
+                    in_doubt=status is ClaimStatus.IN_DOUBT,
+                    admission=admission,
                 )
                 return await self._execute(attempt)
             if status is ClaimStatus.SAVED:
@@ -396,20 +392,17 @@ class Executor:
         assert self._slots is not None
 
         async def run(turn: Turn) -> float | None:
-            held = turn.record
-            attempt = _Attempt(
-                key=held.key,
-                action=action,
-                tool=tool,
-                number=held.attempt,
-                in_doubt=False,
+            admitted = Admission(
+                limit=limit if turn.failure is None else None, failure=turn.failure
+            )
+            attempt = self._attempt(
+                turn.record,
+                action,
+                tool,
+                sent=turn.sent,
                 delivery_id=delivery_id,
-                lease=self._leases.lease(held.key, attempt=held.attempt, claimed_at=turn.sent),
-                created_at=held.created_at,
-                approval=held.approval,
+                admission=admitted,
                 waited=turn.waited,
-                limiter=None if turn.failure is not None else limit.name,
-                preset=turn.failure,
             )
             return await self._execute(attempt)
 
@@ -439,8 +432,8 @@ class Executor:
         attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
         ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
-        limiting = await limit_for(record.key, action, tool, self._resources)
-        limit = limiting if isinstance(limiting, Limit) else None
+        admission = await self._admission(record.key, action, tool)
+        limit = admission.limit
         due: float | None = None
         async with self._slots:
             if limit is not None:
@@ -456,25 +449,50 @@ class Executor:
                 outcome, claimed_at = asked
                 record = outcome.record
             if record.state is not CallState.WAITING:
-                attempt = _Attempt(
-                    key=record.key,
-                    action=action,
-                    tool=tool,
-                    number=record.attempt,
-                    in_doubt=False,
-                    delivery_id=None,
-                    lease=self._leases.lease(
-                        record.key, attempt=record.attempt, claimed_at=claimed_at
-                    ),
-                    created_at=record.created_at,
-                    approval=record.approval,
-                    limiter=None if limit is None else limit.name,
-                    preset=None if isinstance(limiting, Limit) else limiting,
-                )
+                attempt = self._attempt(record, action, tool, sent=claimed_at, admission=admission)
                 due = await self._execute(attempt)
         if record.state is CallState.WAITING and limit is not None and tool is not None:
             due = await self._wait_for_turn(record, action, tool, limit, None, claimed_at)
-        await self._follow_retries(record.key, action, tool, due, limiting)
+        await self._follow_retries(record.key, action, tool, due, admission)
+
+    async def _admission(
+        self, key: CallKey, action: FunctionCallAction, tool: FunctionTool | None
+    ) -> Admission:
+        """Flow control's word on a call before its claim; a tool without limits never
+        asks it."""
+        if tool is None or not tool.policy.limited:
+            return NO_LIMIT
+        return await limit_for(key, action, tool, self._resources)
+
+    def _attempt(
+        self,
+        record: CallRecord,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        *,
+        sent: float,
+        admission: Admission,
+        delivery_id: str | None = None,
+        in_doubt: bool = False,
+        waited: float | None = None,
+    ) -> _Attempt:
+        """The attempt ``record``'s claim (sent at monotonic ``sent``) holds: fenced by its
+        lease, holding its limiter's slot when ``admission`` gave it one, or carrying the
+        failure flow control decided instead of running."""
+        return _Attempt(
+            key=record.key,
+            action=action,
+            tool=tool,
+            number=record.attempt,
+            in_doubt=in_doubt,
+            delivery_id=delivery_id,
+            lease=self._leases.lease(record.key, attempt=record.attempt, claimed_at=sent),
+            created_at=record.created_at,
+            approval=record.approval,
+            limiter=None if admission.limit is None else admission.limit.name,
+            waited=waited,
+            preset=admission.failure,
+        )
 
     async def _execute(self, attempt: _Attempt) -> float | None:
         """Run one claimed attempt to its end: saved and submitted, held, handed off, or a

@@ -28,7 +28,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ..calls.records import (
     LIMITER_KEY_SEPARATOR,
@@ -48,14 +48,24 @@ from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .settings import DispatchSettings
 
-__all__ = ["Limiting", "Turn", "Waiter", "limit_for"]
+__all__ = ["NO_LIMIT", "Admission", "Turn", "Waiter", "limit_for"]
 
 # The executor's logger: these lines are part of one call's story (see dispatch/__init__).
 logger = logging.getLogger("agentfn_asgi.dispatch.execution")
 
-#: A call's limits: its :class:`Limit`, None for a tool without limits, or the
-#: model-facing failure when the tool's ``concurrency_key`` raised.
-Limiting = Limit | SavedResult | None
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What flow control decides about a call before its claim: the :class:`Limit` its
+    claim asks the store for (None: none), or the model-facing failure it gets instead of
+    running (its tool's ``concurrency_key`` raised)."""
+
+    limit: Limit | None = None
+    failure: SavedResult | None = None
+
+
+#: A call of a tool without limits: the claim asks for nothing.
+NO_LIMIT: Final = Admission()
 
 #: The first pause of a waiting call between two polls of its limiter (doubling per poll).
 _FIRST_POLL = 0.05
@@ -64,9 +74,9 @@ _LONGEST_POLL = 1.0
 
 
 async def limit_for(
-    key: CallKey, action: FunctionCallAction, tool: FunctionTool | None, resources: Any
-) -> Limiting:
-    """The call's :class:`Limit`, None without one.
+    key: CallKey, action: FunctionCallAction, tool: FunctionTool, resources: Any
+) -> Admission:
+    """The :class:`Admission` of a call of a limited tool (``tool.policy.limited``).
 
     The limiter is the tool's name, plus the ``concurrency_key``'s value when it has one: the
     key function gets the parsed arguments and a :class:`ToolContext` for the call with
@@ -77,14 +87,14 @@ async def limit_for(
     Arguments that do not parse give no limit: the call fails validation without
     running. A key function that raises fails the call (the model is told it did not run);
     the exception is logged."""
-    if tool is None or not tool.policy.limited or action.unreadable is not None:
-        return None
+    if action.unreadable is not None:
+        return NO_LIMIT
     policy, name = tool.policy, tool.name
     if policy.concurrency_key is not None:
         try:
             arguments = tool.parse_arguments(action.arguments)
         except ArgumentValidationError:
-            return None
+            return NO_LIMIT
         context = ToolContext(
             session_id=key.session_id,
             turn_id=key.turn_id,
@@ -102,9 +112,12 @@ async def limit_for(
         except Exception:
             logger.exception("the concurrency_key of tool %s failed for call %s", name, key)
             message = LIMIT_KEY_FAILED_MESSAGE.format(name=name)
-            return failure_result(key, message, "limit_key_error", source="limit")
+            return Admission(
+                failure=failure_result(key, message, "limit_key_error", source="limit")
+            )
         name = _limiter_name(name, str(value))
-    return Limit(name=name, concurrency=policy.concurrency, rate=policy.rate, burst=policy.burst)
+    limit = Limit(name=name, concurrency=policy.concurrency, rate=policy.rate, burst=policy.burst)
+    return Admission(limit=limit)
 
 
 #: The longest ``concurrency_key`` value kept as it is in a limiter's name.

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentfn_asgi import FunctionTools, ToolContext
-from agentfn_asgi.calls.records import LIMITER_KEY_SEPARATOR, CallKey, Limit
+from agentfn_asgi.calls.records import LIMITER_KEY_SEPARATOR, CallKey
 from agentfn_asgi.dispatch.limits import limit_for
 from agentfn_asgi.messages import STORE_REFUSED_MESSAGE
 from agentfn_asgi.testing import FakeCall
@@ -157,8 +157,9 @@ async def test_a_limiter_name_keeps_short_printable_values_and_digests_the_rest(
             name="lookup_customer",
             arguments={"customer_id": customer_id},
         )
-        limit = await limit_for(key, action, tool, None)
-        assert isinstance(limit, Limit)
+        assert tool is not None
+        limit = (await limit_for(key, action, tool, None)).limit
+        assert limit is not None
         return limit.name
 
     name, sibling = await name_of(value), await name_of(value + "x")

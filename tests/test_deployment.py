@@ -118,10 +118,21 @@ async def _attempts(url: str, key: CallKey) -> int:
 
 
 async def _probe_health(url: str, answers: list[int], stop: asyncio.Event) -> None:
-    """GET the health check every 50 ms, each on a new connection (as a proxy probes)."""
+    """GET the health check every 50 ms, each on a new connection (as a proxy probes).
+
+    A connection the stopping worker had accepted but closes unanswered is tried again at
+    once, as a load balancer's health checker does before it counts a failure: a second
+    failure in a row is recorded as 0."""
     while not stop.is_set():
-        async with httpx.AsyncClient(timeout=10.0) as http:
-            answers.append((await http.get(url)).status_code)
+        for _ in range(2):
+            try:
+                async with httpx.AsyncClient(timeout=10.0) as http:
+                    answers.append((await http.get(url)).status_code)
+                break
+            except (httpx.RemoteProtocolError, httpx.ConnectError):
+                continue
+        else:
+            answers.append(0)
         await asyncio.sleep(0.05)
 
 

@@ -210,6 +210,8 @@ async def test_approvals_are_kept_apart_by_namespace(
         is None
     )
     assert [r.key for r in await approvals(mine).waiting_approvals()] == [KEY]
+    assert await approvals(mine).count_waiting_approvals() == 1
+    assert await approvals(theirs).count_waiting_approvals() == 0
     stats = await mine.stats()
     assert stats.calls_by_state["awaiting_approval"] == 1
     assert (await theirs.stats()).calls_by_state["awaiting_approval"] == 0

@@ -75,6 +75,7 @@ from agentfn_asgi.store.sql.statements import (
     CALLS_FOR_SESSION,
     CLAIM,
     CLAIM_NEW,
+    COUNT_WAITING_APPROVALS,
     DELIVERY_FAILED,
     DUE_RETRIES,
     EXPIRED_CLAIMS,
@@ -577,6 +578,14 @@ class SQLStore(Transitions, abc.ABC):
             template = WAITING_APPROVALS_EXPIRED
             params["expired_by"] = expired_by
         return await self._calls("waiting_approvals", template, params)
+
+    async def count_waiting_approvals(self) -> int:
+        """How many calls wait for a person (counted in their partial index)."""
+        params = {"namespace": self.namespace}
+        found = await self._first_row(
+            "count_waiting_approvals", Statement(COUNT_WAITING_APPROVALS, params)
+        )
+        return 0 if found is None else int(found[1][0])
 
     async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
         """Approved calls not yet claimed to run, oldest decision first."""

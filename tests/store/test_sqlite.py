@@ -29,12 +29,18 @@ from agentfn_asgi.store.sql.dialect import SQLITE
 from agentfn_asgi.store.sql.schema import STEPS
 from agentfn_asgi.store.sql.statements import (
     ADMISSION,
+    APPROVED_CALLS,
+    COUNT_WAITING_APPROVALS,
     EXPIRED_CLAIMS,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
     UNRESOLVED_DELIVERIES,
     UNSUBMITTED_RESULTS,
+    WAITING_APPROVALS,
+    WAITING_APPROVALS_EXPIRED,
 )
+
+from .conftest import hold_for_approval
 
 pytestmark = pytest.mark.anyio
 
@@ -363,6 +369,28 @@ async def test_recovery_and_prune_queries_use_the_partial_indexes(
             plan = " ".join(str(row[3]) for row in raw.execute(query, params))
             for index in indexes:
                 assert f"INDEX {index}" in plan, (index, plan)
+
+
+async def test_the_approval_lists_read_in_index_order(store: SQLiteStore, db_path: Path) -> None:
+    """The waiting requests (the page's list, the expiry) and the approved calls (every
+    replica's poll) are read from their index in the list's whole order: the rows shown
+    and no more, never a sort of every waiting row; the gauge's count reads the index."""
+    await hold_for_approval(store, 300, expires_at=time.time() + 3600)
+    listed = await store.waiting_approvals(limit=20)
+    assert [r.key.call_id for r in listed] == [f"c{i:05}" for i in range(20)]
+    assert await store.count_waiting_approvals() == 300
+    params = {"namespace": "", "limit": 20, "expired_by": 0.0}
+    expected = {
+        WAITING_APPROVALS: "calls_waiting",
+        WAITING_APPROVALS_EXPIRED: "calls_waiting",
+        COUNT_WAITING_APPROVALS: "calls_waiting",
+        APPROVED_CALLS: "calls_approved",
+    }
+    with sqlite3.connect(db_path) as raw:
+        for template, index in expected.items():
+            query = "EXPLAIN QUERY PLAN " + SQLITE.render(template).text
+            plan = " ".join(str(row[3]) for row in raw.execute(query, params))
+            assert f"INDEX {index}" in plan and "TEMP B-TREE" not in plan, plan
 
 
 async def test_closed_store_refuses_then_reopens(db_path: Path) -> None:

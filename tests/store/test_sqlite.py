@@ -393,6 +393,38 @@ async def test_the_approval_lists_read_in_index_order(store: SQLiteStore, db_pat
             assert f"INDEX {index}" in plan and "TEMP B-TREE" not in plan, plan
 
 
+async def test_a_prune_gives_the_space_back_off_the_loop(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pages a prune frees go back to the file system (incremental vacuum, on the
+    store's thread, never the event loop's): the file shrinks instead of staying as large
+    as it ever was."""
+    from agentfn_asgi.store.sql import sqlite as sqlite_module
+
+    ran_on: set[str] = set()
+    vacuum = sqlite_module._vacuum_job
+
+    def spied(conn: sqlite3.Connection) -> tuple[int, int]:
+        ran_on.add(threading.current_thread().name)
+        return vacuum(conn)
+
+    monkeypatch.setattr(sqlite_module, "_vacuum_job", spied)
+    store = SQLiteStore(db_path)
+    for first in range(0, 10_000, 500):
+        await asyncio.gather(
+            *(store.record_delivery(f"d{i}", "s" * 400) for i in range(first, first + 500))
+        )
+    await store.close()
+    full = (await asyncio.to_thread(db_path.stat)).st_size
+    await store.open()
+    assert await store.prune(deliveries_before=time.time() + 1, calls_before=0) == 10_000
+    assert (await store.stats()).deliveries == 0
+    await store.close()
+    pruned = (await asyncio.to_thread(db_path.stat)).st_size
+    assert full > 4_000_000 and pruned < full / 10, (full, pruned)
+    assert ran_on == {f"agentfn-sqlite:{db_path}"}
+
+
 async def test_closed_store_refuses_then_reopens(db_path: Path) -> None:
     """close() finishes queued work; later calls fail until open() is called again."""
     store = SQLiteStore(db_path)

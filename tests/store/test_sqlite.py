@@ -425,6 +425,22 @@ async def test_a_prune_gives_the_space_back_off_the_loop(
     assert ran_on == {f"agentfn-sqlite:{db_path}"}
 
 
+async def test_a_file_made_without_auto_vacuum_is_pruned_and_keeps_its_pages(
+    db_path: Path,
+) -> None:
+    """A file whose tables came before ``auto_vacuum`` cannot give pages back: its prune
+    removes the rows all the same and stops there (the pages are reused by later rows)."""
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("CREATE TABLE earlier (x)")
+    store = SQLiteStore(db_path)
+    await asyncio.gather(*(store.record_delivery(f"d{i}", "s" * 400) for i in range(500)))
+    assert await store.prune(deliveries_before=time.time() + 1, calls_before=0) == 500
+    await store.close()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+        assert raw.execute("PRAGMA freelist_count").fetchone()[0] > 0
+
+
 async def test_closed_store_refuses_then_reopens(db_path: Path) -> None:
     """close() finishes queued work; later calls fail until open() is called again."""
     store = SQLiteStore(db_path)

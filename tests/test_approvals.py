@@ -390,6 +390,52 @@ async def test_the_span_the_log_and_the_metrics_tell_who_decided(
     assert any("approved" in line and "by=carol via=api" in line for line in lines), lines
 
 
+class _ListCounting(MemoryStore):
+    """A memory store that counts the waiting requests its listings hand out."""
+
+    listed = 0
+
+    async def waiting_approvals(
+        self, *, expired_by: float | None = None, limit: int = 100
+    ) -> list[CallRecord]:
+        found = await super().waiting_approvals(expired_by=expired_by, limit=limit)
+        self.listed += len(found)
+        return found
+
+
+async def test_the_gauge_counts_the_waiting_requests_without_reading_them() -> None:
+    """Every replica sets the gauge at the sweep's pace: from the store's count, never by
+    reading the rows of every waiting request (it read up to 10,000 of them)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from agentfn_asgi.calls.records import ApprovalRequest
+    from agentfn_asgi.tracing import Telemetry
+
+    store = _ListCounting()
+    now = store._clock()
+    for i in range(1000):
+        key = CallKey("s_gauge", "t", f"c{i}")
+        await store.claim_call(key, tool_name="close_account", owner="a", lease_seconds=30)
+        request = ApprovalRequest(
+            approval_id=f"apr_{i}",
+            tool_name="close_account",
+            digest="d" * 64,
+            requested_at=now,
+            expires_at=now + 3600,
+        )
+        await store.request_approval(key, owner="a", attempt=1, request=request)
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    async with running_stack(
+        account_tools([]), store=store, settings=SETTINGS, telemetry=telemetry
+    ):
+        with anyio.fail_after(10):
+            while _gauge(reader) != [1000]:
+                await anyio.sleep(0.02)
+    assert store.listed == 0
+
+
 def _gauge(reader: Any) -> list[Any]:
     gauge = _metrics(reader).get("agentfn.approvals.waiting")
     return [] if gauge is None else [p.value for p in gauge.data.data_points]

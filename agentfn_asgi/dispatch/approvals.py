@@ -68,8 +68,6 @@ NOTIFY_TRIES = 10
 NOTIFY_BACKOFF = Backoff(base=1.0, cap=512.0)
 #: Requests expired or approved calls claimed per poll.
 POLL_BATCH = 100
-#: The waiting-requests gauge counts up to this many.
-COUNT_LIMIT = 10_000
 #: An approved call whose session could not be read waits this long before the next read.
 REREAD = Backoff(base=2.0, cap=60.0)
 
@@ -353,8 +351,7 @@ class Approvals:
         if time.monotonic() >= self._count_due:
             # The gauge needs no second's precision: count at the sweep's pace.
             self._count_due = time.monotonic() + self._settings.recovery_interval
-            waiting = await store.waiting_approvals(limit=COUNT_LIMIT)
-            self._telemetry.set_approvals_waiting(len(waiting))
+            self._telemetry.set_approvals_waiting(await store.count_waiting_approvals())
 
     async def _confirm_requests(self) -> None:
         """Tell of the requests whose write went unanswered, now that the store shows

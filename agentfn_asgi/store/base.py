@@ -362,6 +362,10 @@ class ApprovalStore(Protocol):
         """Calls in ``awaiting_approval`` (with ``expired_by``: only those whose request
         expired at or before it), soonest expiry first."""
 
+    async def count_waiting_approvals(self) -> int:
+        """How many calls are in ``awaiting_approval``: a count the store keeps or reads
+        from its index of them (never the rows), cheap enough for a gauge."""
+
     async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
         """Calls in ``approved`` (decided, not yet claimed to run), oldest decision first."""
 

@@ -16,6 +16,7 @@ instances, and nothing one namespace does reads or changes another's records.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -428,14 +429,22 @@ class MemoryStore(Transitions):
     ) -> list[CallRecord]:
         """Calls waiting for a person, soonest expiry first."""
         self._check_open()
-        found = [
-            _plain(c)
+        found = (
+            c
             for c in self._own_calls()
             if c.state is CallState.AWAITING_APPROVAL
             and (expired_by is None or c.lease_expires_at <= expired_by)
-        ]
-        found.sort(key=lambda c: (c.lease_expires_at, *_key_tuple(c.key)))
-        return found[: max(0, limit)]
+        )
+        # The first few, never a sort of them all.
+        first = heapq.nsmallest(
+            max(0, limit), found, key=lambda c: (c.lease_expires_at, *_key_tuple(c.key))
+        )
+        return [_plain(c) for c in first]
+
+    async def count_waiting_approvals(self) -> int:
+        """How many calls wait for a person."""
+        self._check_open()
+        return sum(1 for c in self._own_calls() if c.state is CallState.AWAITING_APPROVAL)
 
     async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
         """Approved calls not yet claimed to run, oldest decision first."""

@@ -7,6 +7,7 @@ Redis and PostgreSQL are skipped when their module or service is missing, except
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -16,9 +17,10 @@ from typing import NoReturn, Protocol
 
 import pytest
 
-from agentfn_asgi.calls.records import CallKey, ClaimStatus, SavedResult
+from agentfn_asgi.calls.records import ApprovalRequest, CallKey, ClaimStatus, SavedResult
 from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
+from agentfn_asgi.store.base import ApprovalStore
 
 # Re-exported: store tests (and others' branches) import the suite's clock from here too.
 from ..support.clock import FakeClock as FakeClock
@@ -46,6 +48,27 @@ async def claim(store: Store, owner: str, key: CallKey = KEY) -> ClaimStatus:
     """Claim ``key`` for ``owner`` with the standard lease; the status the store decided."""
     outcome = await store.claim_call(key, tool_name="lookup", owner=owner, lease_seconds=LEASE)
     return outcome.status
+
+
+async def hold_for_approval(store: Store, count: int, *, expires_at: float) -> None:
+    """Put ``count`` calls of session ``held`` in ``awaiting_approval``, all expiring at
+    ``expires_at`` (ties: the lists' order is the key's then)."""
+    assert isinstance(store, ApprovalStore)
+
+    async def hold(i: int) -> None:
+        key = CallKey("held", "t", f"c{i:05}")
+        await store.claim_call(key, tool_name="lookup", owner="a", lease_seconds=LEASE)
+        asked = ApprovalRequest(
+            approval_id=f"apr_{i}",
+            tool_name="lookup",
+            digest="d" * 64,
+            requested_at=expires_at - 3600,
+            expires_at=expires_at,
+        )
+        await store.request_approval(key, owner="a", attempt=1, request=asked)
+
+    for first in range(0, count, 50):
+        await asyncio.gather(*(hold(i) for i in range(first, min(count, first + 50))))
 
 
 class StoreFactory(Protocol):

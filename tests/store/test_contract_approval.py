@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from agentfn_asgi.calls.records import ApprovalRequest, CallState, ClaimStatus
+from agentfn_asgi.calls.records import ApprovalRequest, CallRecord, CallState, ClaimStatus
 from agentfn_asgi.store import Store
 from agentfn_asgi.store.base import ApprovalStore
 
-from .conftest import KEY, LEASE, FakeClock, StoreFactory, claim, result
+from .conftest import KEY, LEASE, FakeClock, StoreFactory, claim, hold_for_approval, result
 
 pytestmark = pytest.mark.anyio
 
@@ -210,6 +210,8 @@ async def test_approvals_are_kept_apart_by_namespace(
         is None
     )
     assert [r.key for r in await approvals(mine).waiting_approvals()] == [KEY]
+    assert await approvals(mine).count_waiting_approvals() == 1
+    assert await approvals(theirs).count_waiting_approvals() == 0
     stats = await mine.stats()
     assert stats.calls_by_state["awaiting_approval"] == 1
     assert (await theirs.stats()).calls_by_state["awaiting_approval"] == 0
@@ -230,3 +232,27 @@ async def test_a_pruned_call_takes_its_request_along(store: Store, clock: FakeCl
     clock.advance(10)
     assert await store.prune(deliveries_before=clock.now, calls_before=clock.now) == 1
     assert await approvals(store).find_approval("apr_1") is None
+
+
+async def test_the_memory_store_copies_only_the_requests_it_lists(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory store's list of 20 out of 300 waiting copies out 20 records (the others
+    are passed over, never copied and sorted); SQLite and PostgreSQL read their index in the
+    list's order (tests/store/test_sqlite.py, test_postgres.py), Redis its sorted set."""
+    from agentfn_asgi.store import memory
+
+    store = memory.MemoryStore(clock=clock)
+    await hold_for_approval(store, 300, expires_at=clock.now + TIMEOUT)
+    copied = 0
+    plain = memory._plain
+
+    def counted(record: CallRecord) -> CallRecord:
+        nonlocal copied
+        copied += 1
+        return plain(record)
+
+    monkeypatch.setattr(memory, "_plain", counted)
+    listed = await approvals(store).waiting_approvals(limit=20)
+    assert [r.key.call_id for r in listed] == [f"c{i:05}" for i in range(20)]
+    assert copied == 20

@@ -8,6 +8,7 @@ unreachable, failed instead under CI=true.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import secrets
 import time
@@ -29,7 +30,7 @@ from agentfn_asgi.store.sql.schema import STEPS
 from ..support.clock import FakeClock as Clock
 from ..support.ports import free_port
 from ..support.waiting import until
-from .conftest import require_service
+from .conftest import hold_for_approval, require_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.backends]
 
@@ -320,3 +321,27 @@ async def test_values_postgres_refuses_are_refused_not_failed(make_store: StoreM
         CallKey("s", "t", "c"), tool_name="t", owner="o", lease_seconds=5
     )
     assert claimed.status is ClaimStatus.CLAIMED
+
+
+async def test_the_approvals_list_reads_only_the_rows_it_shows(make_store: StoreMaker) -> None:
+    """With 1,000 requests waiting (one expiry: the key breaks the tie), the page's list of
+    200 reads 200 rows from the index in its order, never sorting every waiting row."""
+    from agentfn_asgi.store.sql.dialect import postgres_dialect
+    from agentfn_asgi.store.sql.statements import WAITING_APPROVALS
+
+    store = await make_store()
+    await hold_for_approval(store, 1000, expires_at=time.time() + 3600)
+    listed = await store.waiting_approvals(limit=200)
+    assert [r.key.call_id for r in listed] == [f"c{i:05}" for i in range(200)]
+    assert await store.count_waiting_approvals() == 1000
+    dialect = postgres_dialect(store._schema)
+    await _execute(f"ANALYZE {dialect.prefix}calls")
+    query = "EXPLAIN (ANALYZE, FORMAT JSON) " + dialect.render(WAITING_APPROVALS).text
+    [row] = await _query(query, "", 200)
+    nodes, plan = [], json.loads(row[0])[0]["Plan"]
+    while plan:
+        nodes.append(plan)
+        plan = (plan.get("Plans") or [None])[0]
+    assert not [n for n in nodes if "Sort" in n["Node Type"]], nodes
+    [scan] = [n for n in nodes if "Scan" in n["Node Type"]]
+    assert scan.get("Index Name") == "calls_waiting" and scan["Actual Rows"] <= 201, nodes

@@ -29,12 +29,18 @@ from agentfn_asgi.store.sql.dialect import SQLITE
 from agentfn_asgi.store.sql.schema import STEPS
 from agentfn_asgi.store.sql.statements import (
     ADMISSION,
+    APPROVED_CALLS,
+    COUNT_WAITING_APPROVALS,
     EXPIRED_CLAIMS,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
     UNRESOLVED_DELIVERIES,
     UNSUBMITTED_RESULTS,
+    WAITING_APPROVALS,
+    WAITING_APPROVALS_EXPIRED,
 )
+
+from .conftest import hold_for_approval
 
 pytestmark = pytest.mark.anyio
 
@@ -363,6 +369,76 @@ async def test_recovery_and_prune_queries_use_the_partial_indexes(
             plan = " ".join(str(row[3]) for row in raw.execute(query, params))
             for index in indexes:
                 assert f"INDEX {index}" in plan, (index, plan)
+
+
+async def test_the_approval_lists_read_in_index_order(store: SQLiteStore, db_path: Path) -> None:
+    """The waiting requests (the page's list, the expiry) and the approved calls (every
+    replica's poll) are read from their index in the list's whole order: the rows shown
+    and no more, never a sort of every waiting row; the gauge's count reads the index."""
+    await hold_for_approval(store, 300, expires_at=time.time() + 3600)
+    listed = await store.waiting_approvals(limit=20)
+    assert [r.key.call_id for r in listed] == [f"c{i:05}" for i in range(20)]
+    assert await store.count_waiting_approvals() == 300
+    params = {"namespace": "", "limit": 20, "expired_by": 0.0}
+    expected = {
+        WAITING_APPROVALS: "calls_waiting",
+        WAITING_APPROVALS_EXPIRED: "calls_waiting",
+        COUNT_WAITING_APPROVALS: "calls_waiting",
+        APPROVED_CALLS: "calls_approved",
+    }
+    with sqlite3.connect(db_path) as raw:
+        for template, index in expected.items():
+            query = "EXPLAIN QUERY PLAN " + SQLITE.render(template).text
+            plan = " ".join(str(row[3]) for row in raw.execute(query, params))
+            assert f"INDEX {index}" in plan and "TEMP B-TREE" not in plan, plan
+
+
+async def test_a_prune_gives_the_space_back_off_the_loop(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pages a prune frees go back to the file system (incremental vacuum, on the
+    store's thread, never the event loop's): the file shrinks instead of staying as large
+    as it ever was."""
+    from agentfn_asgi.store.sql import sqlite as sqlite_module
+
+    ran_on: set[str] = set()
+    vacuum = sqlite_module._vacuum_job
+
+    def spied(conn: sqlite3.Connection) -> tuple[int, int]:
+        ran_on.add(threading.current_thread().name)
+        return vacuum(conn)
+
+    monkeypatch.setattr(sqlite_module, "_vacuum_job", spied)
+    store = SQLiteStore(db_path)
+    for first in range(0, 10_000, 500):
+        await asyncio.gather(
+            *(store.record_delivery(f"d{i}", "s" * 400) for i in range(first, first + 500))
+        )
+    await store.close()
+    full = (await asyncio.to_thread(db_path.stat)).st_size
+    await store.open()
+    assert await store.prune(deliveries_before=time.time() + 1, calls_before=0) == 10_000
+    assert (await store.stats()).deliveries == 0
+    await store.close()
+    pruned = (await asyncio.to_thread(db_path.stat)).st_size
+    assert full > 4_000_000 and pruned < full / 10, (full, pruned)
+    assert ran_on == {f"agentfn-sqlite:{db_path}"}
+
+
+async def test_a_file_made_without_auto_vacuum_is_pruned_and_keeps_its_pages(
+    db_path: Path,
+) -> None:
+    """A file whose tables came before ``auto_vacuum`` cannot give pages back: its prune
+    removes the rows all the same and stops there (the pages are reused by later rows)."""
+    with sqlite3.connect(db_path) as raw:
+        raw.execute("CREATE TABLE earlier (x)")
+    store = SQLiteStore(db_path)
+    await asyncio.gather(*(store.record_delivery(f"d{i}", "s" * 400) for i in range(500)))
+    assert await store.prune(deliveries_before=time.time() + 1, calls_before=0) == 500
+    await store.close()
+    with sqlite3.connect(db_path) as raw:
+        assert raw.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+        assert raw.execute("PRAGMA freelist_count").fetchone()[0] > 0
 
 
 async def test_closed_store_refuses_then_reopens(db_path: Path) -> None:

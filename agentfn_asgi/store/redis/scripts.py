@@ -32,6 +32,7 @@ __all__ = [
     "ADMIT",
     "APPROVED_CALLS",
     "CLAIM",
+    "COUNT_WAITING_APPROVALS",
     "DELIVERY_FAILED",
     "DUE_DELIVERIES",
     "DUE_RETRIES",
@@ -571,6 +572,9 @@ WAITING_APPROVALS = _script("""
 return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0,
                              tonumber(ARGV[3])))
 """)
+
+# Read: how many calls wait for a person. KEYS: the namespace's waiting index. ARGV: N.
+COUNT_WAITING_APPROVALS = _script("return redis.call('ZCARD', KEYS[1])")
 
 # Read: approved calls not yet claimed to run, oldest decision first.
 # KEYS: the namespace's approved index. ARGV: N, limit.

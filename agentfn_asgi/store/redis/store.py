@@ -650,6 +650,10 @@ class RedisStore(Transitions):
         most = "+inf" if expired_by is None else _num(expired_by)
         return await self._calls("waiting_approvals", [self._index("waiting")], most, limit)
 
+    async def count_waiting_approvals(self) -> int:
+        """How many calls wait for a person (the size of their index)."""
+        return int(await self._run("count_waiting_approvals", [self._index("waiting")]))
+
     async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
         """Approved calls not yet claimed to run, oldest decision first."""
         if limit <= 0:

@@ -196,11 +196,13 @@ INDEXES: Final = (
     # find_approval (a person's decision names the request)
     "CREATE INDEX IF NOT EXISTS calls_approval"
     " ON {p}calls (namespace, approval_id) WHERE approval_id IS NOT NULL",
-    # waiting_approvals (expiry, listings) and approved_calls (every replica's 1 s poll)
-    "CREATE INDEX IF NOT EXISTS calls_waiting"
-    " ON {p}calls (namespace, lease_expires_at) WHERE {awaiting_approval}",
-    "CREATE INDEX IF NOT EXISTS calls_approved"
-    " ON {p}calls (namespace, updated_at) WHERE {approved}",
+    # waiting_approvals (expiry, listings; its count for the gauge) and approved_calls
+    # (every replica's 1 s poll): in the lists' whole order, so a list reads the rows it
+    # shows from the index and never sorts every waiting row
+    "CREATE INDEX IF NOT EXISTS calls_waiting ON {p}calls"
+    " (namespace, lease_expires_at, session_id, turn_id, call_id) WHERE {awaiting_approval}",
+    "CREATE INDEX IF NOT EXISTS calls_approved ON {p}calls"
+    " (namespace, updated_at, session_id, turn_id, call_id) WHERE {approved}",
     # flow control: a limiter's holders and live waiters, counted at every admission (only
     # calls of limited tools are in it)
     "CREATE INDEX IF NOT EXISTS calls_limiter"

@@ -84,10 +84,14 @@ class Writer:
             daemon=True,
         ).start()
 
-    async def submit(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``work`` on the connection and return its result (or raise its error)."""
+    async def submit(self, work: Callable[[sqlite3.Connection], T], *, inline: bool = True) -> T:
+        """Run ``work`` on the connection and return its result (or raise its error);
+        ``inline=False``: on the thread, never on the loop (work that may take a while)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
+        if not inline:
+            self.jobs.put((work, loop, fut))
+            return await fut
         if self._pending_loop is None:
             self._pending_loop = loop
             loop.call_soon(self._flush)

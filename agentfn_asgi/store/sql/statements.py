@@ -24,6 +24,7 @@ __all__ = [
     "CALLS_FOR_SESSION",
     "CLAIM",
     "CLAIM_NEW",
+    "COUNT_WAITING_APPROVALS",
     "DELIVERY_FAILED",
     "DUE_RETRIES",
     "EXPIRED_CLAIMS",
@@ -174,6 +175,8 @@ WAITING_APPROVALS: Final = fill(_WAITING.format(expired=""))
 WAITING_APPROVALS_EXPIRED: Final = fill(
     _WAITING.format(expired="AND lease_expires_at <= :expired_by")
 )
+COUNT_WAITING_APPROVALS: Final = fill("""
+    SELECT count(*) FROM {p}calls WHERE namespace = :namespace AND {awaiting_approval}""")
 APPROVED_CALLS: Final = fill("""
     SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND {approved}
     ORDER BY updated_at, session_id, turn_id, call_id LIMIT :limit""")

@@ -75,6 +75,7 @@ from agentfn_asgi.store.sql.statements import (
     CALLS_FOR_SESSION,
     CLAIM,
     CLAIM_NEW,
+    COUNT_WAITING_APPROVALS,
     DELIVERY_FAILED,
     DUE_RETRIES,
     EXPIRED_CLAIMS,
@@ -222,6 +223,10 @@ class SQLStore(Transitions, abc.ABC):
         replica), and rows read in it unchanged by others to its end; its answer. A retried
         transaction calls ``work`` again."""
 
+    async def _pruned(self) -> None:
+        """After a batch of prune's deletes: give the space freed back, where the database
+        does not on its own (PostgreSQL's autovacuum reuses it: nothing to do here)."""
+
     async def _calls(
         self, action: str, template: str, params: Mapping[str, object]
     ) -> list[CallRecord]:
@@ -289,7 +294,8 @@ class SQLStore(Transitions, abc.ABC):
         """Delete old deliveries, old submitted or stale calls and the buckets of limiters
         idle since ``calls_before``, in batches of 500 rows; the deliveries and calls removed.
 
-        Each batch is its own short statement, so other work gets the lock in between.
+        Each batch is its own short statement, so other work gets the lock in between; the
+        space it freed is given back (:meth:`_pruned`) before the next.
         """
         removed = 0
         for template, before in (
@@ -303,6 +309,8 @@ class SQLStore(Transitions, abc.ABC):
                 count = await self._count("prune", statement)
                 if template is not PRUNE_BUCKETS:
                     removed += count
+                if count:
+                    await self._pruned()
                 if count < PRUNE_BATCH:
                     break
         return removed
@@ -577,6 +585,14 @@ class SQLStore(Transitions, abc.ABC):
             template = WAITING_APPROVALS_EXPIRED
             params["expired_by"] = expired_by
         return await self._calls("waiting_approvals", template, params)
+
+    async def count_waiting_approvals(self) -> int:
+        """How many calls wait for a person (counted in their partial index)."""
+        params = {"namespace": self.namespace}
+        found = await self._first_row(
+            "count_waiting_approvals", Statement(COUNT_WAITING_APPROVALS, params)
+        )
+        return 0 if found is None else int(found[1][0])
 
     async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
         """Approved calls not yet claimed to run, oldest decision first."""

@@ -93,6 +93,7 @@ __all__ = [
     "RACE_RETRY_DELAYS",
     "AgentsClient",
     "RetryEvent",
+    "RetryState",
 ]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -141,6 +142,25 @@ class RetryEvent:
     delay: float
     reason: str
     status: int | None
+
+
+@dataclass(slots=True)
+class RetryState:
+    """Where one request stands in the retry policy when its caller waits between tries
+    itself (the dispatcher, so that a failing read does not hold a worker while it waits):
+    pass the same state to every try.
+
+    A try that fails in a way the policy retries raises its error with ``delay`` set to the
+    wait the policy asks for (the backoff, the server's ``Retry-After``, a race delay);
+    ``delay`` is None when the policy gives up. The tries, waits and total deadline are the
+    client's own loop's, counted from the first try; only who waits differs.
+    """
+
+    deadline: float | None = None
+    attempts: int = 0
+    retries: int = 0
+    races: int = 0
+    delay: float | None = None
 
 
 class _AttemptFailedError(Exception):
@@ -237,6 +257,11 @@ class AgentsClient:
         """The API base URL, without a trailing slash (e.g. ``https://api.openai.com/v1``)."""
         return self._base_url
 
+    async def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` as the client waits between its own tries (a test's sleep, if
+        given): how a caller using :class:`RetryState` waits for its ``delay``."""
+        await self._sleep(seconds)
+
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it; an injected one is left open."""
         if self._owns_http:
@@ -255,9 +280,14 @@ class AgentsClient:
 
     # -- API calls ----------------------------------------------------------------------------
 
-    async def retrieve_session(self, session_id: str) -> AgentSession:
-        """``GET /agents/sessions/{id}``: the session with its ``required_actions``."""
-        response = await self._request("GET", _session_path(session_id))
+    async def retrieve_session(
+        self, session_id: str, *, retry: RetryState | None = None
+    ) -> AgentSession:
+        """``GET /agents/sessions/{id}``: the session with its ``required_actions``.
+
+        With ``retry``, one try of the retry policy: the caller waits between tries
+        (:class:`RetryState`)."""
+        response = await self._request("GET", _session_path(session_id), retry=retry)
         try:
             return parse_session(response.content)
         except ValueError as exc:
@@ -497,8 +527,10 @@ class AgentsClient:
         stream: bool = False,
         beta: bool = True,
         once: bool = False,
+        retry: RetryState | None = None,
     ) -> httpx.Response:
-        """Send with the retry policy; ``once``: retried only if the API cannot have acted."""
+        """Send with the retry policy; ``once``: retried only if the API cannot have acted;
+        ``retry``: one try only, the caller waits (see :class:`RetryState`)."""
         sent = {**self._headers, **(headers or {})}
         if not beta:
             del sent["OpenAI-Beta"]
@@ -510,39 +542,59 @@ class AgentsClient:
             headers=sent,
             params=params,
         )
-        deadline = self._monotonic() + self.total_deadline
-        attempt = 0
-        retries = 0
-        races = 0
+        # The success path allocates nothing: the state is made at the first failure.
+        state = retry
+        if retry is not None:
+            retry.delay = None
+        deadline = (
+            state.deadline
+            if state is not None and state.deadline is not None
+            else self._monotonic() + self.total_deadline
+        )
         while True:
-            attempt += 1
             remaining = deadline - self._monotonic()
             if remaining <= 0:
                 raise APITimeoutError(f"total deadline of {self.total_deadline}s exceeded")
             try:
                 return await self._attempt(request, remaining, stream=stream)
             except _AttemptFailedError as failed:
-                error, reason = failed.error, failed.reason
-                if failed.reason == "pending_call_race":
-                    if races >= len(self._race_delays):
-                        raise error from None
-                    delay = self._race_delays[races]
-                    races += 1
-                elif (
-                    not failed.retryable
-                    or retries >= self.max_retries
-                    or (once and failed.maybe_acted)
-                ):
-                    raise error from failed.__cause__
-                else:
-                    delay = failed.retry_after or self._backoff.delay(retries + 1, self._random())
-                    retries += 1
-                if self._monotonic() + delay > deadline:
-                    # Sleeping would pass the deadline: report the real failure instead.
-                    raise error from failed.__cause__
-            if self._on_retry is not None:
-                self._on_retry(RetryEvent(attempt, delay, reason, error.status))
+                if state is None:
+                    state = RetryState()
+                state.deadline = deadline
+                state.attempts += 1
+                state.delay = None
+                delay = self._next_delay(failed, state, once=once)  # or raises
+                if self._on_retry is not None:
+                    self._on_retry(
+                        RetryEvent(state.attempts, delay, failed.reason, failed.error.status)
+                    )
+                if retry is not None:
+                    retry.delay = delay  # the caller waits, then tries again
+                    raise failed.error from failed.__cause__
             await self._sleep(delay)
+
+    def _next_delay(self, failed: _AttemptFailedError, state: RetryState, *, once: bool) -> float:
+        """The wait before trying again after ``failed``; raises its error when the policy
+        gives up (``once``: retried only if the API cannot have acted)."""
+        error = failed.error
+        if failed.reason == "pending_call_race":
+            if state.races >= len(self._race_delays):
+                raise error from None
+            delay = self._race_delays[state.races]
+            state.races += 1
+        elif (
+            not failed.retryable
+            or state.retries >= self.max_retries
+            or (once and failed.maybe_acted)
+        ):
+            raise error from failed.__cause__
+        else:
+            delay = failed.retry_after or self._backoff.delay(state.retries + 1, self._random())
+            state.retries += 1
+        if state.deadline is not None and self._monotonic() + delay > state.deadline:
+            # Sleeping would pass the deadline: report the real failure instead.
+            raise error from failed.__cause__
+        return delay
 
     async def _attempt(
         self, request: httpx.Request, remaining: float, *, stream: bool

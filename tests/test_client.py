@@ -21,6 +21,7 @@ from agentfn_asgi.client import (
     DEFAULT_BASE_URL,
     AgentsClient,
     RetryEvent,
+    RetryState,
     parse_retry_after,
     status_error,
 )
@@ -558,6 +559,51 @@ def test_parse_retry_after_values() -> None:
     assert parse_retry_after({"retry-after": "1e999"}, now=0) == float("inf")
     date = email.utils.formatdate(1000.0, usegmt=True)
     assert parse_retry_after({"retry-after": date}, now=990.0) == 10.0
+
+
+@pytest.mark.parametrize(
+    ("status", "n", "retry_after", "options"),
+    [
+        (503, 10, None, {}),  # past max_retries
+        (429, 2, 2, {}),  # Retry-After, then read
+        (503, 10, None, {"total_deadline": 1.0}),  # past the total deadline
+        (404, 1, None, {}),  # not retried
+    ],
+)
+async def test_a_caller_waiting_between_tries_gets_the_loops_tries_and_waits(
+    fake: FakeAgentsAPI,
+    make_client: Callable[..., AgentsClient],
+    clock: FakeClock,
+    status: int,
+    n: int,
+    retry_after: float | None,
+    options: dict[str, Any],
+) -> None:
+    """With a :class:`RetryState` each call makes one try and the caller waits its
+    ``delay``: the same tries, waits, retry events, deadline and outcome as the client's
+    own loop."""
+    sid, _ = one_call_session(fake)
+
+    async def run(turns: bool) -> tuple[list[RetryEvent], list[float], str, int, float]:
+        fake.faults.failures.clear()
+        fake.requests.clear()
+        fake.fail_next("retrieve", n, status, retry_after=retry_after)
+        events: list[RetryEvent] = []
+        client = make_client(on_retry=events.append, **options)
+        began, clock.sleeps = clock(), []
+        state = RetryState() if turns else None
+        while True:
+            try:
+                await client.retrieve_session(sid, retry=state)
+                outcome = "read"
+            except APIError as exc:
+                if state is not None and state.delay is not None:
+                    await client.pause(state.delay)
+                    continue
+                outcome = type(exc).__name__
+            return events, clock.sleeps, outcome, len(fake.requests), clock() - began
+
+    assert await run(turns=False) == await run(turns=True)
 
 
 # -- SSE --------------------------------------------------------------------------------------

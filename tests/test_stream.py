@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
@@ -18,7 +19,7 @@ from agentfn_asgi.errors import AuthenticationError
 from agentfn_asgi.stream import FollowSummary, follow_session, stream_delivery_id
 from agentfn_asgi.testing import Connection, FakeAgentsAPI, FakeCall, RawJSON, serve_fake
 from agentfn_asgi.wire import AgentSession
-from tests.support.stack import API_KEY, SECRET, running_stack
+from tests.support.stack import API_KEY, FAST, SECRET, running_stack
 
 pytestmark = pytest.mark.anyio
 
@@ -238,9 +239,11 @@ async def test_follow_reports_a_cancelled_turn() -> None:
 
 
 async def test_follow_ends_when_the_session_is_deleted() -> None:
-    """A session that disappears (404) ends the follow as ``deleted``."""
+    """A session that disappears (404) ends the follow as ``deleted``. Its call is another
+    service's (ignored), so the follow is still listening when the session goes."""
     tools, _ = counting_tools()
-    async for conn in stack(tools):
+    ignoring = replace(FAST, unknown_tools="ignore")
+    async with running_stack(tools, webhooks=False, loopback=True, settings=ignoring) as conn:
         session_id = conn.fake.create_session([[FakeCall("other_tool")]])
         follow = asyncio.create_task(conn.app.follow(session_id, backoff=FAST_BACKOFF))
         async with asyncio.timeout(20):

@@ -5,6 +5,14 @@ session (a request for S while S is being resolved marks it dirty: S is read onc
 afterwards). Resolving reads the session (``required_actions`` is the only proof a result is
 owed) and starts one task per pending function call (:mod:`.execution` does the rest).
 
+Fairness: a resolver makes one try of a session's read per turn. A failure the client's
+retry policy would retry (a 5xx, a 429, a dropped connection; or a 404 while
+``not_found_retries`` pauses are left) puts the session back on the queue once the policy's
+wait is over (the same backoff, ``Retry-After`` and total deadline as the client's own loop,
+kept in a :class:`~agentfn_asgi.client.RetryState`), behind every fresh session: a session
+whose read keeps failing never holds a resolver while it waits, and never delays healthy
+ones by more than its single tries. After the last try its delivery is left to the sweep.
+
 The recovery sweep (at start-up, then every ``recovery_interval``) re-resolves deliveries
 that were never resolved and sessions with expired claims, resubmits saved-but-unsubmitted
 results, and prunes records past the dedup window.
@@ -15,18 +23,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import logging
 import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
 
 from ..calls.records import CallKey, DeliveryRecord
-from ..client import AgentsClient
+from ..client import AgentsClient, RetryState
 from ..errors import (
     APIError,
     APIStatusError,
@@ -88,6 +97,11 @@ async def _pages(
         after = cursor_of(page[-1])
 
 
+def _level(level: int, turn: _Work | None) -> int:
+    """``level``, or DEBUG for a live read's failed try that will be made again."""
+    return logging.DEBUG if turn is not None and turn.retry.delay is not None else level
+
+
 def _describe(failure: Exception) -> str:
     """A short, content-free description of a failure, for the store and the logs."""
     if isinstance(failure, APIStatusError):
@@ -120,10 +134,20 @@ async def _claimed(claims: list[asyncio.Future[None]]) -> None:
             raise outcome
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Work:
+    """A session to read, and where its live read stands in the retry policy."""
+
     session_id: str
     delivery_id: str | None
+    #: The client's retries so far; ``retry.delay`` is set after a try that deserves another.
+    retry: RetryState = field(default_factory=RetryState)
+    #: 404s so far: each is read again after the next of ``not_found_retries``.
+    missing: int = 0
+
+
+#: Queue ranks: fresh work first, then reads being retried.
+_FRESH, _RETRY = 0, 1
 
 
 class Dispatcher:
@@ -157,7 +181,8 @@ class Dispatcher:
         self.owner = owner or f"{os.uname().nodename}:{os.getpid()}:{secrets.token_hex(4)}"
         self._clock = clock
         self.telemetry = telemetry if telemetry is not None else Telemetry()
-        self._queue: asyncio.Queue[_Work] | None = None
+        self._queue: asyncio.PriorityQueue[tuple[int, int, _Work]] | None = None
+        self._order = itertools.count()  # first in, first out within a rank
         self._queued: set[str] = set()
         self._resolving: set[str] = set()
         self._dirty: dict[str, str | None] = {}
@@ -239,7 +264,7 @@ class Dispatcher:
             return
         await self.store.open()  # may raise StoreUnavailableError; we stay unstarted then
         self._started = True
-        self._queue = asyncio.Queue()
+        self._queue = asyncio.PriorityQueue()
         self._executor.start()
         self._workers = [self._spawn(self._resolver_loop()) for _ in range(RESOLVERS)]
         self._workers.append(self._spawn(self._sweep_loop(immediate=recover)))
@@ -320,21 +345,32 @@ class Dispatcher:
             # Bounded memory beats an ever-growing queue under a flood.
             return
         self._queued.add(session_id)
-        self._queue.put_nowait(_Work(session_id, delivery_id))
+        self._queue.put_nowait((_FRESH, next(self._order), _Work(session_id, delivery_id)))
 
     async def _resolver_loop(self) -> None:
         assert self._queue is not None
         while True:
-            work = await self._queue.get()
-            self._queued.discard(work.session_id)
-            self._resolving.add(work.session_id)
+            *_, work = await self._queue.get()
+            session_id = work.session_id
+            self._queued.discard(session_id)
+            self._resolving.add(session_id)
             try:
-                await self._resolve_logged(work.session_id, work.delivery_id)
-                while work.session_id in self._dirty:
-                    delivery_id = self._dirty.pop(work.session_id)
-                    await self._resolve_logged(work.session_id, delivery_id)
+                await self._resolve_logged(session_id, work.delivery_id, turn=work)
+                while work.retry.delay is None and session_id in self._dirty:
+                    work = _Work(session_id, self._dirty.pop(session_id))
+                    await self._resolve_logged(session_id, work.delivery_id, turn=work)
+                if work.retry.delay is not None:
+                    # Queued meanwhile: a new delivery for it waits for the same read.
+                    self._queued.add(session_id)
+                    self._spawn(self._requeue(work, work.retry.delay))
             finally:
-                self._resolving.discard(work.session_id)
+                self._resolving.discard(session_id)
+
+    async def _requeue(self, work: _Work, delay: float) -> None:
+        """Put a read to retry back on the queue after ``delay``, behind fresh work."""
+        await self.client.pause(delay)
+        assert self._queue is not None
+        self._queue.put_nowait((_RETRY, next(self._order), work))
 
     async def _resolve_logged(
         self,
@@ -344,15 +380,17 @@ class Dispatcher:
         settle: bool = False,
         received_at: float | None = None,
         counted: bool = False,
+        turn: _Work | None = None,
     ) -> Exception | None:
         """:meth:`resolve`, logged; returns the failure (None when it succeeded, or when it
         can never succeed and was settled: a malformed session id). ``counted``: the caller
         counts failures per delivery and logs them itself (rate-limited), so a retryable
-        failure is only a DEBUG line here."""
+        failure is only a DEBUG line here, as is a live read's try to be made again
+        (``turn``, see :meth:`_read`)."""
         retry_level = logging.DEBUG if counted else logging.WARNING
         try:
-            await self.resolve(
-                session_id, delivery_id=delivery_id, settle=settle, received_at=received_at
+            await self._resolve(
+                session_id, delivery_id, settle=settle, received_at=received_at, turn=turn
             )
         except ValueError as exc:
             # A malformed session id can never be read: retrying would loop until the dedup
@@ -380,12 +418,20 @@ class Dispatcher:
                 self.alarm.report(exc, doing=f"reading session {session_id}")
             else:
                 logger.log(
-                    retry_level, "resolving session %s failed, will retry: %s", session_id, exc
+                    _level(retry_level, turn),
+                    "resolving session %s failed, will retry: %s",
+                    session_id,
+                    exc,
                 )
             return exc
         except (APIError, StoreError) as exc:
             # Left unresolved on purpose: the recovery sweep retries it.
-            logger.log(retry_level, "resolving session %s failed, will retry: %s", session_id, exc)
+            logger.log(
+                _level(retry_level, turn),
+                "resolving session %s failed, will retry: %s",
+                session_id,
+                exc,
+            )
             return exc
         except Exception as exc:
             logger.exception("unexpected error resolving session %s", session_id)
@@ -414,17 +460,31 @@ class Dispatcher:
         (:class:`~agentfn_asgi.errors.SessionNotFoundYetError`); past that, or without a
         delivery, the session is treated as deleted: its recorded calls become stale.
         """
+        await self._resolve(
+            session_id, delivery_id, settle=settle, received_at=received_at, turn=None
+        )
+
+    async def _resolve(
+        self,
+        session_id: str,
+        delivery_id: str | None,
+        *,
+        settle: bool,
+        received_at: float | None,
+        turn: _Work | None,
+    ) -> None:
+        """:meth:`resolve`; a live read (``turn``) makes one try (see :meth:`_read`)."""
         link = self.telemetry.link_for_delivery(delivery_id)
         # Anything saved after this moment (less the clock-skew margin) may be newer than
         # what the read shows: settling must not make it stale.
         read_at = self._clock() - self.settings.fence_margin
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
-                session = await read_session(
-                    self.client, session_id, pauses=self.settings.not_found_retries
-                )
+                session = await self._read(session_id, turn)
                 span.set_pending_calls(len(session.function_calls))
         except NotFoundError:
+            if turn is not None and turn.retry.delay is not None:
+                raise  # read again after a pause
             if received_at is None and delivery_id is not None:
                 received_at = self._clock()  # a webhook that has just arrived
             if (
@@ -452,6 +512,21 @@ class Dispatcher:
         if delivery_id is not None:
             await self.store.mark_delivery_resolved(delivery_id)
             self._missing_told.discard(delivery_id)
+
+    async def _read(self, session_id: str, turn: _Work | None) -> AgentSession:
+        """The session. A live read (``turn``) makes one try: after a failure that deserves
+        another, ``turn.retry.delay`` holds the wait before it (the client's backoff or
+        ``Retry-After``, or after a 404 the next of ``not_found_retries``)."""
+        pauses = self.settings.not_found_retries
+        if turn is None:
+            return await read_session(self.client, session_id, pauses=pauses)
+        try:
+            return await self.client.retrieve_session(session_id, retry=turn.retry)
+        except NotFoundError:
+            if turn.missing < len(pauses):
+                turn.retry.delay = pauses[turn.missing]
+                turn.missing += 1
+            raise
 
     def _start_calls(
         self, session: AgentSession, delivery_id: str | None, *, carry: bool

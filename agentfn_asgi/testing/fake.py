@@ -281,8 +281,10 @@ class FakeAgentsAPI:
         body: Any = None,
         should_retry: bool | None = None,
         after_processing: bool = False,
+        session_id: str | None = None,
     ) -> None:
-        """Answer the next ``n`` requests of ``route`` with ``status`` and no effect.
+        """Answer the next ``n`` requests of ``route`` with ``status`` and no effect; with
+        ``session_id``, the next ``n`` of that session only (before the route's own).
 
         ``retry_after`` sets ``Retry-After`` (seconds, or any string such as an HTTP date),
         ``retry_after_ms`` sets ``retry-after-ms``, ``should_retry`` sets ``x-should-retry``,
@@ -302,10 +304,8 @@ class FakeAgentsAPI:
             headers["retry-after-ms"] = str(retry_after_ms)
         if should_retry is not None:
             headers["x-should-retry"] = "true" if should_retry else "false"
-        for _ in range(n):
-            self.faults.failures[route].append(
-                InjectedFailure(status, headers, body, after_processing)
-            )
+        queue = self.faults.failures[route if session_id is None else f"{route} {session_id}"]
+        queue.extend([InjectedFailure(status, headers, body, after_processing)] * n)
 
     def set_latency(self, route: Route, seconds: float) -> None:
         """Wait ``seconds`` before answering each request of ``route`` (0 turns it off)."""

@@ -188,7 +188,7 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
             reply = _check_request(fake, route, session_id, headers)
             if reply is None:
                 reply = await _endpoints(fake, method, path, body, scope)
-                reply = _failure_after_processing(fake, route) or reply
+                reply = _failure_after_processing(fake, route, session_id) or reply
         elif route == "stream" and session_id is not None:
             reply = _check_request(fake, route, session_id, headers)
             if reply is None:
@@ -199,7 +199,7 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
             reply = _check_request(fake, route, session_id, headers)
             if reply is None:
                 reply = _serve(fake, route, session_id, headers, body, scope)
-                reply = _failure_after_processing(fake, route) or reply
+                reply = _failure_after_processing(fake, route, session_id) or reply
         assert reply is not None
         if drop_after:
             await _drop(send)
@@ -213,7 +213,7 @@ def _check_request(
     fake: HTTPHost, route: str, session_id: str | None, headers: dict[str, str]
 ) -> _Reply | None:
     """Faults, auth, beta header and session lookup: an error reply, or None to proceed."""
-    failures = fake.faults.failures.get(route)
+    failures = _failures(fake, route, session_id)
     if failures and not failures[0].after_processing:
         return _failure_reply(failures.popleft())
     if route == "unknown" or (session_id is None and route not in _SESSIONLESS):
@@ -249,9 +249,17 @@ def _failure_reply(failure: InjectedFailure) -> _Reply:
     return _Reply(failure.status, body, dict(failure.headers))
 
 
-def _failure_after_processing(fake: HTTPHost, route: str) -> _Reply | None:
+def _failures(
+    fake: HTTPHost, route: str, session_id: str | None
+) -> collections.deque[InjectedFailure] | None:
+    """The injected failures waiting for this request: its session's, then its route's."""
+    own = fake.faults.failures.get(f"{route} {session_id}") if session_id else None
+    return own or fake.faults.failures.get(route)
+
+
+def _failure_after_processing(fake: HTTPHost, route: str, session_id: str | None) -> _Reply | None:
     """The injected answer that replaces a served request's own (``after_processing``)."""
-    failures = fake.faults.failures.get(route)
+    failures = _failures(fake, route, session_id)
     if failures and failures[0].after_processing:
         return _failure_reply(failures.popleft())
     return None

@@ -22,6 +22,7 @@ import pytest
 from agentfn_asgi.calls.records import CallRecord, CallState
 from agentfn_asgi.client import AgentsClient, RetryEvent
 from agentfn_asgi.dispatch import DispatchSettings
+from agentfn_asgi.dispatch.scheduler import RESOLVERS
 from agentfn_asgi.errors import InternalServerError
 from agentfn_asgi.results import success_event
 from agentfn_asgi.store import Store
@@ -388,6 +389,108 @@ async def test_a_session_not_found_at_first_is_read_again_and_answered() -> None
     assert [s.call_id for s in stack.fake.submissions] == ["c1"]
     retrieves = [r.status for r in stack.fake.requests if r.route == "retrieve"]
     assert retrieves[:3] == [404, 404, 404] and retrieves[3] == 200
+
+
+@pytest.mark.slow
+async def test_failing_session_reads_do_not_hold_up_a_healthy_session() -> None:
+    """1,000 sessions whose reads fail (500s over loopback) are queued before a healthy one:
+    each failing read is tried once and waits for its retry off the resolvers, behind fresh
+    work, so the healthy session is read right after those first tries and answered. (Before,
+    each failing read held a resolver through all its retries: about 3 s each, 8 at a time.)
+    """
+    tools = Tools()
+    async with fault_stack(tools.registry, settings=QUICK, loopback=True, webhooks=False) as stack:
+        failing = [lookup_session(stack.fake) for _ in range(1000)]
+        for sid in failing:
+            stack.fake.fail_next("retrieve", 5, 500, session_id=sid)
+        healthy = lookup_session(stack.fake)
+        dispatcher = stack.app.dispatcher
+        for sid in failing:
+            dispatcher.schedule(sid)
+        began = time.monotonic()
+        dispatcher.schedule(healthy)
+        # Not a timing bound: only a limit to fail at (before, this took about 6 minutes).
+        await stack.fake.wait_for_submissions(1, timeout=20)
+        answered = time.monotonic() - began
+    print(f"healthy session answered {answered:.2f} s after 1,000 failing ones")
+    reads = [r.path.rsplit("/", 1)[1] for r in requests(stack.fake, "retrieve")]
+    before = reads[: reads.index(healthy)]
+    # Read before it: the failing sessions' first tries, and no retry but those the other
+    # resolvers had under way (the fake records a request when it answers).
+    assert len(before) - len(set(before)) < 2 * RESOLVERS
+    assert len(set(before)) > 1000 - RESOLVERS
+    assert [s.session_id for s in stack.fake.submissions][:1] == [healthy]
+
+
+@pytest.mark.slow
+async def test_fresh_work_goes_before_reads_waiting_for_their_retry() -> None:
+    """Reads slowed to 20 ms, so that retries of 300 failing sessions pile up on the queue:
+    a session scheduled then is read before them."""
+    tools = Tools()
+    async with fault_stack(tools.registry, settings=QUICK, loopback=True, webhooks=False) as stack:
+        stack.fake.set_latency("retrieve", 0.02)
+        failing = [lookup_session(stack.fake) for _ in range(300)]
+        for sid in failing:
+            stack.fake.fail_next("retrieve", 5, 500, session_id=sid)
+        dispatcher = stack.app.dispatcher
+        for sid in failing:
+            dispatcher.schedule(sid)
+
+        async def retries_waiting() -> bool:  # every session tried once, many due again
+            tried = len(requests(stack.fake, "retrieve")) >= len(failing)
+            return tried and dispatcher._queue is not None and dispatcher._queue.qsize() >= 100
+
+        await until(retries_waiting)
+        healthy = lookup_session(stack.fake)
+        mark = len(stack.fake.requests)
+        dispatcher.schedule(healthy)
+        await stack.fake.wait_for_submissions(1, timeout=20)
+    seen: set[str] = set()
+    retried = 0
+    for index, request in enumerate(requests(stack.fake, "retrieve")):
+        sid = request.path.rsplit("/", 1)[1]
+        if sid == healthy:
+            break
+        retried += sid in seen and index >= mark
+        seen.add(sid)
+    # Only reads under way when it came (one per resolver), or begun while its own read was
+    # (the other resolvers'), are answered before it: 224 of them without the ranking.
+    assert retried < 2 * RESOLVERS
+
+
+async def test_a_failing_live_read_keeps_its_tries_and_waits() -> None:
+    """A session read failing with 503 and ``Retry-After: 0.2`` is tried as the client's own
+    loop would (the first try and ``max_retries`` more, each after the wait asked for), while
+    another session is read and answered in between, then left to the sweep."""
+    tools = Tools()
+    retries: list[RetryEvent] = []
+    settings = replace(QUICK, recovery_interval=30.0)
+    async with fault_stack(
+        tools.registry,
+        settings=settings,
+        webhooks=False,
+        client_options={"on_retry": retries.append, "sleep": anyio.sleep, "max_retries": 3},
+    ) as stack:
+        failing, healthy = lookup_session(stack.fake), lookup_session(stack.fake)
+        stack.fake.fail_next("retrieve", 4, 503, retry_after=0.2, session_id=failing)
+        stack.app.dispatcher.schedule(failing)
+        stack.app.dispatcher.schedule(healthy)
+        await stack.fake.wait_for_submissions(1, timeout=5)
+
+        async def four_tries() -> bool:
+            return len(requests(stack.fake, "retrieve")) >= 5
+
+        await until(four_tries)
+        await anyio.sleep(0.3)  # and no fifth
+    reads = [(r.path.rsplit("/", 1)[1], r.status, r.at) for r in requests(stack.fake, "retrieve")]
+    tries = [(status, at) for sid, status, at in reads if sid == failing]
+    assert [status for status, _ in tries] == [503] * 4
+    assert all(later[1] - earlier[1] >= 0.19 for earlier, later in itertools.pairwise(tries))
+    assert [(status, at < tries[1][1]) for sid, status, at in reads if sid == healthy] == [
+        (200, True)
+    ]
+    assert [(e.attempt, e.delay, e.status) for e in retries] == [(n, 0.2, 503) for n in (1, 2, 3)]
+    assert [s.session_id for s in stack.fake.submissions] == [healthy]
 
 
 async def test_a_delivery_flood_keeps_the_queue_bounded() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallState
+from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallState, ClaimStatus
 from agentfn_asgi.dispatch.approvals import ApprovalView
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.results import failure_result
@@ -301,3 +301,26 @@ async def test_every_approval_request_is_told_even_when_the_answer_was_lost(
     for record in histories:
         assert record is not None
         assert [e.kind for e in record.history] == ["claimed", "approval_requested"]
+
+
+@BACKENDS
+async def test_a_lost_answer_to_claiming_a_due_retry_still_answers_retry(backend: str) -> None:
+    """The claim of a retry that came due commits and its answer is lost: the store sends it
+    again, finds the call claimed by this very claim (the retry row's nonce) and answers as
+    the first did, a fresh attempt (RETRY), not "in doubt" (where a side-effect tool without
+    a reconcile hook would fail "may or may not have completed" though nothing ran)."""
+    async with lossy_store(backend) as (store, proxy):
+        key = CallKey("sess", "turn", "call_" + secrets.token_hex(4))
+        await store.claim_call(key, tool_name="t", owner="first", lease_seconds=60)
+        assert await store.schedule_retry(
+            key, owner="first", attempt=1, at=time.time() - 1, reason="HTTP 429"
+        )
+        owner = "retrier-" + secrets.token_hex(4)
+        # The request that makes the retry row: Redis' claim script (it names the owner);
+        # on PostgreSQL the upsert that declines the call names the owner too, so the
+        # statement of the row is found by the nonce it records.
+        proxy.arm(owner.encode() if backend == "redis" else b":retry")
+        outcome = await store.claim_call(key, tool_name="t", owner=owner, lease_seconds=60)
+    assert proxy.dropped == 1
+    record = outcome.record
+    assert (outcome.status, record.attempt, record.owner) == (ClaimStatus.RETRY, 2, owner)

@@ -85,6 +85,7 @@ __all__ = [
     "appended",
     "apply",
     "bucket_tokens",
+    "claim_nonces",
     "claimed_with",
     "holds",
     "in_doubt",
@@ -306,7 +307,9 @@ _FLOW_CONTROL: Final = (
         (_from(CallState.RETRY_SCHEDULED, guards=frozenset({Guard.DUE})),),
         CallState.CLAIMED,
         event="retried",
-        sets=_sets(**_NEXT_ATTEMPT),
+        # The claim's nonce for this row: its own claim, sent again after a lost answer,
+        # answers RETRY as the first did (reclaimed), not "in doubt".
+        sets=_sets(**{**_NEXT_ATTEMPT, "nonce": ":nonce_retry"}),
         says=_OWNER,
     ),
     Transition(
@@ -350,7 +353,7 @@ _FLOW_CONTROL: Final = (
         (_from(CallState.WAITING, guards=frozenset({Guard.LEASE_LAPSED})),),
         CallState.CLAIMED,
         event="adopted",
-        sets=_sets(**_NEXT_ATTEMPT),
+        sets=_sets(**{**_NEXT_ATTEMPT, "nonce": ":nonce_adopt"}),
         says=_OWNER,
     ),
 )
@@ -544,11 +547,25 @@ CLAIM_ORDER: Final = (
 )
 
 
-def reclaimed(record: CallRecord) -> ClaimStatus:
-    """What our own retried claim answers: it waits still, or it is ours (in doubt when it
-    is not the first attempt)."""
+def claim_nonces(nonce: str) -> dict[str, str]:
+    """The arguments a claim passes for the rows that record which of them it made
+    (``retry``, ``adopt``), from its one-off ``nonce``."""
+    return {"nonce_retry": f"{nonce}:retry", "nonce_adopt": f"{nonce}:adopt"}
+
+
+def reclaimed(record: CallRecord, *, nonce: str | None = None) -> ClaimStatus:
+    """What our own claim answers when it is sent again (its answer was lost, the store
+    retried it): it waits still; or what the first answered, told by the row's ``nonce``
+    (``retry``: a fresh attempt; ``adopt``: claimed); else claimed, in doubt when it is not
+    the first attempt (a takeover)."""
     if record.state is CallState.WAITING:
         return ClaimStatus.WAITING
+    if nonce is not None and record.nonce is not None:
+        made = claim_nonces(nonce)
+        if record.nonce == made["nonce_retry"]:
+            return ClaimStatus.RETRY
+        if record.nonce == made["nonce_adopt"]:
+            return ClaimStatus.CLAIMED
     return ClaimStatus.CLAIMED if record.attempt == 1 else ClaimStatus.IN_DOUBT
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from agentfn_asgi.calls.states import (
     allows,
     apply,
     bucket_tokens,
+    claim_nonces,
     holds,
     in_doubt,
     reclaimed,
@@ -286,6 +288,7 @@ class MemoryStore(Transitions):
     ) -> ClaimOutcome:
         now = self._clock()
         record = self._get(key)
+        nonce = secrets.token_hex(8)
         args = {
             "now": now,
             "key": key,
@@ -294,6 +297,7 @@ class MemoryStore(Transitions):
             "lease_expires_at": now + lease_seconds,
             "takeover_before": now - margin,
             "delivery_id": delivery_id,
+            **claim_nonces(nonce),
         }
         for name, status in CLAIM_ORDER:
             if not holds(TRANSITIONS[name], record, args):
@@ -301,7 +305,7 @@ class MemoryStore(Transitions):
             if record is not None and name == "reclaim":
                 # Our own claim, retried: it is ours already (and asks for a slot if it
                 # holds none yet).
-                status = reclaimed(record)
+                status = reclaimed(record, nonce=nonce)
                 if record.state is CallState.WAITING or record.limiter is not None:
                     return ClaimOutcome(status, _plain(record))
             elif name == "take_over" and limit is not None:

@@ -143,6 +143,9 @@ def call_view(record: CallRecord | None, *, history: bool = False) -> object:
         if f.name not in ("history", "history_dropped")
     }
     view["state"] = record.state.value
+    # A claim's own nonce is random (one per claim_call): the row it names is what counts.
+    if isinstance(record.nonce, str) and record.nonce.endswith((":retry", ":adopt")):
+        view["nonce"] = "<claim>" + record.nonce.rsplit(":", 1)[1]
     if history:
         view["history"] = [event_view(event) for event in record.history]
         view["history_dropped"] = record.history_dropped

@@ -408,6 +408,11 @@ def _claim_order() -> str:
         # Our own claim, retried: ours already; it asks for a slot if it holds none yet.
         "reclaim": """  local status = 'in_doubt'
   if c.attempt == '1' then status = 'claimed' end
+  -- The row this claim made, when it is this claim sent again (reclaimed() of the table).
+  local made = redis.call('HGET', key, 'nonce')
+  if made == a.nonce_retry then status = 'retry' elseif made == a.nonce_adopt then
+    status = 'claimed'
+  end
   if c.state == 'waiting' then return {'waiting', redis.call('HGETALL', key)} end
   if L and not redis.call('HGET', key, 'limiter') then return taken(status) end
   return {status, redis.call('HGETALL', key)}
@@ -438,8 +443,9 @@ def _claim_order() -> str:
 # the same script, whatever the claim decides (claim_call's resolves_delivery).
 # KEYS: the call's hash[, the delivery's hash]. ARGV: N, now, member, namespace, owner,
 # lease_expires_at, takeover_before, tool_name, session_id, turn_id, call_id, delivery_id
-# ('' = none), then only with a limit: its name, concurrency, rate, burst ('' = no bound).
-# Returns {status, hash fields}.
+# ('' = none), the nonces of the retry and adopt rows (claim_nonces of the table), then
+# only with a limit: its name, concurrency, rate, burst ('' = no bound). Returns {status,
+# hash fields}.
 CLAIM = _script(
     _ADMISSION
     + "".join(lua_apply(name) for name, _ in CLAIM_ORDER if name != "reclaim")
@@ -451,8 +457,9 @@ local a = {now = ARGV[2], namespace = ARGV[4], owner = ARGV[5], lease_expires_at
            takeover_before = ARGV[7], tool_name = ARGV[8], session_id = ARGV[9],
            turn_id = ARGV[10], call_id = ARGV[11]}
 if ARGV[12] ~= '' then a.delivery_id = ARGV[12] end
+a.nonce_retry, a.nonce_adopt = ARGV[13], ARGV[14]
 local L = nil
-if ARGV[13] then L = read_limit(13) end
+if ARGV[15] then L = read_limit(15) end
 -- The claim as taken; with a limit, its holder then takes a slot or waits.
 local function taken(status)
   if L then

@@ -82,6 +82,7 @@ import hashlib
 import inspect
 import logging
 import math
+import secrets
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -99,6 +100,7 @@ from agentfn_asgi.calls.records import (
     Limit,
     StoreStats,
 )
+from agentfn_asgi.calls.states import claim_nonces
 from agentfn_asgi.errors import (
     ConfigurationError,
     StoreError,
@@ -563,6 +565,7 @@ class RedisStore(Transitions):
         :meth:`Store.claim_call`."""
         now = self._clock()
         resolved = [] if delivery_id is None or not resolves_delivery else [delivery_id]
+        made = claim_nonces(secrets.token_hex(8))
         status, flat = await self._step(
             "claim",
             key,
@@ -575,6 +578,9 @@ class RedisStore(Transitions):
             key.turn_id,
             key.call_id,
             delivery_id or "",
+            # This claim's own, should it be sent again (a lost answer): which row it made.
+            made["nonce_retry"],
+            made["nonce_adopt"],
             # Without a limit the script reads nothing of the limiters: nothing is passed.
             *(() if limit is None else _limit_args(limit)),
             now=now,

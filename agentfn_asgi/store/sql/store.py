@@ -46,6 +46,7 @@ path: claims, saves, the sweep) leaves them out; ``{detail_columns}`` adds them.
 from __future__ import annotations
 
 import abc
+import secrets
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -61,7 +62,14 @@ from agentfn_asgi.calls.records import (
     Limit,
     StoreStats,
 )
-from agentfn_asgi.calls.states import TRANSITIONS, admits, allows, bucket_tokens, reclaimed
+from agentfn_asgi.calls.states import (
+    TRANSITIONS,
+    admits,
+    allows,
+    bucket_tokens,
+    claim_nonces,
+    reclaimed,
+)
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.store._codec import (
     claim_status_for,
@@ -330,6 +338,8 @@ class SQLStore(Transitions, abc.ABC):
     ) -> ClaimOutcome:
         """Decide who runs ``key`` with one upsert; see :meth:`Store.claim_call`."""
         now = self._clock()
+        # One-off, so that this claim sent again after a lost answer knows its own row.
+        nonce = secrets.token_hex(8)
         params = {
             **self._key(key),
             "tool_name": tool_name,
@@ -338,6 +348,8 @@ class SQLStore(Transitions, abc.ABC):
             "takeover_before": now - margin,
             "lease_expires_at": now + lease_seconds,
             "delivery_id": delivery_id,
+            "nonce": nonce,
+            **claim_nonces(nonce),
         }
         # The delivery's resolution rides on the claim's first statement.
         resolve = RESOLVE_DELIVERY if resolves_delivery and delivery_id is not None else None
@@ -365,7 +377,7 @@ class SQLStore(Transitions, abc.ABC):
             taken, row = found
             record = _call_record(row)
             if taken == 0:
-                return ClaimOutcome(reclaimed(record), record)
+                return ClaimOutcome(reclaimed(record, nonce=nonce), record)
             if taken == 1:
                 return ClaimOutcome(ClaimStatus.RETRY, record)
             if allows(TRANSITIONS["adopt"], record, now=now, margin=margin):
@@ -408,7 +420,7 @@ class SQLStore(Transitions, abc.ABC):
             if allows(TRANSITIONS["reclaim"], record, now=now, owner=str(owner)):
                 # Our own claim, retried: it is ours already (and asks for a slot if it
                 # holds none yet).
-                status = reclaimed(record)
+                status = reclaimed(record, nonce=str(params["nonce"]))
                 if record.state is CallState.CLAIMED and record.limiter is None:
                     return (yield from self._admitted(status, rows[0], limit, params, now))
                 return ClaimOutcome(status, record)

@@ -382,11 +382,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
         Transition(
             "reclaim",
             "claim_call",
-            (
-                _from(
-                    CallState.CLAIMED, CallState.WAITING, guards=frozenset({Guard.OWN_LIVE_LEASE})
-                ),
-            ),
+            (_from(CallState.CLAIMED, CallState.WAITING, guards=_OWN_LIVE),),
             Target.SAME,
         ),
         Transition(

@@ -253,10 +253,6 @@ class MemoryStore(Transitions):
         self._data.calls[(self.namespace, record.key)] = record
         return record
 
-    def _step(self, name: str, record: CallRecord | None, **args: Any) -> CallRecord:
-        """Row ``name`` on ``record`` now (its guards checked by the caller)."""
-        return self._put(apply(TRANSITIONS[name], record, {"now": self._clock(), **args}))
-
     async def claim_call(
         self,
         key: CallKey,

@@ -268,6 +268,7 @@ async def test_a_cancelled_turn_withdraws_the_request_and_nothing_runs() -> None
             "the turn was cancelled; withdrawn while it waited for a person's approval"
         )
         assert other.approval is not None
+        assert isinstance(stack.store, MemoryStore)
         assert await stack.store.waiting_approvals() == []
         with pytest.raises(ApprovalDecidedError, match="no longer waits: the call is cancelled"):
             await stack.app.approve(other.approval.approval_id, by="alice")

@@ -415,6 +415,10 @@ class AgentWebhookApp:
         end = await follow_session(
             self.client, session_id, on_action, backoff=backoff, notice=logger.info
         )
+        if owed:
+            # The turn ended (idle, cancelled, failed, deleted): stop what it no longer owes,
+            # rather than wait for handlers whose answers nobody wants.
+            await self.dispatcher.resolve(session_id, settle=True)
         await self.dispatcher.wait_for(owed)
         records = [await self.store.get_call(key) for key in owed]
         return FollowSummary(

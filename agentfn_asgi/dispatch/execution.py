@@ -76,7 +76,14 @@ from ..messages import (
 from ..results import encode_result, escape_surrogates, failure_result
 from ..running import invoke, run_reconcile
 from ..store.base import ApprovalStore, Store
-from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
+from ..tools import (
+    FunctionTool,
+    NotRun,
+    Ran,
+    ReconcileOutcome,
+    ToolContext,
+    derive_idempotency_key,
+)
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .leases import Lease, LeaseKeeper, LeaseLostError
@@ -687,14 +694,7 @@ class Executor:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
             async with self._leases.kept(attempt.lease):
-                verdict = await run_reconcile(
-                    tool,
-                    arguments,
-                    context,
-                    threads=self._threads,
-                    time_limit=policy.timeout,
-                    wait_limit=policy.thread_wait,
-                )
+                verdict = await self._reconcile(tool, arguments, context)
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
             if not isinstance(verdict, NotRun):
@@ -851,6 +851,20 @@ class Executor:
             return None
         return record.reason or "cancelled"
 
+    async def _reconcile(
+        self, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> ReconcileOutcome:
+        """What the tool's reconcile hook answers, under the tool's time limits."""
+        policy = self._policy(tool)
+        return await run_reconcile(
+            tool,
+            arguments,
+            context,
+            threads=self._threads,
+            time_limit=policy.timeout,
+            wait_limit=policy.thread_wait,
+        )
+
     async def _tell_reconcile(
         self, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
     ) -> None:
@@ -864,15 +878,7 @@ class Executor:
                 tool.name,
             )
             return
-        policy = self._policy(tool)
-        verdict = await run_reconcile(
-            tool,
-            arguments,
-            context,
-            threads=self._threads,
-            time_limit=policy.timeout,
-            wait_limit=policy.thread_wait,
-        )
+        verdict = await self._reconcile(tool, arguments, context)
         said = {Ran: "it ran", NotRun: "it did not run"}.get(type(verdict), "unknown")
         logger.warning(
             "call %s of %s was cancelled while it ran; its reconcile hook says: %s",

@@ -279,9 +279,7 @@ async def receiver() -> AsyncIterator[tuple[str, FakeAgentsAPI]]:
 async def test_send_delivers_a_signed_event(capsys: pytest.CaptureFixture[str]) -> None:
     """``send`` signs with the secret and prints the receiver's answer; exit 0 on 2xx."""
     async with receiver() as (url, _):
-        code = await run_cli(
-            "send", url, "--secret", SECRET, "--type", "agent.session.in_progress"
-        )
+        code = await run_cli("send", url, "--secret", SECRET, "--type", "agent.session.in_progress")
         assert code == 0
         out = capsys.readouterr().out
         assert out.startswith("200 OK")

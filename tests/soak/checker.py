@@ -32,13 +32,16 @@ store's call records, the replicas' logs and the nemesis' outages. It asserts:
     record at all (no replica had heard of it yet);
   - no handler is still running :data:`STOP_WITHIN` seconds after the cancellation was
     *heard*: the first 2xx ``agent.session.idle``/``agent.session.failed`` webhook delivery
-    for the session to a replica that was up, or, without one, the cancellation time plus the
-    replicas' re-read interval. Every ``long_task``/``long_task_sync`` run of the turn's
-    calls (a ``start`` ledger line, stamped with when the run first saw it) has its ``end``
-    or ``cancelled`` line seen by then (a run started later counts as still running). A run
-    may stay open if a replica was killed or stopped between its start and that deadline
-    (its handler died or froze with it); the ledger does not say which replica ran it, so
-    each such outage, of any replica, excuses one open run (listed, not blamed).
+    for the session to a replica that was up, or, without one, the cancellation time plus
+    the replicas' re-read interval; then, since a webhook only says that the session
+    changed, the first read of the session the fake answered 2xx from that moment on (when
+    the nemesis slows or refuses reads, that is when a replica could know). Every
+    ``long_task``/``long_task_sync`` run of the turn's calls (a ``start`` ledger line,
+    stamped with when the run first saw it) has its ``end`` or ``cancelled`` line seen by
+    then (a run started later counts as still running). A run may stay open if a replica
+    was killed or stopped between its start and that deadline (its handler died or froze
+    with it); the ledger does not say which replica ran it, so each such outage, of any
+    replica, excuses one open run (listed, not blamed).
 """
 
 from __future__ import annotations
@@ -318,8 +321,9 @@ def _check_approvals(history: History, report: Report) -> None:
 
 
 def _heard(history: History, cancellation: Cancellation) -> float:
-    """When a replica that was up first heard that the turn ended (see the docstring)."""
-    heard = [
+    """When a replica that was up first heard that the turn ended, and could read which
+    calls it ended (see the docstring)."""
+    webhooks = [
         d.at
         for d in history.deliveries
         if d.session_id == cancellation.session_id
@@ -328,7 +332,17 @@ def _heard(history: History, cancellation: Cancellation) -> float:
         and d.at >= cancellation.at
         and not _down(history, history.replica_urls.get(d.url), d.at)
     ]
-    return min(heard, default=cancellation.at + history.reread_interval)
+    heard = min(webhooks, default=cancellation.at + history.reread_interval)
+    reads = [
+        r.at
+        for r in history.requests
+        if r.route == "retrieve"
+        and r.status is not None
+        and 200 <= r.status < 300
+        and r.at >= heard
+        and r.path.rstrip("/").endswith("/" + cancellation.session_id)
+    ]
+    return min(reads, default=heard)
 
 
 def _down(history: History, replica: int | None, at: float) -> bool:

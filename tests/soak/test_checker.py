@@ -377,6 +377,22 @@ def test_the_cancellation_is_heard_from_a_live_replicas_2xx_else_after_the_rerea
     assert check(_cancelled(stopped_at_210, deliveries=[_idle(199.0)])).ok
 
 
+def _read(at: float, status: int | None) -> RecordedRequest:
+    return RecordedRequest("GET", "/v1/agents/sessions/sess_2", "retrieve", status, {}, at)
+
+
+def test_a_slowed_or_refused_read_of_the_session_delays_hearing_it() -> None:
+    # Heard at 200.5, but the session could be read only at 204 (refused, then slow).
+    stopped_at_206 = [(195.0, "start"), (206.0, "cancelled")]
+    reads = [_read(199.0, 200), _read(201.0, 503), _read(202.0, None), _read(204.0, 200)]
+    assert check(_cancelled(stopped_at_206, requests=reads)).ok
+    assert _bad(_cancelled(stopped_at_206))
+    # Read at once (a read before the webhook, or of another session, is not it).
+    other = RecordedRequest("GET", "/v1/agents/sessions/sess_22", "retrieve", 200, {}, 205.0)
+    assert _bad(_cancelled(stopped_at_206, requests=[*reads[:1], _read(200.6, 200), other]))
+    assert _bad(_cancelled(stopped_at_206, requests=[reads[0], other]))
+
+
 def test_a_handler_a_replica_outage_took_down_is_excused_and_listed() -> None:
     killed = [(195.0, "start")]
     report = check(_cancelled(killed, outages=[Outage(1, 197.0, 199.0)]))

@@ -127,8 +127,9 @@ CALL_COLUMNS: Final = (
     ("error_type", "{text}"),
     ("source", "{text}"),
     ("full_output", "{text}"),
-    # why the call is held for an operator (state quarantined)
-    ("reason", "{text}"),
+    # CallRecord.reason: why the call is held for an operator, or was cancelled (the name is
+    # schema 1's, as 0.1.0 released it)
+    ("quarantine_reason", "{text}"),
     # when the sweep may retry a saved result's submission, and how many failed
     ("next_attempt_at", "{real} NOT NULL DEFAULT 0"),
     ("failures", "{integer} NOT NULL DEFAULT 0"),

@@ -61,6 +61,12 @@ def test_the_claim_says_what_it_does_to_which_state() -> None:
     assert "THEN c.limiter ELSE NULL END" in text
 
 
+def _version_row(version: int, readable_from: int) -> str:
+    """The statement that records a version (numbers only: no input reaches it)."""
+    values = f"VALUES ({version}, {readable_from})"
+    return "INSERT INTO {p}schema_version (version, readable_from) " + values
+
+
 def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
     """A new database gets the newest tables and indexes, made by the first step, and its
     version row last; one already there gets nothing."""
@@ -70,7 +76,7 @@ def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
     assert changes[len(TABLES) : -2] == [fill(index) for index in INDEXES]
     assert changes[-2:] == [
         "DELETE FROM {p}schema_version",
-        f"INSERT INTO {{p}}schema_version (version, readable_from) VALUES ({len(STEPS)}, 1)",
+        _version_row(len(STEPS), 1),
     ]
     assert schema_changes((len(STEPS), 1), "db") == []
 
@@ -89,14 +95,13 @@ def test_a_database_takes_the_steps_it_lacks_and_the_version_they_give(
     assert schema_changes((now, 1), "db") == [
         "ALTER TABLE {p}calls ADD COLUMN note {text}",
         "DELETE FROM {p}schema_version",
-        f"INSERT INTO {{p}}schema_version (version, readable_from) VALUES ({now + 1}, 1)",
+        _version_row(now + 1, 1),
     ]
     monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand, contract))
     assert schema_changes((now, 1), "db")[-3:] == [
         "DROP INDEX {p}calls_approved",
         "DELETE FROM {p}schema_version",
-        "INSERT INTO {p}schema_version (version, readable_from)"
-        f" VALUES ({now + 2}, {now + 1})",
+        _version_row(now + 2, now + 1),
     ]
     new = schema_changes(None, "db")
     assert not [c for c in new if "note" in c or c.startswith("DROP")]

@@ -287,7 +287,7 @@ async def test_unreadable_schema_is_refused(db_path: Path) -> None:
     (await _opened(db_path)).close()
     ahead = len(STEPS) + 2
     with sqlite3.connect(db_path) as raw:
-        raw.execute(f"UPDATE schema_version SET version = {ahead}, readable_from = {ahead - 1}")
+        raw.execute("UPDATE schema_version SET version = ?, readable_from = ?", (ahead, ahead - 1))
     raw.close()
     store = SQLiteStore(db_path)
     with pytest.raises(

@@ -57,6 +57,7 @@ from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
 from .dispatch.approvals import ApprovalView
 from .errors import (
+    APIError,
     ConfigurationError,
     StoreError,
     WebhookHeaderError,
@@ -72,7 +73,7 @@ from .store import Store, store_location
 from .stream import FollowSummary, follow_session, stream_delivery_id
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
-from .wire import AgentSession, parse_webhook_event
+from .wire import SESSION_BUDGET_REACHED, AgentSession, parse_webhook_event
 
 __all__ = ["AgentWebhookApp"]
 
@@ -374,7 +375,8 @@ class AgentWebhookApp:
         await self.dispatcher.recover(session_id)
 
     async def follow(self, session_id: str, *, backoff: Backoff | None = None) -> FollowSummary:
-        """Drive one session from its event stream until it is idle, failed or cancelled.
+        """Drive one session from its event stream until it is idle, failed, cancelled or
+        paused on its spending limit (``budget_reached``).
 
         Stream mode, for scripts and notebooks that create the session themselves: no
         webhook reaches this process. Whenever the session requires action, a delivery is
@@ -411,6 +413,12 @@ class AgentWebhookApp:
         end = await follow_session(
             self.client, session_id, on_action, backoff=backoff, notice=logger.info
         )
+        if end.status == SESSION_BUDGET_REACHED and owed:
+            # Paused on its budget, the session may still list calls: the follow ended as
+            # soon as they were scheduled, so they are started here before being waited for
+            # (one more read; those already in flight are left alone).
+            with contextlib.suppress(APIError):
+                await self.dispatcher.resolve(session_id, settle=False)
         await self.dispatcher.wait_for(owed)
         records = [await self.store.get_call(key) for key in owed]
         return FollowSummary(

@@ -23,6 +23,7 @@ from ._lenient import LenientJSONError, Unreadable, find_unreadable, lenient_loa
 __all__ = [
     "AGENT_WEBHOOK_EVENT_TYPES",
     "INPUT_EVENT_TYPES",
+    "SESSION_BUDGET_REACHED",
     "WEBHOOK_EVENT_TYPES",
     "APIErrorDetail",
     "ActionRequiredWebhookData",
@@ -42,6 +43,7 @@ __all__ = [
     "SessionList",
     "SessionListItem",
     "SessionWebhookData",
+    "SpendControl",
     "ToolResultEvent",
     "WebhookEndpoint",
     "WebhookEndpointDeleted",
@@ -53,6 +55,7 @@ __all__ = [
     "WireModel",
     "parse_session",
     "parse_webhook_event",
+    "turn_error_reason",
 ]
 
 #: ``type`` values of ``POST /agents/sessions/{id}/events`` input events (wire protocol §4).
@@ -211,12 +214,31 @@ RequiredAction = Annotated[
 # Session (wire protocol §3)
 
 
+#: The session status of a session paused on its spending limit (openai 3.63).
+SESSION_BUDGET_REACHED = "budget_reached"
+
+
+class SpendControl(WireModel):
+    """A session's spending limit (openai 3.63): ``limit`` and ``consumed`` in USD cents;
+    ``limit`` None means no limit. A session whose ``consumed`` reached its ``limit`` is
+    paused (status ``budget_reached``)."""
+
+    limit: int | None = None
+    consumed: int | None = None
+
+    @property
+    def reached(self) -> bool:
+        """Has the session spent its whole limit?"""
+        return self.limit is not None and (self.consumed or 0) >= self.limit
+
+
 class AgentSession(WireModel):
     """A managed agent session as returned by ``GET /agents/sessions/{id}``.
 
     ``required_actions`` is the authority on what is still owed. ``status`` stays a plain
-    string so a new status value never breaks parsing. ``agent``, ``environment`` and
-    ``usage`` are kept as raw dicts: the middleware does not read them.
+    string so a new status value never breaks parsing (openai 3.63 added
+    ``budget_reached``: paused on its ``spend_control`` limit). ``agent``, ``environment``
+    and ``usage`` are kept as raw dicts: the middleware does not read them.
     """
 
     id: str
@@ -231,6 +253,12 @@ class AgentSession(WireModel):
     environment: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     vault_ids: list[str] = Field(default_factory=list)
+    spend_control: SpendControl | None = None
+
+    @property
+    def budget_reached(self) -> bool:
+        """Is the session paused because its spending limit was reached?"""
+        return self.status == SESSION_BUDGET_REACHED
 
     @property
     def function_calls(self) -> list[FunctionCallAction]:
@@ -244,6 +272,35 @@ class AgentSession(WireModel):
             if action.turn_id == turn_id and action.call_id == call_id:
                 return action
         return None
+
+
+#: What a turn's error ``code`` (openai 3.63 ``session_turn_error``) means, for the people
+#: who read why a call was cancelled: the page, the CLI, the log and the span.
+_TURN_ERROR_REASONS = {
+    "session_budget_exceeded": "the session reached its spending limit",
+    "usage_limit_exceeded": "a usage limit was reached",
+    "project_spend_limit_exceeded": "the project reached its spending limit",
+    "organization_spend_limit_exceeded": "the organization reached its spending limit",
+    "credit_balance_exhausted": "the credit balance is exhausted",
+    "billing_not_active": "billing is not active",
+    "sandbox_error": "the sandbox failed",
+    "context_length_exceeded": "the conversation exceeded the model's context length",
+    "max_output_tokens": "the model reached its output token limit",
+    "resource_not_found": "a resource the turn needed was not found",
+}
+
+
+def turn_error_reason(code: str | None) -> str:
+    """A short human reason for a failed turn's error ``code`` ("the session reached its
+    spending limit"), for operators; an unknown code is named as it is (printable
+    characters only, at most 64), a missing one says the turn failed."""
+    if not code:
+        return "the turn failed"
+    known = _TURN_ERROR_REASONS.get(code)
+    if known is not None:
+        return known
+    shown = "".join(c for c in code[:64] if c.isprintable())
+    return f"the turn failed ({shown})"
 
 
 class SessionListItem(WireModel):

@@ -1,0 +1,188 @@
+"""Session budgets (openai 3.63): ``spend_control`` and the status ``budget_reached`` on the
+wire, the fake pausing a session on its budget, and stream mode ending on
+``agent.session.budget_reached`` as the openai SDK's helper does (once the root turn seen
+ended, or at once when none was seen) instead of waiting for the server to close the
+stream; a turn's error code as a human reason."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentfn_asgi import FunctionTools
+from agentfn_asgi.backoff import Backoff
+from agentfn_asgi.client import AgentsClient
+from agentfn_asgi.session_events import SessionBudgetReachedEvent, parse_session_event
+from agentfn_asgi.stream import follow_session
+from agentfn_asgi.testing import Connection, FakeAgentsAPI, FakeCall, serve_fake
+from agentfn_asgi.wire import AgentSession, SpendControl, parse_session, turn_error_reason
+from tests.support.stack import API_KEY, SECRET, running_stack
+
+pytestmark = pytest.mark.anyio
+
+FAST_BACKOFF = Backoff(base=0.01, cap=0.05)
+
+
+def test_spend_control_and_the_budget_reached_status_parse() -> None:
+    """A paused session: status ``budget_reached``, ``spend_control`` read; a missing or
+    unlimited one reads as never reached."""
+    session = parse_session(
+        b'{"id": "sess_1", "status": "budget_reached",'
+        b' "spend_control": {"limit": 500, "consumed": 512}}'
+    )
+    assert session.budget_reached
+    assert session.spend_control == SpendControl(limit=500, consumed=512)
+    assert session.spend_control is not None and session.spend_control.reached
+    assert not SpendControl(limit=None, consumed=900).reached
+    assert not SpendControl(limit=500, consumed=None).reached
+    older = parse_session(b'{"id": "sess_2", "status": "idle"}')
+    assert older.spend_control is None and not older.budget_reached
+
+
+def test_the_budget_reached_event_parses_with_its_snapshot() -> None:
+    event = parse_session_event(
+        {
+            "type": "agent.session.budget_reached",
+            "event_id": "ev_1",
+            "session": {"id": "sess_1", "status": "budget_reached"},
+        }
+    )
+    assert isinstance(event, SessionBudgetReachedEvent)
+    assert event.session.budget_reached
+
+
+def test_a_turn_error_code_reads_as_a_reason() -> None:
+    """Known codes in words; an unknown one named (printable, bounded); none: failed."""
+    assert turn_error_reason("session_budget_exceeded") == "the session reached its spending limit"
+    assert turn_error_reason("project_spend_limit_exceeded") == (
+        "the project reached its spending limit"
+    )
+    assert turn_error_reason("new_code") == "the turn failed (new_code)"
+    assert turn_error_reason("x\x00y" + "z" * 100) == "the turn failed (xy" + "z" * 61 + ")"
+    assert turn_error_reason(None) == turn_error_reason("") == "the turn failed"
+
+
+async def test_the_fake_pauses_a_session_on_its_budget_without_a_webhook() -> None:
+    """Status ``budget_reached``, ``spend_control`` consumed at least the limit, the stream
+    event recorded, no webhook (the API has none for it); a pending call stays pending and
+    takes its result, but no next step opens while paused."""
+    tools = FunctionTools()
+    release = asyncio.Event()
+
+    @tools.function
+    async def lookup(key: str) -> str:
+        """Wait for the test."""
+        await release.wait()
+        return key
+
+    async with running_stack(tools) as conn:
+        session_id = conn.fake.create_session(
+            [[FakeCall("lookup", {"key": "a"})], [FakeCall("lookup", {"key": "b"})]]
+        )
+        await conn.fake.drain_webhooks()
+        sent = len(conn.fake.deliveries)
+        with pytest.raises(ValueError, match="consumed"):
+            conn.fake.pause_on_budget(session_id, limit=100, consumed=99)
+        conn.fake.pause_on_budget(session_id, limit=100)
+        snapshot = conn.fake.session(session_id)
+        assert snapshot["status"] == "budget_reached"
+        assert snapshot["spend_control"] == {"limit": 100, "consumed": 100}
+        assert conn.fake.events(session_id)[-1]["type"] == "agent.session.budget_reached"
+        release.set()
+        async with asyncio.timeout(10):
+            await conn.fake.wait_for_submissions(1)
+        await conn.fake.drain_webhooks()
+        assert conn.fake.session(session_id)["status"] == "budget_reached"
+        assert conn.fake.required_actions(session_id) == []
+        assert [d.event_type for d in conn.fake.deliveries[sent:]] == []
+
+
+async def stack(tools: FunctionTools) -> AsyncIterator[Connection]:
+    # No webhook: only the stream drives the app.
+    async with running_stack(tools, webhooks=False, loopback=True) as conn:
+        yield conn
+
+
+async def test_follow_ends_when_the_session_is_paused_on_its_budget() -> None:
+    """Paused while its call runs: the follow ends as ``budget_reached`` (before, it waited
+    for the server to close the stream: here, for ever), once the call it owes settled."""
+    tools = FunctionTools()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @tools.function
+    async def slow(key: str) -> str:
+        """Wait for the test."""
+        started.set()
+        await release.wait()
+        return key
+
+    async for conn in stack(tools):
+        session_id = conn.fake.create_session([[FakeCall("slow", {"key": "x"})]])
+        follow = asyncio.create_task(conn.app.follow(session_id, backoff=FAST_BACKOFF))
+        async with asyncio.timeout(20):
+            await started.wait()
+            conn.fake.pause_on_budget(session_id, limit=250, consumed=260)
+            release.set()
+            summary = await follow
+        assert summary.status == "budget_reached"
+        assert (summary.calls_owed, summary.results_submitted) == (1, 1)
+
+
+async def test_follow_of_a_session_already_paused_answers_what_it_owes_and_ends() -> None:
+    """The first read finds the session paused with a call still listed: the call is
+    answered and the follow ends as ``budget_reached``."""
+    tools = FunctionTools()
+
+    @tools.function
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+    async for conn in stack(tools):
+        session_id = conn.fake.create_session([[FakeCall("lookup", {"key": "x"})]])
+        conn.fake.pause_on_budget(session_id)
+        async with asyncio.timeout(20):
+            summary = await conn.app.follow(session_id, backoff=FAST_BACKOFF)
+        assert summary.status == "budget_reached"
+        assert summary.results_submitted == 1
+
+
+@pytest.mark.parametrize("turn_end", [None, "agent.session.turn.completed"])
+async def test_budget_reached_waits_for_the_root_turn_seen_to_end(turn_end: str | None) -> None:
+    """As the SDK's helper: once the follower saw the root turn start, ``budget_reached``
+    ends the follow only if that turn ended; otherwise it goes on (here until the turn is
+    cancelled: ``cancelled``)."""
+    async with FakeAgentsAPI(api_key=API_KEY, webhook_secret=SECRET) as fake:
+        session_id = fake.create_session([[FakeCall("lookup", {"key": "a"})]])
+        session = fake.sessions[session_id]
+        reads: list[AgentSession] = []
+
+        async def answer(found: AgentSession) -> None:
+            reads.append(found)  # answers nothing: the turn stays open
+
+        async with (
+            serve_fake(fake) as base_url,
+            AgentsClient(api_key=API_KEY, base_url=base_url) as client,
+        ):
+            follow = asyncio.create_task(
+                follow_session(client, session_id, answer, backoff=FAST_BACKOFF)
+            )
+            async with asyncio.timeout(20):
+                while not reads:
+                    await asyncio.sleep(0.01)
+                assert session.current is not None
+                # The follower sees the root turn start (as if it began while followed).
+                session._emit_turn("agent.session.turn.created", session.current)
+                if turn_end is not None:
+                    session._emit_turn(turn_end, session.current)
+                fake.pause_on_budget(session_id)
+                if turn_end is None:
+                    while len(reads) < 2:  # budget_reached made it read the session
+                        await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.1)
+                    assert not follow.done()
+                    fake.cancel_turn(session_id)
+                end = await follow
+        assert end.status == ("cancelled" if turn_end is None else "budget_reached")

@@ -311,6 +311,7 @@ class SessionListItem(WireModel):
     status: str
     created_at: int | None = None
     last_active_at: int | None = None
+    spend_control: SpendControl | None = None
 
 
 class SessionList(WireModel):

@@ -7,17 +7,25 @@ stream; a turn's error code as a human reason."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
 from agentfn_asgi import FunctionTools
+from agentfn_asgi.admin import AdminApp
 from agentfn_asgi.backoff import Backoff
+from agentfn_asgi.cli.calls import format_call
+from agentfn_asgi.cli.ops import format_overview
 from agentfn_asgi.client import AgentsClient
+from agentfn_asgi.operator import PausedSession
 from agentfn_asgi.session_events import SessionBudgetReachedEvent, parse_session_event
 from agentfn_asgi.stream import follow_session
 from agentfn_asgi.testing import Connection, FakeAgentsAPI, FakeCall, serve_fake
 from agentfn_asgi.wire import AgentSession, SpendControl, parse_session, turn_error_reason
+from tests.admin.conftest import TOKEN, admin_url, host_app
 from tests.support.stack import API_KEY, SECRET, running_stack
 
 pytestmark = pytest.mark.anyio
@@ -186,3 +194,51 @@ async def test_budget_reached_waits_for_the_root_turn_seen_to_end(turn_end: str 
                     fake.cancel_turn(session_id)
                 end = await follow
         assert end.status == ("cancelled" if turn_end is None else "budget_reached")
+
+
+async def test_status_and_the_page_list_sessions_paused_on_their_budget() -> None:
+    """The overview reads the project's newest sessions: the paused one is listed with its
+    limit and consumption, in ``status`` and on the page; without the API it is unknown.
+    ``calls show`` and the page say a counted call's place in its session's budget."""
+    tools = FunctionTools()
+
+    @tools.function(max_calls_per_session=2)
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+    async with running_stack(tools) as conn:
+        session_id = conn.fake.create_session([[FakeCall("lookup", {"key": "a"}, call_id="a")]])
+        other = conn.fake.create_session([[FakeCall("lookup", {"key": "b"})]])
+        async with asyncio.timeout(10):
+            await conn.fake.wait_for_submissions(2)
+        conn.fake.pause_on_budget(session_id, limit=500, consumed=512)
+        view = conn.app.operator()
+        overview = await view.overview()
+        assert overview.paused_on_budget == (
+            PausedSession(session_id=session_id, limit=500, consumed=512),
+        )
+        assert other not in str(overview.paused_on_budget)
+        report = format_overview(overview)
+        assert "1 sessions on their spending limit" in report
+        assert f"  {session_id}  consumed 512 of 500" in report
+        detail = await view.call("a", session_id=session_id)
+        assert detail.summary.counted == 1
+        assert "budget    call 1 counted against its session's budget" in format_call(
+            detail, now=time.time()
+        )
+        assert [e.detail for e in detail.history if e.kind == "counted"] == ["1 of 2"]
+        admin = AdminApp(view, tokens=[TOKEN])
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=host_app(admin)), base_url="http://testserver"
+        ) as http:
+            bearer = {"authorization": f"Bearer {TOKEN}"}
+            page = (await http.get(admin_url("/"), headers=bearer)).text
+            shown = (
+                await http.get(admin_url(f"/call?id=a&session={session_id}"), headers=bearer)
+            ).text
+        assert "Sessions paused on their spending limit" in page
+        assert session_id in page.split("paused on their spending limit")[1]
+        assert "<dt>Budget</dt><dd>call 1 of the session" in shown
+    unknown = format_overview(dataclasses.replace(overview, paused_on_budget=None))
+    assert "unknown: sessions paused on their spending limit" in unknown

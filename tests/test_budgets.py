@@ -242,3 +242,43 @@ async def test_status_and_the_page_list_sessions_paused_on_their_budget() -> Non
         assert "<dt>Budget</dt><dd>call 1 of the session" in shown
     unknown = format_overview(dataclasses.replace(overview, paused_on_budget=None))
     assert "unknown: sessions paused on their spending limit" in unknown
+
+
+async def test_stream_mode_ends_on_budget_reached_as_it_does_on_idle(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Two follows over real loopback HTTP: one ends on ``idle`` after its call's result,
+    the other on ``budget_reached`` while its call runs. Both end on the event itself, not
+    on the server closing the stream (the fake never does); the seconds from the event to
+    the follow's end are printed side by side."""
+    tools = FunctionTools()
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @tools.function
+    async def slow(key: str) -> str:
+        """Wait for the test."""
+        started.set()
+        await release.wait()
+        return key
+
+    ended: dict[str, float] = {}
+    async for conn in stack(tools):
+        for how in ("idle", "budget_reached"):
+            started.clear()
+            release.clear()
+            session_id = conn.fake.create_session([[FakeCall("slow", {"key": how})]])
+            follow = asyncio.create_task(conn.app.follow(session_id, backoff=FAST_BACKOFF))
+            async with asyncio.timeout(20):
+                await started.wait()
+                at = asyncio.get_running_loop().time()
+                if how == "budget_reached":
+                    conn.fake.pause_on_budget(session_id)
+                release.set()
+                summary = await follow
+            ended[how] = asyncio.get_running_loop().time() - at
+            assert summary.status == how and summary.results_submitted == 1
+    with capsys.disabled():
+        print(
+            f"\n[budgets/stream] follow ended {ended['budget_reached']:.3f} s after "
+            f"budget_reached, {ended['idle']:.3f} s after the result that made it idle"
+        )

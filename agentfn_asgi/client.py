@@ -77,6 +77,7 @@ from agentfn_asgi.wire import (
     SESSION_ID_RE,
     AgentSession,
     SessionList,
+    SessionTurn,
     WebhookEndpoint,
     WebhookEndpointDeleted,
     WebhookEndpointList,
@@ -293,6 +294,21 @@ class AgentsClient:
         except ValueError as exc:
             raise APIError(
                 f"malformed session body: {exc}",
+                status=response.status_code,
+                request_id=response.headers.get("x-request-id"),
+            ) from exc
+
+    async def retrieve_turn(self, session_id: str, turn_id: str) -> SessionTurn:
+        """``GET /agents/sessions/{id}/turns/{turn_id}``: the turn's status and error (why
+        the calls it waited for stopped being owed)."""
+        if not SESSION_ID_RE.fullmatch(turn_id):
+            raise ValueError(f"invalid turn id: {turn_id!r}")
+        response = await self._request("GET", f"{_session_path(session_id)}/turns/{turn_id}")
+        try:
+            return SessionTurn.model_validate_json(response.content)
+        except ValueError as exc:
+            raise APIError(
+                f"malformed turn body: {exc}",
                 status=response.status_code,
                 request_id=response.headers.get("x-request-id"),
             ) from exc

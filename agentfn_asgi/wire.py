@@ -42,9 +42,11 @@ __all__ = [
     "RequiredActionRef",
     "SessionList",
     "SessionListItem",
+    "SessionTurn",
     "SessionWebhookData",
     "SpendControl",
     "ToolResultEvent",
+    "TurnError",
     "WebhookEndpoint",
     "WebhookEndpointDeleted",
     "WebhookEndpointList",
@@ -291,16 +293,15 @@ _TURN_ERROR_REASONS = {
 
 
 def turn_error_reason(code: str | None) -> str:
-    """A short human reason for a failed turn's error ``code`` ("the session reached its
-    spending limit"), for operators; an unknown code is named as it is (printable
-    characters only, at most 64), a missing one says the turn failed."""
+    """Why a turn failed, for the people who read why its calls were cancelled: its error
+    ``code`` (printable characters only, at most 64) and, for a code openai 3.63 documents,
+    what it means: ``"the turn failed (session_budget_exceeded: the session reached its
+    spending limit)"``; ``"the turn failed"`` without a code."""
     if not code:
         return "the turn failed"
-    known = _TURN_ERROR_REASONS.get(code)
-    if known is not None:
-        return known
     shown = "".join(c for c in code[:64] if c.isprintable())
-    return f"the turn failed ({shown})"
+    meaning = _TURN_ERROR_REASONS.get(code)
+    return f"the turn failed ({shown}: {meaning})" if meaning else f"the turn failed ({shown})"
 
 
 class SessionListItem(WireModel):
@@ -319,6 +320,24 @@ class SessionList(WireModel):
 
     data: list[SessionListItem] = Field(default_factory=list)
     has_more: bool = False
+
+
+class TurnError(WireModel):
+    """Why a turn failed: ``code`` from a closed list (``session_budget_exceeded``,
+    ``rate_limit_exceeded``, ``internal_error``...) and a message."""
+
+    code: str | None = None
+    message: str = ""
+
+
+class SessionTurn(WireModel):
+    """``GET /agents/sessions/{id}/turns/{turn_id}``, as far as the app reads it: how the
+    turn stands (``queued``, ``in_progress``, ``waiting``, ``completed``, ``failed``,
+    ``cancelled``; a plain string, so a new status never breaks parsing) and its error."""
+
+    id: str
+    status: str
+    error: TurnError | None = None
 
 
 # ---------------------------------------------------------------------------------------------

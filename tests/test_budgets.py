@@ -62,10 +62,13 @@ def test_the_budget_reached_event_parses_with_its_snapshot() -> None:
 
 
 def test_a_turn_error_code_reads_as_a_reason() -> None:
-    """Known codes in words; an unknown one named (printable, bounded); none: failed."""
-    assert turn_error_reason("session_budget_exceeded") == "the session reached its spending limit"
-    assert turn_error_reason("project_spend_limit_exceeded") == (
-        "the project reached its spending limit"
+    """A known code named and in words; an unknown one named (printable, bounded); none:
+    the turn failed."""
+    assert turn_error_reason("session_budget_exceeded") == (
+        "the turn failed (session_budget_exceeded: the session reached its spending limit)"
+    )
+    assert turn_error_reason("project_spend_limit_exceeded").endswith(
+        ": the project reached its spending limit)"
     )
     assert turn_error_reason("new_code") == "the turn failed (new_code)"
     assert turn_error_reason("x\x00y" + "z" * 100) == "the turn failed (xy" + "z" * 61 + ")"

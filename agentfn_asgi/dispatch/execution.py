@@ -163,6 +163,10 @@ class _Retry:
     error_type: str
 
 
+#: A worker's completion for a call in these states is not wanted (answered ``stale``).
+_NOT_OWED = (CallState.STALE, CallState.CANCELLED)
+
+
 class Executor:
     """Claims, runs, saves and submits calls for one dispatcher; see the module docstring."""
 
@@ -193,6 +197,8 @@ class Executor:
         self._slots: asyncio.Semaphore | None = None
         self._threads = ThreadPool(settings.thread_pool_size)
         self._running_since: dict[CallKey, float] = {}
+        #: The lease of each attempt running here: :meth:`stop` loses it.
+        self._running: dict[CallKey, Lease] = {}
         self._policies: dict[str, ResolvedPolicy] = {}
         #: Calls this process just held for a person (their span's source is ``approval``).
         self._held_for_approval: set[CallKey] = set()
@@ -220,6 +226,16 @@ class Executor:
         """Create the concurrency bounds (on the running loop)."""
         self._slots = asyncio.Semaphore(self._settings.max_concurrency)
         self._closed = asyncio.Event()
+
+    def stop(self, key: CallKey, reason: str) -> bool:
+        """Stop the attempt of ``key`` running here, if one is (its call was cancelled):
+        an async handler is cancelled, a synchronous one sees ``ctx.cancelled``, and nothing
+        it returns is saved. Whether one was running."""
+        lease = self._running.get(key)
+        if lease is None:
+            return False
+        lease.lose(f"cancelled: {reason}")
+        return True
 
     def oldest_running_age(self) -> float | None:
         """Seconds since the oldest call still running here started, or None."""
@@ -504,6 +520,7 @@ class Executor:
         retry scheduled in the store (its time is returned)."""
         key, action, tool = attempt.key, attempt.action, attempt.tool
         self._running_since[key] = time.monotonic()
+        self._running[key] = attempt.lease
         span_scope = self._telemetry.tool_call(
             tool_name=action.name,
             session_id=key.session_id,
@@ -526,6 +543,10 @@ class Executor:
                         # Nothing produced after the lease was lost may be saved.
                         self._leases.check(attempt.lease)
                 except LeaseLostError as exc:
+                    if await self._cancelled(key):
+                        logger.info("call %s of %s stopped: %s", key, action.name, exc.reason)
+                        span.set_error("cancelled")
+                        return None
                     logger.error("call %s: %s; its outcome is dropped, not saved", key, exc)
                     span.set_error("lease_lost")
                     return None
@@ -560,6 +581,8 @@ class Executor:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
             self._running_since.pop(key, None)
+            if self._running.get(key) is attempt.lease:
+                del self._running[key]
             if attempt.limiter is not None:
                 self._waiter.wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
         return None
@@ -783,6 +806,7 @@ class Executor:
             deadline=None if timeout is None else self._clock() + timeout,
             idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
             resources=self._resources,
+            cancelled=attempt.lease.cancelled,
         )
 
     def _policy(self, tool: FunctionTool) -> ResolvedPolicy:
@@ -813,6 +837,8 @@ class Executor:
                     wait_limit=policy.thread_wait,
                 )
         except LeaseLostError:
+            if tool.side_effects and await self._cancelled(key):
+                await self._tell_reconcile(tool, arguments, context)
             raise
         except RetryLater as exc:
             return self._retry_or_fail(attempt, tool, policy, exc, after=exc.after)
@@ -849,6 +875,48 @@ class Executor:
                 key, model_error_message(exc, tool_name=tool.name), "handler_error"
             )
         return self._encode(key, tool, value, source="ran")
+
+    async def _cancelled(self, key: CallKey) -> bool:
+        """Was ``key`` cancelled (its lease lost because its turn ended, here or as another
+        replica found)? A store that cannot say counts as no."""
+        lease = self._running.get(key)
+        if lease is not None and (lease.lost or "").startswith("cancelled: "):
+            return True
+        try:
+            record = await self._store.get_call(key)
+        except StoreError:
+            return False
+        return record is not None and record.state is CallState.CANCELLED
+
+    async def _tell_reconcile(
+        self, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> None:
+        """A side-effect call was stopped while it ran: it may have run. Its reconcile hook,
+        if it has one, is asked once (with ``ctx.cancelled`` set), so the host can check and
+        compensate; its answer is logged, and the call stays cancelled."""
+        if tool.reconcile is None:
+            logger.warning(
+                "call %s of %s was cancelled while it ran: it may have run (no reconcile hook)",
+                context.call_id,
+                tool.name,
+            )
+            return
+        policy = self._policy(tool)
+        verdict = await run_reconcile(
+            tool,
+            arguments,
+            context,
+            threads=self._threads,
+            time_limit=policy.timeout,
+            wait_limit=policy.thread_wait,
+        )
+        said = {Ran: "it ran", NotRun: "it did not run"}.get(type(verdict), "unknown")
+        logger.warning(
+            "call %s of %s was cancelled while it ran; its reconcile hook says: %s",
+            context.call_id,
+            tool.name,
+            said,
+        )
 
     def _retry_or_fail(
         self,
@@ -995,7 +1063,7 @@ class Executor:
         ``LookupError``) when ``tool_name`` is not the call's tool.
         """
         record = await self._store.get_call(key)
-        if record is None or record.state is CallState.STALE:
+        if record is None or record.state in _NOT_OWED:
             return "stale", None
         if record.tool_name != tool_name:
             raise CompletionMismatchError("the completion names another tool than its call")
@@ -1014,7 +1082,7 @@ class Executor:
                 result=result,
             )
             crash_point("after_save", tool_name)
-        if record.state is CallState.STALE:
+        if record.state in _NOT_OWED:
             return "stale", None
         if record.result is None or record.result.event_json != result.event_json:
             return "conflict", None

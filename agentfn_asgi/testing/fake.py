@@ -229,6 +229,18 @@ class FakeAgentsAPI:
         stay pending, and no next step opens while the session is paused."""
         self._get(session_id).pause_on_budget(limit=limit, consumed=consumed)
 
+    def fail_turn(
+        self,
+        session_id: str,
+        code: str = "internal_error",
+        message: str = "The turn failed.",
+    ) -> bool:
+        """Fail the active turn with a turn error ``code`` (``session_budget_exceeded``,
+        ``rate_limit_exceeded``...): its calls stop being pending, the session goes
+        ``failed`` and ``agent.session.failed`` is sent to the webhook URL (when one is
+        set). ``GET …/turns/{turn_id}`` then shows the error. False if no turn was active."""
+        return self._get(session_id).fail_turn(code, message)
+
     def delete_session(self, session_id: str) -> None:
         """Forget a session: every request for it then answers 404; streams end."""
         self.sessions.pop(session_id).close_streams()

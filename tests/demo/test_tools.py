@@ -47,6 +47,8 @@ def test_definitions_match_the_contract() -> None:
         "flaky_lookup",
         "limited_echo",
         "capped_lookup",
+        "long_task",
+        "long_task_sync",
     }
     capped = tools.get("capped_lookup")
     assert capped is not None and capped.policy.max_calls_per_session == CAPPED_CALLS == 3

@@ -58,7 +58,6 @@ from .config import Config
 from .dispatch import Dispatcher, DispatchSettings
 from .dispatch.approvals import ApprovalView
 from .errors import (
-    APIError,
     ConfigurationError,
     StoreError,
     WebhookHeaderError,
@@ -74,7 +73,7 @@ from .store import Store, store_location
 from .stream import FollowSummary, follow_session, stream_delivery_id
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
-from .wire import SESSION_BUDGET_REACHED, AgentSession, parse_webhook_event
+from .wire import AgentSession, parse_webhook_event
 
 __all__ = ["AgentWebhookApp"]
 
@@ -417,12 +416,11 @@ class AgentWebhookApp:
         end = await follow_session(
             self.client, session_id, on_action, backoff=backoff, notice=logger.info
         )
-        if end.status == SESSION_BUDGET_REACHED and owed:
-            # Paused on its budget, the session may still list calls: the follow ended as
-            # soon as they were scheduled, so they are started here before being waited for
-            # (one more read; those already in flight are left alone).
-            with contextlib.suppress(APIError):
-                await self.dispatcher.resolve(session_id, settle=False)
+        if owed:
+            # The turn ended (idle, cancelled, failed, deleted): stop what it no longer owes,
+            # rather than wait for handlers whose answers nobody wants. Paused on its budget,
+            # the session may still list calls: this read starts those not started yet.
+            await self.dispatcher.resolve(session_id, settle=True)
         await self.dispatcher.wait_for(owed)
         records = [await self.store.get_call(key) for key in owed]
         return FollowSummary(

@@ -77,7 +77,14 @@ from ..messages import (
 from ..results import encode_result, escape_surrogates, failure_result
 from ..running import invoke, run_reconcile
 from ..store.base import ApprovalStore, Store
-from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
+from ..tools import (
+    FunctionTool,
+    NotRun,
+    Ran,
+    ReconcileOutcome,
+    ToolContext,
+    derive_idempotency_key,
+)
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .leases import Lease, LeaseKeeper, LeaseLostError
@@ -163,6 +170,8 @@ class _Retry:
     error_type: str
 
 
+#: How a lease lost to a cancellation says so (then the reason).
+_CANCELLED = "cancelled: "
 #: A worker's completion for a call in these states is not wanted (answered ``stale``).
 _NOT_OWED = (CallState.STALE, CallState.CANCELLED)
 
@@ -234,7 +243,7 @@ class Executor:
         lease = self._running.get(key)
         if lease is None:
             return False
-        lease.lose(f"cancelled: {reason}")
+        lease.lose(_CANCELLED + reason)
         return True
 
     def oldest_running_age(self) -> float | None:
@@ -543,9 +552,10 @@ class Executor:
                         # Nothing produced after the lease was lost may be saved.
                         self._leases.check(attempt.lease)
                 except LeaseLostError as exc:
-                    if await self._cancelled(key):
-                        logger.info("call %s of %s stopped: %s", key, action.name, exc.reason)
-                        span.set_error("cancelled")
+                    why = await self._cancelled(key)
+                    if why is not None:
+                        logger.info("call %s of %s stopped: cancelled: %s", key, action.name, why)
+                        span.note_cancelled(why)
                         return None
                     logger.error("call %s: %s; its outcome is dropped, not saved", key, exc)
                     span.set_error("lease_lost")
@@ -692,14 +702,7 @@ class Executor:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
             async with self._leases.kept(attempt.lease):
-                verdict = await run_reconcile(
-                    tool,
-                    arguments,
-                    context,
-                    threads=self._threads,
-                    time_limit=policy.timeout,
-                    wait_limit=policy.thread_wait,
-                )
+                verdict = await self._reconcile(tool, arguments, context)
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
             if not isinstance(verdict, NotRun):
@@ -837,7 +840,7 @@ class Executor:
                     wait_limit=policy.thread_wait,
                 )
         except LeaseLostError:
-            if tool.side_effects and await self._cancelled(key):
+            if tool.side_effects and await self._cancelled(key) is not None:
                 await self._tell_reconcile(tool, arguments, context)
             raise
         except RetryLater as exc:
@@ -876,17 +879,33 @@ class Executor:
             )
         return self._encode(key, tool, value, source="ran")
 
-    async def _cancelled(self, key: CallKey) -> bool:
-        """Was ``key`` cancelled (its lease lost because its turn ended, here or as another
-        replica found)? A store that cannot say counts as no."""
+    async def _cancelled(self, key: CallKey) -> str | None:
+        """Why ``key`` was cancelled (its lease lost because its turn ended, here or as
+        another replica found), or None. A store that cannot say counts as not cancelled."""
         lease = self._running.get(key)
-        if lease is not None and (lease.lost or "").startswith("cancelled: "):
-            return True
+        if lease is not None and (lease.lost or "").startswith(_CANCELLED):
+            return (lease.lost or "").removeprefix(_CANCELLED)
         try:
             record = await self._store.get_call(key)
         except StoreError:
-            return False
-        return record is not None and record.state is CallState.CANCELLED
+            return None
+        if record is None or record.state is not CallState.CANCELLED:
+            return None
+        return record.reason or "cancelled"
+
+    async def _reconcile(
+        self, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> ReconcileOutcome:
+        """What the tool's reconcile hook answers, under the tool's time limits."""
+        policy = self._policy(tool)
+        return await run_reconcile(
+            tool,
+            arguments,
+            context,
+            threads=self._threads,
+            time_limit=policy.timeout,
+            wait_limit=policy.thread_wait,
+        )
 
     async def _tell_reconcile(
         self, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
@@ -901,15 +920,7 @@ class Executor:
                 tool.name,
             )
             return
-        policy = self._policy(tool)
-        verdict = await run_reconcile(
-            tool,
-            arguments,
-            context,
-            threads=self._threads,
-            time_limit=policy.timeout,
-            wait_limit=policy.thread_wait,
-        )
+        verdict = await self._reconcile(tool, arguments, context)
         said = {Ran: "it ran", NotRun: "it did not run"}.get(type(verdict), "unknown")
         logger.warning(
             "call %s of %s was cancelled while it ran; its reconcile hook says: %s",

@@ -120,4 +120,5 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         approval=ApprovalRequest.from_json(row.get("approval")) if row.get("approval_id") else None,
         limiter=row.get("limiter") or None,
         nonce=row.get("nonce") or None,
+        counted=None if row.get("counted") in (None, "") else int(row["counted"]),
     )

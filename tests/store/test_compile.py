@@ -120,9 +120,11 @@ def test_each_row_is_one_lua_function_making_its_effects(name: str) -> None:
 
 
 def test_every_row_run_alone_has_its_script() -> None:
-    """The rows a store makes one at a time each have a script; the claim's and the
-    admission's rows live inside CLAIM and ADMIT, rendered in the claim's order."""
-    alone = {n for n, r in TRANSITIONS.items() if r.operation not in ("claim_call", "admit_call")}
+    """The rows a store makes one at a time each have a script; the claim's, the
+    admission's and the count's rows live inside CLAIM, ADMIT and COUNT, rendered in the
+    claim's order."""
+    inside = ("claim_call", "admit_call", "count_call")
+    alone = {n for n, r in TRANSITIONS.items() if r.operation not in inside}
     assert set(lua.TRANSITIONS) == alone - {"prune"}
     for name, script in lua.TRANSITIONS.items():
         assert lua_transition(name) in script
@@ -131,6 +133,7 @@ def test_every_row_run_alone_has_its_script() -> None:
         assert f"apply_{name}(key, member, c, a)" in lua.CLAIM
     for name in ("take_slot", "wait", "admit", "keep_waiting"):
         assert f"apply_{name}(key, member, c, a)" in lua.ADMIT
+    assert "if may_count(c, a) then apply_count(key, member, c, a) end" in lua.COUNT
 
 
 def test_a_new_row_is_rendered_with_no_hand_written_text() -> None:

@@ -311,21 +311,24 @@ async def test_unreadable_schema_is_refused(db_path: Path) -> None:
     """A file a later release made unreadable to this one (a contract step) is refused
     with a StoreError naming both versions, and left as it is."""
     (await _opened(db_path)).close()
+    ahead = len(STEPS) + 2
     with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE schema_version SET version = 3, readable_from = 2")
+        raw.execute("UPDATE schema_version SET version = ?, readable_from = ?", (ahead, ahead - 1))
     raw.close()
     store = SQLiteStore(db_path)
-    with pytest.raises(StoreError, match="schema version 3, readable from version 2"):
+    with pytest.raises(
+        StoreError, match=f"schema version {ahead}, readable from version {ahead - 1}"
+    ):
         await store.open()
     await store.close()
     with sqlite3.connect(db_path) as raw:
-        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(3, 2)]
+        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(ahead, ahead - 1)]
     raw.close()
 
 
 async def test_a_new_file_has_the_tables_and_indexes_of_schema_1(db_path: Path) -> None:
     """The first step makes the calls table with its columns in this order and exactly
-    these indexes, and records version 1, readable from 1."""
+    these indexes, and records this release's version, readable from 1."""
     with await _opened(db_path) as raw:
         assert raw.execute("SELECT * FROM schema_version").fetchall() == [(len(STEPS), 1)]
         indexes = {
@@ -336,7 +339,7 @@ async def test_a_new_file_has_the_tables_and_indexes_of_schema_1(db_path: Path) 
         }
         names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
     raw.close()
-    assert names[-10:] == [
+    assert names[-11:] == [
         "quarantine_reason",
         "next_attempt_at",
         "failures",
@@ -344,6 +347,7 @@ async def test_a_new_file_has_the_tables_and_indexes_of_schema_1(db_path: Path) 
         "approval_id",
         "approval",
         "limiter",
+        "counted",
         "history",
         "history_tail",
         "history_count",

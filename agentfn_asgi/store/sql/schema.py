@@ -141,6 +141,9 @@ CALL_COLUMNS: Final = (
     # flow control: the limiter whose slot the call holds (claimed) or waits for (waiting),
     # kept when it moves on; NULL for calls that never asked for a slot
     ("limiter", "{text}"),
+    # call budgets: the call's place among its session's calls of its tool counted against
+    # the tool's max_calls_per_session (set once, kept); NULL for calls never counted
+    ("counted", "{integer}"),
     # the bounded history (see append_sql): the first events, the last ones, how many in all
     ("history", "{text}"),
     ("history_tail", "{text}"),
@@ -223,7 +226,11 @@ def _create_table(table: str) -> str:
 
 #: The schema's steps, oldest first (see :mod:`agentfn_asgi.store._versions`): the first
 #: makes a new database with the newest tables and indexes (:data:`TABLES`, :data:`INDEXES`).
-STEPS: Final = (Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),)
+STEPS: Final = (
+    Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),
+    # 0.2: call budgets (CallRecord.counted); the release before never reads it.
+    Step(("ALTER TABLE {p}calls ADD COLUMN counted {integer}",), readable_from=1),
+)
 
 #: Where a database keeps its version (one row), and how it is read.
 VERSION_TABLE: Final = (

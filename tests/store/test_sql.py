@@ -11,6 +11,7 @@ from agentfn_asgi.errors import StoreError
 from agentfn_asgi.store._codec import record_from_mapping
 from agentfn_asgi.store._versions import Step
 from agentfn_asgi.store.sql import schema as _sql_schema
+from agentfn_asgi.store.sql.compile import sql_tallies
 from agentfn_asgi.store.sql.dialect import SQLITE, postgres_dialect
 from agentfn_asgi.store.sql.schema import (
     CALL_COLUMNS,
@@ -62,51 +63,67 @@ def test_the_claim_says_what_it_does_to_which_state() -> None:
 
 
 def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
-    """A new database gets the newest tables and indexes, made by the first step, and its
-    version row last; one already there gets nothing."""
-    changes = schema_changes(None, "db")
-    creates = [c for c in changes if c.startswith("CREATE TABLE")]
-    assert [c.split()[5] for c in creates] == [f"{{p}}{table}" for table in TABLES]
-    assert changes[len(TABLES) : -2] == [fill(index) for index in INDEXES]
-    assert changes[-2:] == [
-        "DELETE FROM {p}schema_version",
-        "INSERT INTO {p}schema_version (version, readable_from) VALUES (1, 1)",
-    ]
-    assert schema_changes((len(STEPS), 1), "db") == []
+    """A new database gets the newest tables, the tallies' triggers of its engine and the
+    indexes, made by the first step, and its version row last; one already there gets
+    nothing."""
+    for engine in ("sqlite", "postgres"):
+        changes = schema_changes(None, "db", engine=engine)
+        creates = [c for c in changes if c.startswith("CREATE TABLE")]
+        assert [c.split()[5] for c in creates] == [f"{{p}}{table}" for table in TABLES]
+        triggers = [fill(t) for t in sql_tallies(engine)]
+        assert changes[len(TABLES) : len(TABLES) + len(triggers)] == triggers
+        assert changes[len(TABLES) + len(triggers) : -2] == [fill(index) for index in INDEXES]
+        assert changes[-2:] == [
+            "DELETE FROM {p}schema_version",
+            "INSERT INTO {p}schema_version (version, readable_from) VALUES (2, 1)",
+        ]
+        assert schema_changes((len(STEPS), 1), "db", engine=engine) == []
+
+
+def test_version_1_gains_the_tallies_counted_from_its_rows_and_the_listing_indexes() -> None:
+    """Version 1 counted by reading every row: step 2 adds the tallies, their triggers, one
+    count of the rows there, and the listings' indexes; it stays readable from 1 (additive:
+    the release before keeps working beside it)."""
+    changes = schema_changes((1, 1), "db", engine="sqlite")
+    assert changes[0].startswith("CREATE TABLE IF NOT EXISTS {p}tallies")
+    assert changes[1 : 1 + len(sql_tallies("sqlite"))] == [fill(t) for t in sql_tallies("sqlite")]
+    assert any(c.startswith("INSERT INTO {p}tallies") and "FROM {p}calls" in c for c in changes)
+    assert "CREATE INDEX IF NOT EXISTS calls_listed" in " ".join(changes)
+    assert changes[-1] == "INSERT INTO {p}schema_version (version, readable_from) VALUES (2, 1)"
 
 
 def test_a_database_takes_the_steps_it_lacks_and_the_version_they_give(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With a next release's steps: a database of version 1 takes steps 2 and 3 only; an
+    """With a next release's steps: a database of version 2 takes steps 3 and 4 only; an
     additive step keeps it readable from 1, a removal raises that to its own floor; a new
     database takes only the first step (which makes the newest tables) and both numbers."""
     expand = Step(("ALTER TABLE {p}calls ADD COLUMN note {text}",), readable_from=1)
     contract = Step(("DROP INDEX {p}calls_approved",), readable_from=2)
     monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand))
-    assert schema_changes((1, 1), "db") == [
+    assert schema_changes((2, 1), "db", engine="sqlite") == [
         "ALTER TABLE {p}calls ADD COLUMN note {text}",
         "DELETE FROM {p}schema_version",
-        "INSERT INTO {p}schema_version (version, readable_from) VALUES (2, 1)",
+        "INSERT INTO {p}schema_version (version, readable_from) VALUES (3, 1)",
     ]
     monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand, contract))
-    assert schema_changes((1, 1), "db")[-3:] == [
+    assert schema_changes((2, 1), "db", engine="sqlite")[-3:] == [
         "DROP INDEX {p}calls_approved",
         "DELETE FROM {p}schema_version",
-        "INSERT INTO {p}schema_version (version, readable_from) VALUES (3, 2)",
+        "INSERT INTO {p}schema_version (version, readable_from) VALUES (4, 2)",
     ]
-    new = schema_changes(None, "db")
+    new = schema_changes(None, "db", engine="sqlite")
     assert not [c for c in new if "note" in c or c.startswith("DROP")]
-    assert new[-1].endswith("VALUES (3, 2)")
+    assert new[-1].endswith("VALUES (4, 2)")
 
 
 def test_data_ahead_is_worked_on_while_readable_and_refused_after() -> None:
     """A database a later release took an additive step further is left as it is (its
     replicas run beside this one); one that release made unreadable to this one is refused,
     naming both versions."""
-    assert schema_changes((len(STEPS) + 1, 1), "db") == []
-    with pytest.raises(StoreError, match="db has schema version 3, readable from version 2"):
-        schema_changes((3, 2), "db")
+    assert schema_changes((len(STEPS) + 1, 1), "db", engine="sqlite") == []
+    with pytest.raises(StoreError, match="db has schema version 4, readable from version 3"):
+        schema_changes((4, 3), "db", engine="sqlite")
 
 
 class _Recording(dict[str, Any]):

@@ -41,6 +41,8 @@ __all__ = [
     "sql_claim",
     "sql_guard",
     "sql_states",
+    "sql_tallies",
+    "sql_tally_name",
     "sql_transition",
 ]
 
@@ -234,4 +236,73 @@ def sql_claim(on_conflict: str | None) -> str:
         + ",\n        ".join(sets)
         + f"\n    WHERE {sql_guard('take_over', alias='c.')} OR {reclaim}"
         + f"\n    RETURNING {on_conflict}"
+    )
+
+
+def sql_tally_name(row: str) -> str:
+    """What the call ``row`` (``NEW.``, ``OLD.``, or ``""``) counts as in ``{p}tallies``, as
+    SQL: ``calls.<state>``, a submitted failure apart (``calls.submitted.failed``), so the
+    overview splits successes from failures without reading a row."""
+    failed = f"{sql_states(frozenset({CallState.SUBMITTED}), alias=row)} AND {row}success = false"
+    return f"'calls.' || {row}state || CASE WHEN {failed} THEN '.failed' ELSE '' END"
+
+
+_SQLITE_TALLY = (
+    "INSERT INTO {{p}}tallies (namespace, name, shard, n) VALUES ({row}namespace, {name}, 0, {n})"
+    " ON CONFLICT (namespace, name, shard) DO UPDATE SET n = n + excluded.n;"
+)
+_PG_TALLY = (
+    "INSERT INTO {{p}}tallies AS t (namespace, name, shard, n)"
+    " VALUES ({row}namespace, {name}, pg_backend_pid(), {n})"
+    " ON CONFLICT (namespace, name, shard) DO UPDATE SET n = t.n + excluded.n;"
+)
+
+
+def sql_tallies(engine: str) -> tuple[str, ...]:
+    """The triggers that keep ``{p}tallies`` (how many calls in each state, how many
+    deliveries) equal to the tables, for ``engine`` (``sqlite`` or ``postgres``).
+
+    They follow the tables, not the rows of the state table: whichever row (or prune, or a
+    release before this one during a rolling deploy) inserts, changes the state of, or
+    deletes a call, its count moves, in the same statement. A new state needs nothing
+    here. PostgreSQL counts in one row per server process (``shard``: its pid), so two
+    transactions never wait on the same counter (and never deadlock on two); SQLite has
+    one writer and one shard. Readers add the shards up.
+    """
+    new, old = sql_tally_name("NEW."), sql_tally_name("OLD.")
+    if engine == "sqlite":
+        add = _SQLITE_TALLY.format(row="NEW.", name=new, n="1")
+        remove = _SQLITE_TALLY.format(row="OLD.", name=old, n="-1")
+        delivery_in = _SQLITE_TALLY.format(row="NEW.", name="'deliveries'", n="1")
+        delivery_out = _SQLITE_TALLY.format(row="OLD.", name="'deliveries'", n="-1")
+        return (
+            "CREATE TRIGGER IF NOT EXISTS calls_tally_insert AFTER INSERT ON {p}calls"
+            f" BEGIN {add} END",
+            "CREATE TRIGGER IF NOT EXISTS calls_tally_update AFTER UPDATE OF state, success"
+            f" ON {{p}}calls WHEN ({old}) IS NOT ({new}) BEGIN {remove} {add} END",
+            "CREATE TRIGGER IF NOT EXISTS calls_tally_delete AFTER DELETE ON {p}calls"
+            f" BEGIN {remove} END",
+            "CREATE TRIGGER IF NOT EXISTS deliveries_tally_insert AFTER INSERT ON {p}deliveries"
+            f" BEGIN {delivery_in} END",
+            "CREATE TRIGGER IF NOT EXISTS deliveries_tally_delete AFTER DELETE ON {p}deliveries"
+            f" BEGIN {delivery_out} END",
+        )
+    add = _PG_TALLY.format(row="NEW.", name=new, n="1")
+    remove = _PG_TALLY.format(row="OLD.", name=old, n="-1")
+    delivery_in = _PG_TALLY.format(row="NEW.", name="'deliveries'", n="1")
+    delivery_out = _PG_TALLY.format(row="OLD.", name="'deliveries'", n="-1")
+    return (
+        "CREATE OR REPLACE FUNCTION {p}calls_tally() RETURNS trigger LANGUAGE plpgsql AS $$"
+        # The condition in parentheses: PL/pgSQL ends an IF's condition at the first THEN,
+        # a CASE's included.
+        f" BEGIN IF (TG_OP = 'UPDATE' AND ({old}) IS NOT DISTINCT FROM ({new})) THEN RETURN NULL;"
+        f" END IF; IF TG_OP <> 'INSERT' THEN {remove} END IF;"
+        f" IF TG_OP <> 'DELETE' THEN {add} END IF; RETURN NULL; END $$",
+        "CREATE OR REPLACE TRIGGER calls_tally AFTER INSERT OR DELETE OR UPDATE OF state, success"
+        " ON {p}calls FOR EACH ROW EXECUTE FUNCTION {p}calls_tally()",
+        "CREATE OR REPLACE FUNCTION {p}deliveries_tally() RETURNS trigger LANGUAGE plpgsql"
+        f" AS $$ BEGIN IF TG_OP = 'INSERT' THEN {delivery_in} ELSE {delivery_out} END IF;"
+        " RETURN NULL; END $$",
+        "CREATE OR REPLACE TRIGGER deliveries_tally AFTER INSERT OR DELETE ON {p}deliveries"
+        " FOR EACH ROW EXECUTE FUNCTION {p}deliveries_tally()",
     )

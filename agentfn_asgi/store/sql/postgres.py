@@ -218,7 +218,9 @@ class PostgresStore(SQLStore):
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}")
         await conn.execute(self._dialect.render(VERSION_TABLE).text)
         found = await conn.fetchrow(self._dialect.render(READ_VERSION).text)
-        for template in schema_changes(found, f"PostgreSQL schema {self._schema!r}"):
+        for template in schema_changes(
+            found, f"PostgreSQL schema {self._schema!r}", engine="postgres"
+        ):
             await conn.execute(self._dialect.render(template).text)
 
     async def _with_conn(

@@ -176,7 +176,8 @@ WAITING_APPROVALS_EXPIRED: Final = fill(
     _WAITING.format(expired="AND lease_expires_at <= :expired_by")
 )
 COUNT_WAITING_APPROVALS: Final = fill("""
-    SELECT count(*) FROM {p}calls WHERE namespace = :namespace AND {awaiting_approval}""")
+    SELECT coalesce(sum(n), 0) FROM {p}tallies
+    WHERE namespace = :namespace AND name = 'calls.awaiting_approval'""")
 APPROVED_CALLS: Final = fill("""
     SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND {approved}
     ORDER BY updated_at, session_id, turn_id, call_id LIMIT :limit""")
@@ -228,18 +229,21 @@ def list_calls_statement(filters: Sequence[str]) -> str:
     return fill(_LIST_CALLS.format(filters=where))
 
 
-# One statement, so one snapshot, in both databases.
+# One statement, so one snapshot, in both databases; one (name, number) row per figure.
+# Nothing here reads every row: the counts by state and of deliveries are the tallies'
+# (summed over their shards), the others each read an index of what they count (the
+# unresolved deliveries, the claims), and the oldest pending call is one seek of the state
+# index per pending state.
 STATS: Final = fill("""
-    SELECT (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace),
-           (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace AND NOT resolved),
-           (SELECT count(*) FROM {p}deliveries
-            WHERE namespace = :namespace AND NOT resolved AND attempts > 0),
-           count(*) FILTER (WHERE {claimed} AND lease_expires_at < :takeover_before),
-           min(created_at) FILTER (WHERE {pending}),
-           count(*) FILTER (WHERE state = 'submitted' AND success),
-           count(*) FILTER (WHERE state = 'submitted' AND NOT success),
-           {count_by_state}
-    FROM {p}calls WHERE namespace = :namespace""")
+    SELECT name, CAST(sum(n) AS {real}) FROM {p}tallies WHERE namespace = :namespace
+    GROUP BY name
+    UNION ALL SELECT 'unresolved', CAST(count(*) AS {real}) FROM {p}deliveries
+        WHERE namespace = :namespace AND NOT resolved
+    UNION ALL SELECT 'failing', CAST(count(*) AS {real}) FROM {p}deliveries
+        WHERE namespace = :namespace AND NOT resolved AND attempts > 0
+    UNION ALL SELECT 'in_doubt', CAST(count(*) AS {real}) FROM {p}calls
+        WHERE namespace = :namespace AND {claimed} AND lease_expires_at < :takeover_before
+    UNION ALL SELECT 'oldest_pending', min(oldest) FROM ({oldest_pending}) AS pending""")
 
 # Small batches by physical row address keep each delete short, so the write lock (SQLite)
 # or the rows (PostgreSQL) are never held for long. Pending and quarantined calls are never

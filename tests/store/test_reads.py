@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,11 @@ PARAMS: dict[str, object] = {
 COUNTS_AND_LISTS = {"stats": STATS, "deliveries": LIST_DELIVERIES, "unresolved": LIST_UNRESOLVED}
 
 
-async def _fill(store: Store, clock: FakeClock, n: int) -> list[CallKey]:
-    """``n`` calls, three to a tie of first-seen times, a third still claimed, the rest
-    submitted (every seventh a failure); a delivery each."""
+async def _fill(store: Store, clock: FakeClock, n: int, *, start: int = 0) -> list[CallKey]:
+    """``n`` calls (numbered from ``start``), three to a tie of first-seen times, a third
+    still claimed, the rest submitted (every seventh a failure); a delivery each."""
     keys = []
-    for i in range(n):
+    for i in range(start, start + n):
         if i % 3 == 0:
             clock.advance(1)
         key = CallKey(f"s{i % 5}", "t", f"c{i:04}")
@@ -140,8 +140,9 @@ async def test_postgres_counts_and_lists_read_indexes_and_tallies_never_every_ro
         )
         await conn.execute(f'ANALYZE "{schema}".calls, "{schema}".deliveries, "{schema}".tallies')
         dialect = postgres_dialect(schema)
-        templates = {filters: list_calls_statement(filters) for filters in LISTINGS}
-        for name, template in {**templates, **COUNTS_AND_LISTS}.items():
+        templates: dict[object, str] = {f: list_calls_statement(f) for f in LISTINGS}
+        templates.update(COUNTS_AND_LISTS)
+        for name, template in templates.items():
             query = dialect.render(template)
             rows = await conn.fetch("EXPLAIN " + query.text, *query.arguments(PARAMS))
             plan = " | ".join(row[0] for row in rows)
@@ -159,18 +160,18 @@ async def test_postgres_counts_and_lists_read_indexes_and_tallies_never_every_ro
 
 
 @pytest.fixture
-def traced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, str]]]:
+def traced(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
     """Every statement any SQLite connection runs from now on, with the thread it ran on."""
     seen: list[tuple[int, str]] = []
     connect = sqlite3.connect
 
     def traced_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        conn = connect(*args, **kwargs)
+        conn: sqlite3.Connection = connect(*args, **kwargs)
         conn.set_trace_callback(lambda text: seen.append((threading.get_ident(), text)))
         return conn
 
     monkeypatch.setattr(sqlite3, "connect", traced_connect)
-    yield seen
+    return seen
 
 
 async def test_sqlite_reads_of_the_operators_run_off_the_event_loop_thread(
@@ -248,9 +249,7 @@ async def _all_pages(view: Operator, query: CallFilter) -> list[list[str]]:
     pages, cursor = [], None
     while True:
         page = await view.calls(
-            CallFilter(
-                state=query.state, outcome=query.outcome, limit=query.limit, cursor=cursor
-            )
+            CallFilter(state=query.state, outcome=query.outcome, limit=query.limit, cursor=cursor)
         )
         pages.append([c.call_id for c in page.calls])
         if page.next_cursor is None:
@@ -309,3 +308,43 @@ async def test_a_rare_outcome_is_paged_completely_in_bounded_reads(
     assert sorted(listed) == sorted(failed) and len(listed) == len(set(listed))
     assert any(len(page) < 2 for page in pages[:-1])  # cut short by the budget
     assert reads <= len(pages) * (4 // 3 + 1)  # batches of limit + 1, to the budget
+
+
+@pytest.mark.backends
+async def test_postgres_tallies_of_many_connections_fold_into_one_row_at_prune(
+    clock: FakeClock,
+) -> None:
+    """Each server process counts in its own row (writers never wait on one counter); a
+    prune folds them into one per count, and the counts read the same before and after."""
+    try:
+        import asyncpg
+
+        from agentfn_asgi.store.sql.postgres import PostgresStore
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        require_service("postgres", str(exc))
+    schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
+    stores = [PostgresStore(POSTGRES_URL, schema=schema, clock=clock) for _ in range(3)]
+    try:
+        for n, store in enumerate(stores):
+            await _fill(store, clock, 7, start=7 * n)
+        before = await stores[0].stats()
+        rows = await _tally_rows(asyncpg, schema)
+        assert len({shard for _, shard in rows}) >= 3  # one shard per process that wrote
+        assert await stores[1].prune(deliveries_before=0, calls_before=0) == 0
+        assert await stores[2].stats() == before
+        assert {shard for _, shard in await _tally_rows(asyncpg, schema)} == {0}
+        assert before.deliveries == 21 and before.calls_by_state["submitted"] == 14
+        assert (before.successes, before.failures) == (12, 2)
+    finally:
+        await stores[0].destroy()
+        for store in stores:
+            await store.close()
+
+
+async def _tally_rows(asyncpg: Any, schema: str) -> list[tuple[str, int]]:
+    conn = await asyncpg.connect(POSTGRES_URL)
+    try:
+        rows = await conn.fetch(f'SELECT name, shard FROM "{schema}".tallies')
+    finally:
+        await conn.close()
+    return [(row[0], row[1]) for row in rows]

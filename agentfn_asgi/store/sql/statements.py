@@ -30,6 +30,7 @@ __all__ = [
     "EXPIRED_CLAIMS",
     "FIND_APPROVAL",
     "FIND_CALLS",
+    "FOLD_TALLIES",
     "GET_CALL",
     "GET_CALL_DETAIL",
     "GET_CALL_FOR_UPDATE",
@@ -267,6 +268,20 @@ PRUNE_BUCKETS: Final = fill("""
         WHERE updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
+# PostgreSQL only (SQLite's tallies have one shard, and no data-modifying WITH): prune folds
+# the server processes' shards into shard 0, so a tally has about as many rows as there are
+# live processes however many came and went. Rows a transaction holds are skipped, never
+# waited for, and shard 0 (no trigger writes it) is written in name order: two folds never
+# wait on each other in a cycle.
+FOLD_TALLIES: Final = fill("""
+    WITH gone AS (
+        DELETE FROM {p}tallies WHERE {rowid} IN (
+            SELECT {rowid} FROM {p}tallies WHERE namespace = :namespace AND shard <> 0
+            {skip_locked})
+        RETURNING name, n)
+    INSERT INTO {p}tallies AS t (namespace, name, shard, n)
+    SELECT :namespace, name, 0, sum(n) FROM gone GROUP BY name ORDER BY name
+    ON CONFLICT (namespace, name, shard) DO UPDATE SET n = t.n + excluded.n""")
 
 # Revoked credentials: a short store-wide list; each revocation drops the expired ones.
 REVOKE_TOKEN: Final = fill("""

@@ -274,6 +274,22 @@ async def measure(url: str, *, reads: int, seconds: float, rate: float) -> dict[
         return {"overview": overview, "first_page": first, "acks": acks, "page": page}
 
 
+_HEADER = (
+    "| store | calls | overview ms (median / max) | first page ms | acks | ack p50 ms |"
+    " ack p99 ms | ack max ms | overview while acking (median / max) |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def _row(kind: str, n: int, found: dict[str, Any]) -> str:
+    acks = found["acks"]
+    return (
+        f"| {kind} | {n:,} | {_ms(found['overview'])} | {_ms(found['first_page'])} |"
+        f" {len(acks)} | {_p(acks, 0.5):.1f} | {_p(acks, 0.99):.1f} | {max(acks) * 1000:.1f} |"
+        f" {_ms(found['page'])} |"
+    )
+
+
 async def _main(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -281,18 +297,11 @@ async def _main(args: argparse.Namespace) -> None:
             n = args.redis_calls if kind == "redis" else args.calls
             async with _store(kind, n, tmp) as url:
                 found = await measure(url, reads=args.reads, seconds=args.seconds, rate=args.rate)
-            rows.append((kind, n, found))
+            rows.append(_row(kind, n, found))
+            print(rows[-1], flush=True)  # each store's as it is done, the table at the end
     print()
-    print("| store | calls | overview ms (median / max) | first page ms | acks | ack p50 ms |"
-          " ack p99 ms | ack max ms | overview while acking (median / max) |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for kind, n, found in rows:
-        acks = found["acks"]
-        print(
-            f"| {kind} | {n:,} | {_ms(found['overview'])} | {_ms(found['first_page'])} |"
-            f" {len(acks)} | {_p(acks, 0.5):.1f} | {_p(acks, 0.99):.1f} | {max(acks) * 1000:.1f} |"
-            f" {_ms(found['page'])} |"
-        )
+    print(_HEADER)
+    print("\n".join(rows))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # linters, databases' drivers and docs tools: a fresh clone's `make demo` installs that alone.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test check lint types unit docs dist browser screenshots reliability fuzz-long histories-long soak bench bench-quick clean
+.PHONY: demo test check lint types unit docs dist browser screenshots reliability fuzz-long histories-long soak bench bench-quick bench-reads clean
 
 $(STAMP): pyproject.toml agentfn_asgi/_version.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -95,6 +95,11 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
+
+# The operator's reads over a store of 10^6 calls (SQLite, PostgreSQL; Redis 10^5), and
+# webhook acks while the page is read every second: about 10 minutes, mostly filling.
+bench-reads: $(STAMP)
+	$(BIN)/python -m benchmarks.page_reads
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist site *.egg-info

@@ -418,6 +418,9 @@ def _refuse_constant(name: str) -> Any:
 ATTENTION_LIMIT = 50
 #: How many waiting calls the overview reads to count them per tool (the total is exact).
 WAITING_COUNT_LIMIT = 1000
+#: About how many calls one page of :meth:`Operator.calls` reads at most, looking for the
+#: calls of an outcome (see there).
+OUTCOME_READ_BUDGET = 1000
 
 
 class Operator:
@@ -522,13 +525,20 @@ class Operator:
         )
 
     async def calls(self, query: CallFilter) -> CallPage:
-        """A page of calls, newest first (``OperatorInputError`` for a cursor not ours)."""
+        """A page of calls, newest first (``OperatorInputError`` for a cursor not ours).
+
+        A page reads at most about :data:`OUTCOME_READ_BUDGET` calls: an outcome that is a
+        part of a state's calls (``failed`` among the submitted ones) may be rare, and the
+        calls of it are looked for that far only. Then the page holds what was found (maybe
+        nothing) and its ``next_cursor`` goes on from where the reading stopped, so paging
+        still reaches every call, in bounded time per page."""
         before = None if query.cursor is None else _decode_cursor(query.cursor)
         outcome, now = query.outcome, self._clock()
         states = (query.state,) if outcome is None else _OUTCOME_STATES[outcome]
         found: list[CallRecord] = []
+        cut: tuple[float, str, str, str] | None = None  # where a reading stopped short
         for state in states:
-            cursor, matched = before, 0
+            cursor, matched, read = before, 0, 0
             while True:  # an outcome is a part of a state's calls: read on until enough
                 batch = await self._store.list_calls(
                     CallQuery(
@@ -548,13 +558,22 @@ class Operator:
                 ]
                 found += hits
                 matched += len(hits)
+                read += len(batch)
                 if matched > query.limit or len(batch) <= query.limit:
                     break
                 cursor = _position(batch[-1])
+                if read >= OUTCOME_READ_BUDGET:
+                    cut = cursor if cut is None else max(cut, cursor)
+                    break
+        if cut is not None:  # older than the cut, calls of some state were not read yet
+            found = [r for r in found if _position(r) >= cut]
         found.sort(key=_position, reverse=True)
         page = found[: max(0, query.limit)]
-        more = len(found) > len(page) and page
-        next_cursor = _encode_cursor(page[-1]) if more else None
+        next_cursor = None
+        if len(found) > len(page) and page:
+            next_cursor = _encode_cursor(_position(page[-1]))
+        elif cut is not None:
+            next_cursor = _encode_cursor(cut)
         return CallPage(calls=tuple(self._summary(r) for r in page), next_cursor=next_cursor)
 
     async def call(
@@ -772,8 +791,8 @@ def _position(record: CallRecord) -> tuple[float, str, str, str]:
     return record.created_at, key.session_id, key.turn_id, key.call_id
 
 
-def _encode_cursor(record: CallRecord) -> str:
-    raw = json.dumps(list(_position(record)))
+def _encode_cursor(position: tuple[float, str, str, str]) -> str:
+    raw = json.dumps(list(position))
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 

@@ -116,6 +116,7 @@ async def test_schemas_isolate_stores_and_destroy_drops_only_its_own(
         "deliveries",
         "revoked_tokens",
         "schema_version",
+        "tallies",
     ]
     await theirs.destroy()
     assert await _query("SELECT 1 FROM pg_namespace WHERE nspname = $1", other) == []
@@ -279,8 +280,12 @@ async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
     assert {row["indexname"] for row in indexes} == {
         "deliveries_pkey",
         "deliveries_due",
-        "deliveries_received",
+        "deliveries_listed",
+        "deliveries_unresolved",
         "calls_pkey",
+        "calls_listed",
+        "calls_state",
+        "calls_tool",
         "calls_claimed",
         "calls_due",
         "calls_finished",
@@ -291,6 +296,7 @@ async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
         "calls_waiters",
         "revoked_tokens_pkey",
         "buckets_pkey",
+        "tallies_pkey",
     }
     await _execute(f'UPDATE "{schema}".schema_version SET version = 3, readable_from = 3')
     newer = PostgresStore(POSTGRES_URL, schema=schema)

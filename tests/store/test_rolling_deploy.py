@@ -51,6 +51,10 @@ redis.call('INCR', P .. 'test:steps_taken')
 )
 
 
+#: This release's steps (the tests add the next release's).
+_SQL_STEPS = _sql_schema.STEPS
+_REDIS_STEPS = _redis_layout.STEPS
+
 #: What the next release's step left: the version row, what it added, the calls noted.
 Expanded = tuple[list[tuple[int, int]], list[str], list[str]]
 

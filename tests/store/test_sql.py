@@ -11,6 +11,7 @@ from agentfn_asgi.errors import StoreError
 from agentfn_asgi.store._codec import record_from_mapping
 from agentfn_asgi.store._versions import Step
 from agentfn_asgi.store.sql import schema as _sql_schema
+from agentfn_asgi.store.sql.compile import sql_tallies
 from agentfn_asgi.store.sql.dialect import SQLITE, postgres_dialect
 from agentfn_asgi.store.sql.schema import (
     CALL_COLUMNS,
@@ -68,17 +69,33 @@ def _version_row(version: int, readable_from: int) -> str:
 
 
 def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
-    """A new database gets the newest tables and indexes, made by the first step, and its
-    version row last; one already there gets nothing."""
-    changes = schema_changes(None, "db")
-    creates = [c for c in changes if c.startswith("CREATE TABLE")]
-    assert [c.split()[5] for c in creates] == [f"{{p}}{table}" for table in TABLES]
-    assert changes[len(TABLES) : -2] == [fill(index) for index in INDEXES]
-    assert changes[-2:] == [
-        "DELETE FROM {p}schema_version",
-        _version_row(len(STEPS), 1),
-    ]
-    assert schema_changes((len(STEPS), 1), "db") == []
+    """A new database gets the newest tables, the tallies' triggers of its engine and the
+    indexes, made by the first step, and its version row last; one already there gets
+    nothing."""
+    for engine in ("sqlite", "postgres"):
+        changes = schema_changes(None, "db", engine=engine)
+        creates = [c for c in changes if c.startswith("CREATE TABLE")]
+        assert [c.split()[5] for c in creates] == [f"{{p}}{table}" for table in TABLES]
+        triggers = [fill(t) for t in sql_tallies(engine)]
+        assert changes[len(TABLES) : len(TABLES) + len(triggers)] == triggers
+        assert changes[len(TABLES) + len(triggers) : -2] == [fill(index) for index in INDEXES]
+        assert changes[-2:] == [
+            "DELETE FROM {p}schema_version",
+            _version_row(len(STEPS), 1),
+        ]
+        assert schema_changes((len(STEPS), 1), "db", engine=engine) == []
+
+
+def test_version_1_gains_the_tallies_counted_from_its_rows_and_the_listing_indexes() -> None:
+    """Version 1 counted by reading every row: step 2 adds the budgets' column, the tallies,
+    their triggers, one count of the rows there, and the listings' indexes."""
+    changes = schema_changes((1, 1), "db", engine="sqlite")
+    assert changes[0] == "ALTER TABLE {p}calls ADD COLUMN counted {integer}"
+    assert changes[1].startswith("CREATE TABLE IF NOT EXISTS {p}tallies")
+    assert changes[2 : 2 + len(sql_tallies("sqlite"))] == [fill(t) for t in sql_tallies("sqlite")]
+    assert any(c.startswith("INSERT INTO {p}tallies") and "FROM {p}calls" in c for c in changes)
+    assert "CREATE INDEX IF NOT EXISTS calls_listed" in " ".join(changes)
+    assert changes[-1] == _version_row(2, 1)
 
 
 def test_a_database_takes_the_steps_it_lacks_and_the_version_they_give(
@@ -92,18 +109,18 @@ def test_a_database_takes_the_steps_it_lacks_and_the_version_they_give(
     expand = Step(("ALTER TABLE {p}calls ADD COLUMN note {text}",), readable_from=1)
     contract = Step(("DROP INDEX {p}calls_approved",), readable_from=now + 1)
     monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand))
-    assert schema_changes((now, 1), "db") == [
+    assert schema_changes((now, 1), "db", engine="sqlite") == [
         "ALTER TABLE {p}calls ADD COLUMN note {text}",
         "DELETE FROM {p}schema_version",
         _version_row(now + 1, 1),
     ]
     monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand, contract))
-    assert schema_changes((now, 1), "db")[-3:] == [
+    assert schema_changes((now, 1), "db", engine="sqlite")[-3:] == [
         "DROP INDEX {p}calls_approved",
         "DELETE FROM {p}schema_version",
         _version_row(now + 2, now + 1),
     ]
-    new = schema_changes(None, "db")
+    new = schema_changes(None, "db", engine="sqlite")
     assert not [c for c in new if "note" in c or c.startswith("DROP")]
     assert new[-1].endswith(f"VALUES ({now + 2}, {now + 1})")
 
@@ -113,11 +130,11 @@ def test_data_ahead_is_worked_on_while_readable_and_refused_after() -> None:
     replicas run beside this one); one that release made unreadable to this one is refused,
     naming both versions."""
     ahead = len(STEPS) + 2
-    assert schema_changes((len(STEPS) + 1, 1), "db") == []
+    assert schema_changes((len(STEPS) + 1, 1), "db", engine="sqlite") == []
     with pytest.raises(
         StoreError, match=f"db has schema version {ahead}, readable from version {ahead - 1}"
     ):
-        schema_changes((ahead, ahead - 1), "db")
+        schema_changes((ahead, ahead - 1), "db", engine="sqlite")
 
 
 class _Recording(dict[str, Any]):

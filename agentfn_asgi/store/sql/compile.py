@@ -41,6 +41,8 @@ __all__ = [
     "sql_claim",
     "sql_guard",
     "sql_states",
+    "sql_tallies",
+    "sql_tally_name",
     "sql_transition",
 ]
 
@@ -236,4 +238,92 @@ def sql_claim(on_conflict: str | None) -> str:
         + ",\n        ".join(sets)
         + f"\n    WHERE {sql_guard('take_over', alias='c.')} OR {reclaim}"
         + f"\n    RETURNING {on_conflict}"
+    )
+
+
+def sql_tally_name(row: str) -> str:
+    """What the call ``row`` (``NEW.``, ``OLD.``, or ``""``) counts as in ``{p}tallies``, as
+    SQL: ``calls.<state>``, a submitted failure apart (``calls.submitted.failed``), so the
+    overview splits successes from failures without reading a row."""
+    failed = f"{sql_states(frozenset({CallState.SUBMITTED}), alias=row)} AND {row}success = false"
+    return f"'calls.' || {row}state || CASE WHEN {failed} THEN '.failed' ELSE '' END"
+
+
+_SQLITE_TALLY = (
+    "INSERT INTO {{p}}tallies (namespace, name, shard, n) VALUES ({row}namespace, {name}, 0, {n})"
+    " ON CONFLICT (namespace, name, shard) DO UPDATE SET n = n + excluded.n;"
+)
+_PG_TALLY = (
+    "INSERT INTO {{p}}tallies AS t (namespace, name, shard, n)"
+    " VALUES ({row}namespace, {name}, pg_backend_pid(), {n})"
+    " ON CONFLICT (namespace, name, shard) DO UPDATE SET n = t.n + excluded.n;"
+)
+
+
+def sql_tallies(engine: str) -> tuple[str, ...]:
+    """The triggers that keep ``{p}tallies`` (how many calls in each state, how many
+    deliveries) equal to the tables, for ``engine`` (``sqlite`` or ``postgres``).
+
+    They follow the tables, not the rows of the state table: whichever row (or prune, or a
+    release before this one during a rolling deploy) inserts, changes the state of, or
+    deletes a call, its count moves, in the same statement. A new state needs nothing
+    here. PostgreSQL counts in one row per server process (``shard``: its pid), so two
+    transactions never wait on the same counter (and never deadlock on two), and counts a
+    delete once per statement; SQLite has one writer and one shard. Readers add the
+    shards up.
+    """
+    new, old = sql_tally_name("NEW."), sql_tally_name("OLD.")
+    if engine == "sqlite":
+        add = _SQLITE_TALLY.format(row="NEW.", name=new, n="1")
+        remove = _SQLITE_TALLY.format(row="OLD.", name=old, n="-1")
+        delivery_in = _SQLITE_TALLY.format(row="NEW.", name="'deliveries'", n="1")
+        delivery_out = _SQLITE_TALLY.format(row="OLD.", name="'deliveries'", n="-1")
+        return (
+            "CREATE TRIGGER IF NOT EXISTS calls_tally_insert AFTER INSERT ON {p}calls"
+            f" BEGIN {add} END",
+            "CREATE TRIGGER IF NOT EXISTS calls_tally_update AFTER UPDATE OF state, success"
+            f" ON {{p}}calls WHEN ({old}) IS NOT ({new}) BEGIN {remove} {add} END",
+            "CREATE TRIGGER IF NOT EXISTS calls_tally_delete AFTER DELETE ON {p}calls"
+            f" BEGIN {remove} END",
+            "CREATE TRIGGER IF NOT EXISTS deliveries_tally_insert AFTER INSERT ON {p}deliveries"
+            f" BEGIN {delivery_in} END",
+            "CREATE TRIGGER IF NOT EXISTS deliveries_tally_delete AFTER DELETE ON {p}deliveries"
+            f" BEGIN {delivery_out} END",
+        )
+    add = _PG_TALLY.format(row="NEW.", name=new, n="1")
+    remove = _PG_TALLY.format(row="OLD.", name=old, n="-1")
+    delivery_in = _PG_TALLY.format(row="NEW.", name="'deliveries'", n="1")
+    # A delete (prune's batches of 500) is counted once per statement, from its transition
+    # table: one row updated 500 times in one transaction would leave a chain of 500 row
+    # versions for each update to walk.
+    gone = sql_tally_name("")
+    return (
+        "CREATE OR REPLACE FUNCTION {p}calls_tally() RETURNS trigger LANGUAGE plpgsql AS $$"
+        # The condition in parentheses: PL/pgSQL ends an IF's condition at the first THEN,
+        # a CASE's included.
+        f" BEGIN IF (TG_OP = 'UPDATE' AND ({old}) IS NOT DISTINCT FROM ({new})) THEN RETURN NULL;"
+        f" END IF; IF TG_OP = 'UPDATE' THEN {remove} END IF; {add} RETURN NULL; END $$",
+        "CREATE OR REPLACE TRIGGER calls_tally AFTER INSERT OR UPDATE OF state, success"
+        " ON {p}calls FOR EACH ROW EXECUTE FUNCTION {p}calls_tally()",
+        "CREATE OR REPLACE FUNCTION {p}calls_untally() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN INSERT INTO {p}tallies AS t (namespace, name, shard, n)"
+        f" SELECT namespace, {gone}, pg_backend_pid(), -count(*) FROM gone"
+        f" GROUP BY namespace, {gone} ORDER BY 1, 2"
+        " ON CONFLICT (namespace, name, shard) DO UPDATE SET n = t.n + excluded.n;"
+        " RETURN NULL; END $$",
+        "CREATE OR REPLACE TRIGGER calls_untally AFTER DELETE ON {p}calls"
+        " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {p}calls_untally()",
+        "CREATE OR REPLACE FUNCTION {p}deliveries_tally() RETURNS trigger LANGUAGE plpgsql"
+        f" AS $$ BEGIN {delivery_in} RETURN NULL; END $$",
+        "CREATE OR REPLACE TRIGGER deliveries_tally AFTER INSERT ON {p}deliveries"
+        " FOR EACH ROW EXECUTE FUNCTION {p}deliveries_tally()",
+        "CREATE OR REPLACE FUNCTION {p}deliveries_untally() RETURNS trigger LANGUAGE plpgsql"
+        " AS $$ BEGIN INSERT INTO {p}tallies AS t (namespace, name, shard, n)"
+        " SELECT namespace, 'deliveries', pg_backend_pid(), -count(*) FROM gone"
+        " GROUP BY namespace ORDER BY 1"
+        " ON CONFLICT (namespace, name, shard) DO UPDATE SET n = t.n + excluded.n;"
+        " RETURN NULL; END $$",
+        "CREATE OR REPLACE TRIGGER deliveries_untally AFTER DELETE ON {p}deliveries"
+        " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT"
+        " EXECUTE FUNCTION {p}deliveries_untally()",
     )

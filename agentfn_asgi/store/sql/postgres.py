@@ -41,6 +41,7 @@ from agentfn_asgi.errors import (
 from agentfn_asgi.store import redact_url
 from agentfn_asgi.store.sql.dialect import postgres_dialect, quote_identifier
 from agentfn_asgi.store.sql.schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
+from agentfn_asgi.store.sql.statements import FOLD_TALLIES
 from agentfn_asgi.store.sql.store import SQLStore, Statement, Steps
 
 try:
@@ -218,7 +219,9 @@ class PostgresStore(SQLStore):
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}")
         await conn.execute(self._dialect.render(VERSION_TABLE).text)
         found = await conn.fetchrow(self._dialect.render(READ_VERSION).text)
-        for template in schema_changes(found, f"PostgreSQL schema {self._schema!r}"):
+        for template in schema_changes(
+            found, f"PostgreSQL schema {self._schema!r}", engine="postgres"
+        ):
             await conn.execute(self._dialect.render(template).text)
 
     async def _with_conn(
@@ -316,6 +319,15 @@ class PostgresStore(SQLStore):
         return await self._with_conn(action, work_in)
 
     # -- lifecycle -------------------------------------------------------------------------
+    async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
+        """As :meth:`SQLStore.prune`, then the tallies' shards of server processes folded
+        into one (their rows would otherwise pile up as connections come and go)."""
+        removed = await super().prune(
+            deliveries_before=deliveries_before, calls_before=calls_before
+        )
+        await self._count("prune", Statement(FOLD_TALLIES, {"namespace": self.namespace}))
+        return removed
+
     async def open(self) -> None:
         """Create the pool and the schema (under an advisory lock). Idempotent."""
         self._closed = False

@@ -24,7 +24,7 @@ from agentfn_asgi.store._versions import (
     readable_after,
     steps_to_take,
 )
-from agentfn_asgi.store.sql.compile import sql_guard, sql_states
+from agentfn_asgi.store.sql.compile import sql_guard, sql_states, sql_tallies, sql_tally_name
 from agentfn_asgi.store.sql.dialect import WORDS
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "READ_VERSION",
     "STEPS",
     "TABLES",
+    "TALLY_COLUMNS",
     "VERSION_TABLE",
     "Row",
     "fill",
@@ -76,6 +77,14 @@ FRAGMENTS: Final[Mapping[str, str]] = {
     ),
     # The sweep finds the calls whose retry came due by the retry row's own guard.
     "due": sql_guard("retry"),
+    # The first seen of the pending calls of each state, one row each: a seek of the
+    # state index per state (a NULL for a state with none).
+    "oldest_pending": " UNION ALL ".join(
+        f"SELECT (SELECT min(created_at) FROM {{p}}calls WHERE namespace = :namespace"
+        f" AND {_state_in(state)}) AS oldest"
+        for state in CallState
+        if not state.terminal
+    ),
 }
 
 
@@ -168,6 +177,17 @@ BUCKET_COLUMNS: Final = (
     ("tokens", "{real} NOT NULL"),
     ("updated_at", "{real} NOT NULL"),
 )
+#: The counts the overview reads without reading rows (kept by the triggers of
+#: :func:`~agentfn_asgi.store.sql.compile.sql_tallies`): per namespace, how many calls are
+#: in each state (``calls.<state>``, submitted failures apart) and how many deliveries there
+#: are (``deliveries``), in one or more ``shard`` rows each (PostgreSQL: one per server
+#: process) that add up to the count.
+TALLY_COLUMNS: Final = (
+    ("namespace", "{text} NOT NULL"),
+    ("name", "{text} NOT NULL"),
+    ("shard", "{integer} NOT NULL"),
+    ("n", "{integer} NOT NULL"),
+)
 COLUMN_LIST: Final = ", ".join(HOT_COLUMNS)
 DETAIL_COLUMN_LIST: Final = ", ".join(DETAIL_COLUMNS)
 
@@ -177,17 +197,33 @@ TABLES: Final = {
     "calls": (CALL_COLUMNS, ("namespace", "session_id", "turn_id", "call_id")),
     "revoked_tokens": (REVOKED_TOKEN_COLUMNS, ("token_id",)),
     "buckets": (BUCKET_COLUMNS, ("namespace", "limiter")),
+    "tallies": (TALLY_COLUMNS, ("namespace", "name", "shard")),
 }
 
-# Each one serves a query below, so recovery and pruning never scan the whole table; the
-# operators' listings and stats() do (rarely). Every index costs each write that changes
-# its rows: none more.
+# The operators' listings, each in its whole order so a page reads the rows it shows and
+# never sorts (schema version 2).
+_LISTING_INDEXES: Final = (
+    # prune, list_deliveries: newest first
+    "CREATE INDEX IF NOT EXISTS deliveries_listed"
+    " ON {p}deliveries (namespace, received_at, delivery_id)",
+    "CREATE INDEX IF NOT EXISTS deliveries_unresolved"
+    " ON {p}deliveries (namespace, received_at, delivery_id) WHERE NOT resolved",
+    # list_calls, newest first, paged by position: all calls, by state (also the overview's
+    # oldest pending call: one seek per pending state), by tool
+    "CREATE INDEX IF NOT EXISTS calls_listed"
+    " ON {p}calls (namespace, created_at, session_id, turn_id, call_id)",
+    "CREATE INDEX IF NOT EXISTS calls_state"
+    " ON {p}calls (namespace, state, created_at, session_id, turn_id, call_id)",
+    "CREATE INDEX IF NOT EXISTS calls_tool"
+    " ON {p}calls (namespace, tool_name, created_at, session_id, turn_id, call_id)",
+)
+# Each one serves a query below, so no read scans a whole table: recovery, pruning, and the
+# operators' listings and counts (which read the tallies, above) each read what they show
+# from an index. Every index costs each write that changes its rows: none more.
 INDEXES: Final = (
-    # unresolved_deliveries (the sweep's order and cursor)
+    # unresolved_deliveries (the sweep's order and cursor); the overview's counts of them
     "CREATE INDEX IF NOT EXISTS deliveries_due"
     " ON {p}deliveries (namespace, next_attempt_at, delivery_id) WHERE NOT resolved",
-    # prune, list_deliveries
-    "CREATE INDEX IF NOT EXISTS deliveries_received ON {p}deliveries (namespace, received_at)",
     # expired_claims
     "CREATE INDEX IF NOT EXISTS calls_claimed"
     " ON {p}calls (namespace, lease_expires_at) WHERE {claimed}",
@@ -214,6 +250,7 @@ INDEXES: Final = (
     # expired_claims: the waiters whose lease lapsed (their holder died), to be adopted
     "CREATE INDEX IF NOT EXISTS calls_waiters"
     " ON {p}calls (namespace, lease_expires_at) WHERE {waiting}",
+    *_LISTING_INDEXES,
 )
 
 
@@ -224,12 +261,37 @@ def _create_table(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {{p}}{table} ({', '.join(body)})"
 
 
+#: Where a step runs the tallies' triggers of the database at hand
+#: (:func:`~agentfn_asgi.store.sql.compile.sql_tallies`).
+_TALLY_TRIGGERS: Final = "tally triggers"
+#: Version 2 counts what version 1 counted by reading every row: the tallies and their
+#: triggers, counted once from the rows there (the opener's transaction holds the tables:
+#: nothing is written in between); the listings' indexes. Additive: the release before
+#: keeps working beside it (its writes move the tallies too: the triggers are the
+#: database's).
+_TALLIES_AND_LISTINGS: Final = (
+    _create_table("tallies"),
+    _TALLY_TRIGGERS,
+    "DELETE FROM {p}tallies",  # counted afresh, whatever a step taken before left
+    "INSERT INTO {p}tallies (namespace, name, shard, n)"
+    f" SELECT namespace, {sql_tally_name('')}, 0, count(*) FROM {{p}}calls"
+    f" GROUP BY namespace, {sql_tally_name('')}",
+    "INSERT INTO {p}tallies (namespace, name, shard, n)"
+    " SELECT namespace, 'deliveries', 0, count(*) FROM {p}deliveries GROUP BY namespace",
+    "DROP INDEX IF EXISTS {p}deliveries_received",  # deliveries_listed, one column longer
+    *_LISTING_INDEXES,
+)
+
 #: The schema's steps, oldest first (see :mod:`agentfn_asgi.store._versions`): the first
-#: makes a new database with the newest tables and indexes (:data:`TABLES`, :data:`INDEXES`).
+#: makes a new database with the newest tables, triggers and indexes (:data:`TABLES`,
+#: :data:`INDEXES`).
 STEPS: Final = (
-    Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),
-    # 0.2: call budgets (CallRecord.counted); the release before never reads it.
-    Step(("ALTER TABLE {p}calls ADD COLUMN counted {integer}",), readable_from=1),
+    Step((*map(_create_table, TABLES), _TALLY_TRIGGERS, *INDEXES), readable_from=1),
+    # 0.2: call budgets (CallRecord.counted); the tallies and the listings' indexes.
+    Step(
+        ("ALTER TABLE {p}calls ADD COLUMN counted {integer}", *_TALLIES_AND_LISTINGS),
+        readable_from=1,
+    ),
 )
 
 #: Where a database keeps its version (one row), and how it is read.
@@ -240,20 +302,25 @@ VERSION_TABLE: Final = (
 READ_VERSION: Final = "SELECT version, readable_from FROM {p}schema_version"
 
 
-def schema_changes(found: Row | None, where: str) -> list[str]:
-    """The statements that bring a database whose version row is ``found`` (None: a new
-    database) to the last of :data:`STEPS`, recording its version last; none when it is
-    there or ahead. Run them in one transaction, after :data:`VERSION_TABLE` and
-    :data:`READ_VERSION`, with no other opener at work. Raises :class:`StoreError` when the
-    database is of a version this code cannot work on."""
+def schema_changes(found: Row | None, where: str, *, engine: str) -> list[str]:
+    """The statements that bring a ``engine`` (``sqlite`` or ``postgres``) database whose
+    version row is ``found`` (None: a new database) to the last of :data:`STEPS`, recording
+    its version last; none when it is there or ahead. Run them in one transaction, after
+    :data:`VERSION_TABLE` and :data:`READ_VERSION`, with no other opener at work. Raises
+    :class:`StoreError` when the database is of a version this code cannot work on."""
     steps = STEPS
     version, readable_from = (int(found[0]), int(found[1])) if found else (0, 0)
     check_readable(where, version=version, readable_from=readable_from, steps=len(steps))
     if version >= len(steps):
         return []
     readable = readable_after(steps, version, readable_from)
+    changes = [change for step in steps_to_take(steps, version) for change in step.change]
     return [
-        *(fill(change) for step in steps_to_take(steps, version) for change in step.change),
+        *(
+            fill(statement)
+            for change in changes
+            for statement in (sql_tallies(engine) if change == _TALLY_TRIGGERS else (change,))
+        ),
         "DELETE FROM {p}schema_version",
         "INSERT INTO {p}schema_version (version, readable_from)"
         f" VALUES ({len(steps)}, {readable})",

@@ -12,7 +12,10 @@ lock from its first read: one step for every process on the file.
 Event loop. The store's connection belongs to one writer thread, with group commit; the
 operations of one loop turn run inline, in one transaction, when that thread is idle and
 the write lock is free (see :mod:`agentfn_asgi.store.sql.sqlite_writer`); the loop never waits
-on locks or fsync.
+on locks or fsync. The operators' reads (the overview's counts, the listings: what the CLI
+and the operator page show) run on a reader thread with a connection of its own, never on
+the loop and never in the writer's way: in WAL mode a reader sees the last commit and
+neither waits for writers nor holds them up.
 
 Durability. The journal is WAL with ``synchronous=NORMAL`` by default: a committed write
 survives the process being killed (SIGKILL, OOM) because it is already in the WAL file;
@@ -33,6 +36,7 @@ is called again.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import sqlite3
@@ -40,10 +44,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from agentfn_asgi.errors import ConfigurationError, StoreUnavailableError
+from agentfn_asgi.errors import ConfigurationError, StoreError, StoreUnavailableError
 from agentfn_asgi.store.sql.dialect import SQLITE
 from agentfn_asgi.store.sql.schema import READ_VERSION, VERSION_TABLE, Row, schema_changes
 from agentfn_asgi.store.sql.sqlite_writer import STOP, Writer
@@ -99,7 +104,7 @@ def _migrate(conn: sqlite3.Connection, path: str) -> None:
     """Bring the file to this release's schema (inside the opener's transaction)."""
     conn.execute(SQLITE.render(VERSION_TABLE).text)
     found = conn.execute(SQLITE.render(READ_VERSION).text).fetchone()
-    for template in schema_changes(found, f"SQLite store {path}"):
+    for template in schema_changes(found, f"SQLite store {path}", engine="sqlite"):
         conn.execute(SQLITE.render(template).text)
 
 
@@ -199,6 +204,43 @@ def _in_transaction(work: Callable[[sqlite3.Connection], T], conn: sqlite3.Conne
     return answer
 
 
+class _Reader:
+    """The operators' reads: one thread and its own connection to the file (opened on that
+    thread, on its first read), so a read never runs on the event loop's thread."""
+
+    def __init__(self, path: str, busy_timeout: float) -> None:
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self.conn: sqlite3.Connection | None = None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"agentfn-sqlite-reader:{path}")
+
+    def _rows(self, text: str, params: Mapping[str, object]) -> list[Row]:
+        try:
+            if self.conn is None:
+                conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+                conn.execute("PRAGMA query_only = 1")  # it reads: a mistake cannot write
+                self.conn = conn
+            return self.conn.execute(text, params).fetchall()
+        except (sqlite3.OperationalError, OSError) as exc:
+            raise StoreUnavailableError(f"SQLite store {self.path} is unavailable: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite store {self.path} failed: {exc}") from exc
+
+    async def rows(self, text: str, params: Mapping[str, object]) -> list[Row]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, self._rows, text, params)
+
+    def _close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.pool, self._close)
+        self.pool.shutdown(wait=False)
+
+
 class SQLiteStore(SQLStore):
     """SQLite-backed :class:`~agentfn_asgi.store.base.Store`. See the module docstring.
 
@@ -243,6 +285,7 @@ class SQLiteStore(SQLStore):
         self._closed = False
         self._start_lock = threading.Lock()
         self._writer: Writer | None = None
+        self._reader: _Reader | None = None
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
@@ -293,6 +336,18 @@ class SQLiteStore(SQLStore):
     async def _transaction(self, action: str, limiter: str, work: Callable[[], Steps[T]]) -> T:
         return await self._call(functools.partial(_transaction_job, work))
 
+    async def _read(self, action: str, statement: Statement) -> list[Row]:
+        reader = self._reader
+        if reader is None:
+            await self._call(_nothing)  # the file exists, at this release's schema
+            with self._start_lock:
+                reader = self._reader = self._reader or _Reader(self.path, self.busy_timeout)
+        text = SQLITE.render(statement.template).text
+        try:
+            return await reader.rows(text, statement.params)
+        except RuntimeError:  # its pool was shut down: the store was closed meanwhile
+            raise StoreUnavailableError(f"SQLite store {self.path} is closed") from None
+
     async def _pruned(self) -> None:
         # The file keeps the pages deletes free (for later rows) until they are given back:
         # a file of 2 million pruned rows stayed at 934 MB. Given back on the thread, a
@@ -313,6 +368,9 @@ class SQLiteStore(SQLStore):
         with self._start_lock:
             self._closed = True
             writer, self._writer = self._writer, None
+            reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.close()
         if writer is not None:
             await writer.stop()
 

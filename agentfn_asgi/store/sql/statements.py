@@ -31,6 +31,7 @@ __all__ = [
     "EXPIRED_CLAIMS",
     "FIND_APPROVAL",
     "FIND_CALLS",
+    "FOLD_TALLIES",
     "GET_CALL",
     "GET_CALL_DETAIL",
     "GET_CALL_FOR_UPDATE",
@@ -184,7 +185,8 @@ WAITING_APPROVALS_EXPIRED: Final = fill(
     _WAITING.format(expired="AND lease_expires_at <= :expired_by")
 )
 COUNT_WAITING_APPROVALS: Final = fill("""
-    SELECT count(*) FROM {p}calls WHERE namespace = :namespace AND {awaiting_approval}""")
+    SELECT coalesce(sum(n), 0) FROM {p}tallies
+    WHERE namespace = :namespace AND name = 'calls.awaiting_approval'""")
 APPROVED_CALLS: Final = fill("""
     SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND {approved}
     ORDER BY updated_at, session_id, turn_id, call_id LIMIT :limit""")
@@ -236,18 +238,21 @@ def list_calls_statement(filters: Sequence[str]) -> str:
     return fill(_LIST_CALLS.format(filters=where))
 
 
-# One statement, so one snapshot, in both databases.
+# One statement, so one snapshot, in both databases; one (name, number) row per figure.
+# Nothing here reads every row: the counts by state and of deliveries are the tallies'
+# (summed over their shards), the others each read an index of what they count (the
+# unresolved deliveries, the claims), and the oldest pending call is one seek of the state
+# index per pending state.
 STATS: Final = fill("""
-    SELECT (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace),
-           (SELECT count(*) FROM {p}deliveries WHERE namespace = :namespace AND NOT resolved),
-           (SELECT count(*) FROM {p}deliveries
-            WHERE namespace = :namespace AND NOT resolved AND attempts > 0),
-           count(*) FILTER (WHERE {claimed} AND lease_expires_at < :takeover_before),
-           min(created_at) FILTER (WHERE {pending}),
-           count(*) FILTER (WHERE state = 'submitted' AND success),
-           count(*) FILTER (WHERE state = 'submitted' AND NOT success),
-           {count_by_state}
-    FROM {p}calls WHERE namespace = :namespace""")
+    SELECT name, CAST(sum(n) AS {real}) FROM {p}tallies WHERE namespace = :namespace
+    GROUP BY name
+    UNION ALL SELECT 'unresolved', CAST(count(*) AS {real}) FROM {p}deliveries
+        WHERE namespace = :namespace AND NOT resolved
+    UNION ALL SELECT 'failing', CAST(count(*) AS {real}) FROM {p}deliveries
+        WHERE namespace = :namespace AND NOT resolved AND attempts > 0
+    UNION ALL SELECT 'in_doubt', CAST(count(*) AS {real}) FROM {p}calls
+        WHERE namespace = :namespace AND {claimed} AND lease_expires_at < :takeover_before
+    UNION ALL SELECT 'oldest_pending', min(oldest) FROM ({oldest_pending}) AS pending""")
 
 # Small batches by physical row address keep each delete short, so the write lock (SQLite)
 # or the rows (PostgreSQL) are never held for long. Pending and quarantined calls are never
@@ -271,6 +276,20 @@ PRUNE_BUCKETS: Final = fill("""
         WHERE updated_at < :before AND namespace = :namespace
         LIMIT :batch {skip_locked})""")
 PRUNE_BATCH: Final = 500
+# PostgreSQL only (SQLite's tallies have one shard, and no data-modifying WITH): prune folds
+# the server processes' shards into shard 0, so a tally has about as many rows as there are
+# live processes however many came and went. Rows a transaction holds are skipped, never
+# waited for, and shard 0 (no trigger writes it) is written in name order: two folds never
+# wait on each other in a cycle.
+FOLD_TALLIES: Final = fill("""
+    WITH gone AS (
+        DELETE FROM {p}tallies WHERE {rowid} IN (
+            SELECT {rowid} FROM {p}tallies WHERE namespace = :namespace AND shard <> 0
+            {skip_locked})
+        RETURNING name, n)
+    INSERT INTO {p}tallies AS t (namespace, name, shard, n)
+    SELECT :namespace, name, 0, sum(n) FROM gone GROUP BY name ORDER BY name
+    ON CONFLICT (namespace, name, shard) DO UPDATE SET n = t.n + excluded.n""")
 
 # Revoked credentials: a short store-wide list; each revocation drops the expired ones.
 REVOKE_TOKEN: Final = fill("""

@@ -50,6 +50,7 @@ from ._asgi import (
     send_json,
 )
 from ._crash import crash_point
+from .actions import ActionPolicy
 from .backoff import Backoff
 from .calls.records import CallKey, CallState
 from .client import AgentsClient
@@ -144,6 +145,11 @@ class AgentWebhookApp:
             :class:`~agentfn_asgi.dispatch.approvals.ApprovalView`) once, from the replica
             that made it, to post it to chat or email; retried with backoff when it raises,
             never holding up any call.
+        actions: how the session's MCP and computer-use approval requests are answered: a
+            callable (sync or async) from an :data:`~agentfn_asgi.actions.ActionRequest` to
+            ``approve``, ``deny``, ``cancel``, ``ask`` (a person decides, as for
+            ``approval=`` tools) or ``leave``; or :class:`~agentfn_asgi.actions.ActionRules`.
+            Default: none is answered (each is left pending, with one WARNING per session).
     """
 
     def __init__(
@@ -165,6 +171,7 @@ class AgentWebhookApp:
         public_url: str | None = None,
         config: Config | None = None,
         on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None = None,
+        actions: ActionPolicy | None = None,
     ) -> None:
         self.tools = tools
         self.max_body_size = max_body_size
@@ -193,6 +200,7 @@ class AgentWebhookApp:
             completion_secret=completion_secret,
             public_url=public_url,
             on_approval_request=on_approval_request,
+            actions=actions,
         )
         self._env = env
         self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
@@ -688,6 +696,7 @@ def _assemble(
     completion_secret: str | Sequence[str] | None,
     public_url: str | None,
     on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None,
+    actions: ActionPolicy | None,
 ) -> _Parts:
     """Check the options and the environment, then build the app's parts. Every problem is
     gathered first, so that one ConfigurationError names them all, and nothing that must be
@@ -747,6 +756,7 @@ def _assemble(
         clock=clock,
         telemetry=observed,
         handoff=jobs,
+        actions=actions,
     )
     dispatcher.approvals.notify = on_approval_request
     return _Parts(

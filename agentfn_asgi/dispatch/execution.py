@@ -79,6 +79,7 @@ from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
+from .actions import RequestAnswers, saved_answer
 from .leases import Lease, LeaseKeeper, LeaseLostError
 from .limits import NO_LIMIT, Admission, Turn, Waiter, limit_for
 from .settings import DispatchSettings, ResolvedPolicy, resolve
@@ -175,8 +176,10 @@ class Executor:
         clock: Callable[[], float],
         handoff: JobHandoff | None,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        answers: RequestAnswers | None = None,
     ) -> None:
         self._store = store
+        self._answers = answers if answers is not None else RequestAnswers(None)
         self._submitter = submitter
         self._leases = leases
         self._settings = settings
@@ -245,7 +248,14 @@ class Executor:
         claims it first runs it.
         """
         try:
-            admission = await self._admission(key, action, tool)
+            if action.request_type is not None:
+                asked = await self._answers.admission(key, action)
+                if asked is None:  # the policy leaves it to someone else: not claimed
+                    claimed.set_result(None)
+                    return
+                admission = asked
+            else:
+                admission = await self._admission(key, action, tool)
             due = await self._claim_and_run(
                 key, action, tool, delivery_id, claimed, admission, resolves=resolves
             )
@@ -432,7 +442,9 @@ class Executor:
         attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
         ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
-        admission = await self._admission(record.key, action, tool)
+        # An approved request is answered, never limited (nor asked of the policy again).
+        requested = action.request_type is not None
+        admission = NO_LIMIT if requested else await self._admission(record.key, action, tool)
         limit = admission.limit
         due: float | None = None
         async with self._slots:
@@ -629,7 +641,9 @@ class Executor:
     async def _obtain_result(self, attempt: _Attempt) -> SavedResult | _Retry | None:
         key, action, tool = attempt.key, attempt.action, attempt.tool
         if attempt.preset is not None:
-            return attempt.preset  # decided before it could run (flow control)
+            return attempt.preset  # decided before it could run (flow control, the policy)
+        if action.request_type is not None:
+            return await self._answer_request(attempt)
         if tool is None:
             message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
             return failure_result(key, message, "unknown_tool")
@@ -653,7 +667,9 @@ class Executor:
                 return failure_result(key, message, "approval_mismatch", source="approval")
         elif tool.approval is not False and await tool.needs_approval(context, arguments):
             # Before any in-doubt reconcile: a call never approved never ran.
-            return await self._request_approval(attempt, tool)
+            return await self._request_approval(
+                attempt, name=tool.name, lapses_in=self._policy(tool).approval_timeout
+            )
         if attempt.in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
             # Its job may still be running: fail the call rather than queue it again.
             return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
@@ -677,20 +693,37 @@ class Executor:
             return await self._hand_off(attempt, tool, arguments, context)
         return await self._run(attempt, tool, arguments, context)
 
-    async def _request_approval(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
+    async def _answer_request(self, attempt: _Attempt) -> SavedResult | None:
+        """An approval request the policy asked a person about: held for them, or, once
+        approved, its approval (bound to the request the person saw)."""
+        key, name = attempt.key, attempt.action.name
+        if not attempt.approved:
+            if not isinstance(self._store, ApprovalStore):
+                logger.error("request %s: the store cannot ask a person; refusing it", key)
+                return saved_answer(key, name, "deny", source="policy")
+            return await self._request_approval(
+                attempt, name=name, lapses_in=self._settings.approval_timeout
+            )
+        assert attempt.approval is not None
+        if arguments_digest(attempt.action.arguments) != attempt.approval.digest:
+            return saved_answer(key, name, "deny", source="approval")
+        return saved_answer(key, name, "approve", source="approval")
+
+    async def _request_approval(
+        self, attempt: _Attempt, *, name: str, lapses_in: float
+    ) -> SavedResult | None:
         """Hold the call for a person (``awaiting_approval``) if our claim still stands."""
         key, store = attempt.key, self._store
         if not isinstance(store, ApprovalStore):  # the app refuses this set-up at start
-            message = APPROVAL_UNSUPPORTED_MESSAGE.format(name=tool.name)
+            message = APPROVAL_UNSUPPORTED_MESSAGE.format(name=name)
             return failure_result(key, message, "approval_unsupported")
         now = self._clock()
-        timeout = self._policy(tool).approval_timeout
         request = ApprovalRequest(
             approval_id="apr_" + secrets.token_hex(12),
-            tool_name=tool.name,
+            tool_name=name,
             digest=arguments_digest(attempt.action.arguments),
             requested_at=now,
-            expires_at=now + timeout,
+            expires_at=now + lapses_in,
             asked_at=attempt.number,
         )
         self._leases.check(attempt.lease)
@@ -709,14 +742,14 @@ class Executor:
         self._held_for_approval.add(key)
         logger.info(
             "call waiting for approval: tool=%s session=%s call=%s approval_id=%s expires_in=%.0fs",
-            tool.name,
+            name,
             key.session_id,
             key.call_id,
             request.approval_id,
-            timeout,
+            lapses_in,
             extra={
                 "agentfn": {
-                    "tool": tool.name,
+                    "tool": name,
                     "session_id": key.session_id,
                     "turn_id": key.turn_id,
                     "call_id": key.call_id,

@@ -13,6 +13,13 @@ end).
 from __future__ import annotations
 
 from agentfn_asgi._version import __version__
+from agentfn_asgi.actions import (
+    ActionRequest,
+    ActionRules,
+    MCPRequest,
+    OriginRequest,
+    SignInRequest,
+)
 from agentfn_asgi.app import AgentWebhookApp
 from agentfn_asgi.client import AgentsClient, RetryEvent
 from agentfn_asgi.config import Config
@@ -76,6 +83,8 @@ __all__ = [
     "APIError",
     "APIStatusError",
     "APITimeoutError",
+    "ActionRequest",
+    "ActionRules",
     "AgentFnError",
     "AgentFnWarning",
     "AgentWebhookApp",
@@ -103,10 +112,12 @@ __all__ = [
     "FunctionTools",
     "ImagePart",
     "InternalServerError",
+    "MCPRequest",
     "NotFoundError",
     "NotRun",
     "OperatorError",
     "OperatorInputError",
+    "OriginRequest",
     "PermissionDeniedError",
     "Ran",
     "RateLimitError",
@@ -117,6 +128,7 @@ __all__ = [
     "RetryLater",
     "RetryPolicy",
     "SessionNotFoundYetError",
+    "SignInRequest",
     "Store",
     "StoreError",
     "StoreRefusedError",

@@ -85,7 +85,7 @@ def test_the_rules_match_labels_tools_and_origins_with_subdomains() -> None:
     assert rules(MCPRequest(**ids, server_label="docs", name="delete")) == "ask"
     assert rules(MCPRequest(**ids, server_label="other")) == "deny"
     assert ActionRules()(OriginRequest(**ids, origin="https://a.test")) == "leave"
-    assert RULES(SignInRequest(**ids)) == "cancel"
+    assert RULES(SignInRequest(session_id="s", turn_id="t", request_id="r")) == "cancel"
     for origin in ("https://example.com", "https://a.b.example.com", "https://EXAMPLE.com:443"):
         assert origin_matches("https://example.com", origin), origin
     for origin in (

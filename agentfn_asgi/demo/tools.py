@@ -17,6 +17,8 @@
   waits without blocking other calls, appends ``{"call_id", "tool": "limited_echo",
   "start", "end"}`` (Unix times: the handler's start and end) to the ledger, echoes.
 
+``ACTIONS`` is the examples' policy for MCP and computer-use approval requests.
+
 They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
 the examples (``examples/``) import them from here rather than keep a copy. It is user code:
 it uses only the public API.
@@ -45,9 +47,18 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agentfn_asgi import FunctionTools, NotRun, Ran, RetryPolicy, ToolContext, ToolError
+from agentfn_asgi import (
+    ActionRules,
+    FunctionTools,
+    NotRun,
+    Ran,
+    RetryPolicy,
+    ToolContext,
+    ToolError,
+)
 
 __all__ = [
+    "ACTIONS",
     "CUSTOMERS",
     "FLAKY_RETRY",
     "LIMITED_CONCURRENCY",
@@ -261,3 +272,16 @@ def build_tools() -> FunctionTools:
 #: The registry the demo and the examples serve
 #: (``agentfn-asgi tools agentfn_asgi.demo.tools:tools``).
 tools = build_tools()
+
+
+#: How the examples answer the session's approval requests (``actions=``): MCP server
+#: ``docs`` approved, ``payments`` asked of a person, any other denied; a computer-use agent
+#: may open https://example.com and its subdomains, a person decides any other origin, and
+#: a sign-in is cancelled. No ``environment_connection`` hook: such actions stay pending.
+ACTIONS = ActionRules(
+    mcp={"docs": "approve", "payments": "ask"},
+    other_mcp="deny",
+    origins={"https://example.com": "approve"},
+    other_origins="ask",
+    sign_in="cancel",
+)

@@ -73,7 +73,7 @@ from .store import Store, store_location
 from .stream import FollowSummary, follow_session, stream_delivery_id
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
-from .wire import AgentSession, parse_webhook_event
+from .wire import SESSION_ID_RE, AgentSession, parse_webhook_event
 
 __all__ = ["AgentWebhookApp"]
 
@@ -634,7 +634,14 @@ class AgentWebhookApp:
         session_id = event.session_id
         if not session_id:
             span.set_outcome("rejected", "no_session_id")
-            await send_json(send, 400, {"error": "data.id (the session id) is missing"})
+            given = event.data.get("id")
+            error = (
+                "data.id (the session id) is missing"
+                if given is None or given == ""
+                else f"data.id (the session id) must match {SESSION_ID_RE.pattern} "
+                "(letters, digits, '_' and '-', at most 256)"
+            )
+            await send_json(send, 400, {"error": error})
             return
         try:
             await self._lazy_startup()

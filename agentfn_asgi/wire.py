@@ -83,9 +83,11 @@ AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
 )
 
 #: Every webhook event type the management API takes (``event_types`` of an endpoint,
-#: ``event_type`` of a test), as the official SDK lists them (openai 3.60);
+#: ``event_type`` of a test), as the official SDK lists them (openai 3.63);
 #: ``GET /webhook_event_types`` is the live list of a project.
 WEBHOOK_EVENT_TYPES: tuple[str, ...] = (
+    "health.alert.triggered",
+    "health.alert.resolved",
     "batch.completed",
     "batch.failed",
     "batch.expired",

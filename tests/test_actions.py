@@ -229,3 +229,18 @@ async def test_without_a_policy_requests_are_left_and_warned_about_once(
     assert len(warnings) == 2, warnings
     assert any("mcp_approval_request" in w for w in warnings)
     assert any("computer_use_approval_request" in w for w in warnings)
+
+
+@pytest.mark.anyio
+async def test_a_session_id_off_the_pattern_is_refused_naming_the_pattern() -> None:
+    """An action_required webhook whose data.id is not a session id (``../x``) was refused
+    with "the session id is missing"; now the 400 names the pattern it must match."""
+    from agentfn_asgi.testing import action_required_event, signed_delivery
+
+    from .support.stack import SECRET
+
+    async with running_stack(lookup_tools(), settings=SETTINGS) as stack:
+        bad = await stack.post_webhook(*signed_delivery(SECRET, action_required_event("../x")))
+        gone = await stack.post_webhook(*signed_delivery(SECRET, action_required_event("")))
+    assert bad.status_code == 400 and "[A-Za-z0-9_-]{1,256}" in bad.json()["error"]
+    assert gone.status_code == 400 and "is missing" in gone.json()["error"]

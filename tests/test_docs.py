@@ -458,4 +458,6 @@ async def test_the_actions_page_policies_decide_as_it_says() -> None:
     policy = _run("actions-callable")["decide"]
     assert await decide(policy, MCPRequest(**ids, server_label="docs")) == "approve"
     assert await decide(policy, OriginRequest(**ids, origin="https://x.test")) == "deny"
-    assert await decide(policy, SignInRequest(session_id="s", turn_id="t", request_id="r")) == "cancel"
+    assert (
+        await decide(policy, SignInRequest(session_id="s", turn_id="t", request_id="r")) == "cancel"
+    )

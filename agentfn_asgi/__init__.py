@@ -18,6 +18,7 @@ from agentfn_asgi.actions import (
     ActionRules,
     MCPRequest,
     OriginRequest,
+    SignIn,
     SignInRequest,
 )
 from agentfn_asgi.app import AgentWebhookApp
@@ -128,6 +129,7 @@ __all__ = [
     "RetryLater",
     "RetryPolicy",
     "SessionNotFoundYetError",
+    "SignIn",
     "SignInRequest",
     "Store",
     "StoreError",

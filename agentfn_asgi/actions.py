@@ -37,6 +37,8 @@ __all__ = [
     "Decision",
     "MCPRequest",
     "OriginRequest",
+    "SignIn",
+    "SignInHook",
     "SignInRequest",
     "action_fields",
     "action_kind",
@@ -44,6 +46,7 @@ __all__ = [
     "decide",
     "origin_matches",
     "request_of",
+    "sign_in_answer",
 ]
 
 Decision: TypeAlias = Literal["approve", "deny", "cancel", "ask", "leave"]
@@ -100,6 +103,21 @@ class SignInRequest:
     fields: tuple[Mapping[str, Any], ...] = field(default=())
     options: tuple[Mapping[str, Any], ...] = field(default=())
     reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SignIn:
+    """What the sign-in hook answers: a value per requested field id (from your own secret
+    store) and the chosen option's id, if the request offers options. Never stored,
+    logged, traced or shown: the answer is built in memory and submitted at once."""
+
+    values: Mapping[str, str] = field(repr=False)
+    option: str | None = None
+
+
+SignInHook: TypeAlias = Callable[[SignInRequest], "SignIn | Awaitable[SignIn | None] | None"]
+"""The host's sign-in hook: the values for a ``browser_authentication`` request, or None to
+cancel it."""
 
 
 ActionRequest: TypeAlias = MCPRequest | OriginRequest | SignInRequest
@@ -276,3 +294,44 @@ def answer_event(name: str, request_id: str, decision: Decision) -> dict[str, An
     else:
         response = {"type": "browser_origin_access", "decision": decision}
     return {"type": _COMPUTER_USE_RESULT, "request_id": request_id, "response": response}
+
+
+#: What a stored sign-in answer holds in place of each value.
+NOT_STORED: Final = "[not stored]"
+
+
+async def sign_in_answer(
+    hook: SignInHook, request: SignInRequest
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Ask ``hook`` for ``request``'s values: ``(event, redacted)`` where ``event`` is the
+    answer to submit (values in memory only) and ``redacted`` the same event with every value
+    replaced by :data:`NOT_STORED` (what may be saved); None when the hook cancels. Raises
+    what the hook raises, and ValueError when it names a field the request does not ask for
+    (the message names field ids, never values)."""
+    answer = hook(request)
+    if inspect.isawaitable(answer):
+        answer = await answer
+    if answer is None:
+        return None
+    if not isinstance(answer, SignIn):
+        raise ValueError(f"the sign-in hook must return SignIn or None, not {type(answer)}")
+    asked = {str(f.get("id")) for f in request.fields}
+    unknown = sorted(set(answer.values) - asked)
+    if unknown:
+        raise ValueError(f"the sign-in hook gave fields the request does not ask for: {unknown}")
+
+    def event(value: Callable[[str], str]) -> dict[str, Any]:
+        response: dict[str, Any] = {
+            "type": "browser_authentication",
+            "action": "submit",
+            "fields": [{"field_id": k, "value": value(v)} for k, v in answer.values.items()],
+        }
+        if answer.option is not None:
+            response["selected_option"] = answer.option
+        return {
+            "type": _COMPUTER_USE_RESULT,
+            "request_id": request.request_id,
+            "response": response,
+        }
+
+    return event(lambda v: v), event(lambda _: NOT_STORED)

@@ -50,7 +50,7 @@ from ._asgi import (
     send_json,
 )
 from ._crash import crash_point
-from .actions import ActionPolicy
+from .actions import ActionPolicy, SignInHook
 from .backoff import Backoff
 from .calls.records import CallKey, CallState
 from .client import AgentsClient
@@ -150,6 +150,11 @@ class AgentWebhookApp:
             ``approve``, ``deny``, ``cancel``, ``ask`` (a person decides, as for
             ``approval=`` tools) or ``leave``; or :class:`~agentfn_asgi.actions.ActionRules`.
             Default: none is answered (each is left pending, with one WARNING per session).
+        sign_in: answers a computer-use agent's ``browser_authentication`` request: a
+            callable (sync or async) from a :class:`~agentfn_asgi.actions.SignInRequest` to
+            a :class:`~agentfn_asgi.actions.SignIn` (values from your secret store) or None
+            (cancel). Asked when the answer is due; the values are submitted from memory
+            and never stored, logged, traced or shown (a crash asks again).
     """
 
     def __init__(
@@ -172,6 +177,7 @@ class AgentWebhookApp:
         config: Config | None = None,
         on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None = None,
         actions: ActionPolicy | None = None,
+        sign_in: SignInHook | None = None,
     ) -> None:
         self.tools = tools
         self.max_body_size = max_body_size
@@ -201,6 +207,7 @@ class AgentWebhookApp:
             public_url=public_url,
             on_approval_request=on_approval_request,
             actions=actions,
+            sign_in=sign_in,
         )
         self._env = env
         self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
@@ -704,6 +711,7 @@ def _assemble(
     public_url: str | None,
     on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None,
     actions: ActionPolicy | None,
+    sign_in: SignInHook | None,
 ) -> _Parts:
     """Check the options and the environment, then build the app's parts. Every problem is
     gathered first, so that one ConfigurationError names them all, and nothing that must be
@@ -764,6 +772,7 @@ def _assemble(
         telemetry=observed,
         handoff=jobs,
         actions=actions,
+        sign_in=sign_in,
     )
     dispatcher.approvals.notify = on_approval_request
     return _Parts(

@@ -244,3 +244,58 @@ async def test_a_session_id_off_the_pattern_is_refused_naming_the_pattern() -> N
         gone = await stack.post_webhook(*signed_delivery(SECRET, action_required_event("")))
     assert bad.status_code == 400 and "[A-Za-z0-9_-]{1,256}" in bad.json()["error"]
     assert gone.status_code == 400 and "is missing" in gone.json()["error"]
+
+
+SECRET_VALUE = "hunter2-do-not-store"
+
+
+@pytest.mark.anyio
+async def test_a_sign_in_is_answered_from_memory_and_its_values_never_stored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sign-in hook's values reach the API and nothing else: the store keeps the
+    redacted answer, no log line holds them; a submission that fails keeps nothing, and
+    the call's takeover asks the hook again (as a crash would)."""
+    from agentfn_asgi.actions import NOT_STORED, SignIn
+
+    asked: list[SignInRequest] = []
+
+    def sign_in(request: SignInRequest) -> SignIn:
+        asked.append(request)
+        return SignIn({"username": "ada", "password": SECRET_VALUE})
+
+    caplog.set_level(logging.DEBUG)
+    async with running_stack(lookup_tools(), settings=SETTINGS, sign_in=sign_in) as stack:
+        stack.fake.fail_next("submit", 20, status=503)  # every try of the first attempt
+        sid = stack.fake.create_session(
+            [[FakeRequest.sign_in(credential_origin="https://id.test", request_id="req_in")]]
+        )
+        submission = await answered(stack, "req_in")
+        [record] = await stack.store.calls_for_session(sid)
+    fields = {f["field_id"]: f["value"] for f in submission.output["fields"]}
+    assert fields == {"username": "ada", "password": SECRET_VALUE}
+    assert len(asked) >= 2 and asked[0].credential_origin == "https://id.test"
+    assert record.state is CallState.SUBMITTED and record.result is not None
+    assert SECRET_VALUE not in record.result.event_json and NOT_STORED in record.result.event_json
+    assert [s.call_id for s in stack.fake.submissions] == ["req_in"]
+    assert not [r for r in caplog.records if SECRET_VALUE in r.getMessage()]
+
+
+@pytest.mark.anyio
+async def test_a_sign_in_hook_that_declines_or_fails_cancels() -> None:
+    from agentfn_asgi.actions import SignIn
+
+    def sign_in(request: SignInRequest) -> SignIn | None:
+        if request.request_id == "req_bad":
+            return SignIn({"nope": "x"})  # a field the request does not ask for
+        return None
+
+    async with running_stack(lookup_tools(), settings=SETTINGS, sign_in=sign_in) as stack:
+        stack.fake.create_session(
+            [[FakeRequest.sign_in(request_id="req_no"), FakeRequest.sign_in(request_id="req_bad")]]
+        )
+        declined = await answered(stack, "req_no")
+        failed = await answered(stack, "req_bad")
+    assert (
+        declined.output == failed.output == {"type": "browser_authentication", "action": "cancel"}
+    )

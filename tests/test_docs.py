@@ -461,3 +461,19 @@ async def test_the_actions_page_policies_decide_as_it_says() -> None:
     assert (
         await decide(policy, SignInRequest(session_id="s", turn_id="t", request_id="r")) == "cancel"
     )
+
+
+def test_the_actions_page_sign_in_hook_builds_an_app() -> None:
+    from agentfn_asgi import SignIn, SignInRequest
+
+    vault = {"user": "ada", "password": "pw"}
+    namespace = _run("actions-sign-in", {"tools": _one_tool(), "vault": vault})
+    assert isinstance(namespace["webhooks"], AgentWebhookApp)
+    hook = namespace["sign_in"]
+    elsewhere = SignInRequest(
+        session_id="s", turn_id="t", request_id="r", credential_origin="https://other.test"
+    )
+    assert hook(elsewhere) is None
+    answer = hook(dataclasses.replace(elsewhere, credential_origin="https://id.example.com"))
+    assert isinstance(answer, SignIn) and answer.values["password"] == "pw"
+    assert "pw" not in repr(answer)

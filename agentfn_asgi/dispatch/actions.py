@@ -19,7 +19,15 @@ import logging
 from collections import OrderedDict
 from typing import Final
 
-from ..actions import ActionPolicy, Decision, answer_event, decide, request_of
+from ..actions import (
+    ActionPolicy,
+    Decision,
+    SignInHook,
+    SignInRequest,
+    answer_event,
+    decide,
+    request_of,
+)
 from ..calls.records import CallKey, SavedResult
 from ..results import answer_result
 from ..wire import AgentSession, FunctionCallAction
@@ -45,15 +53,26 @@ def saved_answer(key: CallKey, name: str, decision: Decision, *, source: str) ->
 class RequestAnswers:
     """The policy of one dispatcher, and the warnings about actions nobody answers."""
 
-    def __init__(self, policy: ActionPolicy | None) -> None:
+    def __init__(self, policy: ActionPolicy | None, sign_in: SignInHook | None = None) -> None:
         self.policy = policy
+        #: The host's sign-in hook: asked for a ``browser_authentication`` request's values
+        #: when its answer is due (:meth:`Executor._sign_in`), the policy is not asked.
+        self.sign_in = sign_in
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def answers(self, action: FunctionCallAction) -> bool:
+        """Is the request ``action`` answered here at all (a policy, or a sign-in hook)?"""
+        if self.policy is not None:
+            return True
+        return self.sign_in is not None and action.name.startswith("sign_in:")
 
     async def admission(self, key: CallKey, action: FunctionCallAction) -> Admission | None:
         """The policy's word on the request ``action`` before its claim: its answer (saved
         and submitted as it is, nothing runs), :data:`NO_LIMIT` (ask a person), or None
         (``leave``: not claimed)."""
         request = request_of(key.session_id, action)
+        if isinstance(request, SignInRequest) and self.sign_in is not None:
+            return NO_LIMIT  # the hook is asked when the answer is due, never stored
         try:
             decision = await decide(self.policy, request)
         except Exception:

@@ -34,6 +34,7 @@ import anyio
 
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
+from ..actions import SignInHook, SignInRequest, request_of, sign_in_answer
 from ..calls.records import (
     ApprovalRequest,
     CallKey,
@@ -73,7 +74,14 @@ from ..messages import (
     model_error_message,
     timeout_message,
 )
-from ..results import encode_result, escape_surrogates, failure_result
+from ..results import (
+    answer_result,
+    encode_result,
+    escape_surrogates,
+    event_json,
+    failure_result,
+    submission_key,
+)
 from ..running import invoke, run_reconcile
 from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
@@ -83,7 +91,7 @@ from .actions import RequestAnswers, saved_answer
 from .leases import Lease, LeaseKeeper, LeaseLostError
 from .limits import NO_LIMIT, Admission, Turn, Waiter, limit_for
 from .settings import DispatchSettings, ResolvedPolicy, resolve
-from .submission import Submitter
+from .submission import SUBMITTED_BEFORE_SAVED, Submitter
 
 __all__ = ["CompletionStatus", "Executor", "JobHandoff"]
 
@@ -636,6 +644,8 @@ class Executor:
             logger.exception(
                 "obtaining the result of call %s failed; answering a failure", attempt.key
             )
+            if attempt.action.request_type is not None:  # a request is refused, never approved
+                return saved_answer(attempt.key, attempt.action.name, "deny", source="policy")
             return failure_result(attempt.key, INTERNAL_FAILURE_MESSAGE, "internal_error")
 
     async def _obtain_result(self, attempt: _Attempt) -> SavedResult | _Retry | None:
@@ -697,6 +707,8 @@ class Executor:
         """An approval request the policy asked a person about: held for them, or, once
         approved, its approval (bound to the request the person saw)."""
         key, name = attempt.key, attempt.action.name
+        if name.startswith("sign_in:") and self._answers.sign_in is not None:
+            return await self._sign_in(attempt, self._answers.sign_in)
         if not attempt.approved:
             if not isinstance(self._store, ApprovalStore):
                 logger.error("request %s: the store cannot ask a person; refusing it", key)
@@ -708,6 +720,44 @@ class Executor:
         if arguments_digest(attempt.action.arguments) != attempt.approval.digest:
             return saved_answer(key, name, "deny", source="approval")
         return saved_answer(key, name, "approve", source="approval")
+
+    async def _sign_in(self, attempt: _Attempt, hook: SignInHook) -> SavedResult | None:
+        """Ask the host's sign-in hook now and submit its values from memory, then keep only
+        the redacted answer (its source says it was submitted before it was saved). A
+        failure to submit keeps nothing: the call is taken over, and the hook asked again."""
+        key = attempt.key
+        request = request_of(key.session_id, attempt.action)
+        assert isinstance(request, SignInRequest)
+        try:
+            async with self._leases.kept(attempt.lease):
+                answer = await sign_in_answer(hook, request)
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            # No exc_info: a hook's exception may quote the values.
+            logger.error("the sign-in hook failed on %s (%s); cancelling", key, type(exc).__name__)
+            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+        if answer is None:
+            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+        event, redacted = answer
+        stored = event_json(redacted)
+        idempotency_key = submission_key(key, stored)
+        self._leases.check(attempt.lease)
+        try:
+            outcome = await self._submitter.submit_unsaved(key, event_json(event), idempotency_key)
+        except APIError as exc:
+            # Nothing is kept: once the claim lapses, its taker asks the hook again.
+            logger.warning("submitting the sign-in answer of %s failed: %s", key, exc)
+            return None
+        finally:
+            del event, answer  # the values live no longer than the request
+        if outcome == "stale":
+            await self._store.mark_stale(key)
+            return None
+        if outcome == "refused":
+            logger.error("the API refused the sign-in answer of %s; cancelling the request", key)
+            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+        return answer_result(key, redacted, error_type=None, source=SUBMITTED_BEFORE_SAVED)
 
     async def _request_approval(
         self, attempt: _Attempt, *, name: str, lapses_in: float

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..actions import ActionPolicy
+from ..actions import ActionPolicy, SignInHook
 from ..calls.records import CallKey, DeliveryRecord
 from ..client import AgentsClient, RetryState
 from ..errors import (
@@ -175,6 +175,7 @@ class Dispatcher:
         handoff: JobHandoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         actions: ActionPolicy | None = None,
+        sign_in: SignInHook | None = None,
     ) -> None:
         self.tools = tools
         self.client = client
@@ -211,7 +212,7 @@ class Dispatcher:
             clock=clock,
         )
         #: How MCP and computer-use approval requests are answered (``actions=``).
-        self._answers = RequestAnswers(actions)
+        self._answers = RequestAnswers(actions, sign_in)
         leases = LeaseKeeper(
             store,
             owner=self.owner,
@@ -559,7 +560,6 @@ class Dispatcher:
         carry = (
             carry and delivery_id is not None and len(calls) == 1 and calls[0].request_type is None
         )
-        answering = self._answers.policy is not None
         self._answers.unanswered(session)
         for action in calls:
             key = CallKey(session.id, action.turn_id, action.call_id)
@@ -567,7 +567,7 @@ class Dispatcher:
             if key in self._inflight:
                 continue
             requested = action.request_type is not None
-            if requested and not answering:
+            if requested and not self._answers.answers(action):
                 continue  # no policy: left alone, as before (unanswered() told of it)
             tool = None if requested else self.tools.get(action.name)
             if tool is None and not requested and self.settings.unknown_tools == "ignore":

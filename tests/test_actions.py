@@ -299,3 +299,30 @@ async def test_a_sign_in_hook_that_declines_or_fails_cancels() -> None:
     assert (
         declined.output == failed.output == {"type": "browser_authentication", "action": "cancel"}
     )
+
+
+@pytest.mark.anyio
+async def test_an_operator_re_runs_an_in_doubt_request_and_may_not_give_it_a_result() -> None:
+    """A request in doubt (its claim lapsed: a replica died after claiming it) takes a
+    decision, not a tool result: ``settle`` with an output is refused, a re-run asks the
+    policy again and submits its answer."""
+    from agentfn_asgi.calls.records import CallKey
+
+    # No sweep takes it over meanwhile; a lapsed lease is in doubt at once.
+    settings = dataclasses.replace(SETTINGS, recovery_interval=3600.0, lease_margin=0.0)
+    async with running_stack(
+        lookup_tools(), settings=settings, actions=RULES, webhooks=False
+    ) as stack:
+        sid = stack.fake.create_session([[FakeRequest.mcp("docs", "s", request_id="req_d")]])
+        turn = stack.fake.required_actions(sid)[0]["turn_id"]
+        key = CallKey(sid, turn, "req_d")
+        await stack.store.claim_call(
+            key, tool_name="mcp:docs/s", owner="dead-replica", lease_seconds=0.01
+        )
+        await anyio.sleep(0.1)
+        refused = await stack.app.dispatcher.settle(key, output="yes")
+        running = await stack.app.dispatcher.settle(key, rerun=True)
+        submission = await answered(stack, "req_d")
+    assert refused[0] == "refused" and "re-run" in refused[1]
+    assert running[0] == "running"
+    assert submission.output == {"type": "mcp_tool_call", "decision": "approve"}

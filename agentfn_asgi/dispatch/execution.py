@@ -450,9 +450,19 @@ class Executor:
         attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
         ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
-        # An approved request is answered, never limited (nor asked of the policy again).
         requested = action.request_type is not None
-        admission = NO_LIMIT if requested else await self._admission(record.key, action, tool)
+        approved = record.approval is not None and record.approval.decision == "approved"
+        if requested and not approved:
+            # An operator's re-run of a request asks the policy again; leaving it keeps
+            # nothing here (its claim lapses).
+            decided = await self._answers.admission(record.key, action)
+            if decided is None:
+                return
+            admission = decided
+        elif requested:
+            admission = NO_LIMIT  # approved by a person: answered, never limited
+        else:
+            admission = await self._admission(record.key, action, tool)
         limit = admission.limit
         due: float | None = None
         async with self._slots:

@@ -210,6 +210,7 @@ class AgentWebhookApp:
             sign_in=sign_in,
         )
         self._env = env
+        self._answers_requests = actions is not None or sign_in is not None
         self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
         self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
@@ -409,12 +410,14 @@ class AgentWebhookApp:
         await self.startup()
         owed: set[CallKey] = set()
         recorded = 0
+        answers_requests = self._answers_requests
 
         async def on_action(session: AgentSession) -> None:
             nonlocal recorded
-            calls = session.function_calls
+            # Approval requests are ours when a policy (or the sign-in hook) answers them.
+            calls = [c for c in session.calls if c.request_type is None or answers_requests]
             if not calls:
-                return  # other actions (approvals, environments) are not ours, as for webhooks
+                return  # other actions (environments, ...) are not ours, as for webhooks
             owed.update(CallKey(session.id, call.turn_id, call.call_id) for call in calls)
             delivery_id = stream_delivery_id(session)
             if await self.store.record_delivery(

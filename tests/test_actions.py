@@ -326,3 +326,20 @@ async def test_an_operator_re_runs_an_in_doubt_request_and_may_not_give_it_a_res
     assert refused[0] == "refused" and "re-run" in refused[1]
     assert running[0] == "running"
     assert submission.output == {"type": "mcp_tool_call", "decision": "approve"}
+
+
+@pytest.mark.anyio
+async def test_follow_answers_approval_requests_without_webhooks() -> None:
+    """Stream mode (``follow``) answers a session that holds approval requests only, as a
+    webhook would have the app do (it used to look at function calls alone)."""
+    async with running_stack(
+        lookup_tools(), settings=SETTINGS, actions=RULES, webhooks=False, loopback=True
+    ) as stack:
+        sid = stack.fake.create_session(
+            [[FakeRequest.mcp("docs", "s", request_id="req_f"), FakeRequest.sign_in()]]
+        )
+        with anyio.fail_after(20):
+            summary = await stack.app.follow(sid)
+    assert summary.status == "idle" and summary.results_submitted == 2
+    answers = {s.call_id: s.output for s in stack.fake.submissions}
+    assert answers["req_f"] == {"type": "mcp_tool_call", "decision": "approve"}

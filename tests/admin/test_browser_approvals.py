@@ -172,6 +172,7 @@ async def test_an_operator_sees_and_decides_approval_requests(browser: Browser) 
                 assert text in facts, (text, facts)
             form = "form.approve" if approve else "form.deny"
             driver.find_element(By.CSS_SELECTOR, f"{form} button").click()
+            wait_title(driver, f"{'Approve' if approve else 'Deny'} call {call_id}?")
             driver.find_element(By.CSS_SELECTOR, "form.confirm button").click()
             wait_title(driver, f"Call {call_id}")
 

@@ -45,6 +45,8 @@ def test_definitions_match_the_contract() -> None:
         "close_account",
         "flaky_lookup",
         "limited_echo",
+        "long_task",
+        "long_task_sync",
     }
     close = tools.get("close_account")
     assert close is not None and close.side_effects and close.approval is True

@@ -283,7 +283,10 @@ def build_tools() -> FunctionTools:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(ledger.append, {**line, "phase": "cancelled"})
             raise
-        await anyio.to_thread.run_sync(ledger.append, {**line, "phase": "end"})
+        # It slept to the end: say so even if a cancellation comes due right now (the thread
+        # hop would otherwise take it, and leave a run with a start and nothing else).
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(ledger.append, {**line, "phase": "end"})
         return {"slept": seconds}
 
     @registry.function

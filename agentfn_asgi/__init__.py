@@ -13,6 +13,14 @@ end).
 from __future__ import annotations
 
 from agentfn_asgi._version import __version__
+from agentfn_asgi.actions import (
+    ActionRequest,
+    ActionRules,
+    MCPRequest,
+    OriginRequest,
+    SignIn,
+    SignInRequest,
+)
 from agentfn_asgi.app import AgentWebhookApp
 from agentfn_asgi.client import AgentsClient, RetryEvent
 from agentfn_asgi.config import Config
@@ -84,6 +92,8 @@ __all__ = [
     "APIError",
     "APIStatusError",
     "APITimeoutError",
+    "ActionRequest",
+    "ActionRules",
     "AgentFnError",
     "AgentFnWarning",
     "AgentWebhookApp",
@@ -112,10 +122,12 @@ __all__ = [
     "FunctionTools",
     "ImagePart",
     "InternalServerError",
+    "MCPRequest",
     "NotFoundError",
     "NotRun",
     "OperatorError",
     "OperatorInputError",
+    "OriginRequest",
     "PermissionDeniedError",
     "Ran",
     "RateLimitError",
@@ -126,6 +138,8 @@ __all__ = [
     "RetryLater",
     "RetryPolicy",
     "SessionNotFoundYetError",
+    "SignIn",
+    "SignInRequest",
     "Store",
     "StoreError",
     "StoreRefusedError",

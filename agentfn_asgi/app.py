@@ -51,6 +51,7 @@ from ._asgi import (
     send_json,
 )
 from ._crash import crash_point
+from .actions import ActionPolicy, SignInHook
 from .backoff import Backoff
 from .calls.records import CallKey, CallState
 from .client import AgentsClient
@@ -73,7 +74,7 @@ from .store import Store, store_location
 from .stream import FollowSummary, follow_session, stream_delivery_id
 from .tools import FunctionTools
 from .tracing import DeliverySpan, Telemetry
-from .wire import AgentSession, parse_webhook_event
+from .wire import SESSION_ID_RE, AgentSession, parse_webhook_event
 
 __all__ = ["AgentWebhookApp"]
 
@@ -148,6 +149,16 @@ class AgentWebhookApp:
             :class:`~agentfn_asgi.dispatch.approvals.ApprovalView`) once, from the replica
             that made it, to post it to chat or email; retried with backoff when it raises,
             never holding up any call.
+        actions: how the session's MCP and computer-use approval requests are answered: a
+            callable (sync or async) from an :data:`~agentfn_asgi.actions.ActionRequest` to
+            ``approve``, ``deny``, ``cancel``, ``ask`` (a person decides, as for
+            ``approval=`` tools) or ``leave``; or :class:`~agentfn_asgi.actions.ActionRules`.
+            Default: none is answered (each is left pending, with one WARNING per session).
+        sign_in: answers a computer-use agent's ``browser_authentication`` request: a
+            callable (sync or async) from a :class:`~agentfn_asgi.actions.SignInRequest` to
+            a :class:`~agentfn_asgi.actions.SignIn` (values from your secret store) or None
+            (cancel). Asked when the answer is due; the values are submitted from memory
+            and never stored, logged, traced or shown (a crash asks again).
     """
 
     def __init__(
@@ -169,6 +180,8 @@ class AgentWebhookApp:
         public_url: str | None = None,
         config: Config | None = None,
         on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None = None,
+        actions: ActionPolicy | None = None,
+        sign_in: SignInHook | None = None,
     ) -> None:
         self.tools = tools
         self.max_body_size = max_body_size
@@ -197,8 +210,11 @@ class AgentWebhookApp:
             completion_secret=completion_secret,
             public_url=public_url,
             on_approval_request=on_approval_request,
+            actions=actions,
+            sign_in=sign_in,
         )
         self._env = env
+        self._answers_requests = actions is not None or sign_in is not None
         self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
         self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
@@ -399,12 +415,14 @@ class AgentWebhookApp:
         await self.startup()
         owed: set[CallKey] = set()
         recorded = 0
+        answers_requests = self._answers_requests
 
         async def on_action(session: AgentSession) -> None:
             nonlocal recorded
-            calls = session.function_calls
+            # Approval requests are ours when a policy (or the sign-in hook) answers them.
+            calls = [c for c in session.calls if c.request_type is None or answers_requests]
             if not calls:
-                return  # other actions (approvals, environments) are not ours, as for webhooks
+                return  # other actions (environments, ...) are not ours, as for webhooks
             owed.update(CallKey(session.id, call.turn_id, call.call_id) for call in calls)
             delivery_id = stream_delivery_id(session)
             if await self.store.record_delivery(
@@ -636,7 +654,14 @@ class AgentWebhookApp:
         session_id = event.session_id
         if not session_id:
             span.set_outcome("rejected", "no_session_id")
-            await send_json(send, 400, {"error": "data.id (the session id) is missing"})
+            given = event.data.get("id")
+            error = (
+                "data.id (the session id) is missing"
+                if given is None or given == ""
+                else f"data.id (the session id) must match {SESSION_ID_RE.pattern} "
+                "(letters, digits, '_' and '-', at most 256)"
+            )
+            await send_json(send, 400, {"error": error})
             return
         try:
             await self._lazy_startup()
@@ -698,6 +723,8 @@ def _assemble(
     completion_secret: str | Sequence[str] | None,
     public_url: str | None,
     on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None,
+    actions: ActionPolicy | None,
+    sign_in: SignInHook | None,
 ) -> _Parts:
     """Check the options and the environment, then build the app's parts. Every problem is
     gathered first, so that one ConfigurationError names them all, and nothing that must be
@@ -757,6 +784,8 @@ def _assemble(
         clock=clock,
         telemetry=observed,
         handoff=jobs,
+        actions=actions,
+        sign_in=sign_in,
     )
     dispatcher.approvals.notify = on_approval_request
     return _Parts(

@@ -49,6 +49,7 @@ __all__ = [
     "TOOL_RESULT_TYPE",
     "ImagePart",
     "TextPart",
+    "answer_result",
     "check_size",
     "encode_output",
     "encode_result",
@@ -433,6 +434,16 @@ def failure_result(key: CallKey, message: str, error_type: str, source: str = "r
     """
     text = event_json(failure_event(key.turn_id, key.call_id, escape_surrogates(message)))
     return SavedResult(False, text, submission_key(key, text), error_type, source)
+
+
+def answer_result(
+    key: CallKey, event: Mapping[str, Any], *, error_type: str | None, source: str
+) -> SavedResult:
+    """The answer ``event`` to an approval request (``agent.session.input.*_result``, see
+    :func:`agentfn_asgi.actions.answer_event`), saved like a tool's result: a success
+    when nothing is refused (``error_type`` None), under its stable submission key."""
+    text = event_json(event)
+    return SavedResult(error_type is None, text, submission_key(key, text), error_type, source)
 
 
 def escape_surrogates(text: str) -> str:

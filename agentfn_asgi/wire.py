@@ -23,6 +23,7 @@ from ._lenient import LenientJSONError, Unreadable, find_unreadable, lenient_loa
 __all__ = [
     "AGENT_WEBHOOK_EVENT_TYPES",
     "INPUT_EVENT_TYPES",
+    "REQUEST_NAME_PREFIXES",
     "SESSION_BUDGET_REACHED",
     "WEBHOOK_EVENT_TYPES",
     "APIErrorDetail",
@@ -87,9 +88,11 @@ AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
 )
 
 #: Every webhook event type the management API takes (``event_types`` of an endpoint,
-#: ``event_type`` of a test), as the official SDK lists them (openai 3.60);
+#: ``event_type`` of a test), as the official SDK lists them (openai 3.63);
 #: ``GET /webhook_event_types`` is the live list of a project.
 WEBHOOK_EVENT_TYPES: tuple[str, ...] = (
+    "health.alert.triggered",
+    "health.alert.resolved",
     "batch.completed",
     "batch.failed",
     "batch.expired",
@@ -151,6 +154,18 @@ class FunctionCallAction(WireModel):
     #: be read (nested too deeply, a number too large, a lone surrogate...): the call is
     #: answered with a failure saying why, and its sibling calls are answered as usual.
     unreadable: str | None = Field(default=None, exclude=True)
+    #: Set (never sent by the API) when this value stands for an approval request seen as a
+    #: call (:attr:`AgentSession.calls`): the request's action type. ``call_id`` is then its
+    #: ``request_id``, ``name`` its :data:`REQUEST_NAME_PREFIXES` name and ``arguments`` the
+    #: whole ``request`` object (what a person approves, and what an approval is bound to).
+    request_type: str | None = Field(default=None, exclude=True)
+
+
+#: The names of approval requests seen as calls, by prefix: a function's name never holds a
+#: colon (the API allows ``[A-Za-z0-9_-]``), so these never meet a tool's name.
+#: ``mcp:{server_label}/{name}`` (``/{name}`` when the request names its tool),
+#: ``computer_use:{origin}`` (origin access) and ``sign_in:{credential_origin}``.
+REQUEST_NAME_PREFIXES: tuple[str, ...] = ("mcp:", "computer_use:", "sign_in:")
 
 
 class EnvironmentConnectionAction(WireModel):
@@ -161,21 +176,53 @@ class EnvironmentConnectionAction(WireModel):
 
 
 class MCPApprovalRequestAction(WireModel):
-    """Approve or deny an MCP tool call (not handled by agentfn-asgi)."""
+    """Approve, deny or cancel an MCP tool call: ``request`` is ``{type: "mcp_tool_call",
+    server_label, name?, arguments (may be null), message}``."""
 
     type: Literal["mcp_approval_request"] = "mcp_approval_request"
     request_id: str
     turn_id: str
     request: dict[str, Any] = Field(default_factory=dict)
 
+    def as_call(self) -> FunctionCallAction:
+        """This request as the call the dispatcher answers (``mcp:{label}/{name}``)."""
+        label = _text(self.request.get("server_label"))
+        name = self.request.get("name")
+        suffix = f"/{name}" if isinstance(name, str) and name else ""
+        return _request_call(self, f"mcp:{label}{suffix}")
+
 
 class ComputerUseApprovalRequestAction(WireModel):
-    """Respond to a computer-use request (not handled by agentfn-asgi)."""
+    """Respond to a computer-use request: ``request`` is ``browser_origin_access {origin,
+    reason?}`` or ``browser_authentication {credential_origin?, fields, options, reason?}``."""
 
     type: Literal["computer_use_approval_request"] = "computer_use_approval_request"
     request_id: str
     turn_id: str
     request: dict[str, Any] = Field(default_factory=dict)
+
+    def as_call(self) -> FunctionCallAction:
+        """This request as the call the dispatcher answers: ``computer_use:{origin}`` for
+        origin access, ``sign_in:{credential_origin}`` for a sign-in."""
+        if self.request.get("type") == "browser_authentication":
+            return _request_call(self, "sign_in:" + _text(self.request.get("credential_origin")))
+        return _request_call(self, "computer_use:" + _text(self.request.get("origin")))
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _request_call(
+    action: MCPApprovalRequestAction | ComputerUseApprovalRequestAction, name: str
+) -> FunctionCallAction:
+    return FunctionCallAction(
+        turn_id=action.turn_id,
+        call_id=action.request_id,
+        name=name,
+        arguments=action.request,
+        request_type=action.type,
+    )
 
 
 class GenericAction(WireModel):
@@ -267,10 +314,23 @@ class AgentSession(WireModel):
         """The pending ``function_call`` actions, in the order the API listed them."""
         return [a for a in self.required_actions if isinstance(a, FunctionCallAction)]
 
+    @property
+    def calls(self) -> list[FunctionCallAction]:
+        """What the dispatcher answers, in the order the API listed them: the function calls,
+        and the MCP and computer-use approval requests seen as calls (keyed by
+        ``(turn_id, request_id)``, see :attr:`FunctionCallAction.request_type`)."""
+        calls: list[FunctionCallAction] = []
+        for action in self.required_actions:
+            if isinstance(action, FunctionCallAction):
+                calls.append(action)
+            elif isinstance(action, MCPApprovalRequestAction | ComputerUseApprovalRequestAction):
+                calls.append(action.as_call())
+        return calls
+
     def pending_call(self, turn_id: str, call_id: str) -> FunctionCallAction | None:
-        """The pending ``function_call`` of that turn and call id, or None when the session
-        no longer waits for it."""
-        for action in self.function_calls:
+        """The pending ``function_call`` (or approval request, by its ``request_id``) of that
+        turn and id, or None when the session no longer waits for it."""
+        for action in self.calls:
             if action.turn_id == turn_id and action.call_id == call_id:
                 return action
         return None

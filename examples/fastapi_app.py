@@ -20,7 +20,7 @@ from fastapi import FastAPI
 
 from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.admin import AdminApp
-from agentfn_asgi.demo.tools import Ledger, tools
+from agentfn_asgi.demo.tools import ACTIONS, Ledger, tools
 from agentfn_asgi.integrations.fastapi import mount, mount_admin
 
 
@@ -34,7 +34,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 app = FastAPI(lifespan=lifespan)
-webhooks = AgentWebhookApp(tools, resources=app.state)
+webhooks = AgentWebhookApp(tools, resources=app.state, actions=ACTIONS)
 mount(app, webhooks, "/openai/webhooks")
 # The operator page: on with AGENTFN_ADMIN_TOKEN set, else 404 (see docs/operating.md).
 mount_admin(app, AdminApp(webhooks), "/openai/admin")

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from agentfn_asgi import AgentWebhookApp
 from agentfn_asgi.admin import AdminApp
-from agentfn_asgi.demo.tools import Ledger, tools
+from agentfn_asgi.demo.tools import ACTIONS, Ledger, tools
 from agentfn_asgi.integrations.starlette import mount, mount_admin
 
 
@@ -42,7 +42,7 @@ async def index(request: Request) -> JSONResponse:
 
 
 app = Starlette(routes=[Route("/", index)], lifespan=lifespan)
-webhooks = AgentWebhookApp(tools, resources=app.state)
+webhooks = AgentWebhookApp(tools, resources=app.state, actions=ACTIONS)
 mount(app, webhooks, "/openai/webhooks")
 # The operator page: on with AGENTFN_ADMIN_TOKEN set, else 404 (see docs/operating.md).
 mount_admin(app, AdminApp(webhooks), "/openai/admin")

@@ -434,3 +434,46 @@ def test_the_version_is_written_once_and_released_in_the_changelog() -> None:
     headings = re.findall(r"^## \[([^\]]+)\]", changelog, re.MULTILINE)
     assert headings[:2] == ["Unreleased", version]
     assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+
+
+async def test_the_actions_page_policies_decide_as_it_says() -> None:
+    """The pending actions page: its ActionRules builds an app and decides each example the
+    page names; its callable policy decides the same kinds of request."""
+    from agentfn_asgi import MCPRequest, OriginRequest, SignInRequest
+    from agentfn_asgi.actions import decide
+
+    namespace = _run("actions-rules", {"tools": _one_tool()})
+    assert isinstance(namespace["webhooks"], AgentWebhookApp)
+    ids = {"session_id": "s", "turn_id": "t", "request_id": "r"}
+    rules = namespace["ActionRules"](
+        mcp={"docs": "approve", "payments": "ask"},
+        other_mcp="deny",
+        origins={"https://example.com": "approve"},
+        other_origins="ask",
+        sign_in="cancel",
+    )
+    assert rules(OriginRequest(**ids, origin="https://docs.example.com")) == "approve"
+    assert rules(OriginRequest(**ids, origin="https://example.com.evil.test")) == "ask"
+    assert rules(MCPRequest(**ids, server_label="shell")) == "deny"
+    policy = _run("actions-callable")["decide"]
+    assert await decide(policy, MCPRequest(**ids, server_label="docs")) == "approve"
+    assert await decide(policy, OriginRequest(**ids, origin="https://x.test")) == "deny"
+    assert (
+        await decide(policy, SignInRequest(session_id="s", turn_id="t", request_id="r")) == "cancel"
+    )
+
+
+def test_the_actions_page_sign_in_hook_builds_an_app() -> None:
+    from agentfn_asgi import SignIn, SignInRequest
+
+    vault = {"user": "ada", "password": "pw"}
+    namespace = _run("actions-sign-in", {"tools": _one_tool(), "vault": vault})
+    assert isinstance(namespace["webhooks"], AgentWebhookApp)
+    hook = namespace["sign_in"]
+    elsewhere = SignInRequest(
+        session_id="s", turn_id="t", request_id="r", credential_origin="https://other.test"
+    )
+    assert hook(elsewhere) is None
+    answer = hook(dataclasses.replace(elsewhere, credential_origin="https://id.example.com"))
+    assert isinstance(answer, SignIn) and answer.values["password"] == "pw"
+    assert "pw" not in repr(answer)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from collections.abc import Sequence
 
+from ..actions import action_kind
 from ..operator import ApprovalView, CallDetail
 from .html import Safe, join, render
 from .layout import Context, bare_frame, call_link, frame
@@ -58,9 +60,10 @@ def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
     else:
         rows = join(
             render(
-                "<tr><td>{call}</td><td><code>{tool}</code></td><td><code>{id}</code></td>"
-                "<td>{asked}</td><td>{expires}</td></tr>",
+                "<tr><td>{call}</td><td>{kind}</td><td><code>{tool}</code></td>"
+                "<td><code>{id}</code></td><td>{asked}</td><td>{expires}</td></tr>",
                 call=call_link(ctx, v.call_id, v.session_id),
+                kind=v.kind,
                 tool=v.tool_name,
                 id=v.approval_id,
                 asked=when(ctx, v.requested_at),
@@ -69,8 +72,8 @@ def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
             for v in views
         )
         table = render(
-            '<table class="calls approvals"><thead><tr><th>Call</th><th>Tool</th>'
-            "<th>Request</th><th>Asked</th><th>Expires</th></tr></thead>"
+            '<table class="calls approvals"><thead><tr><th>Call</th><th>Kind</th>'
+            "<th>Tool</th><th>Request</th><th>Asked</th><th>Expires</th></tr></thead>"
             "<tbody>{rows}</tbody></table>",
             rows=rows,
         )
@@ -88,7 +91,49 @@ def _arguments(detail: CallDetail) -> Safe:
             '<p class="warning">The arguments could not be read from the session (the API '
             "is unreachable, or the session no longer waits for this call).</p>"
         )
+    if action_kind(detail.summary.tool_name) != "function":
+        return _request_content(detail.arguments)
     return render('<pre class="content arguments">{a}</pre>', a=detail.arguments)
+
+
+def _request_content(text: str) -> Safe:
+    """An approval request as a person decides on it: an MCP call's server, tool,
+    arguments (or "not provided") and message; an origin and the agent's reason."""
+    try:
+        request = json.loads(text)
+    except ValueError:
+        request = None
+    if not isinstance(request, dict):
+        return render('<pre class="content arguments">{a}</pre>', a=text)
+    if request.get("type") == "mcp_tool_call":
+        arguments = request.get("arguments")
+        shown = (
+            Safe("<em>not provided</em>")
+            if arguments is None
+            else render(
+                '<pre class="content arguments">{a}</pre>',
+                a=arguments if isinstance(arguments, str) else json.dumps(arguments, indent=2),
+            )
+        )
+        return render(
+            '<dl class="summary request"><dt>Kind</dt><dd>MCP tool call</dd>'
+            "<dt>Server label</dt><dd><code>{label}</code></dd>"
+            "<dt>Tool name</dt><dd><code>{name}</code></dd>"
+            "<dt>Arguments</dt><dd>{arguments}</dd>"
+            "<dt>Message</dt><dd>{message}</dd></dl>",
+            label=str(request.get("server_label") or ""),
+            name=str(request.get("name") or "(none given)"),
+            arguments=shown,
+            message=str(request.get("message") or "(none)"),
+        )
+    return render(
+        '<dl class="summary request"><dt>Kind</dt><dd>Computer use: {what}</dd>'
+        "<dt>Origin</dt><dd><code>{origin}</code></dd>"
+        "<dt>Reason</dt><dd>{reason}</dd></dl>",
+        what=str(request.get("type") or ""),
+        origin=str(request.get("origin") or request.get("credential_origin") or ""),
+        reason=str(request.get("reason") or "(none given)"),
+    )
 
 
 def _request_facts(ctx: Context, view: ApprovalView) -> Safe:

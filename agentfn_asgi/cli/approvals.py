@@ -1,9 +1,11 @@
 """``agentfn-asgi approvals``: the calls waiting for a person, and deciding one.
 
 ``approvals`` lists the waiting requests (``--json``: an array of objects with
-``approval_id``, ``session_id``, ``turn_id``, ``call_id``, ``tool_name``, ``requested_at``,
-``expires_at``, times in ISO 8601 UTC; with ``--content`` also ``arguments``, read from the
-live session). ``approvals approve ID`` and ``approvals deny ID``
+``approval_id``, ``session_id``, ``turn_id``, ``call_id``, ``tool_name``, ``kind``
+(``function``, ``mcp`` or ``computer_use``), ``server_label`` and ``name`` (MCP),
+``origin`` (computer use), ``requested_at``, ``expires_at``, times in ISO 8601 UTC; with
+``--content`` also ``arguments``, read from the live session: for an approval request, the
+whole request). ``approvals approve ID`` and ``approvals deny ID``
 take the decision through a dispatcher built like the app's (same store and namespace, same
 ``AGENTFN_*`` settings): exit 0 when it was taken, 1 when it was refused (decided already,
 expired, unknown), 2 for a usage mistake. An approved call is run by the app's replicas,
@@ -47,13 +49,16 @@ def approval_json(view: ApprovalView) -> dict[str, Any]:
 
 
 def format_approvals(views: list[ApprovalView], *, now: float) -> str:
-    """One line per waiting request: id, tool, session, call, asked, expires in."""
+    """One line per waiting request: id, kind, tool (an MCP request's
+    ``mcp:{server_label}/{name}``, a computer-use request's ``computer_use:{origin}``),
+    session, call, asked, expires in."""
     if not views:
         return "no calls wait for approval"
-    header = ("APPROVAL", "TOOL", "SESSION", "CALL", "ASKED", "EXPIRES IN")
+    header = ("APPROVAL", "KIND", "TOOL", "SESSION", "CALL", "ASKED", "EXPIRES IN")
     rows = [
         (
             v.approval_id,
+            v.kind,
             v.tool_name,
             v.session_id,
             v.call_id,

@@ -21,6 +21,8 @@
   "capped_lookup"}`` to the ledger and returns ``{"key": key}``; a call past the budget
   does not run and fails with a message naming it.
 
+``ACTIONS`` is the examples' policy for MCP and computer-use approval requests.
+
 They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
 the examples (``examples/``) import them from here rather than keep a copy. It is user code:
 it uses only the public API.
@@ -49,9 +51,18 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from agentfn_asgi import FunctionTools, NotRun, Ran, RetryPolicy, ToolContext, ToolError
+from agentfn_asgi import (
+    ActionRules,
+    FunctionTools,
+    NotRun,
+    Ran,
+    RetryPolicy,
+    ToolContext,
+    ToolError,
+)
 
 __all__ = [
+    "ACTIONS",
     "CAPPED_CALLS",
     "CUSTOMERS",
     "FLAKY_RETRY",
@@ -324,3 +335,16 @@ def build_tools() -> FunctionTools:
 #: The registry the demo and the examples serve
 #: (``agentfn-asgi tools agentfn_asgi.demo.tools:tools``).
 tools = build_tools()
+
+
+#: How the examples answer the session's approval requests (``actions=``): MCP server
+#: ``docs`` approved, ``payments`` asked of a person, any other denied; a computer-use agent
+#: may open https://example.com and its subdomains, a person decides any other origin, and
+#: a sign-in is cancelled. No ``environment_connection`` hook: such actions stay pending.
+ACTIONS = ActionRules(
+    mcp={"docs": "approve", "payments": "ask"},
+    other_mcp="deny",
+    origins={"https://example.com": "approve"},
+    other_origins="ask",
+    sign_in="cancel",
+)

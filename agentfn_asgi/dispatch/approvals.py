@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ..actions import action_fields, action_kind
 from ..backoff import Backoff
 from ..calls.records import ApprovalRequest, CallKey, CallRecord, CallState
 from ..calls.states import claimed_with
@@ -54,6 +55,7 @@ from ..store.base import ApprovalStore, Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
+from .actions import saved_answer
 from .execution import Executor
 from .settings import DispatchSettings
 from .submission import Submitter, read_session
@@ -87,6 +89,14 @@ class ApprovalView:
     call_id: str
     tool_name: str
     digest: str
+    #: ``function``, ``mcp`` or ``computer_use``: what the person approves (``call_id`` is
+    #: then the request's ``request_id``).
+    kind: str = "function"
+    #: An MCP request's server label and tool name (None when it names none).
+    server_label: str | None = None
+    name: str | None = None
+    #: A computer-use request's origin (or a sign-in's credential origin).
+    origin: str | None = None
     requested_at: float
     expires_at: float
     state: str
@@ -102,6 +112,7 @@ def approval_view(record: CallRecord, links: dict[str, str] | None = None) -> Ap
     """The :class:`ApprovalView` of a call that has an approval request."""
     request = record.approval
     assert request is not None, "the call has no approval request"
+    described = action_fields(record.tool_name)
     return ApprovalView(
         approval_id=request.approval_id,
         session_id=record.key.session_id,
@@ -109,6 +120,10 @@ def approval_view(record: CallRecord, links: dict[str, str] | None = None) -> Ap
         call_id=record.key.call_id,
         tool_name=record.tool_name,
         digest=request.digest,
+        kind=described["kind"] or "function",
+        server_label=described.get("server_label"),
+        name=described.get("name"),
+        origin=described.get("origin"),
         requested_at=request.requested_at,
         expires_at=request.expires_at,
         state=record.state.value,
@@ -220,7 +235,10 @@ class Approvals:
             )
         decision = "approved" if approve else "denied"
         result = None
-        if not approve:
+        if not approve and action_kind(record.tool_name) != "function":
+            # An approval request is answered "deny" (the reason stays in the record).
+            result = saved_answer(record.key, record.tool_name, "deny", source="approval")
+        elif not approve:
             text = reason.strip() if reason and reason.strip() else "no reason was given."
             message = APPROVAL_DENIED_MESSAGE.format(name=record.tool_name, reason=text)
             result = failure_result(record.key, message, "approval_denied", source="approval")
@@ -312,12 +330,16 @@ class Approvals:
         """The request lapsed: fail the call, saying nobody approved it in time."""
         request = record.approval
         assert request is not None
-        result = failure_result(
-            record.key,
-            APPROVAL_EXPIRED_MESSAGE.format(name=record.tool_name),
-            "approval_expired",
-            source="approval",
-        )
+        if action_kind(record.tool_name) != "function":
+            # Nobody decided: the request is denied (its tool never runs, the turn goes on).
+            result = saved_answer(record.key, record.tool_name, "deny", source="approval")
+        else:
+            result = failure_result(
+                record.key,
+                APPROVAL_EXPIRED_MESSAGE.format(name=record.tool_name),
+                "approval_expired",
+                source="approval",
+            )
         decided = await self._approval_store().decide_approval(
             record.key,
             approval_id=request.approval_id,

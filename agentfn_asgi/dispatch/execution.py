@@ -34,6 +34,7 @@ import anyio
 
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
+from ..actions import SignInHook, SignInRequest, request_of, sign_in_answer
 from ..calls.records import (
     ApprovalRequest,
     CallKey,
@@ -74,7 +75,14 @@ from ..messages import (
     model_error_message,
     timeout_message,
 )
-from ..results import encode_result, escape_surrogates, failure_result
+from ..results import (
+    answer_result,
+    encode_result,
+    escape_surrogates,
+    event_json,
+    failure_result,
+    submission_key,
+)
 from ..running import invoke, run_reconcile
 from ..store.base import ApprovalStore, Store
 from ..tools import (
@@ -87,10 +95,11 @@ from ..tools import (
 )
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
+from .actions import RequestAnswers, saved_answer
 from .leases import Lease, LeaseKeeper, LeaseLostError
 from .limits import NO_LIMIT, Admission, Turn, Waiter, limit_for
 from .settings import DispatchSettings, ResolvedPolicy, resolve
-from .submission import Submitter
+from .submission import SUBMITTED_BEFORE_SAVED, Submitter
 
 __all__ = ["CompletionStatus", "Executor", "JobHandoff"]
 
@@ -192,8 +201,10 @@ class Executor:
         clock: Callable[[], float],
         handoff: JobHandoff | None,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        answers: RequestAnswers | None = None,
     ) -> None:
         self._store = store
+        self._answers = answers if answers is not None else RequestAnswers(None)
         self._submitter = submitter
         self._leases = leases
         self._settings = settings
@@ -274,7 +285,14 @@ class Executor:
         claims it first runs it.
         """
         try:
-            admission = await self._admission(key, action, tool)
+            if action.request_type is not None:
+                asked = await self._answers.admission(key, action)
+                if asked is None:  # the policy leaves it to someone else: not claimed
+                    claimed.set_result(None)
+                    return
+                admission = asked
+            else:
+                admission = await self._admission(key, action, tool)
             due = await self._claim_and_run(
                 key, action, tool, delivery_id, claimed, admission, resolves=resolves
             )
@@ -461,7 +479,19 @@ class Executor:
         attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
         ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
-        admission = await self._admission(record.key, action, tool)
+        requested = action.request_type is not None
+        approved = record.approval is not None and record.approval.decision == "approved"
+        if requested and not approved:
+            # An operator's re-run of a request asks the policy again; leaving it keeps
+            # nothing here (its claim lapses).
+            decided = await self._answers.admission(record.key, action)
+            if decided is None:
+                return
+            admission = decided
+        elif requested:
+            admission = NO_LIMIT  # approved by a person: answered, never limited
+        else:
+            admission = await self._admission(record.key, action, tool)
         limit = admission.limit
         due: float | None = None
         async with self._slots:
@@ -662,12 +692,16 @@ class Executor:
             logger.exception(
                 "obtaining the result of call %s failed; answering a failure", attempt.key
             )
+            if attempt.action.request_type is not None:  # a request is refused, never approved
+                return saved_answer(attempt.key, attempt.action.name, "deny", source="policy")
             return failure_result(attempt.key, INTERNAL_FAILURE_MESSAGE, "internal_error")
 
     async def _obtain_result(self, attempt: _Attempt) -> SavedResult | _Retry | None:
         key, action, tool = attempt.key, attempt.action, attempt.tool
         if attempt.preset is not None:
-            return attempt.preset  # decided before it could run (flow control)
+            return attempt.preset  # decided before it could run (flow control, the policy)
+        if action.request_type is not None:
+            return await self._answer_request(attempt)
         if tool is None:
             message = UNKNOWN_TOOL_MESSAGE.format(name=action.name)
             return failure_result(key, message, "unknown_tool")
@@ -694,7 +728,9 @@ class Executor:
                 return failure_result(key, message, "approval_mismatch", source="approval")
         elif tool.approval is not False and await tool.needs_approval(context, arguments):
             # Before any in-doubt reconcile: a call never approved never ran.
-            return await self._request_approval(attempt, tool)
+            return await self._request_approval(
+                attempt, name=tool.name, lapses_in=self._policy(tool).approval_timeout
+            )
         if attempt.in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
             # Its job may still be running: fail the call rather than queue it again.
             return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
@@ -745,20 +781,81 @@ class Executor:
         message = CALL_BUDGET_MESSAGE.format(name=tool.name, budget=budget)
         return failure_result(key, message, "call_budget", source="limit")
 
-    async def _request_approval(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
+    async def _answer_request(self, attempt: _Attempt) -> SavedResult | None:
+        """An approval request the policy asked a person about: held for them, or, once
+        approved, its approval (bound to the request the person saw)."""
+        key, name = attempt.key, attempt.action.name
+        if name.startswith("sign_in:") and self._answers.sign_in is not None:
+            return await self._sign_in(attempt, self._answers.sign_in)
+        if not attempt.approved:
+            if not isinstance(self._store, ApprovalStore):
+                logger.error("request %s: the store cannot ask a person; refusing it", key)
+                return saved_answer(key, name, "deny", source="policy")
+            return await self._request_approval(
+                attempt, name=name, lapses_in=self._settings.approval_timeout
+            )
+        assert attempt.approval is not None
+        if arguments_digest(attempt.action.arguments) != attempt.approval.digest:
+            return saved_answer(key, name, "deny", source="approval")
+        return saved_answer(key, name, "approve", source="approval")
+
+    async def _sign_in(self, attempt: _Attempt, hook: SignInHook) -> SavedResult | None:
+        """Ask the host's sign-in hook now and submit its values from memory, then keep only
+        the redacted answer (its source says it was submitted before it was saved). A
+        failure to submit keeps nothing: the call is taken over, and the hook asked again."""
+        key = attempt.key
+        request = request_of(key.session_id, attempt.action)
+        assert isinstance(request, SignInRequest)
+        try:
+            async with self._leases.kept(attempt.lease):
+                answer = await sign_in_answer(hook, request)
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            # No exc_info: a hook's exception may quote the values.
+            logger.error("the sign-in hook failed on %s (%s); cancelling", key, type(exc).__name__)
+            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+        if answer is None:
+            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+        event, redacted = answer
+        stored = event_json(redacted)
+        idempotency_key = submission_key(key, stored)
+        self._leases.check(attempt.lease)
+        try:
+            outcome = await self._submitter.submit_unsaved(key, event_json(event), idempotency_key)
+        except APIError as exc:
+            # Nothing is kept: once the claim lapses, its taker asks the hook again.
+            logger.warning("submitting the sign-in answer of %s failed: %s", key, exc)
+            return None
+        finally:
+            del event, answer  # the values live no longer than the request
+        if outcome == "stale":
+            # Answered meanwhile, or its turn ended: owed no longer, and nothing to keep.
+            reason = "the session no longer waits for this sign-in"
+            await self._store.cancel(
+                key, owner=self._owner, reason=reason, known_before=self._clock()
+            )
+            return None
+        if outcome == "refused":
+            logger.error("the API refused the sign-in answer of %s; cancelling the request", key)
+            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+        return answer_result(key, redacted, error_type=None, source=SUBMITTED_BEFORE_SAVED)
+
+    async def _request_approval(
+        self, attempt: _Attempt, *, name: str, lapses_in: float
+    ) -> SavedResult | None:
         """Hold the call for a person (``awaiting_approval``) if our claim still stands."""
         key, store = attempt.key, self._store
         if not isinstance(store, ApprovalStore):  # the app refuses this set-up at start
-            message = APPROVAL_UNSUPPORTED_MESSAGE.format(name=tool.name)
+            message = APPROVAL_UNSUPPORTED_MESSAGE.format(name=name)
             return failure_result(key, message, "approval_unsupported")
         now = self._clock()
-        timeout = self._policy(tool).approval_timeout
         request = ApprovalRequest(
             approval_id="apr_" + secrets.token_hex(12),
-            tool_name=tool.name,
+            tool_name=name,
             digest=arguments_digest(attempt.action.arguments),
             requested_at=now,
-            expires_at=now + timeout,
+            expires_at=now + lapses_in,
             asked_at=attempt.number,
         )
         self._leases.check(attempt.lease)
@@ -777,14 +874,14 @@ class Executor:
         self._held_for_approval.add(key)
         logger.info(
             "call waiting for approval: tool=%s session=%s call=%s approval_id=%s expires_in=%.0fs",
-            tool.name,
+            name,
             key.session_id,
             key.call_id,
             request.approval_id,
-            timeout,
+            lapses_in,
             extra={
                 "agentfn": {
-                    "tool": tool.name,
+                    "tool": name,
                     "session_id": key.session_id,
                     "turn_id": key.turn_id,
                     "call_id": key.call_id,

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from ..actions import ActionPolicy, SignInHook
 from ..calls.records import CallKey, DeliveryRecord
 from ..client import AgentsClient, RetryState
 from ..errors import (
@@ -47,6 +48,7 @@ from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
 from ..wire import AgentSession
+from .actions import RequestAnswers
 from .alarms import ConfigurationAlarm, is_configuration_error
 from .approvals import Approvals, ApprovalView
 from .cancelling import Canceller
@@ -175,6 +177,8 @@ class Dispatcher:
         telemetry: Telemetry | None = None,
         handoff: JobHandoff | None = None,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        actions: ActionPolicy | None = None,
+        sign_in: SignInHook | None = None,
     ) -> None:
         self.tools = tools
         self.client = client
@@ -212,6 +216,8 @@ class Dispatcher:
             not_found_pauses=self.settings.not_found_retries,
             clock=clock,
         )
+        #: How MCP and computer-use approval requests are answered (``actions=``).
+        self._answers = RequestAnswers(actions, sign_in)
         leases = LeaseKeeper(
             store,
             owner=self.owner,
@@ -230,6 +236,7 @@ class Dispatcher:
             clock=clock,
             handoff=handoff,
             sleep=sleep,
+            answers=self._answers,
         )
 
         self.approvals = Approvals(
@@ -277,7 +284,8 @@ class Dispatcher:
         if self.settings.reread_interval > 0:
             self._workers.append(self._spawn(self._reread_loop()))
         gated = sorted(tool.name for tool in self.tools if tool.approval is not False)
-        if gated and self.approvals.enabled:
+        # A policy may ask a person about an approval request: the poll runs its decisions.
+        if (gated or self._answers.policy is not None) and self.approvals.enabled:
             self._workers.append(self._spawn(self.approvals.loop()))
         elif gated:
             logger.error(
@@ -502,7 +510,7 @@ class Dispatcher:
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
                 session = await self._read(session_id, turn)
-                span.set_pending_calls(len(session.function_calls))
+                span.set_pending_calls(len(session.calls))
         except NotFoundError:
             if turn is not None and turn.retry.delay is not None:
                 raise  # read again after a pause
@@ -567,14 +575,23 @@ class Dispatcher:
         pending: set[CallKey] = set()
         claims: list[asyncio.Future[None]] = []
         carried = False
-        carry = carry and delivery_id is not None and len(session.function_calls) == 1
-        for action in session.function_calls:
+        calls = session.calls
+        # A request's claim may not happen (the policy leaves it): only a function call's
+        # claim carries the delivery.
+        carry = (
+            carry and delivery_id is not None and len(calls) == 1 and calls[0].request_type is None
+        )
+        self._answers.unanswered(session)
+        for action in calls:
             key = CallKey(session.id, action.turn_id, action.call_id)
             pending.add(key)
             if key in self._inflight:
                 continue
-            tool = self.tools.get(action.name)
-            if tool is None and self.settings.unknown_tools == "ignore":
+            requested = action.request_type is not None
+            if requested and not self._answers.answers(action):
+                continue  # no policy: left alone, as before (unanswered() told of it)
+            tool = None if requested else self.tools.get(action.name)
+            if tool is None and not requested and self.settings.unknown_tools == "ignore":
                 continue  # another service sharing this agent answers it
             claimed: asyncio.Future[None] = loop.create_future()
             claims.append(claimed)

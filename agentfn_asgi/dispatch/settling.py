@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
+from ..actions import action_kind
 from ..calls.records import CallKey, CallRecord, CallState, SavedResult
 from ..calls.states import settleable
 from ..client import AgentsClient
@@ -97,6 +98,10 @@ class Settler:
             return await self._rerun(record, tool)
         if (output is None) == (error is None):
             raise OperatorInputError("settle needs exactly one of output, error or rerun")
+        if action_kind(record.tool_name) != "function":
+            # An approval request takes a decision, not a tool result: its re-run asks the
+            # policy (or a person) again.
+            return "refused", "an approval request is answered by a re-run, not a result"
         result = self._operator_result(record, tool, output=output, error=error)
         saved = await self._store.settle(key, result=result, margin=self._settings.fence_margin)
         if saved is None:  # it changed since we looked

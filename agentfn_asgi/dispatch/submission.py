@@ -19,11 +19,12 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from .._crash import crash_point
-from ..calls.records import CallRecord
+from ..calls.records import CallKey, CallRecord
 from ..client import AgentsClient
 from ..errors import (
     APIError,
     APIStatusError,
+    BadRequestError,
     ConflictError,
     NotFoundError,
     UnknownPendingToolCallError,
@@ -34,7 +35,17 @@ from ..tracing import Telemetry
 from ..wire import AgentSession
 from .alarms import ConfigurationAlarm, is_configuration_error
 
-__all__ = ["REFUSED_MESSAGE", "SubmitOutcome", "Submitter", "read_session"]
+__all__ = [
+    "REFUSED_MESSAGE",
+    "SUBMITTED_BEFORE_SAVED",
+    "SubmitOutcome",
+    "Submitter",
+    "read_session",
+]
+
+#: The ``source`` of a saved result that was submitted before it was saved (a sign-in's
+#: answer, whose values are never stored: what is saved is its redacted copy).
+SUBMITTED_BEFORE_SAVED = "sign_in"
 
 #: What became of one submission (see :meth:`Submitter.submit`).
 SubmitOutcome = Literal["submitted", "stale", "failed", "skipped"]
@@ -113,6 +124,11 @@ class Submitter:
         if result is None or record.state.terminal:
             return "skipped"
         key = record.key
+        if result.source == SUBMITTED_BEFORE_SAVED:
+            # A sign-in's answer went out (values in memory) before its redacted copy was
+            # saved: there is nothing to send again, only the record to close.
+            await self._store.mark_submitted(key, detail="submitted before it was saved")
+            return "submitted"
         with self._telemetry.submission(
             session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
         ) as span:
@@ -136,6 +152,29 @@ class Submitter:
             attempts=span.attempts,
             delivery_to_submit_seconds=None if received is None else time.monotonic() - received,
         )
+        return outcome
+
+    async def submit_unsaved(
+        self, key: CallKey, event_json_text: str, idempotency_key: str
+    ) -> Literal["submitted", "stale", "refused"]:
+        """Submit an answer that is never stored (a sign-in's values): ``submitted`` once the
+        API accepted it, ``stale`` when the session no longer waits for it, ``refused`` when
+        the API refused the answer itself (a 400). Raises APIError for a failure worth
+        another try (the caller keeps nothing: whoever takes the call over asks for the
+        values again)."""
+        with self._telemetry.submission(
+            session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
+        ) as span:
+            outcome: Literal["submitted", "stale", "refused"] = "submitted"
+            try:
+                await self._client.submit_raw_events(
+                    key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
+                )
+            except (UnknownPendingToolCallError, ConflictError, NotFoundError):
+                outcome = "stale"
+            except BadRequestError:
+                outcome = "refused"
+            span.set_outcome(outcome)
         return outcome
 
     async def _send(

@@ -26,7 +26,7 @@ from agentfn_asgi.testing.deliveries import (
 )
 from agentfn_asgi.testing.fake import FakeAgentsAPI, Route
 from agentfn_asgi.testing.fake_http import FakeConnectionDropped, RecordedRequest
-from agentfn_asgi.testing.fake_state import FakeCall, RawJSON, Submission
+from agentfn_asgi.testing.fake_state import FakeCall, FakeRequest, RawJSON, Submission
 from agentfn_asgi.testing.fake_validation import MAX_REQUEST_BYTES
 from agentfn_asgi.testing.fake_webhooks import DeliveryAttempt, webhook_backoff
 from agentfn_asgi.testing.server import serve_app, serve_fake
@@ -40,6 +40,7 @@ __all__ = [
     "FakeCall",
     "FakeConnectionDropped",
     "FakeControlApp",
+    "FakeRequest",
     "RawJSON",
     "RecordedRequest",
     "Route",

@@ -46,7 +46,7 @@ from agentfn_asgi.signing import parse_secrets
 from agentfn_asgi.testing.deliveries import new_webhook_id, webhook_event
 from agentfn_asgi.testing.fake_endpoints import FakeEndpoints, sample_data
 from agentfn_asgi.testing.fake_http import FaultPlan, InjectedFailure, RecordedRequest, handle_http
-from agentfn_asgi.testing.fake_state import FakeCall, FakeSession, Submission
+from agentfn_asgi.testing.fake_state import FakeCall, FakeRequest, FakeSession, Submission
 from agentfn_asgi.testing.fake_webhooks import (
     DEFAULT_WEBHOOK_RETRY_DELAYS,
     DeliveryAttempt,
@@ -162,7 +162,7 @@ class FakeAgentsAPI:
 
     def create_session(
         self,
-        steps: Sequence[Sequence[FakeCall]],
+        steps: Sequence[Sequence[FakeCall | FakeRequest]],
         *,
         session_id: str | None = None,
         metadata: Mapping[str, str] | None = None,
@@ -191,11 +191,13 @@ class FakeAgentsAPI:
             self.webhooks.muted.discard(sid)
         return sid
 
-    def start_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> str:
+    def start_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall | FakeRequest]]) -> str:
         """Start a new turn with ``steps`` on an idle session; return the turn id."""
         return self._get(session_id).start_turn(steps)
 
-    def queue_turn(self, session_id: str, steps: Sequence[Sequence[FakeCall]]) -> None:
+    def queue_turn(
+        self, session_id: str, steps: Sequence[Sequence[FakeCall | FakeRequest]]
+    ) -> None:
         """Script the turn that the next ``agent.session.input.message`` starts."""
         self._get(session_id).queued_turns.append([list(step) for step in steps])
 

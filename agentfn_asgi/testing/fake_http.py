@@ -505,7 +505,8 @@ async def _drop(send: Send) -> None:
 async def _stream(
     fake: HTTPHost, session_id: str, scope: Scope, receive: Receive, send: Send
 ) -> None:
-    """Serve ``GET …/events`` as SSE until the session is idle (then ``data: [DONE]``)."""
+    """Serve ``GET …/events`` as SSE until the session is idle or failed after a turn
+    (then ``data: [DONE]``), or the client leaves."""
     session = fake.sessions[session_id]
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     obfuscate = query.get("include_obfuscation", ["true"])[-1].lower() != "false"
@@ -535,7 +536,10 @@ async def _stream(
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         await chunk(b": connected\n\n")
-        live = session.current is not None
+        # An idle session's stream stays open, as the API's does: the turn that input
+        # started after the subscription streams on it (the SDK's sessions.stream helper
+        # subscribes first, then sends its message). It ends with that turn's idle.
+        live = True
         while live:
             try:
                 event = await asyncio.wait_for(queue.get(), fake.sse_keepalive)

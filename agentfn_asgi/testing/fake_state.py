@@ -14,12 +14,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
-from agentfn_asgi.testing.fake_validation import TOOL_RESULT, Rejection, normalised_result
+from agentfn_asgi.testing.fake_validation import (
+    TOOL_RESULT,
+    Rejection,
+    answer_approves,
+    check_answer,
+    normalised_result,
+)
 from agentfn_asgi.testing.fake_webhooks import WebhookSender
 
 __all__ = [
     "STREAM_CUT",
     "FakeCall",
+    "FakeRequest",
     "FakeSession",
     "FakeTurn",
     "SessionHost",
@@ -71,6 +78,77 @@ class FakeCall:
 
 
 @dataclass(frozen=True, slots=True)
+class FakeRequest:
+    """One scripted approval request, pending beside a step's calls: ``request`` is its
+    ``request`` object as the API lists it (build one with :meth:`mcp`, :meth:`origin` or
+    :meth:`sign_in`); ``request_id`` is generated (``req_…``) unless given. Its answer is
+    validated as the API does, and recorded as a :class:`Submission` whose ``call_id`` is
+    the request id, ``output`` the ``response`` and ``success`` whether it approved."""
+
+    request: Mapping[str, Any]
+    request_id: str | None = None
+
+    @property
+    def action_type(self) -> str:
+        """``mcp_approval_request`` or ``computer_use_approval_request``."""
+        if self.request.get("type") == "mcp_tool_call":
+            return "mcp_approval_request"
+        return "computer_use_approval_request"
+
+    @classmethod
+    def mcp(
+        cls,
+        server_label: str,
+        name: str | None = None,
+        arguments: Any = None,
+        *,
+        message: str = "Allow this tool call?",
+        request_id: str | None = None,
+    ) -> FakeRequest:
+        """An MCP tool call waiting for approval (``arguments`` None: not provided)."""
+        request: dict[str, Any] = {
+            "type": "mcp_tool_call",
+            "server_label": server_label,
+            "arguments": arguments,
+            "message": message,
+        }
+        if name is not None:
+            request["name"] = name
+        return cls(request, request_id)
+
+    @classmethod
+    def origin(
+        cls, origin: str, *, reason: str | None = None, request_id: str | None = None
+    ) -> FakeRequest:
+        """A computer-use agent asking to open ``origin`` (``browser_origin_access``)."""
+        request: dict[str, Any] = {"type": "browser_origin_access", "origin": origin}
+        if reason is not None:
+            request["reason"] = reason
+        return cls(request, request_id)
+
+    @classmethod
+    def sign_in(
+        cls,
+        fields: Sequence[Mapping[str, Any]] = (
+            {"id": "username", "label": "Username", "required": True, "type": "text"},
+            {"id": "password", "label": "Password", "required": True, "type": "password"},
+        ),
+        *,
+        credential_origin: str | None = None,
+        request_id: str | None = None,
+    ) -> FakeRequest:
+        """A computer-use agent asking to sign in (``browser_authentication``)."""
+        request: dict[str, Any] = {
+            "type": "browser_authentication",
+            "fields": [dict(f) for f in fields],
+            "options": [],
+        }
+        if credential_origin is not None:
+            request["credential_origin"] = credential_origin
+        return cls(request, request_id)
+
+
+@dataclass(frozen=True, slots=True)
 class Submission:
     """One ``tool_result`` the fake accepted (``received_at`` from the fake's clock)."""
 
@@ -106,8 +184,23 @@ class _Call:
     arguments: dict[str, Any] | RawJSON
     state: Literal["waiting", "pending", "answered", "cancelled"] = "waiting"
     result: tuple[bool, str] | None = None
+    #: An approval request's ``request`` object (then ``call_id`` is its request id).
+    request: dict[str, Any] | None = None
+
+    @property
+    def action_type(self) -> str:
+        if self.request is None:
+            return "function_call"
+        return FakeRequest(self.request).action_type
 
     def action(self) -> dict[str, Any]:
+        if self.request is not None:
+            return {
+                "type": self.action_type,
+                "request_id": self.call_id,
+                "turn_id": self.turn_id,
+                "request": self.request,
+            }
         return {
             "type": "function_call",
             "turn_id": self.turn_id,
@@ -161,7 +254,7 @@ class FakeSession:
         self.current: FakeTurn | None = None
         self.calls: dict[str, _Call] = {}
         self.tool_names: dict[str, None] = {}
-        self.queued_turns: list[list[list[FakeCall]]] = []
+        self.queued_turns: list[list[list[FakeCall | FakeRequest]]] = []
         self.history: list[dict[str, Any]] = []
         self.listeners: set[asyncio.Queue[StreamItem]] = set()
         #: Unlimited, consumption unknown (newer API versions always send the object).
@@ -224,11 +317,11 @@ class FakeSession:
         self._emit({"type": "agent.session.created", "session": self.snapshot()})
         self._webhook("agent.session.created")
 
-    def start_turn(self, steps: Sequence[Sequence[FakeCall]]) -> str:
+    def start_turn(self, steps: Sequence[Sequence[FakeCall | FakeRequest]]) -> str:
         """Start a turn running ``steps``; the session must be idle."""
         return self.begin_turn(self.plan_turn(steps))
 
-    def plan_turn(self, steps: Sequence[Sequence[FakeCall]]) -> FakeTurn:
+    def plan_turn(self, steps: Sequence[Sequence[FakeCall | FakeRequest]]) -> FakeTurn:
         """Check ``steps`` and build their turn without changing anything (ValueError)."""
         if self.current is not None:
             raise ValueError(f"session {self.id} already has an active turn")
@@ -237,6 +330,14 @@ class FakeSession:
         for step in steps:
             batch = []
             for scripted in step:
+                if isinstance(scripted, FakeRequest):
+                    request_id = scripted.request_id or "req_" + secrets.token_hex(12)
+                    if request_id in self.calls or request_id in planned:
+                        raise ValueError(f"id {request_id} is already used in session {self.id}")
+                    planned.add(request_id)
+                    request = dict(scripted.request)
+                    batch.append(_Call(request_id, turn.id, "", {}, request=request))
+                    continue
                 call_id = scripted.call_id or "call_" + secrets.token_hex(12)
                 if call_id in self.calls or call_id in planned:
                     raise ValueError(f"call id {call_id} is already used in session {self.id}")
@@ -255,7 +356,8 @@ class FakeSession:
         for batch in turn.steps:
             for call in batch:
                 self.calls[call.call_id] = call
-                self.tool_names[call.name] = None
+                if call.request is None:
+                    self.tool_names[call.name] = None
         self.turns.append(turn)
         self.current, self.error = turn, None
         self._emit_turn("agent.session.turn.created", turn)
@@ -316,9 +418,29 @@ class FakeSession:
         seen: dict[str, tuple[bool, str]] = {}
         for index, event in enumerate(events):
             kind = event["type"]
+            if kind.endswith("approval_request_result"):
+                request_id = event["request_id"]
+                answered = self.calls.get(request_id)
+                if (
+                    answered is None
+                    or answered.request is None
+                    or answered.state in ("waiting", "cancelled")
+                ):
+                    raise Rejection(400, f"Unknown pending approval request: {request_id}")
+                checked = check_answer(answered.request, event, f"events[{index}]")
+                previous = seen.get(request_id)
+                if previous is None and answered.state == "answered":
+                    previous = answered.result
+                if previous is not None and previous != checked:
+                    raise Rejection(
+                        409,
+                        f"Approval request {request_id} already has a different answer.",
+                        code="conflict_error",
+                    )
+                seen[request_id] = checked
+                plan.append((event, answered, previous is not None))
+                continue
             if kind != TOOL_RESULT:
-                if kind.endswith("approval_request_result"):
-                    raise Rejection(400, f"Unknown pending approval request: {event['request_id']}")
                 plan.append((event, None, False))
                 continue
             call_id = event["call_id"]
@@ -353,21 +475,35 @@ class FakeSession:
             if call is None:
                 self._apply_input(event)
                 continue
-            submission = Submission(
-                self.id,
-                call.turn_id,
-                call.call_id,
-                bool(event["success"]),
-                event.get("output"),
-                event.get("error"),
-                idempotency_key,
-                now,
-            )
+            if call.request is not None:
+                submission = Submission(
+                    self.id,
+                    call.turn_id,
+                    call.call_id,
+                    answer_approves(event),
+                    event["response"],
+                    None,
+                    idempotency_key,
+                    now,
+                )
+                result = check_answer(call.request, event, "events")
+            else:
+                submission = Submission(
+                    self.id,
+                    call.turn_id,
+                    call.call_id,
+                    bool(event["success"]),
+                    event.get("output"),
+                    event.get("error"),
+                    idempotency_key,
+                    now,
+                )
+                result = normalised_result(event)
             if duplicate:
                 self.host.duplicate_submissions.append(submission)
                 continue
             call.state = "answered"
-            call.result = normalised_result(event)
+            call.result = result
             self.host.submissions.append(submission)
             applied.append(submission)
             self._answered(call, event)
@@ -395,7 +531,22 @@ class FakeSession:
             self.start_turn(self.queued_turns.pop(0) if self.queued_turns else [])
 
     def _answered(self, call: _Call, event: dict[str, Any]) -> None:
-        item = {
+        item = (
+            {
+                "type": call.action_type.replace("_request", "_response"),
+                "id": "item_" + secrets.token_hex(12),
+                "request_id": call.call_id,
+                "turn_id": call.turn_id,
+                # A sign-in's submitted values are never echoed back.
+                "approve": answer_approves(event),
+            }
+            if call.request is not None
+            else self._call_output(call, event)
+        )
+        self._after_answer(call, item)
+
+    def _call_output(self, call: _Call, event: dict[str, Any]) -> dict[str, Any]:
+        return {
             "type": "function_call_output",
             "id": "item_" + secrets.token_hex(12),
             "call_id": call.call_id,
@@ -404,6 +555,8 @@ class FakeSession:
             "error": event.get("error"),
             "status": "completed" if event["success"] else "failed",
         }
+
+    def _after_answer(self, call: _Call, item: dict[str, Any]) -> None:
         self._emit(
             {
                 "type": "agent.session.turn.item.added",
@@ -462,9 +615,11 @@ class FakeSession:
         if status == "budget_reached":
             return
         if status == "requires_action":
+            pending = self.pending_calls()
+            kind = pending[0].action_type if pending else "function_call"
             self.host.webhooks.emit(
                 "agent.session.action_required",
-                {"id": self.id, "required_action": {"type": "function_call"}},
+                {"id": self.id, "required_action": {"type": kind}},
                 session_id=self.id,
             )
         else:

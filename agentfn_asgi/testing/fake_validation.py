@@ -16,6 +16,8 @@ __all__ = [
     "MAX_REQUEST_BYTES",
     "InvalidRequestError",
     "Rejection",
+    "answer_approves",
+    "check_answer",
     "error_body",
     "normalised_result",
     "parse_events_body",
@@ -184,3 +186,83 @@ def normalised_result(event: dict[str, Any]) -> tuple[bool, str]:
     return bool(event["success"]), json.dumps(
         [event.get("output"), event.get("error")], sort_keys=True, separators=(",", ":")
     )
+
+
+_DECISIONS = ("approve", "deny", "cancel")
+#: Most fields a sign-in answer may carry, and the most bytes of its values (openai 3.63).
+_SIGN_IN_FIELDS = 6
+_SIGN_IN_BYTES = 120 * 1024
+
+
+def check_answer(request: dict[str, Any], event: dict[str, Any], where: str) -> tuple[bool, str]:
+    """Check the answer ``event`` against the pending ``request`` it answers, as the API
+    does (400 naming the field); return it normalised (equal for equal answers)."""
+    kind = request.get("type")
+    expected = (
+        "agent.session.input.mcp_approval_request_result"
+        if kind == "mcp_tool_call"
+        else "agent.session.input.computer_use_approval_request_result"
+    )
+    if event["type"] != expected:
+        raise Rejection(
+            400,
+            f"Approval request {event['request_id']} is answered with {expected}.",
+            param=f"{where}.type",
+        )
+    response = event["response"]
+    param = f"{where}.response"
+    if response.get("type") != kind:
+        raise Rejection(
+            400, f"Invalid value for '{param}.type': expected {kind!r}.", param=f"{param}.type"
+        )
+    if kind == "browser_authentication":
+        _check_sign_in(request, response, param)
+    elif response.get("decision") not in _DECISIONS:
+        raise Rejection(
+            400,
+            f"Invalid value for '{param}.decision': expected one of {', '.join(_DECISIONS)}.",
+            param=f"{param}.decision",
+        )
+    return answer_approves(event), json.dumps(response, sort_keys=True, separators=(",", ":"))
+
+
+def _check_sign_in(request: dict[str, Any], response: dict[str, Any], param: str) -> None:
+    action = response.get("action")
+    if action == "cancel":
+        return
+    if action != "submit":
+        raise Rejection(
+            400,
+            f"Invalid value for '{param}.action': expected 'submit' or 'cancel'.",
+            param=f"{param}.action",
+        )
+    fields = response.get("fields")
+    if not isinstance(fields, list) or len(fields) > _SIGN_IN_FIELDS:
+        raise Rejection(
+            400,
+            f"Invalid value for '{param}.fields': expected at most {_SIGN_IN_FIELDS} fields.",
+            param=f"{param}.fields",
+        )
+    known = {f.get("id") for f in request.get("fields") or [] if isinstance(f, dict)}
+    size = 0
+    for index, item in enumerate(fields):
+        here = f"{param}.fields[{index}]"
+        if not isinstance(item, dict):
+            raise Rejection(400, f"'{here}' must be an object.", param=here)
+        _require(item, here, "field_id", str)
+        _require(item, here, "value", str)
+        if item["field_id"] not in known:
+            raise Rejection(
+                400, f"Unknown field id {item['field_id']!r}.", param=f"{here}.field_id"
+            )
+        size += len(item["value"].encode("utf-8", "surrogatepass"))
+    if size > _SIGN_IN_BYTES:
+        raise Rejection(400, f"'{param}.fields' values are too large.", param=f"{param}.fields")
+
+
+def answer_approves(event: dict[str, Any]) -> bool:
+    """Does the answer ``event`` approve (a sign-in: submit) its request?"""
+    response = event.get("response")
+    if not isinstance(response, dict):
+        return False
+    return response.get("decision") == "approve" or response.get("action") == "submit"

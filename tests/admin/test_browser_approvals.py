@@ -130,3 +130,70 @@ async def test_an_operator_approves_one_denies_one_and_a_link_works_once(
     assert not denied.success and "the customer asked to wait" in (denied.error or "")
     assert not pasted.success and "not today" in (pasted.error or "")
     assert sorted(ran) == ["call_a", "call_l"]
+
+
+@pytest.mark.anyio
+async def test_an_operator_sees_and_decides_approval_requests(browser: Browser) -> None:
+    """Issue 34: an MCP request and an origin request the policy asks a person about are
+    listed with their kind; the request's page shows the server label, tool name, arguments
+    (or "not provided") and message, or the origin and reason; approving and denying on the
+    page answers each request once."""
+    from selenium.webdriver.common.by import By
+
+    from agentfn_asgi.demo.tools import ACTIONS
+    from agentfn_asgi.testing import FakeRequest
+
+    from ..test_actions import answered, lookup_tools
+
+    port = free_port()
+    site = f"http://127.0.0.1:{port}{ADMIN_PATH}"
+    settings = dataclasses.replace(FAST, approval_poll_interval=0.05)
+    async with running_stack(lookup_tools(), settings=settings, actions=ACTIONS) as stack:
+        admin = AdminApp(stack.app, tokens=[TOKEN], public_url=site)
+        stack.fake.create_session(
+            [
+                [
+                    FakeRequest.mcp("payments", "charge", None, request_id="req_pay"),
+                    FakeRequest.origin("https://other.test", reason="to pay", request_id="req_o"),
+                ]
+            ]
+        )
+        with anyio.fail_after(10):
+            while len(await stack.app.operator().approvals()) < 2:
+                await anyio.sleep(0.02)
+
+        def decide(driver: WebDriver, call_id: str, *, approve: bool, shows: list[str]) -> None:
+            driver.get(site + "/approvals")
+            wait_title(driver, "Waiting for approval")
+            driver.find_element(By.LINK_TEXT, call_id).click()
+            wait_title(driver, f"Call {call_id}")
+            facts = driver.find_element(By.CSS_SELECTOR, "dl.request").text
+            for text in shows:
+                assert text in facts, (text, facts)
+            form = "form.approve" if approve else "form.deny"
+            driver.find_element(By.CSS_SELECTOR, f"{form} button").click()
+            wait_title(driver, f"{'Approve' if approve else 'Deny'} call {call_id}?")
+            driver.find_element(By.CSS_SELECTOR, "form.confirm button").click()
+            wait_title(driver, f"Call {call_id}")
+
+        def steps(driver: WebDriver) -> None:
+            log_in(driver, site, "/approvals")
+            wait_title(driver, "Waiting for approval")
+            rows = driver.find_elements(By.CSS_SELECTOR, "table.approvals tbody tr")
+            kinds = sorted(row.find_elements(By.TAG_NAME, "td")[1].text for row in rows)
+            assert kinds == ["computer_use", "mcp"]
+            decide(
+                driver,
+                "req_pay",
+                approve=True,
+                shows=["payments", "charge", "not provided", "Allow this tool call?"],
+            )
+            decide(driver, "req_o", approve=False, shows=["https://other.test", "to pay"])
+
+        async with serve_app(host_app(admin), port=port):
+            await in_browser(browser, steps, javascript=True)
+            paid = await answered(stack, "req_pay")
+            origin = await answered(stack, "req_o")
+    assert paid.output == {"type": "mcp_tool_call", "decision": "approve"}
+    assert origin.output == {"type": "browser_origin_access", "decision": "deny"}
+    assert len(stack.fake.submissions) == 2

@@ -21,6 +21,9 @@ store's call records, the replicas' logs and the nemesis' outages. It asserts:
 - **approvals**: a call the approver approved has at most one ledger line and a success
   result; one it denied has no ledger line and a failure carrying the reason; none is
   answered without a decision;
+- **approval requests** (MCP and origin): each answered exactly once (as every call, above),
+  with the decision of the examples' policy (``agentfn_asgi.demo.tools.ACTIONS``), or, for
+  the ones it asks a person about, the approver's; none asked is answered without one;
 - **cancelled turns** (the nemesis cancels turns, or fails them with an error code, through
   the fake):
 
@@ -53,6 +56,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentfn_asgi.actions import MCPRequest, OriginRequest
+from agentfn_asgi.demo.tools import ACTIONS
 from agentfn_asgi.testing import DeliveryAttempt, RecordedRequest, Submission
 
 from .approver import Decision
@@ -161,6 +166,8 @@ class Report:
     approved: int = 0
     denied: int = 0
     approval_violations: list[str] = field(default_factory=list)
+    requests: int = 0
+    """MCP and origin approval requests planned (their answers are checked with approvals)."""
     cancelled_turns: int = 0
     cancelled_calls: int = 0
     """Calls pending when their turn was cancelled or failed."""
@@ -190,6 +197,7 @@ class Report:
             f"quarantined={len(self.quarantined_with_effects)} "
             f"flaky={self.flaky}/retried={self.flaky_retried}/bad={len(self.retry_violations)} "
             f"approvals={self.approved}+{self.denied}denied/bad={len(self.approval_violations)} "
+            f"requests={self.requests} "
             f"cancelled={self.cancelled_turns}/{self.cancelled_calls}"
             f"/bad={len(self.cancel_violations)} "
             f"p99_to_result={self.p99:.2f}s drain={self.drain_seconds:.1f}s {verdict}"
@@ -320,6 +328,37 @@ def _check_approvals(history: History, report: Report) -> None:
                 )
 
 
+def _expected_answer(call: PlannedCall) -> str:
+    """The examples' policy on a planned request: approve, deny or ask."""
+    ids = {"session_id": call.session_id or "", "turn_id": "", "request_id": call.call_id}
+    raw = call.arguments
+    if call.tool.startswith("mcp:"):
+        return ACTIONS(MCPRequest(**ids, server_label=str(raw.get("server_label"))))
+    return ACTIONS(OriginRequest(**ids, origin=str(raw.get("origin"))))
+
+
+def _check_requests(history: History, report: Report) -> None:
+    """Each MCP and origin request's answer against the policy and the approver."""
+    results = {s.call_id: s for s in history.submissions}
+    bad = report.approval_violations
+    for call in history.calls:
+        if not call.tool.startswith(("mcp:", "computer_use:")):
+            continue
+        report.requests += 1
+        expected = _expected_answer(call)
+        if expected == "ask":
+            decision = history.decisions.get(call.call_id)
+            if decision is None:
+                if call.call_id in results:
+                    bad.append(f"{call.call_id}: answered though nobody decided it")
+                continue
+            expected = "approve" if decision.approve else "deny"
+        result = results.get(call.call_id)
+        given = None if result is None else result.output.get("decision")
+        if result is not None and given != expected:
+            bad.append(f"{call.call_id} ({call.tool}): answered {given}, expected {expected}")
+
+
 def _heard(history: History, cancellation: Cancellation) -> float:
     """When a replica that was up first heard that the turn ended, and could read which
     calls it ended (see the docstring)."""
@@ -413,7 +452,9 @@ def check(history: History) -> Report:
     report.conflicts = sum(1 for r in history.requests if r.route == "submit" and r.status == 409)
     report.duplicate_submissions = len(history.duplicate_submissions)
     report.failed_results = [
-        f"{s.call_id}: {(s.error or '')[:100]}" for s in history.submissions if not s.success
+        f"{s.call_id}: {(s.error or '')[:100]}"
+        for s in history.submissions
+        if not s.success and not isinstance(s.output, dict)  # a request's answer: a decision
     ]
 
     tools = {c.call_id: c.tool for c in history.calls}
@@ -436,6 +477,7 @@ def check(history: History) -> Report:
             report.tracebacks.append(f"{name}: {count}")
     _check_retries(history, report)
     _check_approvals(history, report)
+    _check_requests(history, report)
     _check_cancellations(history, report)
     report.p99 = _percentile(_times_to_result(history), 0.99)
 

@@ -131,11 +131,14 @@ class Nemesis:
         # from the seed too, so a replay makes the same choice when it meets the same state.
         return random.Random(f"nemesis-{self.seed}-{fault.index}")
 
-    def _pending_calls(self) -> list[tuple[str, str]]:
+    def _pending_calls(self, *, requests: bool = True) -> list[tuple[str, str]]:
+        """(session, call or request id) of every pending action (``requests=False``: of
+        the function calls only)."""
         return sorted(
-            (session_id, action["call_id"])
+            (session_id, action.get("call_id") or action["request_id"])
             for session_id in list(self.fake.sessions)
             for action in self.fake.required_actions(session_id)
+            if requests or action["type"] == "function_call"
         )
 
 
@@ -179,7 +182,7 @@ async def _api_error(nemesis: Nemesis, fault: Fault) -> bool:
 
 
 async def _race(nemesis: Nemesis, fault: Fault) -> bool:
-    pending = nemesis._pending_calls()
+    pending = nemesis._pending_calls(requests=False)  # the race is a tool result's
     if not pending:
         return False
     for _, call_id in nemesis._rng(fault).sample(pending, min(fault.n, len(pending))):
@@ -232,7 +235,7 @@ async def _end_turn(nemesis: Nemesis, fault: Fault) -> bool:
     # what a cancellation must stop. ``route`` carries a failed turn's error code.
     rng = nemesis._rng(fault)
     pending = [
-        (session_id, action["name"] in LONG_TOOLS)
+        (session_id, action.get("name") in LONG_TOOLS)
         for session_id in list(nemesis.fake.sessions)
         for action in nemesis.fake.required_actions(session_id)
     ]
@@ -241,7 +244,9 @@ async def _end_turn(nemesis: Nemesis, fault: Fault) -> bool:
     if not sessions:
         return False
     session_id = rng.choice(sessions)
-    calls = tuple(a["call_id"] for a in nemesis.fake.required_actions(session_id))
+    calls = tuple(
+        a.get("call_id") or a["request_id"] for a in nemesis.fake.required_actions(session_id)
+    )
     at = time.time()
     if fault.kind == "fail_turn":
         message = f"soak fails the turn: {fault.route}"

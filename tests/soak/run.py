@@ -25,6 +25,7 @@ from agentfn_asgi.testing import (
     FakeAgentsAPI,
     FakeCall,
     FakeConnectionDropped,
+    FakeRequest,
     serve_fake,
     webhook_backoff,
 )
@@ -289,7 +290,7 @@ async def _drain(fake: FakeAgentsAPI, session_ids: list[str], limit: float) -> l
         with contextlib.suppress(TimeoutError):
             await fake.wait_idle(session_id, timeout=remaining)
     return [
-        action["call_id"]
+        action.get("call_id") or action["request_id"]
         for session_id in session_ids
         for action in fake.required_actions(session_id)
     ]
@@ -315,7 +316,7 @@ async def _diagnose(url: str, fake: FakeAgentsAPI, waiting: list[str], path: Pat
             sid
             for sid in fake.sessions
             for a in fake.required_actions(sid)
-            if a["call_id"] in waiting
+            if (a.get("call_id") or a["request_id"]) in waiting
         }
     )
     if not sessions:
@@ -354,7 +355,7 @@ async def _diagnose(url: str, fake: FakeAgentsAPI, waiting: list[str], path: Pat
 def _planned_calls(
     sessions: list[SessionPlan], created: dict[int, tuple[str, float]]
 ) -> list[PlannedCall]:
-    """Every call of every session that was created."""
+    """Every call (and approval request) of every session that was created."""
     found = []
     for plan in sessions:
         if plan.index not in created:
@@ -362,11 +363,27 @@ def _planned_calls(
         session_id, at = created[plan.index]
         for step, calls in enumerate(plan.steps):
             for call in calls:
+                if isinstance(call, FakeRequest):
+                    assert call.request_id is not None
+                    name, arguments = _request_name(call), dict(call.request)
+                    found.append(
+                        PlannedCall(call.request_id, name, step, session_id, at, arguments)
+                    )
+                    continue
                 assert call.call_id is not None
                 found.append(
                     PlannedCall(call.call_id, call.name, step, session_id, at, _arguments(call))
                 )
     return found
+
+
+def _request_name(request: FakeRequest) -> str:
+    """The name the app records a request under (``mcp:{label}/{name}``,
+    ``computer_use:{origin}``)."""
+    raw = request.request
+    if raw.get("type") == "mcp_tool_call":
+        return f"mcp:{raw['server_label']}/{raw['name']}"
+    return f"computer_use:{raw['origin']}"
 
 
 def _arguments(call: FakeCall) -> dict[str, Any]:

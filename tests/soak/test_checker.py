@@ -264,8 +264,67 @@ def test_the_approver_decides_from_the_seed() -> None:
     denied = [d for d in decisions if not d.approve]
     assert 0 < len(denied) < 100
     assert all(d.reason and "soak denies" in d.reason for d in denied)
-    kinds = {c.name for plan in plans(27, 600, 1) for step in plan.steps for c in step}
-    assert {"flaky_lookup", "close_account"} <= kinds
+    kinds = {
+        getattr(c, "name", "request")
+        for plan in plans(27, 600, 1)
+        for step in plan.steps
+        for c in step
+    }
+    assert {"flaky_lookup", "close_account", "request"} <= kinds
+
+
+def _request(
+    call_id: str, request: dict[str, Any], answer: str | None, decision: Decision | None = None
+) -> History:
+    tool = (
+        f"mcp:{request['server_label']}/run"
+        if "server_label" in request
+        else f"computer_use:{request['origin']}"
+    )
+    call = PlannedCall(call_id, tool, 0, "sess_1", 100.0, request)
+    base = _history()
+    answered = (
+        []
+        if answer is None
+        else [
+            Submission(
+                "sess_1",
+                "turn_1",
+                call_id,
+                answer == "approve",
+                {"decision": answer},
+                None,
+                "k",
+                103.0,
+            )
+        ]
+    )
+    return _history(
+        calls=[*base.calls, call],
+        submissions=[*base.submissions, *answered],
+        decisions={} if decision is None else {call_id: decision},
+        waiting_at_end=[] if answered else [call_id],
+    )
+
+
+def test_each_request_is_answered_as_the_policy_or_the_approver_said() -> None:
+    """Issue 34: an MCP or origin request must be answered once, with the examples' policy's
+    decision, or for those it asks, the approver's."""
+    docs = {"type": "mcp_tool_call", "server_label": "docs"}
+    shell = {"type": "mcp_tool_call", "server_label": "shell"}
+    pay = {"type": "mcp_tool_call", "server_label": "payments"}
+    sub = {"type": "browser_origin_access", "origin": "https://shop.example.com"}
+    other = {"type": "browser_origin_access", "origin": "https://other.test"}
+    assert check(_request("r1", docs, "approve")).ok
+    assert check(_request("r2", shell, "deny")).ok
+    assert check(_request("r3", sub, "approve")).ok
+    assert check(_request("r4", pay, "approve", APPROVE)).ok
+    assert check(_request("r5", other, "deny", DENY)).ok
+    report = check(_request("r6", shell, "approve"))
+    assert not report.ok and "answered approve, expected deny" in report.approval_violations[0]
+    report = check(_request("r7", pay, "approve"))
+    assert not report.ok and "nobody decided it" in report.approval_violations[0]
+    assert "requests=1" in report.final_line()
 
 
 def _idle(

@@ -4,7 +4,10 @@ Each session runs one turn of one to three steps; each step is a batch of one to
 parallel calls, each of a kind in :data:`TURN_KINDS` (the example's tools: a plain lookup,
 the side-effect refund with its reconcile hook, slow echoes, some slower than the lease, a
 flaky lookup its retry policy must carry through, and an account closing a person must
-approve first: the soak's approver decides it). A new kind of call is one more entry there.
+approve first: the soak's approver decides it), or an approval request the example's policy
+answers (``agentfn_asgi.demo.tools.ACTIONS``: MCP requests approved, denied or asked of the
+approver by server label, origin requests approved or asked by origin). A new kind of call
+is one more entry there.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentfn_asgi.testing import FakeCall
+from agentfn_asgi.testing import FakeCall, FakeRequest
 
 __all__ = [
     "APPROVAL_TOOL",
@@ -32,7 +35,7 @@ class CallKind:
     """One kind of call: how often it is drawn and how its arguments are drawn."""
 
     weight: int
-    make: Callable[[random.Random, str], FakeCall]
+    make: Callable[[random.Random, str], FakeCall | FakeRequest]
 
 
 def _lookup(rng: random.Random, call_id: str) -> FakeCall:
@@ -63,6 +66,17 @@ def _approval(rng: random.Random, call_id: str) -> FakeCall:
     return FakeCall("close_account", {"account_id": f"acct_{call_id}"}, call_id=call_id)
 
 
+def _mcp(rng: random.Random, call_id: str) -> FakeRequest:
+    label = rng.choice(["docs", "docs", "payments", "shell"])
+    arguments = rng.choice([{"q": call_id}, None])
+    return FakeRequest.mcp(label, "run", arguments, request_id=call_id)
+
+
+def _origin(rng: random.Random, call_id: str) -> FakeRequest:
+    origin = rng.choice(["https://example.com", "https://shop.example.com", "https://other.test"])
+    return FakeRequest.origin(origin, reason="the soak", request_id=call_id)
+
+
 def _long(rng: random.Random, call_id: str) -> FakeCall:
     # Long enough that a cancelled turn usually meets it running (the nemesis cancels turns).
     tool = rng.choice(["long_task", "long_task_sync"])
@@ -77,6 +91,8 @@ TURN_KINDS: dict[str, CallKind] = {
     "slow": CallKind(6, _slow),
     "flaky": CallKind(1, _flaky),
     "approval": CallKind(1, _approval),
+    "mcp": CallKind(2, _mcp),
+    "origin": CallKind(1, _origin),
     "long": CallKind(2, _long),
 }
 
@@ -99,7 +115,7 @@ class SessionPlan:
 
     index: int
     at: float
-    steps: list[list[FakeCall]]
+    steps: list[list[FakeCall | FakeRequest]]
 
 
 def plans(seed: int, seconds: float, rate: float) -> list[SessionPlan]:
@@ -111,7 +127,7 @@ def plans(seed: int, seconds: float, rate: float) -> list[SessionPlan]:
     for index in range(int(seconds * rate)):
         steps = []
         for step in range(rng.choice([1, 1, 2, 3])):
-            calls = []
+            calls: list[FakeCall | FakeRequest] = []
             for n in range(rng.randint(1, 4)):
                 kind = rng.choices(names, weights)[0]
                 calls.append(TURN_KINDS[kind].make(rng, f"s{index}_{step}_{n}_{kind}"))

@@ -872,13 +872,22 @@ async def test_sse_keepalive_and_no_obfuscation(http: httpx.AsyncClient) -> None
     assert "obfuscation" not in text
 
 
-async def test_sse_on_idle_session_ends_at_once(
-    fake: FakeAgentsAPI, http: httpx.AsyncClient
-) -> None:
-    """Streaming a session with no active turn ends immediately with [DONE]."""
+async def test_sse_on_idle_session_stays_open_for_the_next_turn(fake: FakeAgentsAPI) -> None:
+    """Streaming an idle session stays open, as the API's does (it used to end at once,
+    which broke the SDK's ``sessions.stream`` helper: it subscribes, then sends input): the
+    turn a message starts streams on it, and the stream ends with that turn's idle."""
     sid = fake.create_session([])
-    response = await http.get(f"/agents/sessions/{sid}/events")
-    assert response.text == ": connected\n\ndata: [DONE]\n\n"
+    fake.queue_turn(sid, [])
+    message = {"type": "agent.session.input.message", "input": [{"type": "input_text"}]}
+    async with serve_fake(fake) as base_url, httpx.AsyncClient(headers=HEADERS) as client:
+        url = f"{base_url}/agents/sessions/{sid}/events"
+        async with client.stream("GET", url) as response:
+            lines = response.aiter_lines()
+            assert await anext(lines) == ": connected"
+            await submit_direct(client, base_url, sid, message)
+            seen = [line async for line in lines if line.startswith("event: ")]
+    assert seen[0] == "event: agent.session.turn.created"
+    assert seen[-1] == "event: agent.session.idle"
 
 
 async def test_sse_over_loopback_is_live(fake: FakeAgentsAPI) -> None:

@@ -25,12 +25,14 @@ django_application = get_asgi_application()
 
 from agentfn_asgi import AgentWebhookApp  # noqa: E402
 from agentfn_asgi.admin import AdminApp  # noqa: E402
-from agentfn_asgi.demo.tools import ExampleResources, Ledger  # noqa: E402
+from agentfn_asgi.demo.tools import ACTIONS, ExampleResources, Ledger  # noqa: E402
 from agentfn_asgi.integrations.django import with_admin, with_webhooks  # noqa: E402
 from examples.django_app.exampleproject.tools import tools  # noqa: E402
 
 # Host resources handlers reach as ``ctx.resources`` (created once, at start-up).
-webhooks = AgentWebhookApp(tools, resources=ExampleResources(ledger=Ledger.from_env()))
+webhooks = AgentWebhookApp(
+    tools, resources=ExampleResources(ledger=Ledger.from_env()), actions=ACTIONS
+)
 application = with_webhooks(django_application, webhooks, "/openai/webhooks")
 # The operator page: on with AGENTFN_ADMIN_TOKEN set, else 404 (see docs/operating.md).
 application = with_admin(application, AdminApp(webhooks), "/openai/admin")

@@ -275,7 +275,7 @@ async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
     schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
     await make_store(clock=Clock(), schema=schema)
     versions = await _query(f'SELECT version, readable_from FROM "{schema}".schema_version')
-    assert [tuple(row) for row in versions] == [(len(STEPS), 1)]
+    assert [tuple(row) for row in versions] == [(len(STEPS), 2)]
     indexes = await _query("SELECT indexname FROM pg_indexes WHERE schemaname = $1", schema)
     assert {row["indexname"] for row in indexes} == {
         "deliveries_pkey",

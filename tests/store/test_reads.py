@@ -237,7 +237,7 @@ async def test_a_version_1_sqlite_file_is_counted_once_when_it_takes_step_2(
     await claim(again, "o", CallKey("new", "t", "c"))
     assert (await again.stats()).calls_by_state["claimed"] == stats.calls_by_state["claimed"] + 1
     with sqlite3.connect(path) as raw:
-        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(len(STEPS), 1)]
+        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(len(STEPS), 2)]
         names = {n for (n,) in raw.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     raw.close()
     assert {"calls_listed", "calls_state", "deliveries_listed"} <= names

@@ -427,22 +427,23 @@ async def test_list_calls_walks_past_its_budget(
 async def test_a_layout_unreadable_to_this_release_is_refused(make_store: StoreMaker) -> None:
     """A prefix a later release made unreadable to this one (a contract step) is refused
     with a StoreError naming both versions, at open and at a first step, and left as it is;
-    a new prefix is marked with layout 1."""
+    a new prefix is marked with the newest layout, readable from 2 (0.1.0 cannot read a
+    cancelled call)."""
     store = await make_store()
     client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
     marker = f"{store._prefix}layout"
     try:
-        assert await client.hgetall(marker) == {"version": "1", "readable_from": "1"}
-        await client.hset(marker, mapping={"version": 3, "readable_from": 2})
+        assert await client.hgetall(marker) == {"version": "2", "readable_from": "2"}
+        await client.hset(marker, mapping={"version": 4, "readable_from": 3})
         later = RedisStore(REDIS_URL, key_prefix=store._prefix)
         try:
-            with pytest.raises(StoreError, match="version 3, readable from version 2"):
+            with pytest.raises(StoreError, match="version 4, readable from version 3"):
                 await later.open()
-            with pytest.raises(StoreError, match="version 3, readable from version 2"):
+            with pytest.raises(StoreError, match="version 4, readable from version 3"):
                 await later.record_delivery("d", "s")
         finally:
             await later.close()
-        assert await client.hgetall(marker) == {"version": "3", "readable_from": "2"}
+        assert await client.hgetall(marker) == {"version": "4", "readable_from": "3"}
     finally:
         await client.aclose()
 

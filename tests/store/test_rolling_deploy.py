@@ -133,7 +133,7 @@ def _next_release(backend: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, i
     module: Any = _redis_layout if backend == "redis" else _sql_schema
     step = REDIS_STEP if backend == "redis" else SQL_STEP
     monkeypatch.setattr(module, "STEPS", (*module.STEPS, step))
-    return len(module.STEPS), 1
+    return len(module.STEPS), max(step.readable_from for step in module.STEPS)
 
 
 @BACKENDS

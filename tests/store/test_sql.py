@@ -81,7 +81,7 @@ def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
         assert changes[len(TABLES) + len(triggers) : -2] == [fill(index) for index in INDEXES]
         assert changes[-2:] == [
             "DELETE FROM {p}schema_version",
-            _version_row(len(STEPS), 1),
+            _version_row(len(STEPS), 2),
         ]
         assert schema_changes((len(STEPS), 1), "db", engine=engine) == []
 
@@ -95,7 +95,7 @@ def test_version_1_gains_the_tallies_counted_from_its_rows_and_the_listing_index
     assert changes[2 : 2 + len(sql_tallies("sqlite"))] == [fill(t) for t in sql_tallies("sqlite")]
     assert any(c.startswith("INSERT INTO {p}tallies") and "FROM {p}calls" in c for c in changes)
     assert "CREATE INDEX IF NOT EXISTS calls_listed" in " ".join(changes)
-    assert changes[-1] == _version_row(2, 1)
+    assert changes[-1] == _version_row(2, 2)
 
 
 def test_a_database_takes_the_steps_it_lacks_and_the_version_they_give(

@@ -286,11 +286,13 @@ _TALLIES_AND_LISTINGS: Final = (
 #: makes a new database with the newest tables, triggers and indexes (:data:`TABLES`,
 #: :data:`INDEXES`).
 STEPS: Final = (
-    Step((*map(_create_table, TABLES), _TALLY_TRIGGERS, *INDEXES), readable_from=1),
-    # 0.2: call budgets (CallRecord.counted); the tallies and the listings' indexes.
+    Step((*map(_create_table, TABLES), _TALLY_TRIGGERS, *INDEXES), readable_from=2),
+    # 0.2: call budgets (CallRecord.counted); the tallies and the listings' indexes. Its
+    # calls may be ``cancelled``, a state 0.1.0 cannot read: readable from 2 only, so a 0.1.0
+    # replica refuses the store at start instead of failing on such a call.
     Step(
         ("ALTER TABLE {p}calls ADD COLUMN counted {integer}", *_TALLIES_AND_LISTINGS),
-        readable_from=1,
+        readable_from=2,
     ),
 )
 

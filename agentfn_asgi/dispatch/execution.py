@@ -207,6 +207,7 @@ class Executor:
         self._closing = True
         if self._closed is not None:
             self._closed.set()
+        self._waiter.close()
 
     def shutdown(self) -> None:
         """Release the thread pool (threads still running finish in the background)."""
@@ -271,13 +272,15 @@ class Executor:
                 return  # the retry stays scheduled in the store for the next process
             due = await self._claim_and_run(key, action, tool, None, None, admission)
 
-    async def _wait_unless_closed(self, seconds: float, *, freed: str | None = None) -> None:
+    async def _wait_unless_closed(
+        self, seconds: float, *, freed: asyncio.Event | None = None
+    ) -> None:
         """Sleep ``seconds``, or until :meth:`close`: a waiting retry never holds up a
         shutdown (it stays scheduled in the store for whoever runs next). With ``freed`` (a
-        limiter's name), also until a call holding one of its slots ends here."""
+        limiter's line's bell), also until a call holding one of its slots ends here."""
         events = [self._closed]
         if freed is not None:
-            events.append(self._waiter.freed(freed))
+            events.append(freed)
         async with anyio.create_task_group() as group:
 
             async def stop_when_set(event: asyncio.Event | None) -> None:
@@ -406,8 +409,8 @@ class Executor:
             )
             return await self._execute(attempt)
 
-        async def nap(seconds: float, limiter: str) -> None:
-            await self._wait_unless_closed(seconds, freed=limiter)
+        async def nap(seconds: float, freed: asyncio.Event) -> None:
+            await self._wait_unless_closed(seconds, freed=freed)
 
         return await self._waiter.wait(
             record,

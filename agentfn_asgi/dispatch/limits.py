@@ -22,12 +22,13 @@ runs a :class:`Turn`.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..calls.records import (
@@ -156,9 +157,64 @@ class Turn:
     failure: SavedResult | None = None
 
 
-#: ``(seconds, limiter)``: sleep that long, or less when a slot of the limiter is freed
-#: here, or the process closes (the executor's, which knows the shutdown).
-Nap = Callable[[float, str], Awaitable[None]]
+#: ``(seconds, event)``: sleep that long, or less when ``event`` is set (a slot of the limiter
+#: freed here) or the process closes (the executor's, which knows the shutdown).
+Nap = Callable[[float, asyncio.Event], Awaitable[None]]
+
+
+@dataclass(eq=False, slots=True)
+class _Place:
+    """One waiting call of this process in its limiter's :class:`_Line`.
+
+    ``called`` is set when the call should look again: it became the head of the line,
+    its wait passed ``max_wait`` (``expired``), it is not ours any more (``gone``), or the
+    process closes. ``sent``: the monotonic time of the last request that renewed its lease
+    (its lease counts from it)."""
+
+    order: tuple[float, str, str, str]
+    key: CallKey
+    attempt: int
+    began: float
+    max_wait: float | None
+    sent: float
+    called: asyncio.Event = field(default_factory=asyncio.Event)
+    expired: bool = False
+    gone: bool = False
+
+
+class _Line:
+    """This process's waiting calls of one limiter, in the order they arrived (the store's
+    order: ``(created_at, session_id, turn_id, call_id)``).
+
+    Only the head asks the store (:meth:`Waiter.wait`); the others wait for their
+    ``called`` event, holding no timer. The head also keeps the others' places (one
+    :meth:`~agentfn_asgi.store.base.Store.keep_places` for all of them every third of the
+    lease) and calls those whose ``max_wait`` passed."""
+
+    def __init__(self) -> None:
+        self.places: list[_Place] = []
+        #: Slots of the limiter freed here since the head last asked (:meth:`Waiter.wake`).
+        self.freed = 0
+        #: Set by :meth:`Waiter.wake`: the head's nap ends.
+        self.bell = asyncio.Event()
+        #: The head's pause before it asks again (backing off while refused).
+        self.pause = _FIRST_POLL
+        #: When (monotonic) the places behind the head last kept their place.
+        self.kept = time.monotonic()
+
+    def join(self, place: _Place) -> None:
+        bisect.insort(self.places, place, key=lambda p: p.order)
+        if self.places[0] is place:
+            place.called.set()
+
+    def leave(self, place: _Place) -> None:
+        """``place`` leaves the line; the next head, if it changed, is called."""
+        if place not in self.places:
+            return
+        head = self.places[0] is place
+        self.places.remove(place)
+        if head and self.places:
+            self.places[0].called.set()
 
 
 class Waiter:
@@ -178,19 +234,23 @@ class Waiter:
         self._telemetry = telemetry
         self._owner = owner
         self._clock = clock
-        #: limiter name -> set (and dropped) when a call holding one of its slots ends
-        #: here: the calls waiting for it here poll at once.
-        self._freed: dict[str, asyncio.Event] = {}
-
-    def freed(self, limiter: str) -> asyncio.Event:
-        """The event :meth:`wake` sets next for ``limiter``."""
-        return self._freed.setdefault(limiter, asyncio.Event())
+        #: limiter name -> its line here (dropped when it empties).
+        self._lines: dict[str, _Line] = {}
 
     def wake(self, limiter: str) -> None:
-        """A slot of ``limiter`` was freed here: its waiters here poll now."""
-        event = self._freed.pop(limiter, None)
-        if event is not None:
-            event.set()
+        """A slot of ``limiter`` was freed here: the head of its line here asks now (one
+        waiter per freed slot, never the whole line)."""
+        line = self._lines.get(limiter)
+        if line is not None:
+            line.freed += 1
+            line.bell.set()
+
+    def close(self) -> None:
+        """The process closes: every waiting call here looks once more, and stops."""
+        for line in self._lines.values():
+            line.bell.set()
+            for place in line.places:
+                place.called.set()
 
     async def ask(
         self, key: CallKey, *, attempt: int, limit: Limit
@@ -223,18 +283,26 @@ class Waiter:
         nap: Nap,
         run: Callable[[Turn], Awaitable[float | None]],
     ) -> float | None:
-        """Poll ``limit`` for the ``waiting`` call ``record`` (ours) until its turn comes
-        (``run`` it, inside the process slot the poll took, and return what ``run``
-        returns), it is not ours any more, or ``closing()``. Past ``max_wait`` its turn
-        comes with the failure to save. ``sent``: the monotonic time of the request that
-        left it waiting (its lease counts from it)."""
-        key, number, began = record.key, record.attempt, record.next_attempt_at
-        cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
-        # A rated limiter's first waiter must ask soon after its token exists, or the rate
-        # goes unused (a backoff to a second gave 5/s about 1.5 calls a second): its waiters
-        # poll every half token interval instead of backing off.
-        rated = None if limit.rate is None else min(max(0.5 / limit.rate, _FIRST_POLL / 2), cap)
-        pause = _FIRST_POLL
+        """Wait in this process's line for ``limit`` with the ``waiting`` call ``record``
+        (ours) until its turn comes (``run`` it, inside the process slot its last request
+        took, and return what ``run`` returns), it is not ours any more, or ``closing()``.
+        Past ``max_wait`` its turn comes with the failure to save. ``sent``: the monotonic
+        time of the request that left it waiting (its lease counts from it).
+
+        Only the head of the line asks the store; the calls behind it wait for their turn
+        without a timer, their leases renewed by the head (:class:`_Line`)."""
+        key = record.key
+        line = self._lines.get(limit.name)
+        if line is None:
+            line = self._lines[limit.name] = _Line()
+        place = _Place(
+            order=(record.created_at, *_ordered(key)),
+            key=key,
+            attempt=record.attempt,
+            began=record.next_attempt_at,
+            max_wait=max_wait,
+            sent=sent,
+        )
         _log_waiting(record, limit)
         self._telemetry.add_calls_waiting(record.tool_name, 1)
         waiting = True
@@ -245,38 +313,121 @@ class Waiter:
                 waiting = False
                 self._telemetry.add_calls_waiting(record.tool_name, -1)
 
+        async def fail(waited: float) -> float | None:
+            """Its wait passed ``max_wait``: its turn comes with that failure."""
+            stop_waiting()
+            line.leave(place)
+            message = MAX_WAIT_MESSAGE.format(name=record.tool_name, seconds=max_wait)
+            failure = failure_result(key, message, "max_wait", source="limit")
+            return await run(Turn(record, place.sent, waited, failure))
+
+        line.join(place)
         try:
             while not closing():
-                pause_now = min(pause, cap) if rated is None else rated
-                if max_wait is not None:
-                    pause_now = min(pause_now, max(0.0, began + max_wait - self._clock()))
-                await nap(pause_now, limit.name)
-                pause = min(pause * 2, cap)
+                if line.places[0] is not place:
+                    await place.called.wait()
+                    place.called.clear()
+                    if closing() or place.gone:
+                        return None
+                    if place.expired:
+                        async with slots:
+                            if closing():
+                                return None
+                            return await fail(max(0.0, self._clock() - place.began))
+                    continue
+                # The head of the line: it asks for the line, after a nap.
+                await self._nap(line, place, limit, nap)
+                if closing():
+                    return None
+                await self._keep_places(line, place)
+                waited = max(0.0, self._clock() - place.began)
                 async with slots:
                     if closing():
                         return None  # the waiter's lease lapses; another replica adopts it
-                    waited = max(0.0, self._clock() - began)
                     if max_wait is not None and waited >= max_wait:
-                        stop_waiting()
-                        self.wake(limit.name)  # the next in line here may go
-                        message = MAX_WAIT_MESSAGE.format(name=record.tool_name, seconds=max_wait)
-                        failure = failure_result(key, message, "max_wait", source="limit")
-                        return await run(Turn(record, sent, waited, failure))
+                        return await fail(waited)
                     try:
-                        asked = await self.ask(key, attempt=number, limit=limit)
+                        asked = await self.ask(key, attempt=place.attempt, limit=limit)
                     except StoreError as exc:
                         # The next poll may succeed; past the lease, another replica adopts.
                         logger.warning("call %s: asking its limiter failed: %s", key, exc)
                         continue
                     if asked is None:
                         return None
-                    (outcome, sent), record = asked, asked[0].record
+                    (outcome, place.sent), record = asked, asked[0].record
                     if outcome.status is ClaimStatus.CLAIMED:
                         stop_waiting()
-                        return await run(Turn(record, sent, waited))
+                        line.leave(place)  # the next in line here is the head now
+                        return await run(Turn(record, place.sent, waited))
             return None
         finally:
             stop_waiting()
+            line.leave(place)
+            if not line.places and self._lines.get(limit.name) is line:
+                del self._lines[limit.name]
+
+    async def _nap(self, line: _Line, head: _Place, limit: Limit, nap: Nap) -> None:
+        """The head's pause before it asks: none when a slot was freed here since it last
+        asked; else a backoff (50 ms doubling to a second, never more than a third of the
+        lease: asking renews its lease) or, for a rated limiter, half a token interval."""
+        if line.freed:
+            line.freed -= 1
+            return
+        cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
+        # A rated limiter's head must ask soon after its token exists, or the rate goes
+        # unused (a backoff to a second gave 5/s about 1.5 calls a second).
+        if limit.rate is not None:
+            pause = min(max(0.5 / limit.rate, _FIRST_POLL / 2), cap)
+        else:
+            pause = min(line.pause, cap)
+            line.pause = min(line.pause * 2, cap)
+        if head.max_wait is not None:
+            pause = min(pause, max(0.0, head.began + head.max_wait - self._clock()))
+        await nap(pause, line.bell)
+        line.bell.clear()
+        line.freed = max(0, line.freed - 1)
+
+    async def _keep_places(self, line: _Line, head: _Place) -> None:
+        """Every third of the lease, the places behind ``head`` are kept (their leases
+        renewed in one batch; those not ours any more are called to stop); at every turn,
+        those whose ``max_wait`` passed are called to fail."""
+        now = self._clock()
+        for place in line.places:
+            if (
+                place is not head
+                and place.max_wait is not None
+                and now - place.began >= place.max_wait
+                and not place.expired
+            ):
+                place.expired = True
+                place.called.set()
+        if time.monotonic() - line.kept < self._settings.lease_seconds / 3:
+            return
+        behind = [p for p in line.places if p is not head and not (p.expired or p.gone)]
+        line.kept = sent = time.monotonic()
+        if not behind:
+            return
+        try:
+            kept = await self._store.keep_places(
+                [(p.key, p.attempt) for p in behind],
+                owner=self._owner,
+                lease_seconds=self._settings.lease_seconds,
+            )
+        except StoreError as exc:
+            # Tried again at the head's next turn; past the lease, another replica adopts.
+            line.kept = 0.0
+            logger.warning("keeping %d waiting calls' places failed: %s", len(behind), exc)
+            return
+        for place, ours in zip(behind, kept, strict=True):
+            if ours:
+                place.sent = sent
+            else:
+                place.gone = True  # settled, stale or adopted: its task stops
+                place.called.set()
+
+
+def _ordered(key: CallKey) -> tuple[str, str, str]:
+    return (key.session_id, key.turn_id, key.call_id)
 
 
 def _wait_reason(limit: Limit) -> str:

@@ -27,9 +27,10 @@ records a one-off ``nonce`` (:func:`~agentfn_asgi.calls.states.claimed_with`,
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
@@ -136,6 +137,24 @@ class Transitions(abc.ABC):
         """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
         lease = self._clock() + lease_seconds
         return await self._done("renew", key, owner=owner, attempt=attempt, lease_expires_at=lease)
+
+    async def keep_places(
+        self, waiters: Sequence[tuple[CallKey, int]], *, owner: str, lease_seconds: float
+    ) -> list[bool]:
+        """Extend the leases of ``owner``'s waiting calls; see :meth:`Store.keep_places`."""
+        lease = self._clock() + lease_seconds
+        # Started in one turn of the loop: the SQLite writer commits them together, the
+        # Redis store sends them as one pipeline.
+        return list(
+            await asyncio.gather(
+                *(
+                    self._done(
+                        "keep_place", key, owner=owner, attempt=attempt, lease_expires_at=lease
+                    )
+                    for key, attempt in waiters
+                )
+            )
+        )
 
     async def save_result(
         self,

@@ -64,11 +64,12 @@ from agentfn_asgi.calls.records import (
 )
 from agentfn_asgi.calls.states import (
     TRANSITIONS,
-    admits,
+    admission_bounds,
     allows,
     bucket_tokens,
     claim_nonces,
     reclaimed,
+    refusal,
 )
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.store._codec import (
@@ -527,7 +528,11 @@ class SQLStore(Transitions, abc.ABC):
         self, record: CallRecord, limit: Limit, params: Mapping[str, object], now: float
     ) -> Steps[_Admission]:
         """The limiter's answer for ``record`` (:func:`~agentfn_asgi.calls.states.admits`), from
-        its holders, the live waiters ahead of the call and its bucket, counted now."""
+        its holders, the live waiters ahead of the call and its bucket, counted now (each
+        count up to its bound: :func:`~agentfn_asgi.calls.states.admission_bounds`)."""
+        holders_bound, ahead_bound = admission_bounds(
+            concurrency=limit.concurrency, rate=limit.rate, burst=limit.burst
+        )
         found = yield Statement(
             ADMISSION,
             {
@@ -535,6 +540,8 @@ class SQLStore(Transitions, abc.ABC):
                 "limiter": limit.name,
                 "takeover_before": params["takeover_before"],
                 "created_at": record.created_at,
+                "holders_bound": holders_bound,
+                "ahead_bound": ahead_bound,
             },
         )
         counted_holders, counted_ahead, stored, updated_at = found[0]
@@ -547,15 +554,14 @@ class SQLStore(Transitions, abc.ABC):
                 rate=limit.rate,
                 burst=limit.burst,
             )
-        admitted = admits(
+        reason = refusal(
             concurrency=limit.concurrency,
             rate=limit.rate,
             holders=holders,
             ahead=ahead,
             tokens=tokens,
         )
-        full = limit.concurrency is not None and holders + ahead >= limit.concurrency
-        return _Admission(admitted, "" if admitted else ("concurrency" if full else "rate"), tokens)
+        return _Admission(not reason, reason, tokens)
 
     async def _transition(
         self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool

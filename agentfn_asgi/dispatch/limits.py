@@ -2,17 +2,24 @@
 
 A tool with ``concurrency=`` or ``rate=`` gives each call a
 :class:`~agentfn_asgi.calls.records.Limit` (:func:`limit_for`), which the claim passes to the
-store. A call the limiter refuses is left
-``waiting`` in the store, and :class:`Waiter` sees it through: its task holds no process
-slot and no thread while it waits, and polls
-(:meth:`~agentfn_asgi.store.base.Store.admit_call`), taking the process slot only for each
-poll and keeping it once admitted, to run the call as a fresh attempt. A poll comes at once
-when a call of the same limiter ends in this process (:meth:`Waiter.wake`), else after a
-backoff (50 ms doubling to a second, and never later than a third of the lease: each poll
-renews the waiter's lease; for a rated limiter every half token interval, 25 ms at least, so
-the first in line takes its token soon after it exists). A wait past the tool's
-``max_wait`` fails the call with a message the model can act on; a shutdown stops polling
-(the waiter's lease lapses and another replica, or the sweep, adopts the call).
+store. A call the limiter refuses is left ``waiting`` in the store, and :class:`Waiter` sees
+it through: its task holds no process slot and no thread while it waits.
+
+Waiting costs per admission, not per waiter. The process keeps one line per limiter, in the
+store's order (``(created_at, session_id, turn_id, call_id)``), and only its head asks the
+store (:meth:`~agentfn_asgi.store.base.Store.admit_call`, which also renews the head's
+lease), taking the process slot only for that request and keeping it once admitted, to run
+the call as a fresh attempt; then the next call is the head. The head asks at once when a
+call of the same limiter ends in this process (:meth:`Waiter.wake`: one request per freed
+slot), else after a backoff (50 ms doubling to a second, and never later than a third of
+the lease); a rated line's head asks one token interval after the line's last admission
+(refused, after a tenth of the interval, doubling up to half of it). The calls behind the
+head wait for their turn without a timer: every third of the lease the head renews their
+leases in one :meth:`~agentfn_asgi.store.base.Store.keep_places` (a waiter's lease is its
+place in the line: one that lapses is adopted by another replica), and at each of its turns
+it calls those whose ``max_wait`` passed. A wait past the tool's ``max_wait`` fails the call
+with a message the model can act on; a shutdown stops the line (the waiters' leases lapse
+and another replica, or the sweep, adopts the calls).
 
 What runs the call once it is its turn stays the executor's
 (:mod:`agentfn_asgi.dispatch.execution`): it hands :meth:`Waiter.wait` the function that
@@ -199,6 +206,10 @@ class _Line:
         self.bell = asyncio.Event()
         #: The head's pause before it asks again (backing off while refused).
         self.pause = _FIRST_POLL
+        #: When (monotonic) the last admission here was asked for, and how many asks were
+        #: refused since: a rated line's head asks again one token interval after it.
+        self.admitted: float | None = None
+        self.refused = 0
         #: When (monotonic) the places behind the head last kept their place.
         self.kept = time.monotonic()
 
@@ -355,7 +366,9 @@ class Waiter:
                     if asked is None:
                         return None
                     (outcome, place.sent), record = asked, asked[0].record
+                    line.refused = 0 if outcome.status is ClaimStatus.CLAIMED else line.refused + 1
                     if outcome.status is ClaimStatus.CLAIMED:
+                        line.admitted = place.sent
                         stop_waiting()
                         line.leave(place)  # the next in line here is the head now
                         return await run(Turn(record, place.sent, waited))
@@ -370,20 +383,34 @@ class Waiter:
         """The head's pause before it asks: none when a slot was freed here since it last
         asked; else a backoff (50 ms doubling to a second, never more than a third of the
         lease: asking renews its lease) or, for a rated limiter, half a token interval."""
-        if line.freed:
+        bell = line.bell
+        if limit.concurrency is None:
+            # A call ending frees no token: only time does.
+            line.freed, bell = 0, asyncio.Event()
+        elif line.freed:
             line.freed -= 1
             return
         cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
-        # A rated limiter's head must ask soon after its token exists, or the rate goes
-        # unused (a backoff to a second gave 5/s about 1.5 calls a second).
         if limit.rate is not None:
-            pause = min(max(0.5 / limit.rate, _FIRST_POLL / 2), cap)
+            # A rated line's head must ask as soon as its token exists, or the rate goes
+            # unused (a bucket holds ``burst`` tokens; a late ask loses the time it was
+            # late). An admission left the bucket at least empty, so the next token exists
+            # one interval after that ask: the head asks then. Refused (another replica
+            # took it, or the line just began), it asks again after a tenth of the interval,
+            # doubling up to half of it.
+            interval = 1.0 / limit.rate
+            if line.admitted is not None and not line.refused:
+                pause = max(0.0, line.admitted + interval - time.monotonic())
+            else:
+                backoff = interval / 10 * 2 ** max(0, line.refused - 1)
+                pause = max(_FIRST_POLL / 5, min(backoff, interval / 2))
+            pause = min(pause, cap)
         else:
             pause = min(line.pause, cap)
             line.pause = min(line.pause * 2, cap)
         if head.max_wait is not None:
             pause = min(pause, max(0.0, head.began + head.max_wait - self._clock()))
-        await nap(pause, line.bell)
+        await nap(pause, bell)
         line.bell.clear()
         line.freed = max(0, line.freed - 1)
 

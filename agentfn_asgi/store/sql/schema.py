@@ -175,14 +175,6 @@ TABLES: Final = {
     "buckets": (BUCKET_COLUMNS, ("namespace", "limiter")),
 }
 
-#: A limiter's waiters in the line's order (flow control's admission counts those ahead of a
-#: call, up to a bound): added by the release after 0.1.0, so it is both in what the first
-#: step makes and a step of its own for data made before.
-_LINE_INDEX: Final = (
-    "CREATE INDEX IF NOT EXISTS calls_line ON {p}calls"
-    " (namespace, limiter, created_at, session_id, turn_id, call_id) WHERE {waiting}"
-)
-
 # Each one serves a query below, so recovery and pruning never scan the whole table; the
 # operators' listings and stats() do (rarely). Every index costs each write that changes
 # its rows: none more.
@@ -211,13 +203,14 @@ INDEXES: Final = (
     " (namespace, lease_expires_at, session_id, turn_id, call_id) WHERE {awaiting_approval}",
     "CREATE INDEX IF NOT EXISTS calls_approved ON {p}calls"
     " (namespace, updated_at, session_id, turn_id, call_id) WHERE {approved}",
-    # flow control: a limiter's holders and live waiters, counted at every admission (only
-    # calls of limited tools are in it)
+    # flow control: a limiter's live holders, counted at every admission up to a bound
+    # (only calls of limited tools are in it)
     "CREATE INDEX IF NOT EXISTS calls_limiter"
     " ON {p}calls (namespace, limiter, state, lease_expires_at) WHERE limiter IS NOT NULL",
     # flow control: a limiter's live waiters ahead of a call, counted at every admission up
     # to a bound (states.admission_bounds), read in the line's order
-    _LINE_INDEX,
+    "CREATE INDEX IF NOT EXISTS calls_line ON {p}calls"
+    " (namespace, limiter, created_at, session_id, turn_id, call_id) WHERE {waiting}",
     # expired_claims: the waiters whose lease lapsed (their holder died), to be adopted
     "CREATE INDEX IF NOT EXISTS calls_waiters"
     " ON {p}calls (namespace, lease_expires_at) WHERE {waiting}",
@@ -233,11 +226,7 @@ def _create_table(table: str) -> str:
 
 #: The schema's steps, oldest first (see :mod:`agentfn_asgi.store._versions`): the first
 #: makes a new database with the newest tables and indexes (:data:`TABLES`, :data:`INDEXES`).
-STEPS: Final = (
-    Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),
-    # 2: the waiting line's index (additive: 0.1.0 keeps working beside it)
-    Step((_LINE_INDEX,), readable_from=1),
-)
+STEPS: Final = (Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),)
 
 #: Where a database keeps its version (one row), and how it is read.
 VERSION_TABLE: Final = (

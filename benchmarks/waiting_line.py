@@ -10,16 +10,18 @@ the others wait in the line. Two tools:
 - ``rate``: ``rate="10/s"`` (burst 1), a handler that returns at once: 10 starts/s at best;
 - ``concurrency``: ``concurrency=2``, a handler that sleeps 0.2 s: 10 starts/s at best.
 
-For each store (SQLite, PostgreSQL, Redis), tool and line length N (10, 100, 300, 1,000),
-the first ``--starts`` calls (all of them when N is smaller) are timed: **starts/s** from
-the first start to the last counted, and **polls per start**, the store's admission
-requests (``admit_call``) over the same calls, with the batches that keep the other waiters'
-places (``keep_places``) counted apart. Then the dispatcher stops (the rest of the line is
+For each store (SQLite, PostgreSQL, Redis), tool and line length N (10, 100, 300, 1,000):
+**line formed in**, the time to claim the N calls (``resolve`` returns once every claim is
+decided: one runs, the others wait); then, from that moment, the next ``--starts`` calls
+(all of them when N is smaller) are timed: **starts/s** from the first to the last counted
+start, and **polls per start**, the store's admission requests (``admit_call``)
+over the same time, with the batches that keep the other waiters' places
+(``keep_places``) counted apart. Then the dispatcher stops (the rest of the line is
 abandoned with the store, which is thrown away).
 
-With ``--ping`` (on by default), a separate process pings the Redis server every 5 ms while
-the Redis rows of line length ``--ping-line`` (600) run: its p99 says what every other client
-of that Redis (other replicas, other applications) sees while the line waits.
+With ``--ping-line`` (600 by default; 0: none), a separate process pings the Redis server
+every 5 ms while an extra Redis row of that line length runs: its p99 says what every other
+client of that Redis (other replicas, other applications) sees while the line waits.
 
 The targets (issue "waiting that costs per admission"): at least 9 starts/s at every N on
 every store, polls per start at most a small constant, Redis PING p99 under 10 ms. Nothing
@@ -71,6 +73,7 @@ class Row:
     store: str
     tool: str
     line: int
+    formed_s: float
     starts: int
     starts_per_s: float
     polls_per_start: float
@@ -79,17 +82,32 @@ class Row:
 
 
 class Starts:
-    """The start times (monotonic) of the runs, and an event set once ``wanted`` started."""
+    """The start times (monotonic) of the runs; once :meth:`count_from` says from when, an
+    event set when ``wanted`` runs started since then."""
 
-    def __init__(self, wanted: int) -> None:
+    def __init__(self) -> None:
         self.times: list[float] = []
-        self.wanted = wanted
+        self.since = float("inf")
+        self.wanted = 0
         self.enough = asyncio.Event()
 
     def append(self, at: float) -> None:
         self.times.append(at)
-        if len(self.times) >= self.wanted:
+        self._check()
+
+    def count_from(self, since: float, wanted: int) -> None:
+        self.since, self.wanted = since, wanted
+        self._check()
+
+    def counted(self) -> list[float]:
+        return [t for t in self.times if t >= self.since][: self.wanted]
+
+    def _check(self) -> None:
+        if self.since < float("inf") and self.counted_so_far() >= self.wanted:
             self.enough.set()
+
+    def counted_so_far(self) -> int:
+        return sum(1 for t in self.times if t >= self.since)
 
 
 def build_tools(started: Starts) -> FunctionTools:
@@ -157,8 +175,7 @@ async def measure(
     ping: bool = False,
 ) -> Row:
     """One line of ``line`` calls of ``tool`` on a fresh ``kind`` store; see the module."""
-    counted = min(line, starts)
-    started = Starts(counted)
+    started = Starts()
     tools = build_tools(started)
     name = "rated" if tool == "rate" else "held"
     async with _fresh_store(kind, tmp) as url, FakeAgentsAPI() as fake:
@@ -175,13 +192,20 @@ async def measure(
         try:
             calls = [FakeCall(name, {"n": n}, call_id=f"c{n:05d}") for n in range(line)]
             session_id = fake.create_session([calls])
-            await dispatcher.resolve(session_id)
+            began = time.monotonic()
+            await dispatcher.resolve(session_id)  # every call claimed: the line is formed
+            formed = time.monotonic()
+            # Counted from here: the line's steady state, not the claims' burst before it.
+            counted = min(starts, line - len(started.times))
+            before = dict(counts)
+            started.count_from(formed, counted)
             if ping:
                 pinging = await _start_pinging()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(started.enough.wait(), timeout=30 + counted * 2)
-            seen = list(started.times[:counted])
-            polls, keeps = counts.get("admit_call", 0), counts.get("keep_places", 0)
+            seen = started.counted()
+            polls = counts.get("admit_call", 0) - before.get("admit_call", 0)
+            keeps = counts.get("keep_places", 0) - before.get("keep_places", 0)
         finally:
             if pinging is not None:
                 p99 = await _stop_pinging(pinging)
@@ -189,11 +213,13 @@ async def measure(
             await client.aclose()
             await http.aclose()
             await store.close()
+    # Between the first and the last counted start: the line's pace once it is formed.
     span = seen[-1] - seen[0] if len(seen) > 1 else 0.0
     return Row(
         store=kind,
         tool=tool,
         line=line,
+        formed_s=formed - began,
         starts=len(seen),
         starts_per_s=(len(seen) - 1) / span if span > 0 else float("nan"),
         polls_per_start=polls / max(1, len(seen)),
@@ -245,14 +271,15 @@ async def _stop_pinging(process: asyncio.subprocess.Process) -> float:
 
 def _table(rows: list[Row]) -> str:
     lines = [
-        "| store | tool | N | starts | starts/s | admission polls per start | keeps per start "
-        "| Redis PING p99 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| store | tool | N | line formed in | starts | starts/s | admission polls per start "
+        "| keeps per start | Redis PING p99 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ping = "" if r.ping_p99_ms is None else f"{r.ping_p99_ms:.1f} ms"
         lines.append(
-            f"| {r.store} | {r.tool} | {r.line} | {r.starts} | {r.starts_per_s:.1f} "
+            f"| {r.store} | {r.tool} | {r.line} | {r.formed_s:.1f} s | {r.starts} "
+            f"| {r.starts_per_s:.1f} "
             f"| {r.polls_per_start:.1f} | {r.keeps_per_start:.2f} | {ping} |"
         )
     return "\n".join(lines)

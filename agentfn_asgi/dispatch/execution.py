@@ -501,6 +501,7 @@ class Executor:
         """Run one claimed attempt to its end: saved and submitted, held, handed off, or a
         retry scheduled in the store (its time is returned)."""
         key, action, tool = attempt.key, attempt.action, attempt.tool
+        woken = False  # the slot's next waiter here was told
         self._running_since[key] = time.monotonic()
         span_scope = self._telemetry.tool_call(
             tool_name=action.name,
@@ -548,6 +549,11 @@ class Executor:
                     duration=time.monotonic() - self._running_since[key],
                 )
                 crash_point("after_save", action.name)
+                if attempt.limiter is not None:
+                    # Saved, it holds no slot: the next in line here asks now, not after
+                    # the submission.
+                    woken = True
+                    self._waiter.wake(attempt.limiter)
                 if record.attempt != attempt.number or record.result != result:
                     _log_superseded(record, attempt.number, mine=result)
                 if record.result is not None:
@@ -558,7 +564,7 @@ class Executor:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
             self._running_since.pop(key, None)
-            if attempt.limiter is not None:
+            if attempt.limiter is not None and not woken:
                 self._waiter.wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
         return None
 

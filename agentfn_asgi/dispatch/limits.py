@@ -393,10 +393,13 @@ class Waiter:
         cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
         if limit.rate is not None:
             # A rated line's head must ask as soon as its token exists, or the rate goes
-            # unused (a bucket holds ``burst`` tokens; a late ask loses the time it was
-            # late). An admission left the bucket at least empty, so the next token exists
-            # one interval after that ask: the head asks then. Refused (another replica
-            # took it, or the line just began), it asks again after a tenth of the interval,
+            # unused (a full bucket refills nothing: an ask that comes late loses the time
+            # it was late). An admission left at least an empty bucket at the time of its
+            # ask (the store's ``now`` is the asker's clock when it asks), so the next
+            # token exists at most one interval after that ask: the head asks then (asking
+            # earlier was measured to be refused every time: one more request per start,
+            # and the retry comes later than the token). Refused (another replica took it,
+            # or the line just began), it asks again after a tenth of the interval,
             # doubling up to half of it.
             interval = 1.0 / limit.rate
             if line.admitted is not None and not line.refused:

@@ -47,7 +47,7 @@ class Counted:
             return await keep(waiters, **kwargs)
 
         store.admit_call = admit_call  # type: ignore[method-assign]
-        store.keep_places = keep_places  # type: ignore[method-assign]
+        store.keep_places = keep_places  # type: ignore[method-assign,assignment]
 
     def since(self, at: float) -> list[str]:
         return [call_id for when, call_id in self.asked if when >= at]

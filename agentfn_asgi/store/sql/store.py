@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import abc
 import secrets
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -580,6 +580,24 @@ class SQLStore(Transitions, abc.ABC):
         if found is None:
             return False, None
         return found[0] == 0, _call_record(found[1])
+
+    async def _transition_each(
+        self, name: str, steps: Sequence[tuple[CallKey, Mapping[str, Any]]]
+    ) -> list[bool]:
+        """Row ``name``'s statement on each key, in one transaction: one round trip of the
+        pool and one commit for all (on PostgreSQL a thousand statements committed one by
+        one held the pool's connections for about 0.4 s; together, one connection for a few
+        milliseconds). Its lock is no limiter's: admissions never wait for it."""
+
+        def each() -> Steps[list[bool]]:
+            done = []
+            for key, args in steps:
+                params = {**self._key(key), **flat_args(args)}
+                rows = yield Statement(TRANSITIONS_RETURNING[name], params)
+                done.append(bool(rows))
+            return done
+
+        return await self._transaction(name, "", each) if steps else []
 
     async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
         """Scheduled retries whose time has come, earliest first."""

@@ -13,7 +13,7 @@ the call as a fresh attempt; then the next call is the head. The head asks at on
 call of the same limiter ends in this process (:meth:`Waiter.wake`: one request per freed
 slot), else after a backoff (50 ms doubling to a second, and never later than a third of
 the lease); a rated line's head asks one token interval after the line's last admission
-(refused, after a tenth of the interval, doubling up to half of it). The calls behind the
+(refused, after a tenth of the interval, doubling up to a quarter of it). The calls behind the
 head wait for their turn without a timer: every third of the lease the head renews their
 leases in one :meth:`~agentfn_asgi.store.base.Store.keep_places` (a waiter's lease is its
 place in the line: one that lapses is adopted by another replica), and at each of its turns
@@ -400,13 +400,14 @@ class Waiter:
             # earlier was measured to be refused every time: one more request per start,
             # and the retry comes later than the token). Refused (another replica took it,
             # or the line just began), it asks again after a tenth of the interval,
-            # doubling up to half of it.
+            # doubling up to a quarter of it (another replica's admissions are not seen
+            # here: a token may wait that long for the first in line).
             interval = 1.0 / limit.rate
             if line.admitted is not None and not line.refused:
                 pause = max(0.0, line.admitted + interval - time.monotonic())
             else:
                 backoff = interval / 10 * 2 ** max(0, line.refused - 1)
-                pause = max(_FIRST_POLL / 5, min(backoff, interval / 2))
+                pause = max(_FIRST_POLL / 5, min(backoff, interval / 4))
             pause = min(pause, cap)
         else:
             pause = min(line.pause, cap)

@@ -79,6 +79,8 @@ class Row:
     polls_per_start: float
     keeps_per_start: float
     ping_p99_ms: float | None = None
+    #: What went wrong, when the line could not be measured (the store failed).
+    error: str = ""
 
 
 class Starts:
@@ -269,6 +271,15 @@ async def _stop_pinging(process: asyncio.subprocess.Process) -> float:
     return float(out.decode().strip() or "nan")
 
 
+async def _measured(kind: str, tool: str, line: int, **options: Any) -> Row:
+    """:func:`measure`, or a row saying why it could not be measured."""
+    try:
+        return await measure(kind, tool, line, **options)
+    except Exception as exc:  # a store overwhelmed by the line is a result too
+        error = f"{type(exc).__name__}: {str(exc)[:80]}"
+        return Row(kind, tool, line, float("nan"), 0, float("nan"), float("nan"), 0.0, None, error)
+
+
 def _table(rows: list[Row]) -> str:
     lines = [
         "| store | tool | N | line formed in | starts | starts/s | admission polls per start "
@@ -277,6 +288,9 @@ def _table(rows: list[Row]) -> str:
     ]
     for r in rows:
         ping = "" if r.ping_p99_ms is None else f"{r.ping_p99_ms:.1f} ms"
+        if r.error:
+            lines.append(f"| {r.store} | {r.tool} | {r.line} | failed: {r.error} |")
+            continue
         lines.append(
             f"| {r.store} | {r.tool} | {r.line} | {r.formed_s:.1f} s | {r.starts} "
             f"| {r.starts_per_s:.1f} "
@@ -299,11 +313,11 @@ async def run(
         for kind in stores:
             for tool in tools:
                 for line in lines:
-                    row = await measure(kind, tool, line, starts=starts, tmp=Path(tmp))
+                    row = await _measured(kind, tool, line, starts=starts, tmp=Path(tmp))
                     rows.append(row)
                     print(_table([row]).splitlines()[-1], flush=True)
                 if kind == "redis" and ping_line:
-                    row = await measure(
+                    row = await _measured(
                         kind, tool, ping_line, starts=starts, tmp=Path(tmp), ping=True
                     )
                     rows.append(row)
@@ -336,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    rates = [r.starts_per_s for r in rows if r.starts > 1]
+    rates = [r.starts_per_s for r in rows if r.starts > 1 and not r.error]
     if rates:
         print(f"\nslowest line: {min(rates):.1f} starts/s; median {statistics.median(rates):.1f}")
 

@@ -210,8 +210,10 @@ class _Line:
         #: refused since: a rated line's head asks again one token interval after it.
         self.admitted: float | None = None
         self.refused = 0
-        #: When (monotonic) the places behind the head last kept their place.
+        #: When (monotonic) the places behind the head last kept their place, and the
+        #: task keeping them (:meth:`Waiter._keep`).
         self.kept = time.monotonic()
+        self.keeping: asyncio.Task[None] | None = None
 
     def join(self, place: _Place) -> None:
         bisect.insort(self.places, place, key=lambda p: p.order)
@@ -259,6 +261,8 @@ class Waiter:
     def close(self) -> None:
         """The process closes: every waiting call here looks once more, and stops."""
         for line in self._lines.values():
+            if line.keeping is not None:
+                line.keeping.cancel()
             line.bell.set()
             for place in line.places:
                 place.called.set()
@@ -350,7 +354,7 @@ class Waiter:
                 await self._nap(line, place, limit, nap)
                 if closing():
                     return None
-                await self._keep_places(line, place)
+                self._look_behind(line, place)
                 waited = max(0.0, self._clock() - place.began)
                 async with slots:
                     if closing():
@@ -418,10 +422,11 @@ class Waiter:
         line.bell.clear()
         line.freed = max(0, line.freed - 1)
 
-    async def _keep_places(self, line: _Line, head: _Place) -> None:
-        """Every third of the lease, the places behind ``head`` are kept (their leases
-        renewed in one batch; those not ours any more are called to stop); at every turn,
-        those whose ``max_wait`` passed are called to fail."""
+    def _look_behind(self, line: _Line, head: _Place) -> None:
+        """At each turn of ``head``: the places behind it whose ``max_wait`` passed are
+        called to fail, and every third of the lease the others are kept (:meth:`_keep`,
+        on a task of the line's own: the head asks meanwhile, a batch of a thousand takes
+        a PostgreSQL connection for most of a second)."""
         now = self._clock()
         for place in line.places:
             if (
@@ -434,17 +439,24 @@ class Waiter:
                 place.called.set()
         if time.monotonic() - line.kept < self._settings.lease_seconds / 3:
             return
-        behind = [p for p in line.places if p is not head and not (p.expired or p.gone)]
-        line.kept = sent = time.monotonic()
-        if not behind:
+        if line.keeping is not None and not line.keeping.done():
             return
+        behind = [p for p in line.places if p is not head and not (p.expired or p.gone)]
+        line.kept = time.monotonic()
+        if behind:
+            line.keeping = asyncio.create_task(self._keep(line, behind))
+
+    async def _keep(self, line: _Line, behind: list[_Place]) -> None:
+        """Renew the leases of ``behind`` in one batch; those not ours any more are called
+        to stop (settled, stale or adopted)."""
+        sent = time.monotonic()
         try:
             kept = await self._store.keep_places(
                 [(p.key, p.attempt) for p in behind],
                 owner=self._owner,
                 lease_seconds=self._settings.lease_seconds,
             )
-        except StoreError as exc:
+        except Exception as exc:  # a task of its own: nothing else would see it
             # Tried again at the head's next turn; past the lease, another replica adopts.
             line.kept = 0.0
             logger.warning("keeping %d waiting calls' places failed: %s", len(behind), exc)
@@ -453,7 +465,7 @@ class Waiter:
             if ours:
                 place.sent = sent
             else:
-                place.gone = True  # settled, stale or adopted: its task stops
+                place.gone = True
                 place.called.set()
 
 

@@ -21,7 +21,8 @@ abandoned with the store, which is thrown away).
 
 With ``--ping-line`` (600 by default; 0: none), a separate process pings the Redis server
 every 5 ms while an extra Redis row of that line length runs: its p99 says what every other
-client of that Redis (other replicas, other applications) sees while the line waits.
+client of that Redis (other replicas, other applications) sees while the line waits; with
+it, the share of a CPU the Redis server used meanwhile (its ``INFO cpu``).
 
 The targets (issue "waiting that costs per admission"): at least 9 starts/s at every N on
 every store, polls per start at most a small constant, Redis PING p99 under 10 ms. Nothing
@@ -79,6 +80,8 @@ class Row:
     polls_per_start: float
     keeps_per_start: float
     ping_p99_ms: float | None = None
+    #: The share of a CPU the Redis server used while it was pinged.
+    redis_cpu: float | None = None
     #: What went wrong, when the line could not be measured (the store failed).
     error: str = ""
 
@@ -190,7 +193,7 @@ async def measure(
         dispatcher = Dispatcher(tools, client, store, settings=DispatchSettings())
         await dispatcher.start(recover=False)
         pinging: asyncio.subprocess.Process | None = None
-        p99: float | None = None
+        p99 = redis_cpu = None
         try:
             calls = [FakeCall(name, {"n": n}, call_id=f"c{n:05d}") for n in range(line)]
             session_id = fake.create_session([calls])
@@ -210,7 +213,7 @@ async def measure(
             keeps = counts.get("keep_places", 0) - before.get("keep_places", 0)
         finally:
             if pinging is not None:
-                p99 = await _stop_pinging(pinging)
+                p99, redis_cpu = await _stop_pinging(pinging)
             await dispatcher.stop(drain_timeout=1.0)
             await client.aclose()
             await http.aclose()
@@ -227,17 +230,25 @@ async def measure(
         polls_per_start=polls / max(1, len(seen)),
         keeps_per_start=keeps / max(1, len(seen)),
         ping_p99_ms=p99,
+        redis_cpu=redis_cpu,
     )
 
 
 def _ping_forever(interval: float = 0.005) -> None:
     """(The pinging process.) PING Redis every ``interval`` until stdin closes; then print
-    the p99 latency in milliseconds."""
+    the p99 latency in milliseconds and the share of a CPU the server used meanwhile (the
+    whole server's: on a shared Redis, other clients' work counts too)."""
     import threading
 
     import redis
 
     client = redis.Redis.from_url(REDIS_URL)
+
+    def busy() -> float:
+        cpu = client.info("cpu")
+        return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"])
+
+    since, busy_before = time.monotonic(), busy()
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     latencies: list[float] = []
@@ -248,7 +259,8 @@ def _ping_forever(interval: float = 0.005) -> None:
         time.sleep(interval)
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else 0.0
-    print(f"{p99 * 1000:.3f}")
+    share = (busy() - busy_before) / max(1e-9, time.monotonic() - since)
+    print(f"{p99 * 1000:.3f} {share:.4f}")
 
 
 async def _start_pinging() -> asyncio.subprocess.Process:
@@ -263,12 +275,13 @@ async def _start_pinging() -> asyncio.subprocess.Process:
     )
 
 
-async def _stop_pinging(process: asyncio.subprocess.Process) -> float:
-    """Its PING p99 (ms)."""
+async def _stop_pinging(process: asyncio.subprocess.Process) -> tuple[float, float]:
+    """Its PING p99 (ms), and the share of a CPU the Redis server used meanwhile."""
     assert process.stdin is not None
     process.stdin.close()
     out, _ = await process.communicate()
-    return float(out.decode().strip() or "nan")
+    p99, share = [*out.decode().split(), "nan", "nan"][:2]
+    return float(p99), float(share)
 
 
 async def _measured(kind: str, tool: str, line: int, **options: Any) -> Row:
@@ -277,24 +290,26 @@ async def _measured(kind: str, tool: str, line: int, **options: Any) -> Row:
         return await measure(kind, tool, line, **options)
     except Exception as exc:  # a store overwhelmed by the line is a result too
         error = f"{type(exc).__name__}: {str(exc)[:80]}"
-        return Row(kind, tool, line, float("nan"), 0, float("nan"), float("nan"), 0.0, None, error)
+        nan = float("nan")
+        return Row(kind, tool, line, nan, 0, nan, nan, 0.0, error=error)
 
 
 def _table(rows: list[Row]) -> str:
     lines = [
         "| store | tool | N | line formed in | starts | starts/s | admission polls per start "
-        "| keeps per start | Redis PING p99 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| keeps per start | Redis PING p99 | Redis CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ping = "" if r.ping_p99_ms is None else f"{r.ping_p99_ms:.1f} ms"
+        cpu = "" if r.redis_cpu is None else f"{r.redis_cpu:.0%}"
         if r.error:
             lines.append(f"| {r.store} | {r.tool} | {r.line} | failed: {r.error} |")
             continue
         lines.append(
             f"| {r.store} | {r.tool} | {r.line} | {r.formed_s:.1f} s | {r.starts} "
             f"| {r.starts_per_s:.1f} "
-            f"| {r.polls_per_start:.1f} | {r.keeps_per_start:.2f} | {ping} |"
+            f"| {r.polls_per_start:.1f} | {r.keeps_per_start:.2f} | {ping} | {cpu} |"
         )
     return "\n".join(lines)
 

@@ -68,7 +68,15 @@ from agentfn_asgi.results import ImagePart, TextPart, image_from_bytes, image_pa
 from agentfn_asgi.signing import VerifiedDelivery, WebhookVerifier, sign, signed_headers
 from agentfn_asgi.store import Store, open_store
 from agentfn_asgi.stream import FollowSummary
-from agentfn_asgi.tools import FunctionTool, FunctionTools, NotRun, Ran, ToolContext, Unknown
+from agentfn_asgi.tools import (
+    Cancellation,
+    FunctionTool,
+    FunctionTools,
+    NotRun,
+    Ran,
+    ToolContext,
+    Unknown,
+)
 from agentfn_asgi.tracing import Telemetry, trace_id_for_call
 
 __all__ = [
@@ -90,6 +98,7 @@ __all__ = [
     "CLIError",
     "CLIUsageError",
     "CallNotFoundError",
+    "Cancellation",
     "CompletionMismatchError",
     "CompletionTokenError",
     "CompletionTokenExpiredError",

@@ -3,13 +3,16 @@ reconcile hook can give. Exported by :mod:`agentfn_asgi.tools`, their home in th
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 __all__ = [
+    "Cancellation",
     "NotRun",
     "Ran",
     "ReconcileHook",
@@ -18,6 +21,67 @@ __all__ = [
     "Unknown",
     "derive_idempotency_key",
 ]
+
+
+class Cancellation:
+    """Set once the call's answer is no longer wanted: its turn was cancelled or failed, its
+    session deleted, or this process lost the call's lease. ``ctx.cancelled`` of every call.
+
+    An async handler is cancelled outright (``asyncio.CancelledError`` at its next
+    ``await``); a synchronous one cannot be stopped in its thread, so it looks at this flag:
+    ``if ctx.cancelled: ...`` polls it, ``ctx.cancelled.wait(0.05)`` sleeps until it is set
+    (True) or the time is up (False), and async code can ``await ctx.cancelled.until()``.
+    Whatever a handler returns after it was set is never submitted. ``reason`` says why.
+    """
+
+    __slots__ = ("_event", "_waiters", "reason")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        #: Why it was set (None while it is not).
+        self.reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def __repr__(self) -> str:
+        return f"Cancellation(set={bool(self)}, reason={self.reason!r})"
+
+    def is_set(self) -> bool:
+        """Has the call been cancelled?"""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this thread until the call is cancelled or ``timeout`` seconds passed;
+        whether it is cancelled. For synchronous handlers (never on the event loop)."""
+        return self._event.wait(timeout)
+
+    async def until(self) -> None:
+        """Return once the call is cancelled (for async code that races it with work)."""
+        if self._event.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append((loop, waiter))
+        if self._event.is_set():  # set while we registered
+            return
+        await waiter
+
+    def set(self, reason: str) -> None:
+        """Cancel (the dispatcher does this; the first reason stands)."""
+        if self._event.is_set():
+            return
+        self.reason = reason
+        self._event.set()
+        for loop, waiter in self._waiters:
+            loop.call_soon_threadsafe(_resolve, waiter)
+        self._waiters.clear()
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +94,8 @@ class ToolContext:
     ``idempotency_key`` to downstream APIs that support one: it is the same on every attempt,
     replica and restart for this call, which closes the "ran but crashed before saving"
     window. ``resources`` is whatever the host handed to the app (a db pool, settings...).
+    ``cancelled`` is set when the answer is no longer wanted (:class:`Cancellation`): a
+    synchronous handler that can take long should look at it.
     """
 
     session_id: str
@@ -40,6 +106,7 @@ class ToolContext:
     deadline: float | None
     idempotency_key: str
     resources: Any = None
+    cancelled: Cancellation = field(default_factory=Cancellation)
 
     def remaining(self, *, clock: Callable[[], float] = time.time) -> float | None:
         """Seconds left until ``deadline`` (never negative), or None without a deadline."""

@@ -8,6 +8,7 @@ happens in :class:`~agentfn_asgi.dispatch.Dispatcher` (the package docstring of
 situation                                                 status
 ========================================================  ======
 verified ``action_required`` (any action type), recorded  200
+verified ``idle`` / ``failed`` (a turn ended), recorded   200
 duplicate ``webhook-id`` (already recorded)               200
 other event types (one INFO line)                         200 (ignored)
 missing, malformed or repeated ``webhook-*`` header       400
@@ -81,6 +82,9 @@ _T = TypeVar("_T")
 
 
 ACTION_REQUIRED = "agent.session.action_required"
+#: A turn ended (completed, cancelled or failed): the session is read again and what it no
+#: longer waits for is stopped (:mod:`agentfn_asgi.dispatch.cancelling`).
+TURN_ENDED = frozenset({"agent.session.idle", "agent.session.failed"})
 DEFAULT_MAX_BODY = 1024 * 1024
 
 _REJECT_HINTS = {
@@ -411,6 +415,10 @@ class AgentWebhookApp:
         end = await follow_session(
             self.client, session_id, on_action, backoff=backoff, notice=logger.info
         )
+        if owed:
+            # The turn ended (idle, cancelled, failed, deleted): stop what it no longer owes,
+            # rather than wait for handlers whose answers nobody wants.
+            await self.dispatcher.resolve(session_id, settle=True)
         await self.dispatcher.wait_for(owed)
         records = [await self.store.get_call(key) for key in owed]
         return FollowSummary(
@@ -596,7 +604,7 @@ class AgentWebhookApp:
         shown, suppressed = self._ignored.allow(event_type)
         if not shown:
             return
-        what = "this app acts only on agent.session.action_required"
+        what = "this app acts only on agent.session.action_required, idle and failed"
         more = f" ({suppressed} more since the last line)" if suppressed else ""
         logger.info(
             "webhook %s (%s) answered 200, nothing to do: %s%s",
@@ -617,7 +625,7 @@ class AgentWebhookApp:
             return
         # Whatever action it names: the webhook names one action type even when several are
         # pending (an MCP approval and a function call), so only the session tells.
-        if event.type != ACTION_REQUIRED:
+        if event.type != ACTION_REQUIRED and event.type not in TURN_ENDED:
             span.set_event_type(event.type)
             span.set_outcome("ignored")
             self._log_ignored(delivery_id, event.type)
@@ -654,7 +662,7 @@ class AgentWebhookApp:
         span.set_outcome("accepted")
         # The calls this delivery causes here link back to its span.
         self.telemetry.remember_delivery(delivery_id, span.link)
-        self.dispatcher.schedule(session_id, delivery_id)
+        self.dispatcher.schedule(session_id, delivery_id, settle=event.type in TURN_ENDED)
         await send_json(send, 200, {"status": "accepted"})
         crash_point("after_ack")
 

@@ -77,6 +77,7 @@ from agentfn_asgi.wire import (
     SESSION_ID_RE,
     AgentSession,
     SessionList,
+    SessionTurn,
     WebhookEndpoint,
     WebhookEndpointDeleted,
     WebhookEndpointList,
@@ -104,6 +105,7 @@ RACE_RETRY_DELAYS: tuple[float, ...] = (0.1, 0.3, 0.6)
 _RACE_PREFIX = "Unknown pending tool call"
 
 _M = TypeVar("_M", bound=WireModel)
+_T = TypeVar("_T")
 
 USER_AGENT = f"agentfn-asgi/{__version__} httpx/{httpx.__version__}"
 
@@ -288,14 +290,15 @@ class AgentsClient:
         With ``retry``, one try of the retry policy: the caller waits between tries
         (:class:`RetryState`)."""
         response = await self._request("GET", _session_path(session_id), retry=retry)
-        try:
-            return parse_session(response.content)
-        except ValueError as exc:
-            raise APIError(
-                f"malformed session body: {exc}",
-                status=response.status_code,
-                request_id=response.headers.get("x-request-id"),
-            ) from exc
+        return _parsed(response, parse_session, "session body")
+
+    async def retrieve_turn(self, session_id: str, turn_id: str) -> SessionTurn:
+        """``GET /agents/sessions/{id}/turns/{turn_id}``: the turn's status and error (why
+        the calls it waited for stopped being owed)."""
+        if not SESSION_ID_RE.fullmatch(turn_id):
+            raise ValueError(f"invalid turn id: {turn_id!r}")
+        response = await self._request("GET", f"{_session_path(session_id)}/turns/{turn_id}")
+        return _parsed(response, SessionTurn.model_validate_json, "turn body")
 
     async def submit_events(
         self,
@@ -347,14 +350,7 @@ class AgentsClient:
         if after is not None:
             params["after"] = after
         response = await self._request("GET", "/agents/sessions", params=params)
-        try:
-            return SessionList.model_validate_json(response.content)
-        except ValueError as exc:
-            raise APIError(
-                f"malformed session list: {exc}",
-                status=response.status_code,
-                request_id=response.headers.get("x-request-id"),
-            ) from exc
+        return _parsed(response, SessionList.model_validate_json, "session list")
 
     async def open_event_stream(
         self, session_id: str, *, include_obfuscation: bool = True
@@ -505,14 +501,7 @@ class AgentsClient:
         response = await self._request(
             method, path, content=content, headers=headers, params=params, beta=False, once=once
         )
-        try:
-            return model.model_validate_json(response.content)
-        except ValueError as exc:
-            raise APIError(
-                f"malformed {model.__name__} body: {exc}",
-                status=response.status_code,
-                request_id=response.headers.get("x-request-id"),
-            ) from exc
+        return _parsed(response, model.model_validate_json, f"{model.__name__} body")
 
     # -- request loop -------------------------------------------------------------------------
 
@@ -738,6 +727,19 @@ def _error_classes(
         # alone (a malformed response...) is still a failure of the connection to us.
         transports.append(aiohttp.ClientError)
     return tuple(timeouts), tuple(transports), tuple(unsent)
+
+
+def _parsed(response: httpx.Response, parse: Callable[[bytes], _T], what: str) -> _T:
+    """``parse`` of the response's body; a body that does not parse is an
+    :class:`~agentfn_asgi.errors.APIError` naming ``what``."""
+    try:
+        return parse(response.content)
+    except ValueError as exc:
+        raise APIError(
+            f"malformed {what}: {exc}",
+            status=response.status_code,
+            request_id=response.headers.get("x-request-id"),
+        ) from exc
 
 
 def _session_path(session_id: str) -> str:

@@ -62,6 +62,7 @@ DISPATCH_ENV: Final[dict[str, tuple[str, type, tuple[str, ...] | None]]] = {
     "AGENTFN_IN_DOUBT": ("in_doubt", str, ("fail", "hold")),
     "AGENTFN_MAX_ATTEMPTS": ("max_attempts", int, None),
     "AGENTFN_APPROVAL_TIMEOUT": ("approval_timeout", float, None),
+    "AGENTFN_REREAD_INTERVAL": ("reread_interval", float, None),
 }
 _CAPTURE_VALUES: Final = frozenset({"true", "1", "span_only", "span_and_event"})
 #: Ours, read elsewhere: the test-only crash hook (:mod:`agentfn_asgi._crash`).
@@ -168,6 +169,11 @@ DISPATCH_DOCS: Final[dict[str, SettingDoc]] = {
     "approval_poll_interval": SettingDoc(
         "how often each replica looks for approved calls to run and expired requests to fail"
         " (a decision taken in the same process wakes it at once)",
+        unit="s",
+    ),
+    "reread_interval": SettingDoc(
+        "a session with a call in flight longer than this is read again at this interval, so"
+        " a cancelled or failed turn stops its calls without its webhook (0: off)",
         unit="s",
     ),
     "lease_seconds": SettingDoc(

@@ -81,6 +81,7 @@ DisplayState = Literal[
     "approved",
     "retry_scheduled",
     "waiting",
+    "cancelled",
 ]
 
 #: What became of a call, in an operator's words (the page's badges and counts): ``running``
@@ -89,7 +90,8 @@ DisplayState = Literal[
 #: failure), ``stale`` (the API stopped waiting), ``held`` (quarantined for an operator),
 #: ``awaiting_approval`` (waiting for a person), ``approved`` (approved, about to run),
 #: ``retrying`` (an attempt failed; the next one is scheduled, see ``next_attempt_at``),
-#: ``waiting`` (waiting for its tool's concurrency or rate limit; nothing ran yet).
+#: ``waiting`` (waiting for its tool's concurrency or rate limit; nothing ran yet),
+#: ``cancelled`` (its turn ended before it had a result; ``reason`` says why).
 Outcome = Literal[
     "running",
     "in_doubt",
@@ -102,6 +104,7 @@ Outcome = Literal[
     "approved",
     "retrying",
     "waiting",
+    "cancelled",
 ]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
@@ -126,6 +129,8 @@ def outcome_of(record: CallRecord, now: float, margin: float = 0.0) -> Outcome:
         return "retrying"
     if state is CallState.WAITING:
         return "waiting"
+    if state is CallState.CANCELLED:
+        return "cancelled"
     return "held"
 
 
@@ -143,6 +148,7 @@ _OUTCOME_STATES: dict[str, tuple[str, ...]] = {
     "approved": ("approved",),
     "retrying": ("retry_scheduled",),
     "waiting": ("waiting",),
+    "cancelled": ("cancelled",),
 }
 
 
@@ -174,7 +180,8 @@ class CallSummary:
     created_at: float
     updated_at: float
     error_type: str | None = None
-    reason: str | None = None  # why it is quarantined (held for an operator), if it is
+    #: Why it is quarantined (held for an operator) or cancelled, if it is.
+    reason: str | None = None
     outcome: str = ""  # what became of it (:data:`Outcome`)
     #: Flow control: the limiter whose slot it holds or waits for (``tool`` or
     #: ``tool:key`` with a ``concurrency_key``), if any.
@@ -187,8 +194,8 @@ class CallSummary:
 class CallEventView:
     """One step of a call's history (never content): ``kind`` is a short word (``seen``,
     ``claimed``, ``outcome``, ``saved``, ``submit_failed``, ``submitted``, ``stale``,
-    ``quarantined``, ``settled``...), ``detail`` a short non-content text (an error type,
-    an API status, a reason)."""
+    ``cancelled``, ``quarantined``, ``settled``...), ``detail`` a short non-content text (an
+    error type, an API status, a reason)."""
 
     at: float
     kind: str
@@ -445,6 +452,7 @@ class Operator:
             "approved": counts.get("approved", 0),
             "retrying": counts.get("retry_scheduled", 0),
             "waiting": counts.get("waiting", 0),
+            "cancelled": counts.get("cancelled", 0),
         }
         by_tool: dict[str, int] = {}
         if counts.get("waiting", 0):
@@ -662,7 +670,7 @@ class Operator:
             created_at=record.created_at,
             updated_at=record.updated_at,
             error_type=None if result is None else result.error_type,
-            reason=record.quarantine_reason,
+            reason=record.reason,
             outcome=outcome_of(record, self._clock(), self._margin),
             limiter=None if record.limiter is None else limiter_label(record.limiter),
             waiting_since=(record.next_attempt_at if record.state is CallState.WAITING else None),

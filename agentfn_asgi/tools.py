@@ -63,6 +63,7 @@ from ._checks import (
     warn_at,
 )
 from ._context import (
+    Cancellation,
     NotRun,
     Ran,
     ReconcileHook,
@@ -103,6 +104,7 @@ from .running import invoke, is_async_callable, needs_approval, run_reconcile
 __all__ = [
     "DEFAULT_JOB_DEADLINE",
     "TOOL_DEFINITIONS_LIMIT",
+    "Cancellation",
     "EnqueueHook",
     "FunctionTool",
     "FunctionTools",

@@ -41,8 +41,10 @@ __all__ = [
     "RequiredActionRef",
     "SessionList",
     "SessionListItem",
+    "SessionTurn",
     "SessionWebhookData",
     "ToolResultEvent",
+    "TurnError",
     "WebhookEndpoint",
     "WebhookEndpointDeleted",
     "WebhookEndpointList",
@@ -261,6 +263,24 @@ class SessionList(WireModel):
 
     data: list[SessionListItem] = Field(default_factory=list)
     has_more: bool = False
+
+
+class TurnError(WireModel):
+    """Why a turn failed: ``code`` from a closed list (``session_budget_exceeded``,
+    ``rate_limit_exceeded``, ``internal_error``...) and a message."""
+
+    code: str | None = None
+    message: str = ""
+
+
+class SessionTurn(WireModel):
+    """``GET /agents/sessions/{id}/turns/{turn_id}``, as far as the app reads it: how the
+    turn stands (``queued``, ``in_progress``, ``waiting``, ``completed``, ``failed``,
+    ``cancelled``; a plain string, so a new status never breaks parsing) and its error."""
+
+    id: str
+    status: str
+    error: TurnError | None = None
 
 
 # ---------------------------------------------------------------------------------------------

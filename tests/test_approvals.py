@@ -252,31 +252,47 @@ async def test_a_redelivery_neither_asks_again_nor_runs_it() -> None:
     assert heard[0].session_id == sid and heard[0].call_id == "r1"
 
 
-async def test_a_cancelled_turn_makes_the_request_stale_and_nothing_runs() -> None:
-    """The session stops waiting: an approval taken before anyone noticed runs nothing (the
-    replica about to run it reads the session and marks the call stale); once stale, the
-    request refuses decisions."""
+async def test_a_cancelled_turn_withdraws_the_request_and_nothing_runs() -> None:
+    """The turn is cancelled while a person has not decided: its idle webhook makes the app
+    read the session, the call is cancelled (why, and that it was withdrawn while it waited
+    for a person), the request leaves the list and refuses decisions."""
     ran: list[str] = []
     async with running_stack(account_tools(ran), settings=SETTINGS) as stack:
         sid = stack.fake.create_session(
+            [[FakeCall("close_account", {"account_id": "acc_6"}, call_id="s2")]]
+        )
+        other = await until_state(stack, sid, "s2", CallState.AWAITING_APPROVAL)
+        stack.fake.cancel_turn(sid)
+        cancelled = await until_state(stack, sid, "s2", CallState.CANCELLED)
+        assert cancelled.reason == (
+            "the turn was cancelled; withdrawn while it waited for a person's approval"
+        )
+        assert other.approval is not None
+        assert isinstance(stack.store, MemoryStore)
+        assert await stack.store.waiting_approvals() == []
+        with pytest.raises(ApprovalDecidedError, match="no longer waits: the call is cancelled"):
+            await stack.app.approve(other.approval.approval_id, by="alice")
+    assert ran == [] and stack.fake.submissions == []
+
+
+async def test_an_approval_taken_before_the_cancellation_was_heard_runs_nothing() -> None:
+    """No idle webhook reaches the app: an approval taken after the turn was cancelled
+    runs nothing (the replica about to run it reads the session and cancels the call);
+    the decided request then refuses another decision."""
+    ran: list[str] = []
+    async with running_stack(account_tools(ran), settings=SETTINGS, webhooks=False) as stack:
+        sid = stack.fake.create_session(
             [[FakeCall("close_account", {"account_id": "acc_5"}, call_id="s1")]]
         )
+        await stack.app.dispatcher.recover(sid)
         waiting = await until_state(stack, sid, "s1", CallState.AWAITING_APPROVAL)
         stack.fake.cancel_turn(sid)
         assert waiting.approval is not None
         await stack.app.approve(waiting.approval.approval_id, by="alice")
-        await until_state(stack, sid, "s1", CallState.STALE)
+        cancelled = await until_state(stack, sid, "s1", CallState.CANCELLED)
+        assert cancelled.reason is not None and "after its approval" in cancelled.reason
         with pytest.raises(ApprovalDecidedError, match="already decided: approved by alice"):
             await stack.app.deny(waiting.approval.approval_id, by="bob")
-        sid2 = stack.fake.create_session(
-            [[FakeCall("close_account", {"account_id": "acc_6"}, call_id="s2")]]
-        )
-        other = await until_state(stack, sid2, "s2", CallState.AWAITING_APPROVAL)
-        stack.fake.cancel_turn(sid2)
-        await stack.store.mark_stale(other.key)  # what a resolve of the session does
-        assert other.approval is not None
-        with pytest.raises(ApprovalDecidedError, match="no longer waits"):
-            await stack.app.approve(other.approval.approval_id, by="alice")
     assert ran == [] and stack.fake.submissions == []
 
 
@@ -544,8 +560,8 @@ async def test_an_approved_call_of_a_limited_tool_waits_for_its_turn_then_runs()
     ]
 
 
-async def test_an_approved_call_whose_session_was_deleted_is_stale_not_polled_for_ever() -> None:
-    """Sessions deleted while their calls waited: once approved, those calls become stale
+async def test_an_approved_call_whose_session_was_deleted_is_cancelled_not_polled() -> None:
+    """Sessions deleted while their calls waited: once approved, those calls are cancelled
     (their session reads 404) instead of staying approved and read on every poll; the call
     approved beside them runs."""
     ran: list[str] = []
@@ -569,7 +585,8 @@ async def test_an_approved_call_whose_session_was_deleted_is_stale_not_polled_fo
             await stack.app.approve(record.approval.approval_id, by="alice")
         await submitted(stack, "c2")
         for i in (0, 1):
-            await until_state(stack, sids[i], f"c{i}", CallState.STALE)
+            gone = await until_state(stack, sids[i], f"c{i}", CallState.CANCELLED)
+            assert gone.reason is not None and gone.reason.startswith("the session was deleted")
         reads = len(fake.requests)
         await anyio.sleep(0.5)  # ten polls: nobody reads the deleted sessions again
         assert [r for r in fake.requests[reads:] if sids[0] in r.path or sids[1] in r.path] == []

@@ -279,7 +279,7 @@ async def receiver() -> AsyncIterator[tuple[str, FakeAgentsAPI]]:
 async def test_send_delivers_a_signed_event(capsys: pytest.CaptureFixture[str]) -> None:
     """``send`` signs with the secret and prints the receiver's answer; exit 0 on 2xx."""
     async with receiver() as (url, _):
-        code = await run_cli("send", url, "--secret", SECRET, "--type", "agent.session.idle")
+        code = await run_cli("send", url, "--secret", SECRET, "--type", "agent.session.in_progress")
         assert code == 0
         out = capsys.readouterr().out
         assert out.startswith("200 OK")
@@ -297,7 +297,7 @@ async def test_send_reads_the_secret_from_the_environment(
     either, a clear configuration error and exit 2."""
     async with receiver() as (url, _):
         monkeypatch.setenv("OPENAI_WEBHOOK_SECRET", SECRET)
-        assert await run_cli("send", url, "--type", "agent.session.idle") == 0
+        assert await run_cli("send", url, "--type", "agent.session.in_progress") == 0
         monkeypatch.delenv("OPENAI_WEBHOOK_SECRET")
         assert await run_cli("send", url) == 2
         assert "no webhook secret" in capsys.readouterr().err

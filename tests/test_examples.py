@@ -107,7 +107,7 @@ async def _check_routing(root: str, secret: str) -> None:
     async with httpx.AsyncClient(follow_redirects=False) as http:
         for url in (root + "/openai/webhooks", root + "/openai/webhooks/"):
             body, headers = signed_delivery(
-                secret, webhook_event("agent.session.idle", {"id": "s"})
+                secret, webhook_event("agent.session.in_progress", {"id": "s"})
             )
             response = await http.post(url, content=body, headers=headers)
             assert response.status_code == 200, (url, response.status_code, response.text)

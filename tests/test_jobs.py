@@ -553,18 +553,19 @@ async def test_the_endpoint_is_absent_without_a_completion_secret(
 
 
 @pytest.mark.anyio
-async def test_a_completion_for_a_cancelled_turn_ends_stale() -> None:
-    """The API no longer waits: the result is saved, refused, the call goes stale, and a
-    later completion answers 200 ``stale`` (the worker must not retry)."""
+async def test_a_completion_for_a_cancelled_turn_answers_stale() -> None:
+    """The turn is cancelled while its job runs on a worker: the call is cancelled when the
+    app hears it (the worker's job is not stopped), and its completion answers 200
+    ``stale`` (the worker must not retry); nothing is submitted."""
     jobs, enqueue = queue_of_jobs()
     async with running_stack(worker_tools(enqueue=enqueue), **app_options()) as stack:
         sid = stack.fake.create_session([[FakeCall("generate_report", {"topic": "q"})]])
         job = await next_job(jobs)
         stack.fake.cancel_turn(sid)
+        await wait_state(stack, sid, job.call_id, CallState.CANCELLED)
         first = await complete_job(job, Completion(True, "late"), http_client=stack.webhook_http)
-        await wait_state(stack, sid, job.call_id, CallState.STALE)
         later = await complete_job(job, Completion(True, "late"), http_client=stack.webhook_http)
-    assert (first.status, later.status) == ("accepted", "stale")
+    assert (first.status, later.status) == ("stale", "stale")
     assert stack.fake.submissions == []
 
 

@@ -49,8 +49,12 @@ async def _seed(store: MemoryStore, clock: FakeClock) -> dict[str, str]:
             await store.mark_submitted(key)
         expected[call_id] = outcome
     key = await claim("c_stale")
+    await store.save_result(key, owner="o", attempt=1, result=_result(True))
     await store.mark_stale(key)
     expected["c_stale"] = "stale"
+    key = await claim("c_cancelled")
+    await store.cancel(key, owner="o", reason="the turn was cancelled", known_before=clock())
+    expected["c_cancelled"] = "cancelled"
     key = await claim("c_held")
     await store.quarantine(key, owner="o", attempt=1, reason="unknown")
     expected["c_held"] = "held"

@@ -60,11 +60,12 @@ def test_every_state_is_reached_and_every_non_terminal_state_can_be_left() -> No
 
 
 def test_terminal_states_are_only_left_by_an_operator_or_the_pruner() -> None:
-    """Submitted and stale are final; quarantined waits for an operator's settle/release."""
+    """Submitted, stale and cancelled are final; quarantined waits for an operator's
+    settle/release."""
     for state in (s for s in CallState if s.terminal):
         names = {t.name for t in TRANSITIONS.values() if state in t.sources}
         assert names <= {"settle", "release", "prune"}, (state, names)
-    assert {CallState.SUBMITTED, CallState.STALE} == PRUNABLE
+    assert {CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED} == PRUNABLE
 
 
 @pytest.mark.parametrize("state", list(CallState))
@@ -102,12 +103,26 @@ def test_fenced_rows_need_the_holder_and_takeover_needs_a_lapsed_lease() -> None
     assert not any(allows(t, None, now=NOW) for t in TRANSITIONS.values() if t.name != "claim")
 
 
-def test_mark_stale_applies_to_pending_calls_unchanged_since_the_read() -> None:
-    """Stale: any pending call, unless (when asked) it changed after the caller's read."""
+def test_mark_stale_applies_to_saved_results_unchanged_since_the_read() -> None:
+    """Stale: a saved result, unless (when asked) it changed after the caller's read."""
     row = TRANSITIONS["mark_stale"]
     for state, since in itertools.product(CallState, (None, NOW - 20, NOW)):
-        expected = not state.terminal and (since is None or since >= NOW - 10)
+        expected = state in SAVED and (since is None or since >= NOW - 10)
         assert allows(row, record(state), now=NOW, unchanged_since=since) is expected
+
+
+def test_cancel_applies_to_unsaved_pending_calls_known_before_the_read() -> None:
+    """Cancelled: a pending call without a result, first claimed no later than the read
+    that no longer lists it (renewals, polls and decisions since do not matter); never
+    without that time, never a saved result or a finished call."""
+    row = TRANSITIONS["cancel"]
+    for state, since in itertools.product(CallState, (None, NOW - 70, NOW - 60, NOW)):
+        expected = (
+            not state.terminal and state not in SAVED and since is not None and since >= NOW - 60
+        )
+        assert allows(row, record(state), now=NOW, unchanged_since=since) is expected
+    assert row.target is CallState.CANCELLED and CallState.CANCELLED.terminal
+    assert dict(row.sets)["reason"] == ":detail" and row.event == "cancelled"
 
 
 def test_resulting_states() -> None:
@@ -157,7 +172,7 @@ def test_a_call_waiting_for_approval_is_decided_once_by_its_expiry() -> None:
 
 def test_an_approved_call_is_claimed_as_a_fresh_attempt_by_anyone() -> None:
     """run_approved: only from approved, no holder needed (any replica), next attempt;
-    nothing else leads out of approved but the session no longer waiting (stale)."""
+    nothing else leads out of approved but the session no longer waiting (cancel)."""
     row = TRANSITIONS["run_approved"]
     assert (
         row.new_attempt and row.target is CallState.CLAIMED and row.sources == {CallState.APPROVED}
@@ -166,9 +181,9 @@ def test_an_approved_call_is_claimed_as_a_fresh_attempt_by_anyone() -> None:
     for state in set(CallState) - {CallState.APPROVED}:
         assert not allows(row, record(state), now=NOW)
     leaving = {t.name for t in TRANSITIONS.values() if CallState.APPROVED in t.sources}
-    assert leaving == {"run_approved", "mark_stale"}
+    assert leaving == {"run_approved", "cancel"}
     waiting = {t.name for t in TRANSITIONS.values() if CallState.AWAITING_APPROVAL in t.sources}
-    assert waiting == {"approve", "deny", "expire_approval", "mark_stale"}
+    assert waiting == {"approve", "deny", "expire_approval", "cancel"}
 
 
 def test_waiting_calls_are_pending_and_never_settleable_or_prunable() -> None:

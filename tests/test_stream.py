@@ -238,6 +238,37 @@ async def test_follow_reports_a_cancelled_turn() -> None:
         assert conn.fake.submissions == []
 
 
+async def test_follow_stops_the_handler_of_a_cancelled_turn() -> None:
+    """Stream mode hears the turn end: the follow stops the handler still running for it
+    (before, it waited for the handler, however long) and reports the call cancelled."""
+    tools = FunctionTools()
+    started = asyncio.Event()
+    stopped = asyncio.Event()
+
+    @tools.function
+    async def slow(key: str) -> str:
+        """Wait a long time."""
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return key
+
+    async for conn in stack(tools):
+        session_id = conn.fake.create_session([[FakeCall("slow", {"key": "x"}, "c")]])
+        follow = asyncio.create_task(conn.app.follow(session_id, backoff=FAST_BACKOFF))
+        async with asyncio.timeout(20):
+            await started.wait()
+            conn.fake.cancel_turn(session_id)
+            summary = await follow
+        assert stopped.is_set() and summary.status == "cancelled"
+        (record,) = await conn.store.calls_for_session(session_id)
+        assert record.state is CallState.CANCELLED
+        assert conn.fake.submissions == []
+
+
 async def test_follow_ends_when_the_session_is_deleted() -> None:
     """A session that disappears (404) ends the follow as ``deleted``. Its call is another
     service's (ignored), so the follow is still listening when the session goes."""

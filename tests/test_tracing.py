@@ -565,3 +565,39 @@ async def test_client_retries_reach_the_span_being_waited_on(otel: Otel) -> None
     assert [(ev.attributes or {}).get("http.response.status_code") for ev in submit.events] == [502]
     assert submit.attributes is not None
     assert submit.attributes["agentfn.submission.attempts"] == 2
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_attempt_says_why_on_its_span(otel: Otel) -> None:
+    """The attempt stopped because its turn was cancelled: error.type cancelled and the
+    reason, through the real app and the fake."""
+    import anyio
+
+    from agentfn_asgi.testing import FakeCall
+    from agentfn_asgi.tools import FunctionTools
+
+    from .support.stack import running_stack
+
+    tools = FunctionTools()
+    started = anyio.Event()
+
+    @tools.function
+    async def wait_long() -> str:
+        """Wait a long time."""
+        started.set()
+        await anyio.sleep(3600)
+        return "never"
+
+    async with running_stack(tools, telemetry=otel.telemetry()) as stack:
+        sid = stack.fake.create_session([[FakeCall("wait_long", {}, "c1")]])
+        with anyio.fail_after(10):
+            await started.wait()
+            stack.fake.cancel_turn(sid)
+            while not [s for s in otel.spans() if s.name == "execute_tool wait_long"]:
+                await anyio.sleep(0.02)
+    span = otel.span("execute_tool wait_long")
+    assert span.attributes is not None and span.status.status_code is StatusCode.ERROR
+    assert span.attributes["error.type"] == "cancelled"
+    assert span.attributes["agentfn.call.cancel_reason"] == (
+        "the turn was cancelled; stopped while it ran"
+    )

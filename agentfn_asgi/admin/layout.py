@@ -117,6 +117,7 @@ OUTCOME_LABELS = {
     "approved": "approved",
     "retrying": "retrying",
     "waiting": "waiting for a limit",
+    "cancelled": "cancelled",
 }
 
 

@@ -5,6 +5,7 @@ Calls are keyed by :class:`CallKey` ``(session_id, turn_id, call_id)``. Their st
     claimed ──▶ succeeded ─┐
        │    └─▶ failed ────┴─▶ submitted
        │                   └─▶ stale        (the API no longer waits for it)
+       └─ the turn ended before a result (cancelled, failed) ──▶ cancelled
        └─ lease expired, no saved result ──▶ in doubt (a re-claim returns IN_DOUBT)
     quarantined: an in-doubt side-effect call whose reconcile hook could not decide, held
                  for an operator (with ``hold``) instead of being answered.
@@ -56,8 +57,9 @@ __all__ = [
 
 
 class CallState(enum.StrEnum):
-    """Where one call is in its life. Terminal: ``submitted``, ``stale``, ``quarantined``.
-    ``awaiting_approval`` and ``approved`` are pending: the API still waits for the call."""
+    """Where one call is in its life. Terminal: ``submitted``, ``stale``, ``quarantined``,
+    ``cancelled``. ``awaiting_approval`` and ``approved`` are pending: the API still waits
+    for the call."""
 
     CLAIMED = "claimed"
     SUCCEEDED = "succeeded"
@@ -74,10 +76,19 @@ class CallState(enum.StrEnum):
     #: Flow control: waiting for a slot (or a token) of its tool's limiter
     #: (:attr:`CallRecord.limiter`); its holder polls, renewing its lease, and nothing ran.
     WAITING = "waiting"
+    #: The API stopped waiting for the call before it had a result (its turn was cancelled
+    #: or failed, its session deleted): whatever ran or waited for it was stopped, and
+    #: nothing is submitted. :attr:`CallRecord.reason` says why.
+    CANCELLED = "cancelled"
 
     @property
     def terminal(self) -> bool:
-        return self in (CallState.SUBMITTED, CallState.STALE, CallState.QUARANTINED)
+        return self in (
+            CallState.SUBMITTED,
+            CallState.STALE,
+            CallState.QUARANTINED,
+            CallState.CANCELLED,
+        )
 
     @property
     def has_result(self) -> bool:
@@ -120,15 +131,14 @@ class SavedResult:
 class CallEvent:
     """One step of a call's history, as every store keeps it (never content).
 
-    ``kind``: ``claimed`` (first seen, attempt 1), ``taken_over`` (claimed again after a
-    lease ran out: in doubt), ``saved`` (a result; ``detail`` holds its source, error type
-    and how long obtaining it took), ``submitted`` (``detail``: the API's answer and the
-    number of requests it took), ``submit_failed`` (``detail``: the API's answer),
-    ``stale``, ``quarantined`` (``detail``: the reason), ``settled`` (an operator saved a
-    result), ``released`` (an operator asked for a re-run), ``retry_scheduled`` (an attempt
-    asked for another; ``detail``: the error type or RetryLater reason), ``retried`` (the
-    scheduled attempt claimed at its time). ``owner`` is the replica that
-    did it, when one did.
+    ``kind``: ``claimed`` (first seen, attempt 1), ``taken_over`` (claimed again after a lease ran
+    out: in doubt), ``saved`` (a result; ``detail`` holds its source, error type and how long
+    obtaining it took), ``submitted`` (``detail``: the API's answer and the number of requests it
+    took), ``submit_failed`` (``detail``: the API's answer), ``stale``, ``cancelled`` (``detail``:
+    why), ``quarantined`` (``detail``: the reason), ``settled`` (an operator saved a result),
+    ``released`` (an operator asked for a re-run), ``retry_scheduled`` (an attempt asked for
+    another; ``detail``: the error type or RetryLater reason), ``retried`` (the scheduled attempt
+    claimed at its time). ``owner`` is the replica that did it, when one did.
     """
 
     at: float
@@ -251,8 +261,10 @@ def arguments_digest(arguments: Any) -> str:
 class CallRecord:
     """A snapshot of one call as the store holds it.
 
-    ``quarantine_reason`` says why a ``quarantined`` call is held for an operator (what the
-    reconcile hook answered); it is None in every other state. ``history`` is filled only
+    ``reason`` says why a ``quarantined`` call is held for an operator (what the
+    reconcile hook answered), or why a ``cancelled`` one was stopped (the turn cancelled,
+    failed with its error code, the session deleted; and "may have run" for a side-effect
+    tool stopped while it ran); it is None in every other state. ``history`` is filled only
     where it was asked for (:meth:`Store.get_call` with ``history=True``, operator listings).
     ``next_attempt_at`` is when the recovery sweep may next retry a saved result that failed
     to submit (``failures`` times so far). ``history_dropped`` counts the events left out of
@@ -274,7 +286,7 @@ class CallRecord:
     updated_at: float
     delivery_id: str | None = None
     result: SavedResult | None = None
-    quarantine_reason: str | None = None
+    reason: str | None = None
     history: tuple[CallEvent, ...] = ()
     next_attempt_at: float = 0.0
     failures: int = 0
@@ -293,7 +305,7 @@ class ClaimStatus(enum.StrEnum):
     IN_DOUBT = "in_doubt"  # a previous claim expired with no saved result; now ours again
     SAVED = "saved"  # a result is saved but not submitted: (re)submit it, never re-run
     BUSY = "busy"  # another owner holds a live lease: leave it alone
-    DONE = "done"  # submitted, stale or quarantined: nothing to do
+    DONE = "done"  # submitted, stale, quarantined or cancelled: nothing to do
     RETRY = "retry"  # a scheduled retry came due; now ours with the next attempt: run it
     WAITING = "waiting"  # ours, but its limiter has no slot yet: poll Store.admit_call
 

@@ -20,7 +20,9 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
 
     claimed ──request_approval──▶ awaiting_approval ──approve──▶ approved ──run_approved──▶ claimed
                                     │  └─deny (open) / expire_approval (lapsed)──▶ failed
-                                    └─mark_stale──▶ stale     (the session stopped waiting)
+                                    └─cancel──▶ cancelled     (the session stopped waiting)
+
+    claimed | waiting | awaiting_approval | approved | retry_scheduled ──cancel──▶ cancelled
 
     claimed ──schedule_retry──▶ retry_scheduled ──retry (due)──▶ claimed (the next attempt)
 
@@ -136,6 +138,11 @@ class Guard(enum.StrEnum):
     REFUSED = "refused"
     #: The decision names the request the call waits for (``approval_id``).
     SAME_REQUEST = "same_request"
+    #: The call was first claimed no later than ``since`` (a session read that no longer
+    #: lists it): it was owed before that read, so the read shows it is not any more. A call
+    #: claimed after the read (the read may predate it) is left alone. Not ``updated_at``:
+    #: a running call's lease renewals change that.
+    KNOWN_BEFORE = "known_before"
 
 
 class Target(enum.StrEnum):
@@ -174,7 +181,7 @@ FIELDS: Final = frozenset(
         "next_attempt_at",
         "failures",
         "limiter",
-        "quarantine_reason",
+        "reason",
         "delivery_id",
         "result",
         "approval",
@@ -250,15 +257,16 @@ def _from(*states: CallState, guards: frozenset[Guard] = frozenset()) -> Way:
 
 #: ``succeeded`` and ``failed``: a result is saved and owed to the API.
 SAVED: Final = frozenset({CallState.SUCCEEDED, CallState.FAILED})
-#: Submitted or stale calls are finished: pruning may remove them. Quarantined calls wait for
-#: an operator, never for a pruner.
-PRUNABLE: Final = frozenset({CallState.SUBMITTED, CallState.STALE})
+#: Submitted, stale or cancelled calls are finished: pruning may remove them. Quarantined
+#: calls wait for an operator, never for a pruner.
+PRUNABLE: Final = frozenset({CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED})
 #: A person decides these: waiting for approval, or approved and not yet run.
 FOR_A_PERSON: Final = frozenset({CallState.AWAITING_APPROVAL, CallState.APPROVED})
 #: A call in this state with its ``limiter`` set and a lease not lapsed by more than the
 #: margin holds one slot of that limiter (flow control).
 HOLDS_SLOT: Final = CallState.CLAIMED
-_PENDING: Final = tuple(state for state in CallState if not state.terminal)
+#: Owed to the API and without a result yet: what a turn's end cancels.
+_UNSAVED: Final = tuple(state for state in CallState if not state.terminal and state not in SAVED)
 _HELD: Final = frozenset({Guard.HOLDER})
 _OWN_LIVE: Final = frozenset({Guard.OWN_LIVE_LEASE})
 #: What an operator may settle or re-run (:func:`settleable`): held for them, or in doubt.
@@ -450,10 +458,23 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
         Transition(
             "mark_stale",
             "mark_stale",
-            (_from(*_PENDING, guards=frozenset({Guard.UNCHANGED_SINCE})),),
+            # A saved result the API no longer waits for (its submission refused, or the
+            # session read since shows the call answered or gone).
+            (_from(*SAVED, guards=frozenset({Guard.UNCHANGED_SINCE})),),
             CallState.STALE,
             event="stale",
             sets=_sets(**_TOUCHED),
+        ),
+        Transition(
+            "cancel",
+            "cancel",
+            # Owed no longer before it had a result: whoever runs or waits for it stops (the
+            # holder's next renewal or save is refused); a waiter leaves its line.
+            (_from(*_UNSAVED, guards=frozenset({Guard.KNOWN_BEFORE})),),
+            CallState.CANCELLED,
+            event="cancelled",
+            sets=_sets(**_TOUCHED, reason=":detail", limiter="null"),
+            says=_BOTH,
         ),
         Transition(
             "quarantine",
@@ -461,7 +482,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             (_from(CallState.CLAIMED, guards=_HELD),),
             CallState.QUARANTINED,
             event="quarantined",
-            sets=_sets(**_TOUCHED, quarantine_reason=":detail"),
+            sets=_sets(**_TOUCHED, reason=":detail"),
             says=_BOTH,
         ),
         Transition(
@@ -470,7 +491,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             SETTLEABLE,
             Target.BY_RESULT,
             event="settled",
-            sets=_sets(**_RESULT, quarantine_reason="null", nonce=":nonce"),
+            sets=_sets(**_RESULT, reason="null", nonce=":nonce"),
             says=_DETAIL,
         ),
         Transition(
@@ -479,7 +500,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             SETTLEABLE,
             CallState.CLAIMED,
             event="released",
-            sets=_sets(**_NEXT_ATTEMPT_WITH_NONCE, quarantine_reason="null"),
+            sets=_sets(**_NEXT_ATTEMPT_WITH_NONCE, reason="null"),
             says=_OWNER,
         ),
         Transition("prune", "prune", (_from(*PRUNABLE),), Target.REMOVED),
@@ -620,6 +641,9 @@ def _guard_holds(guard: Guard, record: CallRecord, args: Args) -> bool:
         return args.get("admitted") is False
     if guard is Guard.SAME_REQUEST:
         return record.approval is not None and record.approval.approval_id == args["approval_id"]
+    if guard is Guard.KNOWN_BEFORE:
+        since = args.get("since")
+        return since is not None and bool(record.created_at <= since)
     # UNCHANGED_SINCE is asked for by the caller; without a time it does not apply.
     since = args.get("since")
     return since is None or record.updated_at <= since

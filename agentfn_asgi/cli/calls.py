@@ -144,7 +144,7 @@ def format_call(detail: CallDetail, *, now: float) -> str:
     if c.error_type:
         lines.append(f"error     {c.error_type}")
     if c.reason:
-        lines.append(f"held      {c.reason}")
+        lines.append(f"{'held' if c.state == 'quarantined' else 'why':<9} {c.reason}")
     if c.limiter is not None:
         lines.append(f"limit     {c.limiter}")
     if c.waiting_since is not None:

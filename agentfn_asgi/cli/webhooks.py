@@ -35,8 +35,13 @@ from .common import EXIT_FAILURE, EXIT_OK, api_client, progress, show
 
 __all__ = ["DEFAULT_EVENTS", "format_endpoint", "format_endpoints", "register"]
 
-#: What ``create`` subscribes to without ``--events``: the one event the app acts on.
-DEFAULT_EVENTS: tuple[str, ...] = ("agent.session.action_required",)
+#: What ``create`` subscribes to without ``--events``: the events the app acts on (a call
+#: owed; a turn ended, which stops the calls it no longer owes: docs/cancellation.md).
+DEFAULT_EVENTS: tuple[str, ...] = (
+    "agent.session.action_required",
+    "agent.session.idle",
+    "agent.session.failed",
+)
 _SECRET_VAR = "OPENAI_WEBHOOK_SECRET"  # noqa: S105 - the variable's name, not a secret
 _KEY_LIKE = re.compile(r"\bsk-[A-Za-z0-9_*.-]+")
 

@@ -255,6 +255,48 @@ def build_tools() -> FunctionTools:
         await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
         return text
 
+    @registry.function
+    async def long_task(ctx: ToolContext, seconds: float) -> dict[str, Any]:
+        """Work for a while; a cancelled turn stops it.
+
+        Args:
+            seconds: How long to work, in seconds.
+        """
+        ledger = _ledger(ctx)
+        line = {"call_id": ctx.call_id, "tool": "long_task"}
+        await anyio.to_thread.run_sync(ledger.append, {**line, "phase": "start"})
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            # Its turn ended (or its lease was lost): say so, then let the cancellation go on.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(ledger.append, {**line, "phase": "cancelled"})
+            raise
+        # It slept to the end: say so even if a cancellation comes due right now (the thread
+        # hop would otherwise take it, and leave a run with a start and nothing else).
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(ledger.append, {**line, "phase": "end"})
+        return {"slept": seconds}
+
+    @registry.function
+    def long_task_sync(ctx: ToolContext, seconds: float) -> dict[str, Any]:
+        """Work for a while in a thread; a cancelled turn stops it.
+
+        Args:
+            seconds: How long to work, in seconds.
+        """
+        ledger = _ledger(ctx)
+        line = {"call_id": ctx.call_id, "tool": "long_task_sync"}
+        ledger.append({**line, "phase": "start"})
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            # A thread cannot be stopped from outside: it looks every 50 ms.
+            if ctx.cancelled.wait(min(0.05, left)):
+                ledger.append({**line, "phase": "cancelled"})
+                return {"cancelled": True}  # never submitted: the call was cancelled
+        ledger.append({**line, "phase": "end"})
+        return {"slept": seconds}
+
     return registry
 
 

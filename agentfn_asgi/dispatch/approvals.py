@@ -15,12 +15,12 @@ there (the rows of :mod:`agentfn_asgi.calls.states`):
   become a failure saying nobody approved in time. A decision taken in this process wakes
   the poll at once. So an approval starts its call within about a second wherever it was
   taken, and a replica dying while a call waits loses nothing: the call is in the store.
-- A session that stops waiting makes the call stale (the usual ``mark_stale`` of pending
-  calls): an approval then finds nothing to decide, or the approved call is not run. So
-  does a session deleted meanwhile (404 after the ``not_found_retries`` pauses). A session
-  that cannot be read for another reason (an outage, a 403) is tried again after a pause
-  that doubles up to a minute (:data:`REREAD`), per call and per replica, so a pile of such
-  calls neither makes every poll read them all nor hides the calls approved after them.
+- A session that stops waiting cancels the call (the ``cancel`` row of :mod:`.cancelling`): its
+  request leaves the list, an approval then finds nothing to decide, or the approved call is not
+  run. So does a session deleted meanwhile (404 after the ``not_found_retries`` pauses). A session
+  that cannot be read for another reason (an outage, a 403) is tried again after a pause that
+  doubles up to a minute (:data:`REREAD`), per call and per replica, so a pile of such calls neither
+  makes every poll read them all nor hides the calls approved after them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from ..backoff import Backoff
 from ..calls.records import ApprovalRequest, CallKey, CallRecord, CallState
@@ -70,6 +70,9 @@ NOTIFY_BACKOFF = Backoff(base=1.0, cap=512.0)
 POLL_BATCH = 100
 #: An approved call whose session could not be read waits this long before the next read.
 REREAD = Backoff(base=2.0, cap=60.0)
+#: Why an approved call was cancelled instead of run.
+_GONE: Final = "the session no longer waits for it; withdrawn after its approval, before it ran"
+_GONE_DELETED: Final = "the session was deleted; withdrawn after its approval, before it ran"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -387,7 +390,9 @@ class Approvals:
         except NotFoundError:
             self._unreadable.pop(key, None)
             logger.info("approved call %s is not run: its session no longer exists", key)
-            await self._store.mark_stale(key, unchanged_since=read_at)
+            await self._store.cancel(
+                key, owner=self._owner, reason=_GONE_DELETED, known_before=read_at
+            )
             return
         except APIError as exc:
             failures = self._unreadable.get(key, (0.0, 0))[1] + 1
@@ -403,7 +408,7 @@ class Approvals:
         self._unreadable.pop(key, None)
         action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
-            await self._store.mark_stale(key, unchanged_since=read_at)
+            await self._store.cancel(key, owner=self._owner, reason=_GONE, known_before=read_at)
             return
         sent, nonce = time.monotonic(), secrets.token_hex(8)
         try:

@@ -76,7 +76,14 @@ from ..messages import (
 from ..results import encode_result, escape_surrogates, failure_result
 from ..running import invoke, run_reconcile
 from ..store.base import ApprovalStore, Store
-from ..tools import FunctionTool, NotRun, Ran, ToolContext, derive_idempotency_key
+from ..tools import (
+    FunctionTool,
+    NotRun,
+    Ran,
+    ReconcileOutcome,
+    ToolContext,
+    derive_idempotency_key,
+)
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .leases import Lease, LeaseKeeper, LeaseLostError
@@ -159,6 +166,12 @@ class _Retry:
     error_type: str
 
 
+#: How a lease lost to a cancellation says so (then the reason).
+_CANCELLED = "cancelled: "
+#: A worker's completion for a call in these states is not wanted (answered ``stale``).
+_NOT_OWED = (CallState.STALE, CallState.CANCELLED)
+
+
 class Executor:
     """Claims, runs, saves and submits calls for one dispatcher; see the module docstring."""
 
@@ -189,6 +202,8 @@ class Executor:
         self._slots: asyncio.Semaphore | None = None
         self._threads = ThreadPool(settings.thread_pool_size)
         self._running_since: dict[CallKey, float] = {}
+        #: The lease of each attempt running here: :meth:`stop` loses it.
+        self._running: dict[CallKey, Lease] = {}
         self._policies: dict[str, ResolvedPolicy] = {}
         #: Calls this process just held for a person (their span's source is ``approval``).
         self._held_for_approval: set[CallKey] = set()
@@ -217,6 +232,16 @@ class Executor:
         """Create the concurrency bounds (on the running loop)."""
         self._slots = asyncio.Semaphore(self._settings.max_concurrency)
         self._closed = asyncio.Event()
+
+    def stop(self, key: CallKey, reason: str) -> bool:
+        """Stop the attempt of ``key`` running here, if one is (its call was cancelled):
+        an async handler is cancelled, a synchronous one sees ``ctx.cancelled``, and nothing
+        it returns is saved. Whether one was running."""
+        lease = self._running.get(key)
+        if lease is None:
+            return False
+        lease.lose(_CANCELLED + reason)
+        return True
 
     def oldest_running_age(self) -> float | None:
         """Seconds since the oldest call still running here started, or None."""
@@ -503,6 +528,7 @@ class Executor:
         key, action, tool = attempt.key, attempt.action, attempt.tool
         woken = False  # the slot's next waiter here was told
         self._running_since[key] = time.monotonic()
+        self._running[key] = attempt.lease
         span_scope = self._telemetry.tool_call(
             tool_name=action.name,
             session_id=key.session_id,
@@ -525,6 +551,11 @@ class Executor:
                         # Nothing produced after the lease was lost may be saved.
                         self._leases.check(attempt.lease)
                 except LeaseLostError as exc:
+                    why = await self._cancelled(key)
+                    if why is not None:
+                        logger.info("call %s of %s stopped: cancelled: %s", key, action.name, why)
+                        span.note_cancelled(why)
+                        return None
                     logger.error("call %s: %s; its outcome is dropped, not saved", key, exc)
                     span.set_error("lease_lost")
                     return None
@@ -564,6 +595,8 @@ class Executor:
             logger.warning("call %s left for recovery: %s", key, exc)
         finally:
             self._running_since.pop(key, None)
+            if self._running.get(key) is attempt.lease:
+                del self._running[key]
             if attempt.limiter is not None and not woken:
                 self._waiter.wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
         return None
@@ -670,14 +703,7 @@ class Executor:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
             async with self._leases.kept(attempt.lease):
-                verdict = await run_reconcile(
-                    tool,
-                    arguments,
-                    context,
-                    threads=self._threads,
-                    time_limit=policy.timeout,
-                    wait_limit=policy.thread_wait,
-                )
+                verdict = await self._reconcile(tool, arguments, context)
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
             if not isinstance(verdict, NotRun):
@@ -750,6 +776,7 @@ class Executor:
             deadline=None if timeout is None else self._clock() + timeout,
             idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
             resources=self._resources,
+            cancelled=attempt.lease.cancelled,
         )
 
     def _policy(self, tool: FunctionTool) -> ResolvedPolicy:
@@ -780,6 +807,8 @@ class Executor:
                     wait_limit=policy.thread_wait,
                 )
         except LeaseLostError:
+            if tool.side_effects and await self._cancelled(key) is not None:
+                await self._tell_reconcile(tool, arguments, context)
             raise
         except RetryLater as exc:
             return self._retry_or_fail(attempt, tool, policy, exc, after=exc.after)
@@ -816,6 +845,56 @@ class Executor:
                 key, model_error_message(exc, tool_name=tool.name), "handler_error"
             )
         return self._encode(key, tool, value, source="ran")
+
+    async def _cancelled(self, key: CallKey) -> str | None:
+        """Why ``key`` was cancelled (its lease lost because its turn ended, here or as
+        another replica found), or None. A store that cannot say counts as not cancelled."""
+        lease = self._running.get(key)
+        if lease is not None and (lease.lost or "").startswith(_CANCELLED):
+            return (lease.lost or "").removeprefix(_CANCELLED)
+        try:
+            record = await self._store.get_call(key)
+        except StoreError:
+            return None
+        if record is None or record.state is not CallState.CANCELLED:
+            return None
+        return record.reason or "cancelled"
+
+    async def _reconcile(
+        self, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> ReconcileOutcome:
+        """What the tool's reconcile hook answers, under the tool's time limits."""
+        policy = self._policy(tool)
+        return await run_reconcile(
+            tool,
+            arguments,
+            context,
+            threads=self._threads,
+            time_limit=policy.timeout,
+            wait_limit=policy.thread_wait,
+        )
+
+    async def _tell_reconcile(
+        self, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
+    ) -> None:
+        """A side-effect call was stopped while it ran: it may have run. Its reconcile hook,
+        if it has one, is asked once (with ``ctx.cancelled`` set), so the host can check and
+        compensate; its answer is logged, and the call stays cancelled."""
+        if tool.reconcile is None:
+            logger.warning(
+                "call %s of %s was cancelled while it ran: it may have run (no reconcile hook)",
+                context.call_id,
+                tool.name,
+            )
+            return
+        verdict = await self._reconcile(tool, arguments, context)
+        said = {Ran: "it ran", NotRun: "it did not run"}.get(type(verdict), "unknown")
+        logger.warning(
+            "call %s of %s was cancelled while it ran; its reconcile hook says: %s",
+            context.call_id,
+            tool.name,
+            said,
+        )
 
     def _retry_or_fail(
         self,
@@ -962,7 +1041,7 @@ class Executor:
         ``LookupError``) when ``tool_name`` is not the call's tool.
         """
         record = await self._store.get_call(key)
-        if record is None or record.state is CallState.STALE:
+        if record is None or record.state in _NOT_OWED:
             return "stale", None
         if record.tool_name != tool_name:
             raise CompletionMismatchError("the completion names another tool than its call")
@@ -981,7 +1060,7 @@ class Executor:
                 result=result,
             )
             crash_point("after_save", tool_name)
-        if record.state is CallState.STALE:
+        if record.state in _NOT_OWED:
             return "stale", None
         if record.result is None or record.result.event_json != result.event_json:
             return "conflict", None

@@ -8,7 +8,11 @@ event loop, a store that answers too slowly), it cancels the work it holds and t
 saves nothing (:class:`LeaseLostError`). Another replica takes over only after the lease plus
 the same margin (the stores' rule), so the two never overlap as long as clocks disagree by
 less than the margin. A synchronous handler cannot be stopped in its thread: its result is
-dropped, but the thread runs to the end (docs/guarantees.md states this limit).
+dropped, and its ``ctx.cancelled`` is set (:attr:`Lease.cancelled`) so that it can stop
+itself; otherwise the thread runs to the end (docs/guarantees.md states this limit).
+
+A renewal is also how a holder hears that its call was cancelled elsewhere (its turn ended,
+noticed by another replica): the store refuses it, and the work stops the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import anyio
 
+from .._context import Cancellation
 from ..calls.records import CallKey
 from ..errors import StoreError
 from ..store.base import Store
@@ -48,7 +53,7 @@ class Lease:
     minus the margin. :meth:`check` raises once that moment has passed or the lease was lost.
     """
 
-    __slots__ = ("attempt", "fence_at", "key", "lost", "scope")
+    __slots__ = ("attempt", "cancelled", "fence_at", "key", "lost", "scope")
 
     def __init__(self, key: CallKey, attempt: int, fence_at: float) -> None:
         self.key = key
@@ -57,11 +62,15 @@ class Lease:
         self.lost: str | None = None
         #: The cancel scope of the block running under the lease, if one is running.
         self.scope: anyio.CancelScope | None = None
+        #: The handler's ``ctx.cancelled``: set when the lease is lost.
+        self.cancelled = Cancellation()
 
     def lose(self, reason: str) -> None:
-        """Stop the work held under this lease (the running block is cancelled)."""
+        """Stop the work held under this lease (the running block is cancelled, a
+        synchronous handler sees ``ctx.cancelled``)."""
         if self.lost is None:
             self.lost = reason
+        self.cancelled.set(self.lost)
         if self.scope is not None:
             self.scope.cancel()
 
@@ -69,6 +78,7 @@ class Lease:
         """Raise LeaseLostError if the lease is lost or past its fence at ``now``."""
         if self.lost is None and now >= self.fence_at:
             self.lost = "not renewed in time"
+            self.cancelled.set(self.lost)
         if self.lost is not None:
             raise LeaseLostError(self.key, self.lost)
 

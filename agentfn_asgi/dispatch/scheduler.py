@@ -49,6 +49,7 @@ from ..tracing import Telemetry
 from ..wire import AgentSession
 from .alarms import ConfigurationAlarm, is_configuration_error
 from .approvals import Approvals, ApprovalView
+from .cancelling import Canceller
 from .execution import CompletionStatus, Executor, JobHandoff
 from .leases import LeaseKeeper
 from .settings import DispatchSettings, check_limits
@@ -140,6 +141,8 @@ class _Work:
 
     session_id: str
     delivery_id: str | None
+    #: Settle what the session no longer waits for (a turn ended: see :mod:`.cancelling`).
+    settle: bool = False
     #: The client's retries so far; ``retry.delay`` is set after a try that deserves another.
     retry: RetryState = field(default_factory=RetryState)
     #: 404s so far: each is read again after the next of ``not_found_retries``.
@@ -183,15 +186,17 @@ class Dispatcher:
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Work]] | None = None
         self._order = itertools.count()  # first in, first out within a rank
-        self._queued: set[str] = set()
+        self._queued: dict[str, _Work] = {}
         self._resolving: set[str] = set()
-        self._dirty: dict[str, str | None] = {}
+        self._dirty: dict[str, _Work] = {}
         #: Deliveries whose session was not found and said so (once each, at INFO).
         self._missing_told: set[str] = set()
         # One sweep pass at a time: a pass started by hand (``recover()``) while the loop's
         # runs would read the same due records twice and count each failure twice.
         self._sweeping = asyncio.Lock()
         self._inflight: dict[CallKey, asyncio.Task[None]] = {}
+        #: When each in-flight task started (monotonic): the periodic re-read's clock.
+        self._inflight_since: dict[CallKey, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._workers: list[asyncio.Task[Any]] = []  # resolvers and the sweep: they take work
         self.alarm = ConfigurationAlarm()
@@ -241,6 +246,7 @@ class Dispatcher:
             busy=lambda key: key in self._inflight,
             spawn=self._spawn,
         )
+        self._canceller = Canceller(store, client, tools, owner=self.owner, stop=self._stop_call)
         self._settler = Settler(
             store,
             client,
@@ -268,6 +274,8 @@ class Dispatcher:
         self._executor.start()
         self._workers = [self._spawn(self._resolver_loop()) for _ in range(RESOLVERS)]
         self._workers.append(self._spawn(self._sweep_loop(immediate=recover)))
+        if self.settings.reread_interval > 0:
+            self._workers.append(self._spawn(self._reread_loop()))
         gated = sorted(tool.name for tool in self.tools if tool.approval is not False)
         if gated and self.approvals.enabled:
             self._workers.append(self._spawn(self.approvals.loop()))
@@ -321,47 +329,59 @@ class Dispatcher:
         """Run ``coro`` as the one in-flight task of call ``key``."""
         task = self._spawn(coro)
         self._inflight[key] = task
+        self._inflight_since[key] = time.monotonic()
 
         def _done(_: asyncio.Task[None]) -> None:
             if self._inflight.get(key) is task:
                 del self._inflight[key]
+                del self._inflight_since[key]
 
         task.add_done_callback(_done)
 
     # -- scheduling ----------------------------------------------------------------------
-    def schedule(self, session_id: str, delivery_id: str | None = None) -> None:
-        """Ask for ``session_id`` to be resolved soon (single-flight, never blocks)."""
+    def schedule(
+        self, session_id: str, delivery_id: str | None = None, *, settle: bool = False
+    ) -> None:
+        """Ask for ``session_id`` to be resolved soon (single-flight, never blocks). With
+        ``settle``, the read also settles what the session no longer waits for (one of its
+        turns ended: :mod:`.cancelling`)."""
         if self._queue is None or self._stopping:
             return
         if delivery_id is not None:
             self._submitter.delivery_received(delivery_id)
         if session_id in self._resolving:
-            self._dirty.setdefault(session_id, delivery_id)
+            dirty = self._dirty.setdefault(session_id, _Work(session_id, delivery_id))
+            dirty.settle |= settle
             return
         if session_id in self._queued:
+            self._queued[session_id].settle |= settle
             return
         if len(self._queued) >= self.settings.max_queued_sessions:
             # The delivery is recorded in the store; the recovery sweep will pick it up.
             # Bounded memory beats an ever-growing queue under a flood.
             return
-        self._queued.add(session_id)
-        self._queue.put_nowait((_FRESH, next(self._order), _Work(session_id, delivery_id)))
+        work = self._queued[session_id] = _Work(session_id, delivery_id, settle)
+        self._queue.put_nowait((_FRESH, next(self._order), work))
 
     async def _resolver_loop(self) -> None:
         assert self._queue is not None
         while True:
             *_, work = await self._queue.get()
             session_id = work.session_id
-            self._queued.discard(session_id)
+            self._queued.pop(session_id, None)
             self._resolving.add(session_id)
             try:
-                await self._resolve_logged(session_id, work.delivery_id, turn=work)
+                await self._resolve_logged(
+                    session_id, work.delivery_id, settle=work.settle, turn=work
+                )
                 while work.retry.delay is None and session_id in self._dirty:
-                    work = _Work(session_id, self._dirty.pop(session_id))
-                    await self._resolve_logged(session_id, work.delivery_id, turn=work)
+                    work = self._dirty.pop(session_id)
+                    await self._resolve_logged(
+                        session_id, work.delivery_id, settle=work.settle, turn=work
+                    )
                 if work.retry.delay is not None:
                     # Queued meanwhile: a new delivery for it waits for the same read.
-                    self._queued.add(session_id)
+                    self._queued[session_id] = work
                     self._spawn(self._requeue(work, work.retry.delay))
             finally:
                 self._resolving.discard(session_id)
@@ -477,7 +497,8 @@ class Dispatcher:
         link = self.telemetry.link_for_delivery(delivery_id)
         # Anything saved after this moment (less the clock-skew margin) may be newer than
         # what the read shows: settling must not make it stale.
-        read_at = self._clock() - self.settings.fence_margin
+        read_sent = self._clock()
+        margin = self.settings.fence_margin
         try:
             with self.telemetry.session_read(session_id=session_id, delivery_link=link) as span:
                 session = await self._read(session_id, turn)
@@ -498,7 +519,7 @@ class Dispatcher:
                 "session %s no longer exists; nothing to do",
                 session_id,
             )
-            await self._settle_missing(session_id, pending=set(), read_at=read_at)
+            await self._settle(session_id, set(), read_sent, margin, deleted=True)
         else:
             self.alarm.cleared()
             # Settling comes between the claims and the resolution: only without it can the
@@ -506,7 +527,7 @@ class Dispatcher:
             pending, claims, carried = self._start_calls(session, delivery_id, carry=not settle)
             await _claimed(claims)
             if settle:
-                await self._settle_missing(session.id, pending, read_at=read_at)
+                await self._settle(session.id, pending, read_sent, margin)
             if carried:
                 delivery_id = None  # resolved by its call's claim
         if delivery_id is not None:
@@ -564,18 +585,50 @@ class Dispatcher:
             )
         return pending, claims, carried
 
-    async def _settle_missing(
-        self, session_id: str, pending: set[CallKey], *, read_at: float
+    async def _settle(
+        self,
+        session_id: str,
+        pending: set[CallKey],
+        read_sent: float,
+        margin: float,
+        *,
+        deleted: bool = False,
     ) -> None:
-        """Calls we hold records for that the session (read at ``read_at``) no longer waits
-        for become stale, unless they changed after that read (another replica's result)."""
-        now = self._clock()
-        for record in await self.store.calls_for_session(session_id):
-            if record.key in pending or record.key in self._inflight or record.state.terminal:
-                continue
-            claimed_elsewhere = record.state == "claimed" and record.lease_expires_at > now
-            if not claimed_elsewhere:
-                await self.store.mark_stale(record.key, unchanged_since=read_at)
+        """Settle what the read no longer lists (:mod:`.cancelling`); a call that may be
+        newer than the read is looked at again once the clock-skew margin has passed."""
+        later = await self._canceller.settle(
+            session_id, pending, read_sent=read_sent, margin=margin, deleted=deleted
+        )
+        if later:
+            self._spawn(self._settle_later(session_id, margin))
+
+    async def _settle_later(self, session_id: str, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self.schedule(session_id, settle=True)
+
+    def _stop_call(self, key: CallKey, reason: str) -> None:
+        """Stop what runs or waits here for ``key``, cancelled (:mod:`.cancelling`): its
+        running attempt, else its task (waiting for a slot or a retry: nothing to save)."""
+        if self._executor.stop(key, reason):
+            return
+        task = self._inflight.get(key)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _reread_loop(self) -> None:
+        """Every ``reread_interval``: settle the sessions of calls in flight here for longer
+        than that, so a cancelled turn is noticed without its webhook."""
+        interval = self.settings.reread_interval
+        while True:
+            await asyncio.sleep(interval)
+            started_before = time.monotonic() - interval
+            sessions = {
+                key.session_id
+                for key, since in self._inflight_since.items()
+                if since <= started_before
+            }
+            for session_id in sessions:
+                self.schedule(session_id, settle=True)
 
     # -- worker completions --------------------------------------------------------------
     async def complete(
@@ -711,7 +764,8 @@ class Dispatcher:
         """Resolve one session for the sweep; record a failure on each of its deliveries."""
         if session_id in self._resolving or session_id in self._queued:
             for delivery in deliveries:
-                self._dirty.setdefault(session_id, delivery.delivery_id)
+                self._dirty.setdefault(session_id, _Work(session_id, delivery.delivery_id))
+            self._dirty.setdefault(session_id, _Work(session_id, None)).settle = True
             return
         first = deliveries[0] if deliveries else None
         failure = await self._resolve_logged(

@@ -41,6 +41,9 @@ class DispatchSettings:
     ``thread_wait``: how long a sync handler may wait for a free thread (all
     ``thread_pool_size`` threads busy, hung handlers included) before its call fails saying
     so; its ``timeout`` only starts once it runs.
+    ``reread_interval``: a session with a call in flight here for longer than this is read
+    again every interval, so a cancelled or failed turn stops its calls even when no
+    ``agent.session.idle``/``failed`` webhook reaches this app (0 turns it off).
     """
 
     lease_seconds: float = 30.0
@@ -66,6 +69,7 @@ class DispatchSettings:
     max_queued_sessions: int = 10_000
     approval_timeout: float = 24 * 3600.0
     approval_poll_interval: float = 1.0
+    reread_interval: float = 15.0
 
     @property
     def fence_margin(self) -> float:

@@ -115,8 +115,16 @@ class Settler:
         session = await self._client.retrieve_session(key.session_id)
         action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
-            await self._store.mark_stale(key)
-            return "refused", "the API no longer waits for this call: it is now stale"
+            # Read after the call's claim, so known before it: an in-doubt call is cancelled
+            # (a quarantined one is terminal and stays as it is).
+            cancelled = await self._store.cancel(
+                key,
+                owner=self._owner,
+                reason="the session no longer waits for it; found by an operator's re-run",
+                known_before=self._clock(),
+            )
+            done = "it is now cancelled" if cancelled else "nothing was changed"
+            return "refused", f"the API no longer waits for this call: {done}"
         sent = time.monotonic()
         released = await self._store.release(
             key,

@@ -101,7 +101,7 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         updated_at=float(row["updated_at"]),
         delivery_id=row.get("delivery_id") or None,
         result=result,
-        quarantine_reason=row.get("quarantine_reason") or None,
+        reason=row.get("reason") or None,
         history=history,
         next_attempt_at=float(row.get("next_attempt_at") or 0.0),
         failures=int(row.get("failures") or 0),

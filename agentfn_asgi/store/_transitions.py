@@ -193,8 +193,13 @@ class Transitions(abc.ABC):
         await self._done("submission_failed", key, detail=detail, retry_at=retry_at)
 
     async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
-        """Any non-terminal state → ``stale`` (unless updated after ``unchanged_since``)."""
+        """A saved result → ``stale`` (unless updated after ``unchanged_since``)."""
         await self._done("mark_stale", key, since=unchanged_since)
+
+    async def cancel(self, key: CallKey, *, owner: str, reason: str, known_before: float) -> bool:
+        """A call without a result → ``cancelled``, ``reason`` kept, if first claimed no
+        later than ``known_before``; see :meth:`Store.cancel`."""
+        return await self._done("cancel", key, owner=owner, detail=reason, since=known_before)
 
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """``claimed`` by ``(owner, attempt)`` → ``quarantined``, with ``reason`` kept."""

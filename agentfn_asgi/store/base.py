@@ -114,10 +114,10 @@ class Store(Protocol):
         """Deliveries, newest first (operators)."""
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Remove delivery records received and submitted or stale calls last updated before
-        the given times (quarantined and pending calls are never pruned), and the flow-control
-        state of limiters idle since ``calls_before`` (a rated limiter's bucket last spent
-        before it, which would read full by then: a missing one does).
+        """Remove delivery records received and finished (submitted, stale or cancelled) calls last
+        updated before the given times (quarantined and pending calls are never pruned), and the
+        flow-control state of limiters idle since ``calls_before`` (a rated limiter's bucket last
+        spent before it, which would read full by then: a missing one does).
 
         Must not block the event loop or other replicas for long; returns the deliveries and
         calls removed.
@@ -223,17 +223,29 @@ class Store(Protocol):
         let the sweep retry it at ``retry_at``."""
 
     async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
-        """The API no longer waits for this call (terminal); it is never run again.
+        """The API no longer waits for this saved result (terminal); it is never sent again.
 
         With ``unchanged_since``, only a record not updated after that time is marked: what
         another replica saved after the caller's session read stands.
+        """
+
+    async def cancel(self, key: CallKey, *, owner: str, reason: str, known_before: float) -> bool:
+        """The API stopped waiting for this call before it had a result (its turn cancelled
+        or failed, its session deleted): ``cancelled`` (terminal), with ``reason`` kept,
+        from whatever unsaved state it is in (running, waiting for a slot, a retry or a
+        person). Whoever holds it learns it when its next renewal or save is refused; a
+        waiter leaves its limiter's line. ``owner`` is the replica that noticed.
+
+        Only a call first claimed no later than ``known_before`` (the time of the session
+        read that no longer lists it) is cancelled: one claimed after may be newer than that
+        read. Returns whether it was cancelled.
         """
 
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """Hold an in-doubt call for an operator instead of answering it (terminal).
 
         Only ``(owner, attempt)``'s claim is quarantined (a saved result always wins);
-        ``reason`` is kept as the record's ``quarantine_reason``.
+        ``reason`` is kept as the record's ``reason``.
         """
 
     async def settle(

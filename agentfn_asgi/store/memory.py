@@ -195,7 +195,8 @@ class MemoryStore(Transitions):
         return found[: max(0, limit)]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Drop deliveries received, and submitted or stale calls updated, before the times."""
+        """Drop deliveries received, and finished (submitted, stale or cancelled) calls
+        updated, before the times."""
         self._check_open()
         data, ns = self._data, self.namespace
         old_deliveries = [

@@ -154,6 +154,12 @@ class FakeControlApp:
       webhook again (a new webhook-id), e.g. after the fake gave up on the app:
       ``202 {"webhook_id": ...}``; ``404`` for an unknown session, ``409`` when nothing is
       pending or no webhook URL is set.
+    - ``POST /_fake/sessions/{id}/cancel`` cancels the session's active turn (what
+      ``agent.session.input.cancel`` does; the webhook URL gets ``agent.session.idle``);
+      ``POST /_fake/sessions/{id}/fail`` fails it, with an optional body ``{"code": ...,
+      "message": ...}`` (default ``internal_error``; the URL gets ``agent.session.failed``):
+      ``200 {"status": "cancelled" | "failed"}``, ``404`` for an unknown session, ``409``
+      when no turn is active.
     - ``GET /_fake/submissions`` lists the results the fake accepted.
 
     Everything else goes to the fake (``/v1/agents/sessions/...``).
@@ -164,6 +170,8 @@ class FakeControlApp:
         routes = [
             ("/_fake/sessions", self._create, "POST"),
             ("/_fake/sessions/{session_id}/redeliver", self._redeliver, "POST"),
+            ("/_fake/sessions/{session_id}/cancel", self._end_turn, "POST"),
+            ("/_fake/sessions/{session_id}/fail", self._end_turn, "POST"),
             ("/_fake/submissions", self._submissions, "GET"),
         ]
         self._router = exact_router(
@@ -200,6 +208,28 @@ class FakeControlApp:
             )
         return JSONResponse({"id": session_id}, status_code=201)
 
+    async def _end_turn(self, request: Request) -> JSONResponse:
+        session_id = request.path_params["session_id"]
+        if session_id not in self.fake.sessions:
+            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+        if request.url.path.endswith("/cancel"):
+            status, ended = "cancelled", self.fake.cancel_turn(session_id)
+        else:
+            try:
+                body = json.loads(await request.body() or b"{}")
+                code = str(body.get("code", "internal_error"))
+                message = str(body.get("message", "The turn failed."))
+            except (ValueError, AttributeError):
+                return JSONResponse(
+                    {"error": 'the body is not {"code": ..., "message": ...}'}, status_code=400
+                )
+            status, ended = "failed", self.fake.fail_turn(session_id, code, message)
+        if not ended:
+            return JSONResponse(
+                {"error": f"session {session_id} has no active turn"}, status_code=409
+            )
+        return JSONResponse({"status": status})
+
     async def _redeliver(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
@@ -230,6 +260,8 @@ async def _no_endpoint(request: Request) -> JSONResponse:
             "endpoints": [
                 "POST /_fake/sessions",
                 "POST /_fake/sessions/{id}/redeliver",
+                "POST /_fake/sessions/{id}/cancel",
+                "POST /_fake/sessions/{id}/fail",
                 "GET /_fake/submissions",
             ],
         },

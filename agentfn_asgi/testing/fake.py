@@ -218,6 +218,18 @@ class FakeAgentsAPI:
         """
         return self._get(session_id).cancel_turn()
 
+    def fail_turn(
+        self,
+        session_id: str,
+        code: str = "internal_error",
+        message: str = "The turn failed.",
+    ) -> bool:
+        """Fail the active turn with a turn error ``code`` (``session_budget_exceeded``,
+        ``rate_limit_exceeded``...): its calls stop being pending, the session goes
+        ``failed`` and ``agent.session.failed`` is sent to the webhook URL (when one is
+        set). ``GET …/turns/{turn_id}`` then shows the error. False if no turn was active."""
+        return self._get(session_id).fail_turn(code, message)
+
     def delete_session(self, session_id: str) -> None:
         """Forget a session: every request for it then answers 404; streams end."""
         self.sessions.pop(session_id).close_streams()

@@ -46,7 +46,7 @@ __all__ = [
     "handle_http",
 ]
 
-_PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events)?/?")
+_PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events|/turns/[^/]+)?/?")
 _ENDPOINTS_PATH = re.compile(
     r"(?:/v1)?/(webhook_endpoints|webhook_event_types)(?:/([^/]+))?(?:/([^/]+))?/?"
 )
@@ -154,14 +154,15 @@ def _route(method: str, path: str) -> tuple[str, str | None]:
     match = _PATH.fullmatch(path)
     if match is None:
         return "unknown", None
-    session_id, events = match.group(1), match.group(2)
+    session_id, tail = match.group(1), match.group(2) or ""
     routes = {
-        ("GET", False): "retrieve",
-        ("DELETE", False): "delete",
-        ("POST", True): "submit",
-        ("GET", True): "stream",
+        ("GET", ""): "retrieve",
+        ("DELETE", ""): "delete",
+        ("POST", "/events"): "submit",
+        ("GET", "/events"): "stream",
+        ("GET", "/turns"): "turn",
     }
-    return routes.get((method, events is not None), "unknown"), session_id
+    return routes.get((method, tail.rsplit("/", 1)[0] or tail), "unknown"), session_id
 
 
 async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send) -> None:
@@ -343,6 +344,12 @@ def _serve(
     assert session_id is not None
     if route == "retrieve":
         return _Reply(200, _with_raw_json(fake.sessions[session_id].snapshot()))
+    if route == "turn":
+        turn = fake.sessions[session_id].turn(scope["path"].rstrip("/").rsplit("/", 1)[-1])
+        if turn is None:
+            message = "No turn with that id in this session."
+            return _Reply(404, {"error": {"message": message, "type": "invalid_request_error"}})
+        return _Reply(200, turn.to_json())
     if route == "delete":
         fake.delete_session(session_id)
         return _Reply(200, {"id": session_id, "deleted": True, "object": "agent.session.deleted"})

@@ -126,6 +126,8 @@ class FakeTurn:
     step: int = -1
     status: str = "in_progress"
     completed_at: int | None = None
+    #: ``{code, message}`` of a failed turn.
+    error: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -137,7 +139,7 @@ class FakeTurn:
             "created_at": self.created_at,
             "started_at": self.created_at,
             "completed_at": self.completed_at,
-            "error": None,
+            "error": self.error,
             "usage": None,
         }
 
@@ -151,6 +153,8 @@ class FakeSession:
         self.metadata = metadata
         self.created_at = self.last_active_at = int(host.clock())
         self.status = "idle"
+        #: The last failed turn's message (the session's ``error``), until a turn starts.
+        self.error: str | None = None
         self.turns: list[FakeTurn] = []
         self.current: FakeTurn | None = None
         self.calls: dict[str, _Call] = {}
@@ -203,7 +207,7 @@ class FakeSession:
             "created_at": self.created_at,
             "last_active_at": self.last_active_at,
             "metadata": dict(self.metadata),
-            "error": None,
+            "error": self.error,
             "usage": None,
             "vault_ids": [],
             # Unlimited, consumption unknown (newer API versions always send the object).
@@ -250,14 +254,27 @@ class FakeSession:
                 self.calls[call.call_id] = call
                 self.tool_names[call.name] = None
         self.turns.append(turn)
-        self.current = turn
+        self.current, self.error = turn, None
         self._emit_turn("agent.session.turn.created", turn)
         self._set_status("in_progress")
         self._open_next_step(turn)
         return turn.id
 
+    def turn(self, turn_id: str) -> FakeTurn | None:
+        """The turn of that id, or None."""
+        return next((turn for turn in self.turns if turn.id == turn_id), None)
+
     def cancel_turn(self) -> bool:
         """Cancel the active turn; its calls stop being pending. False if none was active."""
+        return self._end_turn("cancelled", None)
+
+    def fail_turn(self, code: str, message: str) -> bool:
+        """Fail the active turn with ``code`` (a turn error code such as
+        ``session_budget_exceeded``): its calls stop being pending, the session goes
+        ``failed`` (``agent.session.failed``). False if none was active."""
+        return self._end_turn("failed", {"code": code, "message": message})
+
+    def _end_turn(self, status: str, error: dict[str, str] | None) -> bool:
         turn = self.current
         if turn is None:
             return False
@@ -265,11 +282,12 @@ class FakeSession:
             for call in batch:
                 if call.state in ("waiting", "pending"):
                     call.state = "cancelled"
-        turn.status = "cancelled"
+        turn.status, turn.error = status, error
+        self.error = None if error is None else error["message"]
         turn.completed_at = int(self.host.clock())
         self.current = None
-        self._emit_turn("agent.session.turn.cancelled", turn)
-        self._set_status("idle")
+        self._emit_turn(f"agent.session.turn.{status}", turn)
+        self._set_status("idle" if error is None else "failed")
         return True
 
     def submit(self, events: list[dict[str, Any]], idempotency_key: str | None) -> list[Submission]:

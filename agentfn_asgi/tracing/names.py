@@ -48,6 +48,8 @@ APPROVAL_DECIDED_VIA: Final = "agentfn.approval.decided_via"
 APPROVAL_WAITED: Final = "agentfn.approval.waited_s"
 #: Seconds the call waited for its tool's limiter (``concurrency=`` / ``rate=``).
 LIMIT_WAITED: Final = "agentfn.limit.waited_s"
+#: Why a cancelled call was stopped (its turn cancelled, failed with its code...).
+CANCEL_REASON: Final = "agentfn.call.cancel_reason"
 WEBHOOK_ID: Final = "agentfn.webhook.id"
 WEBHOOK_EVENT_TYPE: Final = "agentfn.webhook.event_type"
 DELIVERY_OUTCOME: Final = "agentfn.delivery.outcome"

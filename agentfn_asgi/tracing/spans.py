@@ -43,6 +43,7 @@ from .names import (
     APPROVAL_ID,
     APPROVAL_WAITED,
     CALL_SOURCE,
+    CANCEL_REASON,
     CONTENT_LIMIT,
     DELIVERY_OUTCOME,
     DELIVERY_REASON,
@@ -400,6 +401,12 @@ class CallSpan(_SpanScope):
     def note_wait(self, seconds: float) -> None:
         """Note on the span how long the call waited for its tool's limiter (flow control)."""
         self.span.set_attribute(LIMIT_WAITED, round(max(0.0, seconds), 3))
+
+    def note_cancelled(self, reason: str) -> None:
+        """The call was cancelled while this attempt ran: ``error.type`` ``cancelled`` and
+        why (our own words and the turn's error code, never content)."""
+        self.set_error("cancelled")
+        self.span.set_attribute(CANCEL_REASON, reason)
 
     def set_error(
         self, error_type: str, message: str | None = None, exc: BaseException | None = None

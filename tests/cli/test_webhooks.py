@@ -82,7 +82,11 @@ async def test_create_prints_the_secret_once_as_the_line_to_set(
     assert run.code == 0, run.err
     (endpoint,) = fake.endpoints.by_id.values()
     assert run.out == f"OPENAI_WEBHOOK_SECRET={endpoint.secret}\n"
-    assert endpoint.event_types == ["agent.session.action_required"]
+    assert endpoint.event_types == [
+        "agent.session.action_required",
+        "agent.session.idle",
+        "agent.session.failed",
+    ]
     assert endpoint.name == "agentfn-asgi example.com"
     assert f"created {endpoint.id}" in run.err and "shown this once" in run.err
 

@@ -123,7 +123,11 @@ async def test_create_test_rotate_restart_delete(tmp_path: Path) -> None:
         listed = await agentfn("webhooks", "list", "--json", env=cli_env)
         (endpoint,) = json.loads(listed.out)
         assert endpoint["url"] == url
-        assert endpoint["event_types"] == ["agent.session.action_required"]
+        assert endpoint["event_types"] == [
+            "agent.session.action_required",
+            "agent.session.idle",
+            "agent.session.failed",
+        ]
         endpoint_id = endpoint["id"]
 
         async with example_app(tmp_path, base_url, old, port, "first") as app:

@@ -73,7 +73,7 @@ async def test_demo_failure_is_clear_and_cleans_up() -> None:
     assert code == 1
     assert "demo FAILED: the session was not finished" in output
     assert "app log:" in output
-    assert "agentfn-asgi started: 6 tools" in output.split("app log:")[1]
+    assert "agentfn-asgi started: 8 tools" in output.split("app log:")[1]
     assert set(psutil.Process().children(recursive=True)) <= children
     assert not _workdir(output).exists()
 

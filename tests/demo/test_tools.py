@@ -3,6 +3,7 @@ account closure's ledger lines and reconcile hooks, and the ledger's whole-line 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -45,6 +46,8 @@ def test_definitions_match_the_contract() -> None:
         "close_account",
         "flaky_lookup",
         "limited_echo",
+        "long_task",
+        "long_task_sync",
     }
     close = tools.get("close_account")
     assert close is not None and close.side_effects and close.approval is True
@@ -210,3 +213,33 @@ def test_limited_echo_runs_two_at_once_and_example_rate_adds_a_rate(
     assert (rated.policy.concurrency, rated.policy.rate, rated.policy.burst) == (2, 5.0, 1)
     definition = next(d for d in tools.definitions() if d["name"] == "limited_echo")
     assert definition["parameters"]["required"] == ["text", "delay_ms"]
+
+
+@pytest.mark.anyio
+async def test_long_task_cancelled_as_its_sleep_ends_still_says_how_its_run_ended(
+    tmp_path: Path,
+) -> None:
+    """A cancellation that comes due together with the end of long_task's sleep (a replica
+    resumed after SIGSTOP: the sleep and the lease's fence are both overdue) still leaves
+    the line saying how the run ended; it used to land on the thread hop of the ``end``
+    line and leave a run with a ``start`` and nothing else (found by the soak)."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    long_task = tools.get("long_task")
+    assert long_task is not None
+    arguments = long_task.parse_arguments({"seconds": 0.05})
+    scope = anyio.CancelScope()
+
+    async def run() -> None:
+        with scope:
+            await long_task.invoke(arguments, _context("call_1", ledger))
+
+    task = asyncio.get_running_loop().create_task(run())
+    while not ledger.entries():
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(0.01)  # in its sleep now
+    asyncio.get_running_loop().call_later(0.06, scope.cancel)
+    # The whole loop stopped (as SIGSTOP stops it): both come due in the same iteration.
+    time.sleep(0.2)  # noqa: ASYNC251
+    await task
+    phases = [entry["phase"] for entry in ledger.entries()]
+    assert phases in (["start", "end"], ["start", "cancelled"]), phases

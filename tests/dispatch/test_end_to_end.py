@@ -151,7 +151,9 @@ async def test_the_registration_race_is_recovered() -> None:
 
 
 async def test_a_cancelled_turn_leaves_the_result_stale() -> None:
-    """Cancelling the turn mid-call: the late result is refused and the call ends stale."""
+    """Cancelling the turn mid-call, unheard (no idle webhook reaches the app): the late
+    result is refused and the call ends stale. (Heard, the handler is stopped first:
+    tests/dispatch/test_cancelling.py.)"""
     started = anyio.Event()
     release = anyio.Event()
     tools = FunctionTools()
@@ -167,6 +169,7 @@ async def test_a_cancelled_turn_leaves_the_result_stale() -> None:
         sid = stack.fake.create_session([[FakeCall("wait_a_bit", {}, call_id="x1")]])
         with anyio.fail_after(5):
             await started.wait()
+        stack.fake.webhooks.muted.add(sid)
         stack.fake.cancel_turn(sid)
         release.set()
         with anyio.fail_after(5):

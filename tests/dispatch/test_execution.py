@@ -87,7 +87,7 @@ async def test_with_hold_an_in_doubt_side_effect_call_waits_for_an_operator(
     assert runs == [] and api.fake.submissions == []
     record = await store.get_call(key)
     assert record is not None and record.state is CallState.QUARANTINED
-    assert record.quarantine_reason
+    assert record.reason
 
 
 async def test_a_queued_tool_without_a_hand_off_fails_saying_so(

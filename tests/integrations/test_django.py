@@ -95,7 +95,9 @@ async def test_webhook_path_goes_to_the_webhook_app(django_asgi: Any, url: str) 
         return with_webhooks(django_asgi, new_webhooks())
 
     async with hosted_stack(_orm_tools(), make_host) as hosted:
-        body, headers = signed_delivery(SECRET, webhook_event("agent.session.idle", {"id": "s"}))
+        body, headers = signed_delivery(
+            SECRET, webhook_event("agent.session.in_progress", {"id": "s"})
+        )
         response = await hosted.http.post(url, content=body, headers=headers)
         assert response.status_code == 200
         assert response.json() == {"status": "ignored"}
@@ -144,7 +146,9 @@ async def test_root_path_prefix(django_asgi: Any) -> None:
         return with_webhooks(django_asgi, new_webhooks())
 
     async with hosted_stack(_orm_tools(), make_host, root_path="/api") as hosted:
-        body, headers = signed_delivery(SECRET, webhook_event("agent.session.idle", {"id": "s"}))
+        body, headers = signed_delivery(
+            SECRET, webhook_event("agent.session.in_progress", {"id": "s"})
+        )
         response = await hosted.http.post("/api/openai/webhooks", content=body, headers=headers)
         assert response.json() == {"status": "ignored"}
 

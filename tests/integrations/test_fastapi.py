@@ -61,7 +61,9 @@ async def test_exact_path_without_redirect_and_host_routes(url: str) -> None:
     """Both spellings of the URL reach the app with no 3xx; FastAPI routes still work and
     the webhook routes stay out of the OpenAPI schema."""
     async with hosted_stack(_tools(), _make_host) as hosted:
-        body, headers = signed_delivery(SECRET, webhook_event("agent.session.idle", {"id": "s"}))
+        body, headers = signed_delivery(
+            SECRET, webhook_event("agent.session.in_progress", {"id": "s"})
+        )
         response = await hosted.http.post(url, content=body, headers=headers)
         assert response.status_code == 200
         assert response.json() == {"status": "ignored"}

@@ -47,7 +47,7 @@ async def _home(request: Request) -> PlainTextResponse:
 
 def _ignored_delivery() -> tuple[bytes, dict[str, str]]:
     # A verified event the app acknowledges without work: proves the request reached it.
-    return signed_delivery(SECRET, webhook_event("agent.session.idle", {"id": "sess_1"}))
+    return signed_delivery(SECRET, webhook_event("agent.session.in_progress", {"id": "sess_1"}))
 
 
 def _host_with_mount(new_webhooks: WebhooksFactory) -> Starlette:

@@ -305,6 +305,9 @@ async def test_a_409_for_a_different_answer_leaves_the_call_stale() -> None:
     ) as stack:
         sid = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"}, call_id="c1")]])
         await tools.wait_started()
+        # Unheard: the turn's end reaches the app only through the refused submission (with
+        # its idle webhook, the handler could be stopped first: tests/dispatch/test_cancelling).
+        stack.fake.webhooks.muted.add(sid)
         [action] = stack.fake.required_actions(sid)
         other = success_event(action["turn_id"], "c1", "answered elsewhere")
         await stack.client.submit_events(sid, [other], idempotency_key="someone-else")
@@ -323,13 +326,15 @@ async def test_a_409_for_a_different_answer_leaves_the_call_stale() -> None:
     assert tools.runs == {"refund": 1}
 
 
-async def test_a_turn_cancelled_mid_call_leaves_the_call_stale() -> None:
-    """The turn is cancelled while a side-effect handler runs: the late result is refused,
-    retried only as the registration race (3 times), then the call is stale for good."""
+async def test_a_turn_cancelled_mid_call_unheard_leaves_the_call_stale() -> None:
+    """The turn is cancelled while a side-effect handler runs and no idle webhook reaches
+    the app: the late result is refused, retried only as the registration race (3 times),
+    then the call is stale for good."""
     tools = Tools()
     async with fault_stack(tools.registry, settings=QUICK) as stack:
         sid = stack.fake.create_session([[FakeCall("refund", {"order_id": "o1"}, call_id="c1")]])
         await tools.wait_started()
+        stack.fake.webhooks.muted.add(sid)
         assert stack.fake.cancel_turn(sid)
         tools.release.set()
         await wait_state(stack, sid, "c1", CallState.STALE)

@@ -20,7 +20,28 @@ store's call records, the replicas' logs and the nemesis' outages. It asserts:
   4 lines;
 - **approvals**: a call the approver approved has at most one ledger line and a success
   result; one it denied has no ledger line and a failure carrying the reason; none is
-  answered without a decision.
+  answered without a decision;
+- **cancelled turns** (the nemesis cancels turns, or fails them with an error code, through
+  the fake):
+
+  - the calls of such a turn without an accepted result when it ended are not owed any more:
+    they are not *lost* (nor are its later steps' calls, which never came to exist);
+  - no result is accepted for a call of the turn after it ended, and each call pending then
+    ends ``cancelled`` in the store, or ``stale`` (its result was saved just before),
+    ``quarantined`` (held for an operator before: only a person takes it out), or has no
+    record at all (no replica had heard of it yet);
+  - no handler is still running :data:`STOP_WITHIN` seconds after the cancellation was
+    *heard*: the first 2xx ``agent.session.idle``/``agent.session.failed`` webhook delivery
+    for the session to a replica that was up, or, without one, the cancellation time plus
+    the replicas' re-read interval; then, since a webhook only says that the session
+    changed, the first read of the session the fake answered 2xx from that moment on (when
+    the nemesis slows or refuses reads, that is when a replica could know). Every
+    ``long_task``/``long_task_sync`` run of the turn's calls (a ``start`` ledger line,
+    stamped with when the run first saw it) has its ``end`` or ``cancelled`` line seen by
+    then (a run started later counts as still running). A run may stay open if a replica
+    was killed or stopped between its start and that deadline (its handler died or froze
+    with it); the ledger does not say which replica ran it, so each such outage, of any
+    replica, excuses one open run (listed, not blamed).
 """
 
 from __future__ import annotations
@@ -35,10 +56,18 @@ from typing import Any
 from agentfn_asgi.testing import DeliveryAttempt, RecordedRequest, Submission
 
 from .approver import Decision
-from .nemesis import Outage
-from .workload import APPROVAL_TOOL, FLAKY_TOOL
+from .nemesis import Cancellation, Outage
+from .workload import APPROVAL_TOOL, FLAKY_TOOL, LONG_TOOLS
 
-__all__ = ["FLAKY_ATTEMPTS", "OUTAGE_GRACE", "History", "PlannedCall", "Report", "check"]
+__all__ = [
+    "FLAKY_ATTEMPTS",
+    "OUTAGE_GRACE",
+    "STOP_WITHIN",
+    "History",
+    "PlannedCall",
+    "Report",
+    "check",
+]
 
 #: The attempts of flaky_lookup's retry policy (agentfn_asgi.demo.tools.FLAKY_RETRY).
 FLAKY_ATTEMPTS = 4
@@ -49,6 +78,12 @@ FLAKY_ATTEMPTS = 4
 OUTAGE_GRACE = 6.0
 
 TRACEBACK = "Traceback (most recent call last)"
+
+#: Seconds after a turn's cancellation was heard by which its handlers must have stopped.
+STOP_WITHIN = 3.0
+
+#: The webhooks that tell a replica a turn ended.
+TURN_ENDED = frozenset({"agent.session.idle", "agent.session.failed"})
 
 #: The last line of the traceback a flaky lookup's own transient failure logs (the soak
 #: asks for those failures: they are not news).
@@ -93,6 +128,12 @@ class History:
     nemesis_errors: list[str] = field(default_factory=list)
     decisions: dict[str, Decision] = field(default_factory=dict)
     """call id → what the approver decided for it."""
+    cancellations: list[Cancellation] = field(default_factory=list)
+    """The turns the nemesis cancelled or failed."""
+    ledger_seen: list[float] = field(default_factory=list)
+    """When each line of :attr:`ledger` was first seen (wall clock; same order)."""
+    reread_interval: float = 15.0
+    """The replicas' ``reread_interval``: how late a cancellation is heard without webhook."""
 
 
 @dataclass(slots=True)
@@ -120,6 +161,12 @@ class Report:
     approved: int = 0
     denied: int = 0
     approval_violations: list[str] = field(default_factory=list)
+    cancelled_turns: int = 0
+    cancelled_calls: int = 0
+    """Calls pending when their turn was cancelled or failed."""
+    cancel_violations: list[str] = field(default_factory=list)
+    cancel_excused: list[str] = field(default_factory=list)
+    """Handler runs left open at their deadline, excused by a replica's outage."""
     p99: float = 0.0
     drain_seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
@@ -143,6 +190,8 @@ class Report:
             f"quarantined={len(self.quarantined_with_effects)} "
             f"flaky={self.flaky}/retried={self.flaky_retried}/bad={len(self.retry_violations)} "
             f"approvals={self.approved}+{self.denied}denied/bad={len(self.approval_violations)} "
+            f"cancelled={self.cancelled_turns}/{self.cancelled_calls}"
+            f"/bad={len(self.cancel_violations)} "
             f"p99_to_result={self.p99:.2f}s drain={self.drain_seconds:.1f}s {verdict}"
         )
 
@@ -271,6 +320,88 @@ def _check_approvals(history: History, report: Report) -> None:
                 )
 
 
+def _heard(history: History, cancellation: Cancellation) -> float:
+    """When a replica that was up first heard that the turn ended, and could read which
+    calls it ended (see the docstring)."""
+    webhooks = [
+        d.at
+        for d in history.deliveries
+        if d.session_id == cancellation.session_id
+        and d.event_type in TURN_ENDED
+        and d.ok
+        and d.at >= cancellation.at
+        and not _down(history, history.replica_urls.get(d.url), d.at)
+    ]
+    heard = min(webhooks, default=cancellation.at + history.reread_interval)
+    reads = [
+        r.at
+        for r in history.requests
+        if r.route == "retrieve"
+        and r.status is not None
+        and 200 <= r.status < 300
+        and r.at >= heard
+        and r.path.rstrip("/").endswith("/" + cancellation.session_id)
+    ]
+    return min(reads, default=heard)
+
+
+def _down(history: History, replica: int | None, at: float) -> bool:
+    return any(o.replica == replica and o.start <= at <= o.end for o in history.outages)
+
+
+def _check_cancellations(history: History, report: Report) -> None:
+    """The calls of the turns the nemesis ended: not lost, not answered after, settled in
+    the store, their handlers stopped in time (see the module docstring)."""
+    accepted = {s.call_id: s.received_at for s in history.submissions}
+    by_session: dict[str | None, list[PlannedCall]] = collections.defaultdict(list)
+    for call in history.calls:
+        by_session[call.session_id].append(call)
+    runs: dict[str, list[tuple[float, str]]] = collections.defaultdict(list)
+    for n, entry in enumerate(history.ledger):
+        if entry.get("tool") in LONG_TOOLS:
+            seen = history.ledger_seen[n] if n < len(history.ledger_seen) else math.inf
+            runs[str(entry.get("call_id"))].append((seen, str(entry.get("phase"))))
+    bad = report.cancel_violations
+    unowed: set[str] = set()
+    for cancellation in history.cancellations:
+        report.cancelled_turns += 1
+        report.cancelled_calls += len(cancellation.calls)
+        calls = by_session[cancellation.session_id]
+        unowed.update(
+            c.call_id
+            for c in calls
+            if c.call_id not in accepted or accepted[c.call_id] > cancellation.at
+        )
+        for call in calls:
+            if accepted.get(call.call_id, -math.inf) > cancellation.at:
+                bad.append(f"{call.call_id}: result accepted after its turn ended")
+        for call_id in cancellation.calls:
+            state = history.store_states.get(call_id)
+            if state not in (None, "cancelled", "stale", "quarantined"):
+                bad.append(f"{call_id}: {state} in the store after its turn ended")
+        deadline = _heard(history, cancellation) + STOP_WITHIN
+        for call in calls:
+            lines = sorted(runs.get(call.call_id, []), key=lambda line: line[0])
+            if call.tool not in LONG_TOOLS or not lines:
+                continue
+            # Runs started (even after the deadline) that had not ended by the deadline.
+            started = [seen for seen, phase in lines if phase == "start"]
+            ended = [seen for seen, phase in lines if phase != "start" and seen <= deadline]
+            open_runs = len(started) - len(ended)
+            if open_runs <= 0:
+                continue
+            outages = sum(1 for o in history.outages if o.end >= started[0] and o.start <= deadline)
+            what = (
+                f"{call.call_id}: {open_runs} run(s) of {call.tool} still running "
+                f"{STOP_WITHIN:g}s after its turn's end was heard"
+            )
+            if open_runs <= outages:
+                report.cancel_excused.append(f"{what} ({outages} outage(s))")
+            else:
+                bad.append(what)
+    report.lost[:] = [call_id for call_id in report.lost if call_id not in unowed]
+
+
 def check(history: History) -> Report:
     """Every property of the module docstring over ``history``."""
     report = Report(injected=dict(history.injected), drain_seconds=history.drain_seconds)
@@ -305,6 +436,7 @@ def check(history: History) -> Report:
             report.tracebacks.append(f"{name}: {count}")
     _check_retries(history, report)
     _check_approvals(history, report)
+    _check_cancellations(history, report)
     report.p99 = _percentile(_times_to_result(history), 0.99)
 
     v = report.violations
@@ -330,5 +462,7 @@ def check(history: History) -> Report:
         v.append(f"retries: {'; '.join(report.retry_violations[:10])}")
     if report.approval_violations:
         v.append(f"approvals: {'; '.join(report.approval_violations[:10])}")
+    if report.cancel_violations:
+        v.append(f"cancelled turns: {'; '.join(report.cancel_violations[:10])}")
     v.extend(f"nemesis: {error}" for error in history.nemesis_errors)
     return report

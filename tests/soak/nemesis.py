@@ -3,7 +3,8 @@
 :func:`schedule` turns a seed into a list of :class:`Fault` (when, what, on which replica,
 for how long): the same seed always gives the same schedule. :class:`Nemesis` runs it
 against the replicas, the store connections and the fake, and records what it did (counts
-by kind, and when each replica was down, which excuses a webhook that failed then).
+by kind, and when each replica was down, which excuses a webhook that failed then; which
+turns it cancelled or failed, and when).
 
 A fault kind is one entry of :data:`FAULT_KINDS`: its weight, how its parameters are drawn
 and how it is applied.
@@ -22,8 +23,9 @@ from dataclasses import dataclass, field
 from agentfn_asgi.testing import FakeAgentsAPI
 
 from .cluster import Replica, StoreCutter
+from .workload import LONG_TOOLS
 
-__all__ = ["FAULT_KINDS", "Fault", "FaultKind", "Nemesis", "Outage", "schedule"]
+__all__ = ["FAULT_KINDS", "Cancellation", "Fault", "FaultKind", "Nemesis", "Outage", "schedule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,17 @@ class Outage:
     end: float
 
 
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """A turn the nemesis ended through the fake at ``at`` (wall clock): cancelled, or
+    failed with the turn error ``code``; ``calls`` were pending then."""
+
+    session_id: str
+    at: float
+    calls: tuple[str, ...]
+    code: str = ""
+
+
 @dataclass(slots=True)
 class Nemesis:
     """Applies faults to the replicas, the store connections and the fake."""
@@ -71,6 +84,8 @@ class Nemesis:
     errors: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
     """One line per fault: when it began (wall clock), what, and whether it applied."""
+    cancellations: list[Cancellation] = field(default_factory=list)
+    """The turns it cancelled or failed, in order."""
     _locks: dict[int, asyncio.Lock] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -208,6 +223,36 @@ async def _redeliver_new(nemesis: Nemesis, fault: Fault) -> bool:
     return any(webhook_id is not None for webhook_id in webhook_ids)
 
 
+#: The turn error codes a failed turn gets (``fail_turn``).
+TURN_ERROR_CODES = ["session_budget_exceeded", "project_spend_limit_exceeded", "internal_error"]
+
+
+async def _end_turn(nemesis: Nemesis, fault: Fault) -> bool:
+    # A session with a pending call, most often one whose long task may be running: that is
+    # what a cancellation must stop. ``route`` carries a failed turn's error code.
+    rng = nemesis._rng(fault)
+    pending = [
+        (session_id, action["name"] in LONG_TOOLS)
+        for session_id in list(nemesis.fake.sessions)
+        for action in nemesis.fake.required_actions(session_id)
+    ]
+    long = sorted({session_id for session_id, is_long in pending if is_long})
+    sessions = long if long and rng.random() < 0.7 else sorted({sid for sid, _ in pending})
+    if not sessions:
+        return False
+    session_id = rng.choice(sessions)
+    calls = tuple(a["call_id"] for a in nemesis.fake.required_actions(session_id))
+    at = time.time()
+    if fault.kind == "fail_turn":
+        message = f"soak fails the turn: {fault.route}"
+        ended = nemesis.fake.fail_turn(session_id, fault.route, message)
+    else:
+        ended = nemesis.fake.cancel_turn(session_id)
+    if ended:
+        nemesis.cancellations.append(Cancellation(session_id, at, calls, fault.route))
+    return ended
+
+
 @dataclass(frozen=True, slots=True)
 class FaultKind:
     """How often a fault is drawn, how its parameters are drawn, how it is applied; whether
@@ -295,6 +340,12 @@ FAULT_KINDS: dict[str, FaultKind] = {
     ),
     "redeliver_new": FaultKind(
         2, lambda rng, f, replicas, lease: _replace(f, n=rng.randint(1, 3)), _redeliver_new
+    ),
+    "cancel_turn": FaultKind(3, lambda rng, f, replicas, lease: f, _end_turn),
+    "fail_turn": FaultKind(
+        2,
+        lambda rng, f, replicas, lease: _replace(f, route=rng.choice(TURN_ERROR_CODES)),
+        _end_turn,
     ),
 }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentfn_asgi import DispatchSettings
 from agentfn_asgi.demo import free_port
 from agentfn_asgi.demo.tools import Ledger
 from agentfn_asgi.store import open_store
@@ -41,6 +43,9 @@ SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 #: How often a progress line is printed during a run.
 PROGRESS_EVERY = 30.0
+
+#: How often the ledger is read for new lines (when each was first seen).
+TAIL_EVERY = 0.2
 
 
 async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
@@ -79,6 +84,7 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         webhook_retry_delays=webhook_backoff(60),
     )
     created: dict[int, tuple[str, float]] = {}
+    tail = _LedgerTail(ledger.path)
     # The fake's injected dropped connections are logged by uvicorn with a traceback: they
     # are the soak's own doing, not news.
     logging.getLogger("uvicorn.error").addFilter(_not_injected)
@@ -120,15 +126,21 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
             load = asyncio.create_task(_drive(fake, sessions, started, created))
             chaos = asyncio.create_task(nemesis.run(faults, started))
             progress = asyncio.create_task(_progress(fake, nemesis, created, started, out))
+            tailing = asyncio.create_task(tail.run())
             await asyncio.sleep(max(started + config.seconds - time.monotonic(), 0))
             chaos.cancel()
             await load
             await nemesis.settle()
             print("soak: load and faults over, draining", file=out, flush=True)
             drained = time.monotonic()
-            waiting = await _drain(fake, [sid for sid, _ in created.values()], config.drain_seconds)
+            # A failed turn leaves its session failed, never idle: nothing to wait for there.
+            ended = {c.session_id for c in nemesis.cancellations}
+            waiting = await _drain(
+                fake, [sid for sid, _ in created.values() if sid not in ended], config.drain_seconds
+            )
             drain_seconds = time.monotonic() - drained
             progress.cancel()
+            tailing.cancel()
             deciding.cancel()
             states = await _store_states(url, [sid for sid, _ in created.values()])
             await _diagnose(url, fake, waiting, workdir / "waiting.txt")
@@ -146,7 +158,7 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         duplicate_submissions=list(fake.duplicate_submissions),
         requests=list(fake.requests),
         deliveries=list(fake.deliveries),
-        ledger=ledger.entries(),
+        ledger=tail.poll(),
         store_states=states,
         logs={
             path.name: path.read_text(errors="replace")
@@ -162,6 +174,9 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         drain_seconds=drain_seconds,
         nemesis_errors=list(nemesis.errors),
         decisions=dict(approver.decisions),
+        cancellations=list(nemesis.cancellations),
+        ledger_seen=list(tail.seen),
+        reread_interval=DispatchSettings().reread_interval,  # the replicas leave it as is
     )
     await asyncio.to_thread(
         (workdir / "faults.txt").write_text, "".join(line + "\n" for line in nemesis.log)
@@ -176,6 +191,8 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         print(f"soak: approver {error}", file=out)
     for failed in report.failed_results[:10]:
         print(f"soak: failed result {failed}", file=out)
+    for excused in report.cancel_excused[:10]:
+        print(f"soak: excused {excused}", file=out)
     for violation in report.violations:
         print(f"soak: VIOLATION {violation}", file=out)
     print(
@@ -185,6 +202,44 @@ async def soak(config: SoakConfig, out: TextIO = sys.stdout) -> Report:
         flush=True,
     )
     return report
+
+
+class _LedgerTail:
+    """The ledger's lines as they appear, each stamped with when it was first seen (wall
+    clock), so the checker can tell when a handler stopped; the lines themselves stay exactly
+    as the example writes them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.entries: list[dict[str, Any]] = []
+        self.seen: list[float] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Read the complete lines added since the last poll; return every line so far (the
+        same lines as :meth:`Ledger.entries <agentfn_asgi.demo.tools.Ledger.entries>`)."""
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self.offset)
+                data = file.read()
+        except FileNotFoundError:
+            return self.entries
+        now = time.time()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    self.entries.append(entry)
+                    self.seen.append(now)
+        return self.entries
+
+    async def run(self) -> None:
+        """Poll every :data:`TAIL_EVERY` seconds (a small file read: no thread needed)."""
+        while True:
+            self.poll()
+            await asyncio.sleep(TAIL_EVERY)
 
 
 def _not_injected(record: logging.LogRecord) -> bool:

@@ -1,15 +1,24 @@
 """The soak's checker and schedule on made-up records: each violation is seen, each excuse
-honoured, and a seed replays its schedule."""
+honoured, and a seed replays its schedule; the nemesis ends turns through the fake."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentfn_asgi.testing import DeliveryAttempt, RecordedRequest, Submission
+import pytest
+
+from agentfn_asgi.testing import (
+    DeliveryAttempt,
+    FakeAgentsAPI,
+    FakeCall,
+    RecordedRequest,
+    Submission,
+)
 
 from .approver import Decision, decision_for
 from .checker import History, PlannedCall, check
-from .nemesis import FAULT_KINDS, Outage, schedule
+from .cluster import StoreCutter
+from .nemesis import FAULT_KINDS, Cancellation, Fault, Nemesis, Outage, schedule
 from .workload import SIDE_EFFECT_TOOLS, plans
 
 URL = "http://127.0.0.1:1/openai/webhooks"
@@ -257,3 +266,165 @@ def test_the_approver_decides_from_the_seed() -> None:
     assert all(d.reason and "soak denies" in d.reason for d in denied)
     kinds = {c.name for plan in plans(27, 600, 1) for step in plan.steps for c in step}
     assert {"flaky_lookup", "close_account"} <= kinds
+
+
+def _idle(
+    at: float, status: int | None = 200, event: str = "agent.session.idle"
+) -> DeliveryAttempt:
+    return DeliveryAttempt("wh_2", "evt_2", event, "sess_2", URL, 1, status, None, at)
+
+
+def _cancelled(
+    phases: list[tuple[float, str]],
+    *,
+    state: str | None = "cancelled",
+    deliveries: list[DeliveryAttempt] | None = None,
+    **changes: Any,
+) -> History:
+    """The clean record plus a session whose turn the nemesis cancelled at 200 while its
+    long task ran (ledger ``phases``: when each line was seen, and its phase); its next step
+    never came to exist. Heard at 200.5 unless ``deliveries`` say otherwise."""
+    base = _history()
+    calls = [
+        PlannedCall("c_long", "long_task", 0, "sess_2", 190.0, {"seconds": 8.0}),
+        PlannedCall("c_after", "get_customer", 1, "sess_2", 190.0),
+    ]
+    lines = [{"call_id": "c_long", "tool": "long_task", "phase": phase} for _, phase in phases]
+    fields: dict[str, Any] = {
+        "calls": [*base.calls, *calls],
+        "ledger": [*base.ledger, *lines],
+        "ledger_seen": [101.5, *(seen for seen, _ in phases)],
+        "store_states": {**base.store_states, **({} if state is None else {"c_long": state})},
+        "deliveries": [*base.deliveries, *([_idle(200.5)] if deliveries is None else deliveries)],
+        "cancellations": [Cancellation("sess_2", 200.0, ("c_long",))],
+    }
+    fields.update(changes)
+    return _history(**fields)
+
+
+STOPPED = [(195.0, "start"), (201.0, "cancelled")]
+
+
+def _bad(history: History) -> list[str]:
+    """The cancelled turns' violations of ``history`` (and nothing else is wrong)."""
+    report = check(history)
+    assert all(v.startswith("cancelled turns: ") for v in report.violations), report.violations
+    return report.cancel_violations
+
+
+def test_a_cancelled_turn_stopped_in_time_passes_and_is_not_lost() -> None:
+    report = check(_cancelled(STOPPED))
+    assert report.ok, report.violations
+    assert report.lost == [] and (report.calls, report.answered) == (5, 3)
+    assert (report.cancelled_turns, report.cancelled_calls) == (1, 1)
+    assert "cancelled=1/1/bad=0" in report.final_line()
+    # A result saved just before (stale), no record at all, a failed turn's webhook, a
+    # handler that ended on its own just before the deadline: all fine.
+    assert check(_cancelled([(195.0, "start"), (203.4, "end")], state="stale")).ok
+    assert check(_cancelled(STOPPED, state=None)).ok
+    failed = [_idle(200.5, event="agent.session.failed")]
+    assert check(_cancelled([(195.0, "start"), (203.4, "end")], deliveries=failed)).ok
+    # The rest of the record is checked as before: a call of another session is still lost.
+    other = check(_cancelled(STOPPED, submissions=_history().submissions[:2]))
+    assert other.lost == ["c_next"] and not other.ok
+
+
+def test_a_result_accepted_after_the_turn_ended_is_a_violation() -> None:
+    late = _submission("c_long", 201.0)
+    report = check(_cancelled(STOPPED, submissions=[*_history().submissions, late]))
+    assert not report.ok
+    assert report.cancel_violations == ["c_long: result accepted after its turn ended"]
+    assert "cancelled=1/1/bad=1" in report.final_line()
+    # Accepted before the cancellation: an answered call like any other.
+    early = _submission("c_long", 199.0)
+    assert check(_cancelled(STOPPED, submissions=[*_history().submissions, early])).ok
+
+
+def test_a_call_of_an_ended_turn_left_open_in_the_store_is_a_violation() -> None:
+    for state in ("claimed", "succeeded", "submitted", "retry_scheduled", "awaiting_approval"):
+        report = check(_cancelled(STOPPED, state=state))
+        assert report.cancel_violations == [f"c_long: {state} in the store after its turn ended"]
+
+
+def test_a_handler_still_running_3s_after_the_cancellation_was_heard_is_a_violation() -> None:
+    report = check(_cancelled([(195.0, "start"), (203.6, "cancelled")]))
+    assert not report.ok and "still running 3s after" in report.cancel_violations[0]
+    # Never stopped at all; started again after the deadline.
+    assert _bad(_cancelled([(195.0, "start")]))
+    assert _bad(_cancelled([*STOPPED, (204.0, "start"), (204.2, "cancelled")]))
+    # Stopped, then run again and stopped in time (a takeover): fine.
+    assert check(_cancelled([*STOPPED, (201.5, "start"), (202.0, "cancelled")])).ok
+
+
+def test_the_cancellation_is_heard_from_a_live_replicas_2xx_else_after_the_reread() -> None:
+    stopped_at_210 = [(195.0, "start"), (210.0, "cancelled")]
+    # No webhook at all: heard after the re-read interval (15 s by default).
+    assert check(_cancelled(stopped_at_210, deliveries=[])).ok
+    assert _bad(_cancelled(stopped_at_210, deliveries=[], reread_interval=5.0))
+    assert _bad(_cancelled([(195.0, "start"), (219.0, "cancelled")], deliveries=[]))
+    # A 5xx, no answer, or a 2xx from a replica that was down then, is not hearing it.
+    # (The 503 is a violation of its own, of the webhooks property.)
+    for unheard in ([_idle(200.5, 503)], [_idle(200.5, None)]):
+        assert not check(_cancelled(stopped_at_210, deliveries=unheard)).cancel_violations
+    assert _bad(_cancelled(stopped_at_210))  # heard at 200.5: stopped too late
+    down = [Outage(0, 200.2, 200.8)]
+    report = check(_cancelled(stopped_at_210, outages=down))
+    assert report.ok and not report.cancel_excused
+    # (Down, it may also have been the one running the handler: each outage excuses one.)
+    report = check(_cancelled(stopped_at_210, outages=down, reread_interval=5.0))
+    assert report.ok and report.cancel_excused
+    # The idle webhook of an earlier turn (before the cancellation) is not it either.
+    assert check(_cancelled(stopped_at_210, deliveries=[_idle(199.0)])).ok
+
+
+def _read(at: float, status: int | None) -> RecordedRequest:
+    return RecordedRequest("GET", "/v1/agents/sessions/sess_2", "retrieve", status, {}, at)
+
+
+def test_a_slowed_or_refused_read_of_the_session_delays_hearing_it() -> None:
+    # Heard at 200.5, but the session could be read only at 204 (refused, then slow).
+    stopped_at_206 = [(195.0, "start"), (206.0, "cancelled")]
+    reads = [_read(199.0, 200), _read(201.0, 503), _read(202.0, None), _read(204.0, 200)]
+    assert check(_cancelled(stopped_at_206, requests=reads)).ok
+    assert _bad(_cancelled(stopped_at_206))
+    # Read at once (a read before the webhook, or of another session, is not it).
+    other = RecordedRequest("GET", "/v1/agents/sessions/sess_22", "retrieve", 200, {}, 205.0)
+    assert _bad(_cancelled(stopped_at_206, requests=[*reads[:1], _read(200.6, 200), other]))
+    assert _bad(_cancelled(stopped_at_206, requests=[reads[0], other]))
+
+
+def test_a_handler_a_replica_outage_took_down_is_excused_and_listed() -> None:
+    killed = [(195.0, "start")]
+    report = check(_cancelled(killed, outages=[Outage(1, 197.0, 199.0)]))
+    assert report.ok, report.violations
+    assert report.cancel_excused == [
+        "c_long: 1 run(s) of long_task still running 3s after its turn's end was heard "
+        "(1 outage(s))"
+    ]
+    # Taken over after the kill and stopped in time: the killed run is excused.
+    taken_over = [*killed, (199.5, "start"), (201.0, "cancelled")]
+    assert check(_cancelled(taken_over, outages=[Outage(1, 197.0, 199.0)])).ok
+    # An outage before the run started, or after the deadline, excuses nothing; nor does one
+    # outage excuse two open runs.
+    assert _bad(_cancelled(killed, outages=[Outage(1, 190.0, 194.0)]))
+    assert _bad(_cancelled(killed, outages=[Outage(1, 204.0, 206.0)]))
+    two = [*killed, (199.5, "start")]
+    assert _bad(_cancelled(two, outages=[Outage(1, 197.0, 199.0)]))
+
+
+@pytest.mark.anyio
+async def test_the_nemesis_ends_a_turn_with_a_pending_call_through_the_fake() -> None:
+    fake = FakeAgentsAPI()
+    nemesis = Nemesis(fake, [], StoreCutter("sqlite", "", "t"), 3.0, seed=1)
+    cancel, fail = Fault(0, 1.0, "cancel_turn"), Fault(1, 2.0, "fail_turn", route="e_code")
+    assert not await FAULT_KINDS["cancel_turn"].apply(nemesis, cancel)  # nothing pending
+    session_id = fake.create_session([[FakeCall("long_task", {"seconds": 5}, call_id="c1")]])
+    assert await FAULT_KINDS["cancel_turn"].apply(nemesis, cancel)
+    assert fake.sessions[session_id].status == "idle" and not fake.required_actions(session_id)
+    failed_id = fake.create_session([[FakeCall("get_customer", {}, call_id="c2")]])
+    assert await FAULT_KINDS["fail_turn"].apply(nemesis, fail)
+    assert fake.sessions[failed_id].status == "failed"
+    assert [(c.session_id, c.calls, c.code) for c in nemesis.cancellations] == [
+        (session_id, ("c1",), ""),
+        (failed_id, ("c2",), "e_code"),
+    ]

@@ -18,6 +18,7 @@ from agentfn_asgi.testing import FakeCall
 __all__ = [
     "APPROVAL_TOOL",
     "FLAKY_TOOL",
+    "LONG_TOOLS",
     "SIDE_EFFECT_TOOLS",
     "TURN_KINDS",
     "CallKind",
@@ -62,6 +63,12 @@ def _approval(rng: random.Random, call_id: str) -> FakeCall:
     return FakeCall("close_account", {"account_id": f"acct_{call_id}"}, call_id=call_id)
 
 
+def _long(rng: random.Random, call_id: str) -> FakeCall:
+    # Long enough that a cancelled turn usually meets it running (the nemesis cancels turns).
+    tool = rng.choice(["long_task", "long_task_sync"])
+    return FakeCall(tool, {"seconds": round(rng.uniform(2.0, 8.0), 2)}, call_id=call_id)
+
+
 #: Every kind of call the soak makes, by name. The flaky and approval kinds are light: each
 #: approval costs the approver a CLI process or two, and the machine is shared.
 TURN_KINDS: dict[str, CallKind] = {
@@ -70,6 +77,7 @@ TURN_KINDS: dict[str, CallKind] = {
     "slow": CallKind(6, _slow),
     "flaky": CallKind(1, _flaky),
     "approval": CallKind(1, _approval),
+    "long": CallKind(2, _long),
 }
 
 #: Tools whose every real execution writes one ledger line (checked: at most one per call).
@@ -78,6 +86,11 @@ SIDE_EFFECT_TOOLS = frozenset({"create_refund", "close_account"})
 #: The tool the approver decides, and the one whose attempts the ledger counts.
 APPROVAL_TOOL = "close_account"
 FLAKY_TOOL = "flaky_lookup"
+
+#: The "long" kind's tools, async and sync: they work for seconds, and a cancelled turn (the
+#: nemesis cancels some) must stop them. Their ledger lines are ``{"call_id", "tool",
+#: "phase": "start" | "end" | "cancelled"}``.
+LONG_TOOLS = frozenset({"long_task", "long_task_sync"})
 
 
 @dataclass(frozen=True, slots=True)

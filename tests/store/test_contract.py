@@ -396,9 +396,12 @@ async def test_mark_submitted_is_terminal(store: Store) -> None:
 
 
 async def test_mark_stale_is_terminal(store: Store, clock: FakeClock) -> None:
-    """stale answers DONE from claimed or saved, and never overrides submitted."""
+    """stale answers DONE from saved, and never overrides submitted; a claimed call is
+    cancelled instead (mark_stale leaves it)."""
     await claim(store, "a")
     await store.mark_stale(KEY)
+    assert (await store.get_call(KEY)).state is CallState.CLAIMED  # type: ignore[union-attr]
+    assert await store.cancel(KEY, owner="x", reason="turn cancelled", known_before=clock.now)
     clock.advance(LEASE + 1)
     assert await claim(store, "b") is ClaimStatus.DONE
 
@@ -429,7 +432,7 @@ async def test_quarantine_is_terminal_and_owner_only(store: Store, clock: FakeCl
     record = await store.get_call(KEY)
     assert record is not None
     assert record.state is CallState.CLAIMED
-    assert record.quarantine_reason is None
+    assert record.reason is None
 
     await store.quarantine(KEY, owner="b", attempt=2, reason="reconcile could not decide")
     record = await store.get_call(KEY)
@@ -445,17 +448,17 @@ async def test_quarantine_is_terminal_and_owner_only(store: Store, clock: FakeCl
     record = await store.get_call(saved_key)
     assert record is not None
     assert record.state is CallState.SUCCEEDED
-    assert record.quarantine_reason is None
+    assert record.reason is None
 
 
-async def test_quarantine_reason_is_read_back(store: Store, clock: FakeClock) -> None:
+async def test_reason_is_read_back(store: Store, clock: FakeClock) -> None:
     """The reason given to quarantine() comes back on the record, wherever it is read."""
     reason = "reconcile could not decide: payment ☃ unknown"
     await claim(store, "a")
     await store.quarantine(KEY, owner="a", attempt=1, reason=reason)
     record = await store.get_call(KEY)
     assert record is not None
-    assert (record.state, record.quarantine_reason, record.result) == (
+    assert (record.state, record.reason, record.result) == (
         CallState.QUARANTINED,
         reason,
         None,
@@ -529,7 +532,7 @@ async def test_unsubmitted_results(store: Store, clock: FakeClock) -> None:
     clock.advance(1)
     await store.save_result(keys[2], owner="a", attempt=1, result=result())
     await store.mark_submitted(keys[2])
-    await store.mark_stale(keys[3])
+    await store.cancel(keys[3], owner="a", reason="turn cancelled", known_before=clock.now)
 
     found = await store.unsubmitted_results(due_before=2e9)
     assert {r.key for r in found} == {keys[0], keys[1]}
@@ -568,14 +571,14 @@ async def test_prune_removes_old_deliveries_and_old_terminal_calls(
         await claim(store, "a", key)
     await store.save_result(keys["submitted"], owner="a", attempt=1, result=result())
     await store.mark_submitted(keys["submitted"])
-    await store.mark_stale(keys["stale"])
+    await store.cancel(keys["stale"], owner="a", reason="turn cancelled", known_before=clock.now)
     await store.save_result(keys["saved"], owner="a", attempt=1, result=result())
     cutoff = clock.now + 1
     clock.advance(100)
     await store.record_delivery("new", "s")
     recent = CallKey("s", "t", "recent")
     await claim(store, "a", recent)
-    await store.mark_stale(recent)
+    await store.cancel(recent, owner="a", reason="turn cancelled", known_before=clock.now)
 
     removed = await store.prune(deliveries_before=cutoff, calls_before=cutoff)
     assert removed == 4
@@ -595,7 +598,7 @@ async def test_prune_many_rows(store: Store, clock: FakeClock) -> None:
     done, live = CallKey("s", "t", "done"), CallKey("s", "t", "live")
     for key in (done, live):
         await claim(store, "a", key)
-    await store.mark_stale(done)
+    await store.cancel(done, owner="a", reason="turn cancelled", known_before=clock.now)
     clock.advance(10)
     await store.record_delivery("new", "s")
     assert await store.prune(deliveries_before=clock.now - 1, calls_before=clock.now) == 1235

@@ -181,11 +181,11 @@ async def test_denied_with_the_reason(store: Store, clock: FakeClock) -> None:
     assert record is not None and "reason=has a balance" in record.history[-1].detail
 
 
-async def test_a_waiting_call_becomes_stale_and_then_refuses(
-    store: Store, clock: FakeClock
-) -> None:
+async def test_a_waiting_call_is_cancelled_and_then_refuses(store: Store, clock: FakeClock) -> None:
+    """The turn ended while a person had not decided: the request leaves the list."""
     await held(store, clock)
-    await store.mark_stale(KEY)
+    assert await store.cancel(KEY, owner="x", reason="turn cancelled", known_before=clock.now)
+    assert await approvals(store).waiting_approvals() == []
     assert (
         await approvals(store).decide_approval(
             KEY, approval_id="apr_1", decision="approved", by="x", via="cli"
@@ -193,7 +193,7 @@ async def test_a_waiting_call_becomes_stale_and_then_refuses(
         is None
     )
     found = await approvals(store).find_approval("apr_1")
-    assert found is not None and found.state is CallState.STALE
+    assert found is not None and found.state is CallState.CANCELLED
 
 
 async def test_approvals_are_kept_apart_by_namespace(

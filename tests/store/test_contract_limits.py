@@ -253,21 +253,26 @@ async def test_concurrent_claims_never_overfill_a_limiter(
     assert [o.status for o in polled if o is not None].count(ClaimStatus.CLAIMED) == 2
 
 
-async def test_a_waiters_poll_does_not_hide_it_from_a_stale_mark(
+async def test_a_waiters_poll_does_not_hide_it_from_a_cancellation(
     store: Store, clock: FakeClock
 ) -> None:
     """A turn cancelled while its call waits: the dispatcher read the session, the waiter
-    polled, then the dispatcher marks it stale unchanged since its read: it is stale, and
-    never runs."""
+    polled, then the dispatcher cancels what was claimed before its read: it is cancelled,
+    leaves the line (the next waiter is admitted) and never runs."""
     await claim(store, 1)
     await claim(store, 2)
     await claim(store, 3)
     read_at = clock()
     clock.advance(0.5)
     assert (await admit(store, 3)).status is ClaimStatus.WAITING  # type: ignore[union-attr]
-    await store.mark_stale(key(3), unchanged_since=read_at)
+    await claim(store, 4)
+    assert (await admit(store, 4)).status is ClaimStatus.WAITING  # type: ignore[union-attr]
+    assert await store.cancel(key(3), owner="o", reason="turn cancelled", known_before=read_at)
+    # Claimed after the read: the read may predate it, so it stays.
+    assert not await store.cancel(key(4), owner="o", reason="x", known_before=read_at)
     record = await store.get_call(key(3))
-    assert record is not None and record.state is CallState.STALE
+    assert record is not None and record.state is CallState.CANCELLED
+    assert record.reason == "turn cancelled"
     after = await admit(store, 3)
     assert after is not None and after.status is ClaimStatus.DONE
 

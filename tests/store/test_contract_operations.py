@@ -54,13 +54,13 @@ async def test_every_step_lands_in_the_history(store: Store, clock: FakeClock) -
     assert record.failures == 1
 
 
-async def test_stale_and_quarantine_are_in_the_history(store: Store, clock: FakeClock) -> None:
-    """A quarantine keeps its reason in the history too; stale is recorded."""
+async def test_cancel_and_quarantine_are_in_the_history(store: Store, clock: FakeClock) -> None:
+    """A quarantine and a cancellation keep their reason in the history too."""
     other = CallKey("sess_1", "turn_1", "call_2")
     await claim(store, "a")
     await claim(store, "a", other)
     await store.quarantine(KEY, owner="a", attempt=1, reason="reconcile said unknown")
-    await store.mark_stale(other)
+    await store.cancel(other, owner="b", reason="the turn was cancelled", known_before=clock.now)
     held = await store.get_call(KEY, history=True)
     gone = await store.get_call(other, history=True)
     assert held is not None and gone is not None
@@ -68,7 +68,10 @@ async def test_stale_and_quarantine_are_in_the_history(store: Store, clock: Fake
         "quarantined",
         "reconcile said unknown",
     )
-    assert [e.kind for e in gone.history] == ["claimed", "stale"]
+    assert [(e.kind, e.owner, e.detail) for e in gone.history][1:] == [
+        ("cancelled", "b", "the turn was cancelled")
+    ]
+    assert gone.state is CallState.CANCELLED and gone.reason == "the turn was cancelled"
 
 
 # -- fencing and retried writes -------------------------------------------------------------
@@ -255,7 +258,7 @@ async def test_settling_takes_held_and_in_doubt_calls_only(store: Store, clock: 
     assert await store.settle(CallKey("x", "y", "z"), result=mine) is None
     held = await store.settle(keys["held"], result=mine)
     assert held is not None
-    assert (held.state, held.result, held.quarantine_reason) == (CallState.SUCCEEDED, mine, None)
+    assert (held.state, held.result, held.reason) == (CallState.SUCCEEDED, mine, None)
     doubt = await store.settle(keys["doubt"], result=result("no", success=False, key="op-2"))
     assert doubt is not None and doubt.state is CallState.FAILED
     assert await store.settle(keys["held"], result=mine) is None  # saved now
@@ -284,7 +287,7 @@ async def test_releasing_claims_for_a_rerun(store: Store, clock: FakeClock) -> N
     released = await store.release(keys["held"], owner="op", lease_seconds=LEASE)
     assert released is not None
     assert (released.state, released.owner, released.attempt) == (CallState.CLAIMED, "op", 2)
-    assert released.quarantine_reason is None
+    assert released.reason is None
     late = await store.save_result(keys["held"], owner="a", attempt=1, result=result())
     assert late.result is None
     saved = await store.save_result(keys["held"], owner="op", attempt=2, result=result())

@@ -87,16 +87,16 @@ async def test_concurrent_claims_of_a_due_retry_have_one_winner(
     assert sorted(o.status for o in outcomes) == [ClaimStatus.BUSY, ClaimStatus.RETRY]
 
 
-async def test_a_scheduled_retry_can_go_stale_and_counts_in_stats(
+async def test_a_scheduled_retry_can_be_cancelled_and_counts_in_stats(
     store: Store, clock: FakeClock
 ) -> None:
-    """The session no longer waits: a scheduled retry becomes stale like any pending call."""
+    """The session no longer waits: a scheduled retry is cancelled like any pending call."""
     await claim(store, "a")
     assert await store.schedule_retry(KEY, owner="a", attempt=1, at=clock() + 5, reason="")
     stats = await store.stats()
     assert stats.calls_by_state[CallState.RETRY_SCHEDULED.value] == 1
-    await store.mark_stale(KEY)
+    assert await store.cancel(KEY, owner="a", reason="turn cancelled", known_before=clock.now)
     record = await store.get_call(KEY)
-    assert record is not None and record.state is CallState.STALE
+    assert record is not None and record.state is CallState.CANCELLED
     clock.advance(10)
     assert await store.due_retries() == []

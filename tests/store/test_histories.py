@@ -792,6 +792,37 @@ class Histories(RuleBasedStateMachine):
     @precondition(lambda self: self.calls_exist)
     @rule(
         data=st.data(),
+        before=st.sampled_from(["now", "created_at", "created_at-0.5"]),
+        owner=owners,
+    )
+    def cancel(self, data: st.DataObject, before: str, owner: str) -> None:
+        ns, key = self.target(
+            data,
+            "claimed",
+            "lapsed",
+            "waiting",
+            "retry_scheduled",
+            "awaiting_approval",
+            "approved",
+            "succeeded",
+        )
+        known_before = self.now()
+        if before.startswith("created_at"):
+            record = self.backend.run(self.reference[ns].get_call(key))
+            known_before = record.created_at if record is not None else known_before
+            known_before -= 0.5 if before.endswith("-0.5") else 0.0
+        self.both(
+            f"cancel({key}, owner={owner!r}, known_before={before!r} = {known_before!r})",
+            ns,
+            lambda s: s.cancel(
+                key, owner=owner, reason="the turn was cancelled", known_before=known_before
+            ),
+            key=key,
+        )
+
+    @precondition(lambda self: self.calls_exist)
+    @rule(
+        data=st.data(),
         who=whos,
         owner=owners,
         attempt=attempts,

@@ -288,7 +288,7 @@ async def test_prune_in_b_removes_nothing_of_a(two: Two) -> None:
     await saved(two)
     await two.a.mark_submitted(KEY)
     await claimed(two, OTHER_KEY)
-    await two.a.mark_stale(OTHER_KEY)
+    await two.a.cancel(OTHER_KEY, owner="a", reason="gone", known_before=two.clock.now)
     two.clock.advance(3600)
     before = await two.view_of_a()
     later = two.clock.now + 1

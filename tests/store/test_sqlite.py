@@ -311,7 +311,7 @@ async def test_a_new_file_has_the_tables_and_indexes_of_schema_1(db_path: Path) 
         names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
     raw.close()
     assert names[-10:] == [
-        "quarantine_reason",
+        "reason",
         "next_attempt_at",
         "failures",
         "namespace",

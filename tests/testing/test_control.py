@@ -142,6 +142,36 @@ async def test_redeliver_answers_for_each_state(
     assert idle.status_code == 409 and "no pending calls" in idle.json()["error"]
 
 
+async def test_a_turn_is_cancelled_or_failed_through_the_control_api(
+    control: tuple[FakeAgentsAPI, httpx.AsyncClient],
+) -> None:
+    """cancel and fail end the active turn (the turn then reads cancelled, or failed with
+    the code given); 404 for an unknown session, 409 once no turn is active, 400 for a body
+    that is not an object."""
+    fake, http = control
+    assert (await http.post("/_fake/sessions/sess_nope/cancel")).status_code == 404
+    one = (await http.post("/_fake/sessions", json={"calls": [{"name": "a"}]})).json()["id"]
+    two = (await http.post("/_fake/sessions", json={"calls": [{"name": "b"}]})).json()["id"]
+    turn = fake.required_actions(two)[0]["turn_id"]
+    cancelled = await http.post(f"/_fake/sessions/{one}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json() == {"status": "cancelled"}
+    assert fake.required_actions(one) == [] and fake.session(one)["status"] == "idle"
+    assert (await http.post(f"/_fake/sessions/{one}/cancel")).status_code == 409
+    assert (await http.post(f"/_fake/sessions/{two}/fail", content=b"[1]")).status_code == 400
+    failed = await http.post(
+        f"/_fake/sessions/{two}/fail", json={"code": "session_budget_exceeded", "message": "m"}
+    )
+    assert failed.status_code == 200 and failed.json() == {"status": "failed"}
+    assert fake.session(two)["status"] == "failed" and fake.session(two)["error"] == "m"
+    auth = {"Authorization": "Bearer sk-test", "OpenAI-Beta": "agents=v1"}
+    read = await http.get(f"/v1/agents/sessions/{two}/turns/{turn}", headers=auth)
+    assert read.status_code == 200, read.text
+    assert read.json()["status"] == "failed"
+    assert read.json()["error"] == {"code": "session_budget_exceeded", "message": "m"}
+    missing = await http.get(f"/v1/agents/sessions/{two}/turns/turn_nope", headers=auth)
+    assert missing.status_code == 404
+
+
 # -- serve_fake_api --------------------------------------------------------------------------
 
 

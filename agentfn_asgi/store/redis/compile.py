@@ -43,6 +43,7 @@ _LUA_GUARD_TERMS: Final = {
     Guard.ADMITTED: "a.admitted == true",
     Guard.REFUSED: "a.admitted == false",
     Guard.SAME_REQUEST: "c.approval_id == a.approval_id",
+    Guard.KNOWN_BEFORE: "tonumber(c.created) <= tonumber(a.since)",
 }
 
 
@@ -59,9 +60,9 @@ def _lua_guard(row: Transition) -> str:
 LUA_READ: Final = """
 local function guard_fields(key)
   local r = redis.call('HMGET', key, 'state', 'owner', 'attempt', 'lease_expires_at',
-                       'updated_at', 'approval_id')
+                       'updated_at', 'approval_id', 'created_at')
   return {state = r[1], owner = r[2], attempt = r[3], lease = r[4], updated = r[5],
-          approval_id = r[6]}
+          approval_id = r[6], created = r[7]}
 end
 """
 

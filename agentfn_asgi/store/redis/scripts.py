@@ -24,7 +24,7 @@ Three rules the helpers keep:
 from __future__ import annotations
 
 from agentfn_asgi.calls.records import CallState
-from agentfn_asgi.calls.states import CLAIM_ORDER, HISTORY_HEAD, HISTORY_TAIL, SAVED
+from agentfn_asgi.calls.states import CLAIM_ORDER, HISTORY_HEAD, HISTORY_TAIL, PRUNABLE, SAVED
 from agentfn_asgi.calls.states import TRANSITIONS as STATE_TABLE
 from agentfn_asgi.store.redis.compile import LUA_GUARDS, LUA_WRITE, lua_apply, lua_transition
 
@@ -63,6 +63,8 @@ _STATE_SETS = (
     + ", ".join(f"'{state.value}'" for state in CallState)
     + "}\nlocal SAVED = {"
     + ", ".join(f"{state.value} = true" for state in CallState if state in SAVED)
+    + "}\nlocal PRUNABLE = {"
+    + ", ".join(f"{state.value} = true" for state in CallState if state in PRUNABLE)
     + "}\nlocal PENDING = {"
     + ", ".join(f"{state.value} = true" for state in CallState if not state.terminal)
     + "}\n"
@@ -126,7 +128,7 @@ local function reindex_call(key, member)
     redis.call('ZADD', I .. 'retry', r[3], member)
   elseif SAVED[state] then
     redis.call('ZADD', I .. 'due', r[4], member)
-  elseif state == 'submitted' or state == 'stale' then
+  elseif PRUNABLE[state] then
     redis.call('ZADD', I .. 'finished', r[5], member)
     if state == 'submitted' and r[6] == '0' then
       redis.call('ZADD', I .. 'submitted_failed', created, member)
@@ -558,7 +560,7 @@ TRANSITIONS = {
     if row.operation not in ("claim_call", "admit_call", "prune")
 }
 
-# Guarantees: one batch of the namespace's submitted/stale calls last updated before
+# Guarantees: one batch of the namespace's finished (PRUNABLE) calls last updated before
 # `before` is deleted with its history, its index entries and its session and call-id set
 # entries (quarantined and pending calls are in no such index: never pruned).
 # KEYS: the namespace's finished index. ARGV: N, before, batch. Returns the count.
@@ -570,8 +572,7 @@ for _, m in ipairs(members) do
   local ids = redis.call('HMGET', key, 'session_id', 'call_id', 'approval_id')
   redis.call('ZREM', I .. 'calls', m)
   redis.call('ZREM', I .. 'finished', m)
-  redis.call('ZREM', I .. 'state:submitted', m)
-  redis.call('ZREM', I .. 'state:stale', m)
+  for s in pairs(PRUNABLE) do redis.call('ZREM', I .. 'state:' .. s, m) end
   redis.call('ZREM', I .. 'submitted_failed', m)
   redis.call('SREM', N .. 's:' .. h(ids[1]), m)
   redis.call('SREM', N .. 'k:' .. h(ids[2]), m)

@@ -45,7 +45,7 @@ The indexes of a namespace, each a sorted set kept in step with the records by t
                         lease_expires_at                 (expired_claims, stats)
     due                 saved, unsubmitted results, by next_attempt_at (the sweep)
     retry               scheduled retries, by their next attempt's time (due_retries)
-    finished            submitted and stale calls, by updated_at     (prune)
+    finished            submitted, stale and cancelled calls, by updated_at (prune)
     submitted_failed    submitted failures, by created_at            (stats)
     waiting             calls awaiting approval, by the request's expiry (expiry, lists)
     approved            approved calls not yet run, by updated_at    (every replica's poll)
@@ -539,7 +539,8 @@ class RedisStore(Transitions):
         return [_delivery(flat) for flat in rows]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Delete old deliveries, old submitted or stale calls and the buckets of limiters
+        """Delete old deliveries, old finished (submitted, stale or cancelled) calls and the
+        buckets of limiters
         idle since ``calls_before`` of this namespace, in batches of 500 (one short script
         each, so other clients get Redis in between); the deliveries and calls removed."""
         deliveries = await self._drain("prune_deliveries", [], _num(deliveries_before))

@@ -76,6 +76,8 @@ def _sql_guard_term(guard: Guard, alias: str, owner: str) -> str:
         return ":admitted = 0"
     if guard is Guard.SAME_REQUEST:
         return f"{alias}approval_id = :approval_id"
+    if guard is Guard.KNOWN_BEFORE:
+        return f"{alias}created_at <= :since"
     return f"{alias}updated_at <= :since"
 
 

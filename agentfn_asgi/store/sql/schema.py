@@ -128,7 +128,7 @@ CALL_COLUMNS: Final = (
     ("source", "{text}"),
     ("full_output", "{text}"),
     # why the call is held for an operator (state quarantined)
-    ("quarantine_reason", "{text}"),
+    ("reason", "{text}"),
     # when the sweep may retry a saved result's submission, and how many failed
     ("next_attempt_at", "{real} NOT NULL DEFAULT 0"),
     ("failures", "{integer} NOT NULL DEFAULT 0"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from agentfn_asgi.calls.states import TRANSITIONS, Target
+from agentfn_asgi.calls.states import TRANSITIONS, Guard, Target
 from agentfn_asgi.store.sql.compile import sql_claim, sql_transition
 from agentfn_asgi.store.sql.schema import DELIVERY_LIST, HOT_COLUMNS, fill
 
@@ -116,8 +116,8 @@ _SAVED_RETURNING: Final = ", ".join(
 
 def _transitions(*, returning: bool) -> dict[str, str]:
     """The statement of every row that changes an existing call (the claim's are above,
-    prune's below), by name; ``mark_stale+since`` is ``mark_stale`` with its optional
-    ``unchanged_since`` guard."""
+    prune's below), by name; ``<name>+since`` is a row with its optional
+    ``unchanged_since`` guard (``mark_stale``)."""
     rendered: dict[str, str] = {}
     for name, row in TRANSITIONS.items():
         if name in ("claim", "reclaim", "take_over") or row.target is Target.REMOVED:
@@ -125,9 +125,8 @@ def _transitions(*, returning: bool) -> dict[str, str]:
         saves = row.target is Target.BY_RESULT
         columns = (_SAVED_RETURNING if saves else "{columns}") if returning else None
         rendered[name] = fill(sql_transition(name, returning=columns))
-    rendered["mark_stale+since"] = fill(
-        sql_transition("mark_stale", returning="{columns}" if returning else None, since=True)
-    )
+        if any(Guard.UNCHANGED_SINCE in way.guards for way in row.ways):
+            rendered[f"{name}+since"] = fill(sql_transition(name, returning=columns, since=True))
     return rendered
 
 

@@ -304,8 +304,9 @@ class SQLStore(Transitions, abc.ABC):
         return [_delivery(row) for row in rows]
 
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Delete old deliveries, old submitted or stale calls and the buckets of limiters
-        idle since ``calls_before``, in batches of 500 rows; the deliveries and calls removed.
+        """Delete old deliveries, old finished (submitted, stale or cancelled) calls and the
+        buckets of limiters idle since ``calls_before``, in batches of 500 rows; the
+        deliveries and calls removed.
 
         Each batch is its own short statement, so other work gets the lock in between; the
         space it freed is given back (:meth:`_pruned`) before the next.
@@ -572,7 +573,9 @@ class SQLStore(Transitions, abc.ABC):
     ) -> tuple[bool, CallRecord | None]:
         """Row ``name``'s statement on ``key``; see :class:`Transitions`."""
         params = {**self._key(key), **flat_args(args)}
-        variant = f"{name}+since" if args.get("since") is not None else name
+        variant = f"{name}+since"
+        if args.get("since") is None or variant not in TRANSITIONS_COUNTED:
+            variant = name
         if not record:
             changed = await self._count(name, Statement(TRANSITIONS_COUNTED[variant], params))
             return changed == 1, None

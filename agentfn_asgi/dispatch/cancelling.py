@@ -1,0 +1,157 @@
+"""What a turn's end stops: the calls a session no longer waits for.
+
+A settling read of a session (after an ``agent.session.idle`` or ``agent.session.failed``
+webhook, a stream's ``turn.cancelled``/``turn.failed``/``session.idle``, the periodic re-read
+of sessions with long-running calls, the recovery sweep) lists what is still owed. Every
+call recorded for the session that the read no longer lists, and that was claimed before
+the read (:attr:`~agentfn_asgi.calls.states.Guard.KNOWN_BEFORE`), is not owed any more:
+
+- a saved result becomes ``stale``: it is never sent;
+- a call without a result becomes ``cancelled`` (:meth:`Store.cancel
+  <agentfn_asgi.store.base.Store.cancel>`), with why: the turn was cancelled, the turn
+  failed (with its error code), the session was deleted; and what it was doing (stopped
+  while it ran, "it may have run" for a side-effect tool; withdrawn while it waited for a
+  person, a slot or a retry). One INFO line each.
+
+The reason comes from the call's turn (``GET …/turns/{turn_id}``, once per turn). A call that
+is running (``claimed``) is cancelled only when that read says its turn has ended, or the
+session is gone: a session read that merely lags behind the call's announcement never stops
+a running handler.
+
+Work here stops at once (:meth:`Executor.stop <agentfn_asgi.dispatch.execution.Executor.stop>`
+and the call's task); a replica holding the call elsewhere hears it at its next lease
+renewal, which the store refuses (a third of ``lease_seconds`` at most).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from ..calls.records import CallKey, CallRecord, CallState
+from ..calls.states import SAVED
+from ..client import AgentsClient
+from ..errors import APIError, NotFoundError
+from ..store.base import Store
+from ..tools import FunctionTools
+
+__all__ = ["Canceller"]
+
+logger = logging.getLogger("agentfn_asgi.dispatch.cancelling")
+
+#: What a call without a result was doing when its turn ended, by state.
+_DOING: Final = {
+    CallState.WAITING: "withdrawn while it waited for a slot of its limiter",
+    CallState.AWAITING_APPROVAL: "withdrawn while it waited for a person's approval",
+    CallState.APPROVED: "withdrawn after its approval, before it ran",
+    CallState.RETRY_SCHEDULED: "withdrawn while it waited for a retry",
+}
+
+
+class Canceller:
+    """Settles the calls a session no longer waits for (see the module docstring).
+
+    ``stop(key, reason)`` stops whatever runs or waits for the call in this process.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        client: AgentsClient,
+        tools: FunctionTools,
+        *,
+        owner: str,
+        stop: Callable[[CallKey, str], None],
+    ) -> None:
+        self._store = store
+        self._client = client
+        self._tools = tools
+        self._owner = owner
+        self._stop = stop
+
+    async def settle(
+        self,
+        session_id: str,
+        pending: set[CallKey],
+        *,
+        read_sent: float,
+        margin: float,
+        deleted: bool = False,
+    ) -> bool:
+        """Settle what the session's read, sent at ``read_sent``, no longer lists
+        (``pending``: what it lists; ``deleted``: the session is gone). Whether a call was
+        left because it may be newer than the read: read the session again ``margin``
+        seconds later.
+
+        "Before the read" is judged on the claimant's clock: this process's own claims
+        against ``read_sent``, another replica's against ``read_sent - margin`` (the
+        clock-skew allowance), so a call another replica claimed just before the read waits
+        for the next one."""
+        read_at = read_sent - margin
+        later = False
+        ended: dict[str, str | None] = {}
+        for record in await self._store.calls_for_session(session_id):
+            key = record.key
+            if key in pending or record.state.terminal:
+                continue
+            if record.state in SAVED:
+                await self._store.mark_stale(key, unchanged_since=read_at)
+                continue
+            if key.turn_id not in ended:
+                ended[key.turn_id] = (
+                    "the session was deleted" if deleted else await self._turn_ended(key)
+                )
+            why = ended[key.turn_id]
+            if why is None and record.state is CallState.CLAIMED:
+                continue  # its turn goes on: never stop a handler on a read that lags
+            reason = f"{why or 'the session no longer waits for it'}; {self._doing(record)}"
+            known_before = read_sent if record.owner == self._owner else read_at
+            cancelled = await self._store.cancel(
+                key, owner=self._owner, reason=reason, known_before=known_before
+            )
+            later |= not cancelled and record.created_at > known_before
+            if cancelled:
+                logger.info(
+                    "call %s of %s cancelled: %s",
+                    key,
+                    record.tool_name,
+                    reason,
+                    extra={
+                        "agentfn": {
+                            "tool": record.tool_name,
+                            "session_id": key.session_id,
+                            "turn_id": key.turn_id,
+                            "call_id": key.call_id,
+                            "reason": reason,
+                        }
+                    },
+                )
+                self._stop(key, reason)
+        return later
+
+    def _doing(self, record: CallRecord) -> str:
+        if record.state is not CallState.CLAIMED:
+            return _DOING.get(record.state, "withdrawn")
+        tool = self._tools.get(record.tool_name)
+        if tool is not None and tool.side_effects:
+            return "stopped while it ran: it may have run"
+        return "stopped while it ran"
+
+    async def _turn_ended(self, key: CallKey) -> str | None:
+        """Why the call's turn ended, or None while it goes on (or cannot be read)."""
+        try:
+            turn = await self._client.retrieve_turn(key.session_id, key.turn_id)
+        except NotFoundError:
+            return "the session no longer has its turn"
+        except (APIError, ValueError) as exc:
+            logger.warning("reading turn %s of session %s failed: %s", key.turn_id, key, exc)
+            return None
+        if turn.status == "cancelled":
+            return "the turn was cancelled"
+        if turn.status == "failed":
+            code = turn.error.code if turn.error is not None else None
+            return f"the turn failed ({code})" if code else "the turn failed"
+        if turn.status == "completed":
+            return "the turn completed without it"
+        return None

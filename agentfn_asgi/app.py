@@ -378,7 +378,8 @@ class AgentWebhookApp:
         await self.dispatcher.recover(session_id)
 
     async def follow(self, session_id: str, *, backoff: Backoff | None = None) -> FollowSummary:
-        """Drive one session from its event stream until it is idle, failed or cancelled.
+        """Drive one session from its event stream until it is idle, failed, cancelled or
+        paused on its spending limit (``budget_reached``).
 
         Stream mode, for scripts and notebooks that create the session themselves: no
         webhook reaches this process. Whenever the session requires action, a delivery is
@@ -417,7 +418,8 @@ class AgentWebhookApp:
         )
         if owed:
             # The turn ended (idle, cancelled, failed, deleted): stop what it no longer owes,
-            # rather than wait for handlers whose answers nobody wants.
+            # rather than wait for handlers whose answers nobody wants. Paused on its budget,
+            # the session may still list calls: this read starts those not started yet.
             await self.dispatcher.resolve(session_id, settle=True)
         await self.dispatcher.wait_for(owed)
         records = [await self.store.get_call(key) for key in owed]

@@ -25,6 +25,7 @@ __all__ = [
     "APPROVAL_DENIED_MESSAGE",
     "APPROVAL_EXPIRED_MESSAGE",
     "APPROVAL_UNSUPPORTED_MESSAGE",
+    "CALL_BUDGET_MESSAGE",
     "ENQUEUE_FAILED_MESSAGE",
     "INTERNAL_ERROR_MESSAGE",
     "INTERNAL_FAILURE_MESSAGE",
@@ -112,6 +113,13 @@ RETRIED_SUFFIX = (
 MAX_WAIT_MESSAGE = (
     "Tool '{name}' is busy: this call waited {seconds:g} seconds for its turn and did not run."
     " Try again later, or tell the user the tool is busy."
+)
+#: The session already used its budget of calls of this tool (``max_calls_per_session``):
+#: the call did not run, and none of the tool will in this session.
+CALL_BUDGET_MESSAGE = (
+    "Tool '{name}' did not run: this session used its budget of {budget} calls of it"
+    " (max_calls_per_session). Do not call it again in this session; go on without it or"
+    " tell the user."
 )
 #: A tool's ``concurrency_key`` raised for this call (the call did not run).
 LIMIT_KEY_FAILED_MESSAGE = (

@@ -46,8 +46,10 @@ from .errors import (
     StoreError,
 )
 from .store.base import ApprovalStore, Store
+from .wire import SESSION_BUDGET_REACHED
 
 __all__ = [
+    "BUDGET_SCAN_LIMIT",
     "OUTCOMES",
     "ApprovalView",
     "ApprovalsView",
@@ -61,6 +63,7 @@ __all__ = [
     "OperatorView",
     "Outcome",
     "Overview",
+    "PausedSession",
     "SettleOutcome",
     "json_or_text",
     "limiter_label",
@@ -188,6 +191,9 @@ class CallSummary:
     limiter: str | None = None
     #: Flow control: since when a ``waiting`` call waits (Unix time).
     waiting_since: float | None = None
+    #: Call budgets: the call's place among its session's calls of its tool counted against
+    #: the tool's ``max_calls_per_session`` (1 for the first); None: never counted.
+    counted: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -239,6 +245,22 @@ class DeliveryView:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PausedSession:
+    """A session paused on its spending limit (status ``budget_reached``, openai 3.63):
+    its ``spend_control``'s ``limit`` and ``consumed``, in USD cents (None: not given).
+    Its pending calls are still answered; a turn it fails is no longer owed."""
+
+    session_id: str
+    limit: int | None = None
+    consumed: int | None = None
+
+
+#: How many of the project's newest sessions the overview looks through for those paused on
+#: their budget: one page of ``GET /agents/sessions``, one request per overview.
+BUDGET_SCAN_LIMIT = 100
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Overview:
     """Health and counts: what ``status`` prints and the page's first screen shows."""
 
@@ -259,6 +281,10 @@ class Overview:
     #: (counted among the first :data:`WAITING_COUNT_LIMIT` listed).
     calls_waiting: int = 0
     waiting_by_tool: Mapping[str, int] = field(default_factory=dict)
+    #: Sessions among the project's newest :data:`BUDGET_SCAN_LIMIT` that are paused on their
+    #: spending limit (``budget_reached``); None when not known (no API key, or the Agents
+    #: API did not answer).
+    paused_on_budget: tuple[PausedSession, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -460,6 +486,7 @@ class Operator:
             for record in await self._store.list_calls(query):
                 by_tool[record.tool_name] = by_tool.get(record.tool_name, 0) + 1
         return Overview(
+            paused_on_budget=await self._paused_on_budget(),
             store=self._location,
             healthy=True,
             deliveries=stats.deliveries,
@@ -474,6 +501,24 @@ class Operator:
             approvals_waiting=counts.get("awaiting_approval", 0),
             calls_waiting=counts.get("waiting", 0),
             waiting_by_tool=dict(sorted(by_tool.items())),
+        )
+
+    async def _paused_on_budget(self) -> tuple[PausedSession, ...] | None:
+        """The project's newest sessions paused on their spending limit (None: unknown)."""
+        if self._dispatcher is None:
+            return None
+        try:
+            page = await self._dispatcher.client.list_sessions(limit=BUDGET_SCAN_LIMIT)
+        except APIError:
+            return None
+        return tuple(
+            PausedSession(
+                session_id=item.id,
+                limit=None if item.spend_control is None else item.spend_control.limit,
+                consumed=None if item.spend_control is None else item.spend_control.consumed,
+            )
+            for item in page.data
+            if item.status == SESSION_BUDGET_REACHED
         )
 
     async def calls(self, query: CallFilter) -> CallPage:
@@ -674,6 +719,7 @@ class Operator:
             outcome=outcome_of(record, self._clock(), self._margin),
             limiter=None if record.limiter is None else limiter_label(record.limiter),
             waiting_since=(record.next_attempt_at if record.state is CallState.WAITING else None),
+            counted=record.counted,
         )
 
     def _settleable(self, record: CallRecord) -> bool:

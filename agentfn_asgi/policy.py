@@ -366,6 +366,18 @@ class ToolPolicy:
         ),
     )
 
+    max_calls_per_session: int | None = field(
+        default=None,
+        metadata=_meta(
+            _count_or_none,
+            "at most this many calls of the tool run per session, counted in the store across"
+            " every replica: a call is counted once, before it first runs (its arguments"
+            " valid), and a retry, a takeover or an operator's re-run of it never counts"
+            " again; a call past the budget does not run and fails with a message naming"
+            " the budget (None: no budget)",
+        ),
+    )
+
     @property
     def limited(self) -> bool:
         """Calls of the tool wait for a limiter (``concurrency=`` or ``rate=``)."""

@@ -19,6 +19,7 @@ from .wire import AgentSession, APIErrorDetail, WireModel
 __all__ = [
     "ErrorEvent",
     "GenericSessionEvent",
+    "SessionBudgetReachedEvent",
     "SessionCreatedEvent",
     "SessionEvent",
     "SessionFailedEvent",
@@ -52,6 +53,8 @@ class Turn(WireModel):
     completed_at: int | None = None
     error: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
+    #: Set on a subagent's turn; the root turn has none.
+    subagent_id: str | None = None
 
 
 class _EventBase(WireModel):
@@ -93,12 +96,20 @@ class SessionFailedEvent(_SessionSnapshotEvent):
     type: Literal["agent.session.failed"] = "agent.session.failed"
 
 
+class SessionBudgetReachedEvent(_SessionSnapshotEvent):
+    """``agent.session.budget_reached`` (openai 3.63): the session is paused because its
+    spending limit was reached (``session.spend_control``). There is no webhook for it."""
+
+    type: Literal["agent.session.budget_reached"] = "agent.session.budget_reached"
+
+
 SessionStatusEvent = (
     SessionCreatedEvent
     | SessionInProgressEvent
     | SessionRequiresActionEvent
     | SessionIdleEvent
     | SessionFailedEvent
+    | SessionBudgetReachedEvent
 )
 """The session-level events, each carrying a full session snapshot."""
 
@@ -214,6 +225,7 @@ _EVENT_CLASSES: dict[str, type[BaseModel]] = {
         SessionRequiresActionEvent,
         SessionIdleEvent,
         SessionFailedEvent,
+        SessionBudgetReachedEvent,
         TurnCreatedEvent,
         TurnInProgressEvent,
         TurnCompletedEvent,
@@ -237,6 +249,7 @@ SessionEvent = Annotated[
     | Annotated[SessionRequiresActionEvent, Tag("agent.session.requires_action")]
     | Annotated[SessionIdleEvent, Tag("agent.session.idle")]
     | Annotated[SessionFailedEvent, Tag("agent.session.failed")]
+    | Annotated[SessionBudgetReachedEvent, Tag("agent.session.budget_reached")]
     | Annotated[TurnCreatedEvent, Tag("agent.session.turn.created")]
     | Annotated[TurnInProgressEvent, Tag("agent.session.turn.in_progress")]
     | Annotated[TurnCompletedEvent, Tag("agent.session.turn.completed")]

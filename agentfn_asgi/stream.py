@@ -45,14 +45,17 @@ from .backoff import Backoff
 from .errors import APIError, APIStatusError, NotFoundError
 from .session_events import (
     ErrorEvent,
+    SessionBudgetReachedEvent,
     SessionFailedEvent,
     SessionIdleEvent,
     SessionRequiresActionEvent,
     TurnCancelledEvent,
+    TurnCompletedEvent,
     TurnCreatedEvent,
+    TurnFailedEvent,
     UnreadableEvent,
 )
-from .wire import AgentSession
+from .wire import SESSION_BUDGET_REACHED, AgentSession
 
 if TYPE_CHECKING:
     from .client import AgentsClient
@@ -92,7 +95,8 @@ class FollowEnd:
     """How :func:`follow_session` ended.
 
     ``status`` is ``idle`` (the turn completed), ``cancelled`` (the last turn was cancelled;
-    the session is idle), ``failed`` or ``deleted`` (the API no longer finds the session).
+    the session is idle), ``failed``, ``budget_reached`` (the session is paused on its
+    spending limit, ``spend_control``) or ``deleted`` (the API no longer finds the session).
     ``reconnects`` counts streams opened after the first, ``events`` the distinct events
     seen, ``duplicates`` the repeats dropped by ``event_id``.
     """
@@ -109,11 +113,11 @@ class FollowSummary:
     """What :meth:`AgentWebhookApp.follow <agentfn_asgi.app.AgentWebhookApp.follow>` did.
 
     ``status`` is how the follow ended (see :class:`FollowEnd`: ``idle``, ``cancelled``,
-    ``failed`` or ``deleted``). ``calls_owed`` counts the function calls the session required
-    while followed (read from ``required_actions``); of those, ``calls_run`` have a result
-    (run here, by a worker, or before this follow) and ``results_submitted`` were accepted
-    by the API. ``deliveries`` is how many deliveries were recorded in the store,
-    ``reconnects`` how many times the stream was opened again.
+    ``failed``, ``budget_reached`` or ``deleted``). ``calls_owed`` counts the function calls
+    the session required while followed (read from ``required_actions``); of those,
+    ``calls_run`` have a result (run here, by a worker, or before this follow) and
+    ``results_submitted`` were accepted by the API. ``deliveries`` is how many deliveries
+    were recorded in the store, ``reconnects`` how many times the stream was opened again.
     """
 
     session_id: str
@@ -165,6 +169,17 @@ def stream_delivery_id(session: AgentSession) -> str:
     return "wh_" + digest[:32]
 
 
+def _root_turn(event: object, turn_id: str | None, ended: bool) -> tuple[str | None, bool]:
+    """The root turn seen (its id, whether it ended) after ``event``: a turn created with
+    no subagent starts one; its completion, failure or cancellation ends it."""
+    if isinstance(event, TurnCreatedEvent) and event.turn.subagent_id is None:
+        return event.turn_id, False
+    ending = TurnCompletedEvent | TurnFailedEvent | TurnCancelledEvent
+    if isinstance(event, ending) and turn_id is not None and event.turn_id == turn_id:
+        return turn_id, True
+    return turn_id, ended
+
+
 def _permanent(exc: APIError) -> bool:
     return isinstance(exc, APIStatusError) and exc.status in _PERMANENT
 
@@ -179,13 +194,18 @@ async def follow_session(
     sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
     recent_ids: int = 1024,
 ) -> FollowEnd:
-    """Follow ``session_id``'s event stream until the session is idle, failed or gone.
+    """Follow ``session_id``'s event stream until the session is idle, failed, paused on
+    its spending limit or gone.
 
     ``on_action`` gets a freshly read session whenever it has ``required_actions``: after
     each (re)connect, after each ``requires_action`` event, and after each event that
     cannot be parsed (logged on ``agentfn_asgi.stream`` and skipped). It may be called again for
     the same pending actions (a reconnect re-reads); :func:`stream_delivery_id` names them
-    stably. ``notice`` receives one line per reconnect or streamed error. Raises
+    stably. An ``agent.session.budget_reached`` event re-reads the session (answering what
+    it still owes) and ends the follow once the root turn seen started here ended, or at
+    once when none was seen, as the openai SDK's stream helper does; a read that finds the
+    session paused ends it too. ``notice`` receives one line per reconnect or streamed
+    error. Raises
     :class:`~agentfn_asgi.errors.APIStatusError` for 400/401/403/422 (retrying cannot help);
     cancel the task to stop early.
     """
@@ -194,6 +214,10 @@ async def follow_session(
     seen = _RecentIds(recent_ids)
     failures = opened = events = duplicates = 0
     cancelled = False
+    # The root turn started while followed, and whether it ended (budget_reached ends the
+    # follow only then, or when no turn was seen: the SDK's rule).
+    root_turn: str | None = None
+    root_ended = False
 
     def end(status: str) -> FollowEnd:
         if status == "idle" and cancelled:
@@ -247,12 +271,17 @@ async def follow_session(
                             return end(session.status)
                     elif isinstance(event, SessionIdleEvent | SessionFailedEvent):
                         return end(event.session.status)
+                    elif isinstance(event, SessionBudgetReachedEvent):
+                        session = await read()
+                        if root_turn is None or root_ended:
+                            return end(SESSION_BUDGET_REACHED)
                     elif isinstance(event, TurnCancelledEvent):
                         cancelled = True
                     elif isinstance(event, TurnCreatedEvent):
                         cancelled = False
                     elif isinstance(event, ErrorEvent):
                         say(f"session {session_id}: streamed error: {event.error.message}")
+                    root_turn, root_ended = _root_turn(event, root_turn, root_ended)
             except NotFoundError:
                 return end("deleted")
             except APIError as exc:

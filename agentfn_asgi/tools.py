@@ -164,6 +164,7 @@ class ToolOptions(TypedDict, total=False):
     rate: str | float | None
     burst: int
     max_wait: float | None
+    max_calls_per_session: int | None
 
 
 ToolOptions.__doc__ = (

@@ -23,6 +23,7 @@ from ._lenient import LenientJSONError, Unreadable, find_unreadable, lenient_loa
 __all__ = [
     "AGENT_WEBHOOK_EVENT_TYPES",
     "INPUT_EVENT_TYPES",
+    "SESSION_BUDGET_REACHED",
     "WEBHOOK_EVENT_TYPES",
     "APIErrorDetail",
     "ActionRequiredWebhookData",
@@ -43,6 +44,7 @@ __all__ = [
     "SessionListItem",
     "SessionTurn",
     "SessionWebhookData",
+    "SpendControl",
     "ToolResultEvent",
     "TurnError",
     "WebhookEndpoint",
@@ -55,6 +57,7 @@ __all__ = [
     "WireModel",
     "parse_session",
     "parse_webhook_event",
+    "turn_error_reason",
 ]
 
 #: ``type`` values of ``POST /agents/sessions/{id}/events`` input events (wire protocol §4).
@@ -213,12 +216,31 @@ RequiredAction = Annotated[
 # Session (wire protocol §3)
 
 
+#: The session status of a session paused on its spending limit (openai 3.63).
+SESSION_BUDGET_REACHED = "budget_reached"
+
+
+class SpendControl(WireModel):
+    """A session's spending limit (openai 3.63): ``limit`` and ``consumed`` in USD cents;
+    ``limit`` None means no limit. A session whose ``consumed`` reached its ``limit`` is
+    paused (status ``budget_reached``)."""
+
+    limit: int | None = None
+    consumed: int | None = None
+
+    @property
+    def reached(self) -> bool:
+        """Has the session spent its whole limit?"""
+        return self.limit is not None and (self.consumed or 0) >= self.limit
+
+
 class AgentSession(WireModel):
     """A managed agent session as returned by ``GET /agents/sessions/{id}``.
 
     ``required_actions`` is the authority on what is still owed. ``status`` stays a plain
-    string so a new status value never breaks parsing. ``agent``, ``environment`` and
-    ``usage`` are kept as raw dicts: the middleware does not read them.
+    string so a new status value never breaks parsing (openai 3.63 added
+    ``budget_reached``: paused on its ``spend_control`` limit). ``agent``, ``environment``
+    and ``usage`` are kept as raw dicts: the middleware does not read them.
     """
 
     id: str
@@ -233,6 +255,12 @@ class AgentSession(WireModel):
     environment: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     vault_ids: list[str] = Field(default_factory=list)
+    spend_control: SpendControl | None = None
+
+    @property
+    def budget_reached(self) -> bool:
+        """Is the session paused because its spending limit was reached?"""
+        return self.status == SESSION_BUDGET_REACHED
 
     @property
     def function_calls(self) -> list[FunctionCallAction]:
@@ -248,6 +276,34 @@ class AgentSession(WireModel):
         return None
 
 
+#: What a turn's error ``code`` (openai 3.63 ``session_turn_error``) means, for the people
+#: who read why a call was cancelled: the page, the CLI, the log and the span.
+_TURN_ERROR_REASONS = {
+    "session_budget_exceeded": "the session reached its spending limit",
+    "usage_limit_exceeded": "a usage limit was reached",
+    "project_spend_limit_exceeded": "the project reached its spending limit",
+    "organization_spend_limit_exceeded": "the organization reached its spending limit",
+    "credit_balance_exhausted": "the credit balance is exhausted",
+    "billing_not_active": "billing is not active",
+    "sandbox_error": "the sandbox failed",
+    "context_length_exceeded": "the conversation exceeded the model's context length",
+    "max_output_tokens": "the model reached its output token limit",
+    "resource_not_found": "a resource the turn needed was not found",
+}
+
+
+def turn_error_reason(code: str | None) -> str:
+    """Why a turn failed, for the people who read why its calls were cancelled: its error
+    ``code`` (printable characters only, at most 64) and, for a code openai 3.63 documents,
+    what it means: ``"the turn failed (session_budget_exceeded: the session reached its
+    spending limit)"``; ``"the turn failed"`` without a code."""
+    if not code:
+        return "the turn failed"
+    shown = "".join(c for c in code[:64] if c.isprintable())
+    meaning = _TURN_ERROR_REASONS.get(code)
+    return f"the turn failed ({shown}: {meaning})" if meaning else f"the turn failed ({shown})"
+
+
 class SessionListItem(WireModel):
     """One session of ``GET /agents/sessions``, as far as a listener reads it: its id and
     status (a follower re-reads the session itself before acting)."""
@@ -256,6 +312,7 @@ class SessionListItem(WireModel):
     status: str
     created_at: int | None = None
     last_active_at: int | None = None
+    spend_control: SpendControl | None = None
 
 
 class SessionList(WireModel):

@@ -323,8 +323,9 @@ def _side_effects_without_reconcile() -> None:
     "I misspelled an option: @tools.function(timout=5)",
     "@tools.function: unknown option 'timout' (did you mean 'timeout'?); the options are"
     " approval, approval_timeout, background, burst, concurrency, concurrency_key,"
-    " defer_loading, description, enqueue, in_doubt, job_deadline, max_attempts, max_wait,"
-    " name, rate, reconcile, retry, side_effects, timeout, truncate_oversize",
+    " defer_loading, description, enqueue, in_doubt, job_deadline, max_attempts,"
+    " max_calls_per_session, max_wait, name, rate, reconcile, retry, side_effects, timeout,"
+    " truncate_oversize",
 )
 def _misspelled_option() -> None:
     tools = FunctionTools()

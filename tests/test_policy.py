@@ -76,6 +76,12 @@ def test_resolve_merges_the_tool_over_the_settings() -> None:
         ({"concurrency": 1, "concurrency_key": "tenant"}, "concurrency_key must be callable"),
         ({"concurrency": 1, "max_wait": 0}, "max_wait must be a positive number of seconds"),
         (
+            {"max_calls_per_session": 0},
+            "max_calls_per_session must be a whole number of at least 1",
+        ),
+        ({"max_calls_per_session": 2.5}, "max_calls_per_session must be a whole number"),
+        ({"max_calls_per_session": True}, "max_calls_per_session must be a whole number"),
+        (
             {"concurrency": 1, "enqueue": lambda job: None},
             "a queued tool's worker is limited by its queue",
         ),

@@ -88,7 +88,8 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
         '<table class="counts"><tbody>{counts}</tbody></table></section>'
         '<section><h2>Needs attention <span class="count">{n_attention}</span></h2>{attention}'
         "</section>"
-        "<section><h2>Deliveries the sweep keeps failing on</h2>{failing}</section>",
+        "<section><h2>Deliveries the sweep keeps failing on</h2>{failing}</section>"
+        "{paused}",
         health_css="ok" if overview.healthy else "bad",
         health="Healthy" if overview.healthy else "Unhealthy",
         store=overview.store,
@@ -103,8 +104,42 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
         n_attention=len(overview.needs_attention),
         attention=calls_table(ctx, overview.needs_attention, empty="Nothing needs an operator."),
         failing=deliveries_table(ctx, overview.failing_deliveries, empty="None."),
+        paused=_paused_sessions(ctx, overview),
     )
     return frame(ctx, title="Overview", body=body, refreshable=True)
+
+
+def _paused_sessions(ctx: Context, overview: Overview) -> Safe:
+    """Sessions paused on their spending limit (``budget_reached``), with what they spent;
+    nothing when the page cannot know (no API key)."""
+    paused = overview.paused_on_budget
+    if paused is None:
+        return Safe("")
+    rows = join(
+        render(
+            '<tr><td>{session}</td><td class="num">{consumed}</td><td class="num">{limit}</td>'
+            "</tr>",
+            session=session_link(ctx, p.session_id),
+            consumed=or_dash(None if p.consumed is None else str(p.consumed)),
+            limit=or_dash(None if p.limit is None else str(p.limit)),
+        )
+        for p in paused
+    )
+    table = (
+        render(
+            "<table><thead><tr><th>Session</th><th>Consumed (¢)</th><th>Limit (¢)</th></tr>"
+            "</thead><tbody>{rows}</tbody></table>",
+            rows=rows,
+        )
+        if paused
+        else Safe("<p>None.</p>")
+    )
+    return render(
+        '<section><h2>Sessions paused on their spending limit <span class="count">{n}</span>'
+        "</h2>{table}</section>",
+        n=len(paused),
+        table=table,
+    )
 
 
 # -- calls -------------------------------------------------------------------------------

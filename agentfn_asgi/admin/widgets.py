@@ -125,16 +125,25 @@ def settle_form(ctx: Context, call: CallSummary, *, mode: str = "output", value:
 
 
 def _limit_rows(ctx: Context, call: CallSummary) -> Safe:
-    """Flow control: the limiter the call holds or waits for, and since when it waits."""
+    """Flow control: the limiter the call holds or waits for, and since when it waits; the
+    call's place in its session's budget of its tool, once counted."""
+    budget = (
+        render("<dt>Budget</dt><dd>call {n} of the session's</dd>", n=call.counted)
+        if call.counted is not None
+        else Safe("")
+    )
     if call.limiter is None:
-        return Safe("")
+        return budget
     waiting = (
         render("<dt>Waiting since</dt><dd>{since}</dd>", since=when(ctx, call.waiting_since))
         if call.waiting_since is not None
         else ""
     )
     return render(
-        "<dt>Limit</dt><dd><code>{limit}</code></dd>{waiting}", limit=call.limiter, waiting=waiting
+        "<dt>Limit</dt><dd><code>{limit}</code></dd>{waiting}{budget}",
+        limit=call.limiter,
+        waiting=waiting,
+        budget=budget,
     )
 
 

@@ -15,6 +15,9 @@ Calls are keyed by :class:`CallKey` ``(session_id, turn_id, call_id)``. Their st
     waiting:     a call of a tool with ``concurrency=`` or ``rate=`` that waits for a slot of
                  its limiter (:class:`Limit`); nothing has run.
 
+A call of a tool with ``max_calls_per_session=`` is counted against its session's budget
+once, before it first runs (:attr:`CallRecord.counted`).
+
 Also here: :class:`Job` (one call handed to a worker) and :class:`Completion` (a worker's
 outcome for it), the two values the app's side (:mod:`agentfn_asgi.jobs`) and the worker's
 side (:mod:`agentfn_asgi.worker`) exchange.
@@ -296,6 +299,10 @@ class CallRecord:
     #: (``waiting``; its ``next_attempt_at`` is then when it began to wait). None otherwise.
     limiter: str | None = None
     nonce: str | None = None
+    #: Call budgets (a tool's ``max_calls_per_session``): the call's place among the calls
+    #: of its tool and session counted against the budget (1 for the first), set once when
+    #: it was counted and kept through retries, takeovers and re-runs. None: never counted.
+    counted: int | None = None
 
 
 class ClaimStatus(enum.StrEnum):

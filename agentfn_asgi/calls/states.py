@@ -26,6 +26,8 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
 
     claimed ──schedule_retry──▶ retry_scheduled ──retry (due)──▶ claimed (the next attempt)
 
+    claimed ──count (within its session's budget)──▶ claimed, counted (once, ever)
+
     claimed ──take_slot (admitted)──▶ claimed, holding a slot of its limiter
        └────wait (refused)──▶ waiting ──admit (admitted)──▶ claimed, holding a slot
                                  │  ├─keep_waiting (refused: the waiter's lease renewed)
@@ -44,6 +46,15 @@ holds a slot while it is ``claimed`` with its ``limiter`` set and a lease that h
 lapsed by more than the fencing margin: leaving ``claimed`` frees the slot, and so does a
 holder that died (its lease runs out). Rows that enter ``claimed`` any other way clear the
 limiter, so a taken-over call holds nothing until it is admitted again.
+
+Call budgets (``max_calls_per_session=`` on a tool): before a call of such a tool first
+runs, its holder asks the store to count it (``count_call``). The store counts, in the same
+transaction, the calls of the same session and tool already counted (in any state: a
+budget is a limiter whose holders are every call ever admitted to run) and, while they are
+fewer than the budget (:func:`within_budget`), makes the ``count`` row: the call's
+``counted`` is its place. A counted call is never counted again (a retry, a takeover or an
+operator's re-run finds it counted); a refused one changes nothing and its holder saves the
+budget's failure instead of running it.
 
 A call of a tool declared with ``approval=`` is held in ``awaiting_approval`` by the holder
 of its claim, after its arguments were validated: nothing runs, and a redelivery, the sweep
@@ -102,6 +113,7 @@ __all__ = [
     "resulting_state",
     "settleable",
     "settled_with",
+    "within_budget",
 ]
 
 
@@ -131,8 +143,10 @@ class Guard(enum.StrEnum):
     #: there). Never sooner; a replica whose clock runs ahead starts it that much early.
     DUE = "due"
     #: Flow control: the call's limiter has a slot (and a token) for it now, with every live
-    #: waiter that arrived earlier served first (:func:`admits`). The store counts the
-    #: limiter's holders, waiters and tokens in the same transaction as the change.
+    #: waiter that arrived earlier served first (:func:`admits`); or, for the ``count`` row,
+    #: its session's budget of its tool has room for it (:func:`within_budget`). The store
+    #: counts the limiter's holders, waiters and tokens (or the budget's counted calls) in
+    #: the same transaction as the change.
     ADMITTED = "admitted"
     #: Flow control: the limiter has no slot (or token) for it now.
     REFUSED = "refused"
@@ -186,6 +200,7 @@ FIELDS: Final = frozenset(
         "result",
         "approval",
         "nonce",
+        "counted",
     }
 )
 
@@ -380,6 +395,22 @@ _FLOW_CONTROL: Final = (
         sets=_sets(**{**_NEXT_ATTEMPT, "nonce": ":nonce_adopt"}),
         says=_OWNER,
     ),
+    # Call budgets: before a call of a tool with ``max_calls_per_session`` first runs, its
+    # holder has it counted against its session's budget of the tool. The budget is a
+    # limiter of the session and tool whose holders are every call of it ever counted
+    # (``counted`` set, in any state, never cleared by a row): counted once, a call stays
+    # counted through retries, takeovers and re-runs. Refused, nothing changes: the holder
+    # saves the budget's failure instead of running it. Not ``updated_at``: counting is no
+    # change a reader of the session could have missed.
+    Transition(
+        "count",
+        "count_call",
+        (_from(CallState.CLAIMED, guards=_ADMITTED),),
+        Target.SAME,
+        event="counted",
+        sets=_sets(counted=":counted"),
+        says=_DETAIL,
+    ),
 )
 
 #: Every transition a store may make, by name.
@@ -560,7 +591,8 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
 #: (``unchanged_since``, or None), ``admitted`` (the limiter's answer), ``approval_id``,
 #: ``lease_expires_at``, ``result`` (a :class:`SavedResult`), ``approval`` (an
 #: :class:`ApprovalRequest`), ``detail``, ``limiter``, ``delivery_id``, ``at``, ``retry_at``,
-#: ``expires_at``; a claim adds the call's ``key`` and ``tool_name``.
+#: ``expires_at``, ``counted`` (a call's place in its budget); a claim adds the call's ``key``
+#: and ``tool_name``.
 Args = Mapping[str, Any]
 
 
@@ -839,6 +871,14 @@ def admits(
     if concurrency is not None and holders + ahead >= concurrency:
         return False
     return rate is None or tokens >= ahead + 1
+
+
+def within_budget(*, budget: int, counted: int) -> bool:
+    """The rule of a call budget (``Guard.ADMITTED`` of the ``count`` row), the same in
+    every store: a call not counted yet is counted while fewer than ``budget`` other calls
+    of its session and tool are (``counted``: those, in any state, counted in the same
+    transaction). Its place is then ``counted + 1``."""
+    return counted < budget
 
 
 def bucket_tokens(

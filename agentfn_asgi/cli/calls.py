@@ -150,6 +150,8 @@ def format_call(detail: CallDetail, *, now: float) -> str:
     if c.waiting_since is not None:
         since = f"{_stamp(c.waiting_since)} UTC ({ago(c.waiting_since, now)})"
         lines.append(f"waiting   since {since}, for a slot of its limit")
+    if c.counted is not None:
+        lines.append(f"budget    call {c.counted} counted against its session's budget")
     if detail.approval is not None:
         lines += _approval_lines(detail)
     lines.append("")

@@ -48,6 +48,7 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
         ("approvals", f"{overview.approvals_waiting} waiting (agentfn-asgi approvals)"),
         ("retrying", str(overview.calls_by_state.get("retry_scheduled", 0))),
         ("waiting", _waiting(overview)),
+        ("paused", _paused(overview)),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)
@@ -60,6 +61,13 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
                 f"  {call.state:<11} {call.session_id}  {call.call_id}  {call.tool_name}"
                 f"  attempt {call.attempt}{why}"
             )
+    if overview.paused_on_budget:
+        lines += ["", "paused on their spending limit (budget_reached; USD cents):"]
+        for paused in overview.paused_on_budget:
+            lines.append(
+                f"  {paused.session_id}  consumed {_cents(paused.consumed)}"
+                f" of {_cents(paused.limit)}"
+            )
     if overview.failing_deliveries:
         lines += ["", "the recovery sweep keeps failing on (agentfn-asgi deliveries --unresolved):"]
         for delivery in overview.failing_deliveries:
@@ -68,6 +76,17 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
                 f"{delivery.attempts}x: {delivery.last_error}"
             )
     return "\n".join(lines)
+
+
+def _paused(overview: Overview) -> str:
+    """How many sessions are paused on their spending limit, when that is known."""
+    if overview.paused_on_budget is None:
+        return "unknown: sessions paused on their spending limit (needs OPENAI_API_KEY)"
+    return f"{len(overview.paused_on_budget)} sessions on their spending limit"
+
+
+def _cents(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def _waiting(overview: Overview) -> str:
@@ -81,7 +100,8 @@ def _waiting(overview: Overview) -> str:
 async def _status(args: argparse.Namespace) -> int:
     from .calls import operator
 
-    async with operator(args.store) as view:
+    # With an API key, the overview also reads which sessions are paused on their budget.
+    async with operator(args.store, api="optional") as view:
         overview = await view.overview()
     if args.json:
         print(json.dumps(asdict(overview), indent=2))

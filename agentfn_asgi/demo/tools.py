@@ -16,6 +16,10 @@
   (``concurrency=2``; ``EXAMPLE_RATE``, e.g. ``5/s``, adds that rate with a burst of 1):
   waits without blocking other calls, appends ``{"call_id", "tool": "limited_echo",
   "start", "end"}`` (Unix times: the handler's start and end) to the ledger, echoes.
+- ``capped_lookup(key)``: at most three calls per session (``max_calls_per_session=3``),
+  counted across every replica; each execution appends ``{"call_id", "tool":
+  "capped_lookup"}`` to the ledger and returns ``{"key": key}``; a call past the budget
+  does not run and fails with a message naming it.
 
 They ship in the package so that ``agentfn-asgi demo`` runs them after ``pip install``;
 the examples (``examples/``) import them from here rather than keep a copy. It is user code:
@@ -48,6 +52,7 @@ import anyio.to_thread
 from agentfn_asgi import FunctionTools, NotRun, Ran, RetryPolicy, ToolContext, ToolError
 
 __all__ = [
+    "CAPPED_CALLS",
     "CUSTOMERS",
     "FLAKY_RETRY",
     "LIMITED_CONCURRENCY",
@@ -68,6 +73,11 @@ LIMITED_CONCURRENCY = 2
 def example_rate() -> str | None:
     """limited_echo's rate from ``EXAMPLE_RATE`` (``"5/s"``...), or None when unset."""
     return os.environ.get("EXAMPLE_RATE", "").strip() or None
+
+
+#: How many capped_lookup calls run per session (max_calls_per_session), across every
+#: replica sharing the store.
+CAPPED_CALLS = 3
 
 
 #: The one customer of the guide's example.
@@ -254,6 +264,17 @@ def build_tools() -> FunctionTools:
         entry = {"call_id": ctx.call_id, "tool": "limited_echo", "start": start, "end": end}
         await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
         return text
+
+    @registry.function(max_calls_per_session=CAPPED_CALLS)
+    async def capped_lookup(ctx: ToolContext, key: str) -> dict[str, Any]:
+        """Look a key up; at most three calls per session.
+
+        Args:
+            key: The key to look up.
+        """
+        entry = {"call_id": ctx.call_id, "tool": "capped_lookup"}
+        await anyio.to_thread.run_sync(_ledger(ctx).append, entry)
+        return {"key": key}
 
     @registry.function
     async def long_task(ctx: ToolContext, seconds: float) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from ..client import AgentsClient
 from ..errors import APIError, NotFoundError
 from ..store.base import Store
 from ..tools import FunctionTools
+from ..wire import turn_error_reason
 
 __all__ = ["Canceller"]
 
@@ -150,8 +151,7 @@ class Canceller:
         if turn.status == "cancelled":
             return "the turn was cancelled"
         if turn.status == "failed":
-            code = turn.error.code if turn.error is not None else None
-            return f"the turn failed ({code})" if code else "the turn failed"
+            return turn_error_reason(turn.error.code if turn.error is not None else None)
         if turn.status == "completed":
             return "the turn completed without it"
         return None

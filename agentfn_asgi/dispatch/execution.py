@@ -58,6 +58,7 @@ from ..errors import (
 from ..messages import (
     APPROVAL_ARGUMENTS_CHANGED_MESSAGE,
     APPROVAL_UNSUPPORTED_MESSAGE,
+    CALL_BUDGET_MESSAGE,
     ENQUEUE_FAILED_MESSAGE,
     IN_DOUBT_MESSAGE,
     INTERNAL_FAILURE_MESSAGE,
@@ -138,6 +139,9 @@ class _Attempt:
     #: The result decided before anything runs (a wait past ``max_wait``, a
     #: ``concurrency_key`` that raised): saved and submitted as it is.
     preset: SavedResult | None = None
+    #: Call budgets: the call was counted against its session's budget already (a retry, a
+    #: takeover or a re-run of it is never counted again).
+    counted: bool = False
 
     @property
     def approved(self) -> bool:
@@ -520,6 +524,7 @@ class Executor:
             limiter=None if admission.limit is None else admission.limit.name,
             waited=waited,
             preset=admission.failure,
+            counted=record.counted is not None,
         )
 
     async def _execute(self, attempt: _Attempt) -> float | None:
@@ -688,6 +693,9 @@ class Executor:
             return failure_result(
                 key, model_error_message(exc, tool_name=tool.name), "validation_error"
             )
+        over_budget = await self._over_budget(attempt, tool)
+        if over_budget is not None:
+            return over_budget  # before an approval is asked: a person never sees it
         if attempt.approved:
             assert attempt.approval is not None
             if arguments_digest(action.arguments) != attempt.approval.digest:
@@ -711,6 +719,40 @@ class Executor:
         if tool.enqueue is not None:
             return await self._hand_off(attempt, tool, arguments, context)
         return await self._run(attempt, tool, arguments, context)
+
+    async def _over_budget(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
+        """Call budgets (``max_calls_per_session``): a call not counted yet is counted in
+        the store against its session's budget of the tool before it first runs; past the
+        budget, the failure to save instead of running it (None: it may run)."""
+        budget = tool.policy.max_calls_per_session
+        if budget is None or attempt.counted:
+            return None
+        key = attempt.key
+        self._leases.check(attempt.lease)
+        record = await self._store.count_call(
+            key, owner=self._owner, attempt=attempt.number, budget=budget
+        )
+        if record is not None and record.counted is not None:
+            return None
+        # Refused (or no longer ours: the failure's save is then fenced off).
+        logger.info(
+            "call over its session's budget: tool=%s session=%s call=%s budget=%d",
+            tool.name,
+            key.session_id,
+            key.call_id,
+            budget,
+            extra={
+                "agentfn": {
+                    "tool": tool.name,
+                    "session_id": key.session_id,
+                    "turn_id": key.turn_id,
+                    "call_id": key.call_id,
+                    "budget": budget,
+                }
+            },
+        )
+        message = CALL_BUDGET_MESSAGE.format(name=tool.name, budget=budget)
+        return failure_result(key, message, "call_budget", source="limit")
 
     async def _request_approval(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
         """Hold the call for a person (``awaiting_approval``) if our claim still stands."""

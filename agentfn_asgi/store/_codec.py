@@ -19,7 +19,17 @@ from agentfn_asgi.calls.records import (
     parse_history,
 )
 
-__all__ = ["approval_detail", "claim_status_for", "record_from_mapping", "saved_detail"]
+__all__ = [
+    "REASON_COLUMN",
+    "approval_detail",
+    "claim_status_for",
+    "record_from_mapping",
+    "saved_detail",
+]
+
+#: The column (SQL) and hash field (Redis) of :attr:`CallRecord.reason`: schema 1 was
+#: released with this name, and a released column keeps its name (docs/versions.md).
+REASON_COLUMN = "quarantine_reason"
 
 
 def claim_status_for(record: CallRecord) -> ClaimStatus:
@@ -101,7 +111,7 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         updated_at=float(row["updated_at"]),
         delivery_id=row.get("delivery_id") or None,
         result=result,
-        reason=row.get("reason") or None,
+        reason=row.get(REASON_COLUMN) or None,
         history=history,
         next_attempt_at=float(row.get("next_attempt_at") or 0.0),
         failures=int(row.get("failures") or 0),
@@ -110,4 +120,5 @@ def record_from_mapping(row: Mapping[str, Any]) -> CallRecord:
         approval=ApprovalRequest.from_json(row.get("approval")) if row.get("approval_id") else None,
         limiter=row.get("limiter") or None,
         nonce=row.get("nonce") or None,
+        counted=None if row.get("counted") in (None, "") else int(row["counted"]),
     )

@@ -36,7 +36,7 @@ from typing import Any, Final
 from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
 from agentfn_asgi.calls.states import SAVED, Args, claimed_with, settled_with
 from agentfn_asgi.errors import StoreError, StoreUnavailableError
-from agentfn_asgi.store._codec import approval_detail, saved_detail
+from agentfn_asgi.store._codec import REASON_COLUMN, approval_detail, saved_detail
 
 __all__ = ["APPROVAL_COLUMNS", "RESULT_COLUMNS", "Transitions", "flat_args", "flat_columns"]
 
@@ -54,11 +54,14 @@ APPROVAL_COLUMNS: Final = ("approval_id", "approval")
 
 
 def flat_columns(field: str) -> tuple[str, ...]:
-    """The flat columns of a record field (a result and an approval are several)."""
+    """The flat columns of a record field (a result and an approval are several; ``reason``
+    keeps the name schema 1 was released with)."""
     if field == "result":
         return RESULT_COLUMNS
     if field == "approval":
         return APPROVAL_COLUMNS
+    if field == "reason":
+        return (REASON_COLUMN,)
     return (field,)
 
 

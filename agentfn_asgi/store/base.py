@@ -184,6 +184,20 @@ class Store(Protocol):
         :func:`agentfn_asgi.calls.states.admits`.
         """
 
+    async def count_call(
+        self, key: CallKey, *, owner: str, attempt: int, budget: int
+    ) -> CallRecord | None:
+        """Count the call ``(owner, attempt)`` holds (``claimed``) against its session's
+        budget of its tool (``max_calls_per_session``): in one atomic step, the calls of the
+        same session and tool already counted (in any state) are counted and, while they are
+        fewer than ``budget``, the call is counted (the ``count`` row: its ``counted`` is its
+        place, 1 for the first). Answers the record as it stands after the step: ``counted``
+        set when the call is counted (now, or before: a call is counted once, ever, so a
+        retried step, a retry, a takeover or a re-run never counts it again), None when the
+        budget is spent or the call is not the caller's to count (None: no such call). The
+        rule is :func:`agentfn_asgi.calls.states.within_budget`.
+        """
+
     async def renew_lease(
         self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
     ) -> bool:

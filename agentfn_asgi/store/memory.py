@@ -46,6 +46,7 @@ from agentfn_asgi.calls.states import (
     in_doubt,
     reclaimed,
     refusal,
+    within_budget,
 )
 from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.store._codec import claim_status_for
@@ -338,6 +339,36 @@ class MemoryStore(Transitions):
         if not held or record.state not in (CallState.CLAIMED, CallState.WAITING):
             return ClaimOutcome(claim_status_for(record), _plain(record))
         return self._admitted(ClaimStatus.CLAIMED, record, limit, lease_seconds, margin)
+
+    async def count_call(
+        self, key: CallKey, *, owner: str, attempt: int, budget: int
+    ) -> CallRecord | None:
+        """Count the call we hold against its session's budget; see :meth:`Store.count_call`."""
+        self._check_open()
+        record = self._get(key)
+        if record is None or record.counted is not None:
+            return None if record is None else _plain(record)
+        counted = sum(
+            1
+            for (ns, other_key), other in self._data.calls.items()
+            if ns == self.namespace
+            and other_key.session_id == key.session_id
+            and other.tool_name == record.tool_name
+            and other.counted is not None
+        )
+        admitted = within_budget(budget=budget, counted=counted)
+        args = {
+            "now": self._clock(),
+            "owner": owner,
+            "attempt": attempt,
+            "admitted": admitted,
+            "counted": counted + 1,
+            "detail": f"{counted + 1} of {budget}",
+        }
+        row = TRANSITIONS["count"]
+        if not holds(row, record, args):
+            return _plain(record)
+        return _plain(self._put(apply(row, record, args)))
 
     def _admitted(
         self,

@@ -160,6 +160,11 @@ class FakeControlApp:
       "message": ...}`` (default ``internal_error``; the URL gets ``agent.session.failed``):
       ``200 {"status": "cancelled" | "failed"}``, ``404`` for an unknown session, ``409``
       when no turn is active.
+    - ``POST /_fake/sessions/{id}/budget`` pauses the session on its spending limit, with
+      an optional body ``{"limit": cents, "consumed": cents}`` (default 100, and consumed
+      the limit; the stream gets ``agent.session.budget_reached``, no webhook exists for
+      it): ``200 {"status": "budget_reached"}``, ``404`` for an unknown session, ``400``
+      for a body that is not whole numbers with consumed at least the limit.
     - ``GET /_fake/submissions`` lists the results the fake accepted.
 
     Everything else goes to the fake (``/v1/agents/sessions/...``).
@@ -172,6 +177,7 @@ class FakeControlApp:
             ("/_fake/sessions/{session_id}/redeliver", self._redeliver, "POST"),
             ("/_fake/sessions/{session_id}/cancel", self._end_turn, "POST"),
             ("/_fake/sessions/{session_id}/fail", self._end_turn, "POST"),
+            ("/_fake/sessions/{session_id}/budget", self._pause_on_budget, "POST"),
             ("/_fake/submissions", self._submissions, "GET"),
         ]
         self._router = exact_router(
@@ -230,6 +236,24 @@ class FakeControlApp:
             )
         return JSONResponse({"status": status})
 
+    async def _pause_on_budget(self, request: Request) -> JSONResponse:
+        session_id = request.path_params["session_id"]
+        if session_id not in self.fake.sessions:
+            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+        shape = '{"limit": cents, "consumed": cents} (whole numbers, consumed >= limit)'
+        try:
+            body = json.loads(await request.body() or b"{}")
+            limit, consumed = body.get("limit", 100), body.get("consumed")
+            if not all(
+                isinstance(n, int) and not isinstance(n, bool)
+                for n in (limit, limit if consumed is None else consumed)
+            ):
+                raise ValueError("not whole numbers")
+            self.fake.pause_on_budget(session_id, limit=limit, consumed=consumed)
+        except (ValueError, AttributeError):
+            return JSONResponse({"error": f"the body is not {shape}"}, status_code=400)
+        return JSONResponse({"status": "budget_reached"})
+
     async def _redeliver(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
@@ -262,6 +286,7 @@ async def _no_endpoint(request: Request) -> JSONResponse:
                 "POST /_fake/sessions/{id}/redeliver",
                 "POST /_fake/sessions/{id}/cancel",
                 "POST /_fake/sessions/{id}/fail",
+                "POST /_fake/sessions/{id}/budget",
                 "GET /_fake/submissions",
             ],
         },

@@ -218,6 +218,17 @@ class FakeAgentsAPI:
         """
         return self._get(session_id).cancel_turn()
 
+    def pause_on_budget(
+        self, session_id: str, *, limit: int = 100, consumed: int | None = None
+    ) -> None:
+        """Pause a session on its spending limit, as openai 3.63 does when a session's
+        ``spend_control.consumed`` reaches its ``limit`` (USD cents; ``consumed`` defaults
+        to ``limit``, and may not be less): status ``budget_reached`` and the stream event
+        ``agent.session.budget_reached`` (there is no webhook for it). The active turn is
+        left as it is (whether the real API ends it is not documented): its pending calls
+        stay pending, and no next step opens while the session is paused."""
+        self._get(session_id).pause_on_budget(limit=limit, consumed=consumed)
+
     def fail_turn(
         self,
         session_id: str,

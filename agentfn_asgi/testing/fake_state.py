@@ -32,6 +32,8 @@ _STATUS_EVENTS = {
     "requires_action": "agent.session.requires_action",
     "idle": "agent.session.idle",
     "failed": "agent.session.failed",
+    # No webhook exists for it (openai 3.63): stream only.
+    "budget_reached": "agent.session.budget_reached",
 }
 
 
@@ -162,6 +164,8 @@ class FakeSession:
         self.queued_turns: list[list[list[FakeCall]]] = []
         self.history: list[dict[str, Any]] = []
         self.listeners: set[asyncio.Queue[StreamItem]] = set()
+        #: Unlimited, consumption unknown (newer API versions always send the object).
+        self.spend_control: dict[str, int | None] = {"limit": None, "consumed": None}
 
     # -- views --------------------------------------------------------------------------------
 
@@ -210,8 +214,7 @@ class FakeSession:
             "error": self.error,
             "usage": None,
             "vault_ids": [],
-            # Unlimited, consumption unknown (newer API versions always send the object).
-            "spend_control": {"limit": None, "consumed": None},
+            "spend_control": dict(self.spend_control),
         }
 
     # -- transitions --------------------------------------------------------------------------
@@ -289,6 +292,18 @@ class FakeSession:
         self._emit_turn(f"agent.session.turn.{status}", turn)
         self._set_status("idle" if error is None else "failed")
         return True
+
+    def pause_on_budget(self, *, limit: int, consumed: int | None = None) -> None:
+        """Pause the session on its spending limit: ``spend_control`` becomes ``{limit,
+        consumed}`` (``consumed`` defaults to ``limit``), the status ``budget_reached`` and
+        the stream gets ``agent.session.budget_reached`` (no webhook exists for it). The
+        active turn, if any, is left as it is: its pending calls stay pending and accept
+        results, but no next step opens while the session is paused."""
+        spent = limit if consumed is None else consumed
+        if spent < limit:
+            raise ValueError(f"a session paused on its budget has consumed {limit} or more")
+        self.spend_control = {"limit": limit, "consumed": spent}
+        self._set_status("budget_reached")
 
     def submit(self, events: list[dict[str, Any]], idempotency_key: str | None) -> list[Submission]:
         """Check then apply a validated batch atomically; return the results that took effect.
@@ -398,8 +413,8 @@ class FakeSession:
             }
         )
         turn = self.current
-        if turn is None or self.pending_calls():
-            return
+        if turn is None or self.pending_calls() or self.status == "budget_reached":
+            return  # (a session paused on its budget goes no further)
         # The step is complete: the model "thinks" (step_delay), then asks again or finishes.
         turn.status = "in_progress"
         self._set_status("in_progress")
@@ -444,6 +459,8 @@ class FakeSession:
         self.status = status
         self.last_active_at = int(self.host.clock())
         self._emit({"type": _STATUS_EVENTS[status], "session": self.snapshot()})
+        if status == "budget_reached":
+            return
         if status == "requires_action":
             self.host.webhooks.emit(
                 "agent.session.action_required",

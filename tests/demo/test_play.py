@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from agentfn_asgi.demo import find_project_root, run_demo
+from agentfn_asgi.demo.tools import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +74,7 @@ async def test_demo_failure_is_clear_and_cleans_up() -> None:
     assert code == 1
     assert "demo FAILED: the session was not finished" in output
     assert "app log:" in output
-    assert "agentfn-asgi started: 8 tools" in output.split("app log:")[1]
+    assert f"agentfn-asgi started: {len(tools)} tools" in output.split("app log:")[1]
     assert set(psutil.Process().children(recursive=True)) <= children
     assert not _workdir(output).exists()
 

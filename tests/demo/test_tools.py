@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from agentfn_asgi.demo.tools import (
+    CAPPED_CALLS,
     LIMITED_CONCURRENCY,
     ExampleResources,
     Ledger,
@@ -46,9 +47,13 @@ def test_definitions_match_the_contract() -> None:
         "close_account",
         "flaky_lookup",
         "limited_echo",
+        "capped_lookup",
         "long_task",
         "long_task_sync",
     }
+    capped = tools.get("capped_lookup")
+    assert capped is not None and capped.policy.max_calls_per_session == CAPPED_CALLS == 3
+    assert definitions["capped_lookup"]["parameters"]["required"] == ["key"]
     close = tools.get("close_account")
     assert close is not None and close.side_effects and close.approval is True
     assert close.reconcile is not None
@@ -161,6 +166,17 @@ async def test_refund_waits_delay_ms_before_its_side_effect(tmp_path: Path) -> N
     quick = refund.parse_arguments({"order_id": "ord_1", "amount_cents": 1500, "delay_ms": 1})
     assert (await refund.invoke(quick, ctx))["order_id"] == "ord_1"
     assert [e["call_id"] for e in ledger.entries()] == ["call_1"]
+
+
+@pytest.mark.anyio
+async def test_capped_lookup_writes_its_line_and_returns_the_key(tmp_path: Path) -> None:
+    """``capped_lookup`` appends exactly ``{call_id, tool}`` and returns ``{"key": key}``."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    capped = tools.get("capped_lookup")
+    assert capped is not None
+    args = capped.parse_arguments({"key": "k1"})
+    assert await capped.invoke(args, _context("call_1", ledger)) == {"key": "k1"}
+    assert ledger.entries() == [{"call_id": "call_1", "tool": "capped_lookup"}]
 
 
 @pytest.mark.anyio

@@ -144,7 +144,10 @@ async def test_a_failed_turn_gives_its_error_code_as_the_reason() -> None:
         await _started(events, "a")
         stack.fake.fail_turn(sid, "session_budget_exceeded", "The session's budget ran out.")
         record = await _until(stack, sid, "a", CallState.CANCELLED)
-        assert record.reason == "the turn failed (session_budget_exceeded); stopped while it ran"
+        assert record.reason == (
+            "the turn failed (session_budget_exceeded: the session reached its spending limit);"
+            " stopped while it ran"
+        )
 
 
 async def test_a_side_effect_call_stopped_mid_run_may_have_run_and_its_hook_is_told() -> None:

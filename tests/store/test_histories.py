@@ -18,7 +18,9 @@ superseded holders try to save, operators settle and release, refused submission
 history past its bound, results are pruned, listed and paged. Flow control: claims of
 limited tools (a few fixed limits sharing two limiters: one or two slots, a rate with a
 burst of 1) take slots or wait, their holders poll (``admit_call``), waiters die and are
-adopted, and every record's ``limiter`` is compared with the rest.
+adopted, and every record's ``limiter`` is compared with the rest. Call budgets: holders have
+their calls counted against a budget of one or two per session and tool (``count_call``),
+and every record's ``counted`` is compared.
 
 Times are compared exactly: both stores read the one clock, which only the ``advance`` rule
 moves. ``AGENTFN_HISTORY_EXAMPLES`` sets the examples per backend (120 by default, the same
@@ -121,6 +123,9 @@ LIMITS = (
     Limit(name="refund", rate=0.1, burst=1),
 )
 flow_limits = st.sampled_from(LIMITS)
+#: Call budgets: a session's calls of a tool (up to four in the pools) counted up to one or
+#: two, so that counts are refused as well as made.
+budgets = st.sampled_from([1, 2])
 #: Where time goes relative to a claim's lease end before a step that compares with it:
 #: exactly at it, just past it, at the end of a 5 s margin and past that; None: stays.
 lease_ends = st.sampled_from([None, 0.0, 0.5, 5.0, 5.5])
@@ -659,6 +664,24 @@ class Histories(RuleBasedStateMachine):
                 margin=margin,
             ),
             admission_view,
+            key=key,
+        )
+
+    @precondition(lambda self: self.calls_exist)
+    @rule(data=st.data(), who=whos, owner=owners, attempt=attempts, budget=budgets)
+    def count_call(
+        self, data: st.DataObject, who: str, owner: str, attempt: int, budget: int
+    ) -> None:
+        """A holder has its call counted against its session's budget of its tool (or a
+        superseded holder, or anyone, tries): counted in its place, refused once the
+        session's calls of the tool fill the budget, never counted twice."""
+        ns, key = self.target(data, "claimed", "lapsed")
+        owner, attempt = self.fenced(ns, key, who, owner, attempt)
+        self.both(
+            f"count_call({key}, owner={owner!r}, attempt={attempt}, budget={budget})",
+            ns,
+            lambda s: s.count_call(key, owner=owner, attempt=attempt, budget=budget),
+            lambda record: call_view(record),
             key=key,
         )
 

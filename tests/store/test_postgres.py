@@ -268,7 +268,7 @@ async def test_recovers_after_its_backends_are_terminated(make_store: StoreMaker
 async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
     make_store: StoreMaker,
 ) -> None:
-    """open() makes schema 1 (its indexes are these) and records its version; data a later
+    """open() makes the newest schema (its indexes are these) and records its version; data a later
     release made unreadable to this one (a contract step) is refused with a StoreError
     naming both versions."""
     schema = f"agentfn_test_{uuid.uuid4().hex[:16]}"
@@ -298,7 +298,9 @@ async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
         await newer.open()
     assert not isinstance(info.value, StoreUnavailableError)
     await newer.close()
-    await _execute(f'UPDATE "{schema}".schema_version SET version = 1, readable_from = 1')
+    await _execute(
+        f'UPDATE "{schema}".schema_version SET version = {len(STEPS)}, readable_from = 1'
+    )
 
 
 async def test_values_postgres_refuses_are_refused_not_failed(make_store: StoreMaker) -> None:

@@ -324,6 +324,24 @@ async def test_history_is_a_list_of_call_events(make_store: StoreMaker) -> None:
     ]
 
 
+async def test_a_reason_lands_in_the_hash_field_0_1_0_reads(make_store: StoreMaker) -> None:
+    """A quarantined or cancelled call's reason is the hash field ``quarantine_reason``, as
+    0.1.0 wrote and reads it (a replica of it may share the store)."""
+    store = await make_store(clock=Clock())
+    key = CallKey("s", "t", "c")
+    await store.claim_call(key, tool_name="t", owner="a", lease_seconds=30)
+    await store.quarantine(key, owner="a", attempt=1, reason="reconcile said unknown")
+    [call_key] = await _keys(f"{store._space}c:*")
+    client = redis_asyncio.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        fields = await client.hgetall(call_key)
+    finally:
+        await client.aclose()
+    assert fields["quarantine_reason"] == "reconcile said unknown" and "reason" not in fields
+    record = await store.get_call(key)
+    assert record is not None and record.reason == "reconcile said unknown"
+
+
 async def test_a_long_history_keeps_its_first_and_last_events(make_store: StoreMaker) -> None:
     """2,000 refused submissions of one call: the history list stays at 50 entries (the
     first 10 events and the last 40) and the hash counts the 1,952 dropped; every read

@@ -123,11 +123,13 @@ BACKENDS = pytest.mark.parametrize(
 )
 
 
-def _next_release(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """From now on, stores opened are of the next release: they know its step."""
+def _next_release(backend: str, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """From now on, stores opened are of the next release: they know its step. The version
+    (and readable_from) that step gives."""
     module: Any = _redis_layout if backend == "redis" else _sql_schema
     step = REDIS_STEP if backend == "redis" else SQL_STEP
     monkeypatch.setattr(module, "STEPS", (*module.STEPS, step))
+    return len(module.STEPS), 1
 
 
 @BACKENDS
@@ -144,10 +146,10 @@ async def test_replicas_of_two_releases_answer_calls_on_one_store_during_a_rolli
     assert await old.record_delivery("d1", "s") is True
 
     with monkeypatch.context() as patch:
-        _next_release(backend, patch)
+        next_version = _next_release(backend, patch)
         new = await store_factory()
     version, added, _ = await _expanded(backend, new)
-    assert version == [(2, 1)]
+    assert version == [next_version]
     if backend == "redis":
         assert added == [f"lookup:{new._call_key(in_flight)}"]  # type: ignore[attr-defined]
     else:
@@ -180,7 +182,7 @@ async def test_replicas_of_two_releases_answer_calls_on_one_store_during_a_rolli
         record = await restarted.get_call(key)
         assert record is not None and record.state is CallState.SUBMITTED
     version, _, noted = await _expanded(backend, new)
-    assert version == [(2, 1)]
+    assert version == [next_version]
     assert noted == ([] if backend == "redis" else ["a"])
 
 
@@ -193,10 +195,10 @@ async def test_replicas_of_the_next_release_starting_together_take_its_step_once
     runs)."""
     backend: str = request.node.callspec.params["store_factory"]
     await store_factory()
-    _next_release(backend, monkeypatch)
+    next_version = _next_release(backend, monkeypatch)
     first, second = await asyncio.gather(store_factory(), store_factory())
     version, _, _ = await _expanded(backend, first)
-    assert version == [(2, 1)]
+    assert version == [next_version]
     assert await claim(second, "second") is ClaimStatus.CLAIMED
     if backend == "redis":
         import redis.asyncio as redis_asyncio

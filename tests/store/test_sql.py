@@ -61,6 +61,12 @@ def test_the_claim_says_what_it_does_to_which_state() -> None:
     assert "THEN c.limiter ELSE NULL END" in text
 
 
+def _version_row(version: int, readable_from: int) -> str:
+    """The statement that records a version (numbers only: no input reaches it)."""
+    values = f"VALUES ({version}, {readable_from})"
+    return "INSERT INTO {p}schema_version (version, readable_from) " + values
+
+
 def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
     """A new database gets the newest tables and indexes, made by the first step, and its
     version row last; one already there gets nothing."""
@@ -70,7 +76,7 @@ def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
     assert changes[len(TABLES) : -2] == [fill(index) for index in INDEXES]
     assert changes[-2:] == [
         "DELETE FROM {p}schema_version",
-        "INSERT INTO {p}schema_version (version, readable_from) VALUES (1, 1)",
+        _version_row(len(STEPS), 1),
     ]
     assert schema_changes((len(STEPS), 1), "db") == []
 
@@ -78,35 +84,40 @@ def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
 def test_a_database_takes_the_steps_it_lacks_and_the_version_they_give(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With a next release's steps: a database of version 1 takes steps 2 and 3 only; an
-    additive step keeps it readable from 1, a removal raises that to its own floor; a new
-    database takes only the first step (which makes the newest tables) and both numbers."""
+    """With a next release's steps: a database of this release's version takes the next
+    two only; an additive step keeps it readable from 1, a removal raises that to its own
+    floor; a new database takes only the first step (which makes the newest tables) and
+    both numbers."""
+    now = len(STEPS)
     expand = Step(("ALTER TABLE {p}calls ADD COLUMN note {text}",), readable_from=1)
-    contract = Step(("DROP INDEX {p}calls_approved",), readable_from=2)
+    contract = Step(("DROP INDEX {p}calls_approved",), readable_from=now + 1)
     monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand))
-    assert schema_changes((1, 1), "db") == [
+    assert schema_changes((now, 1), "db") == [
         "ALTER TABLE {p}calls ADD COLUMN note {text}",
         "DELETE FROM {p}schema_version",
-        "INSERT INTO {p}schema_version (version, readable_from) VALUES (2, 1)",
+        _version_row(now + 1, 1),
     ]
     monkeypatch.setattr(_sql_schema, "STEPS", (*STEPS, expand, contract))
-    assert schema_changes((1, 1), "db")[-3:] == [
+    assert schema_changes((now, 1), "db")[-3:] == [
         "DROP INDEX {p}calls_approved",
         "DELETE FROM {p}schema_version",
-        "INSERT INTO {p}schema_version (version, readable_from) VALUES (3, 2)",
+        _version_row(now + 2, now + 1),
     ]
     new = schema_changes(None, "db")
     assert not [c for c in new if "note" in c or c.startswith("DROP")]
-    assert new[-1].endswith("VALUES (3, 2)")
+    assert new[-1].endswith(f"VALUES ({now + 2}, {now + 1})")
 
 
 def test_data_ahead_is_worked_on_while_readable_and_refused_after() -> None:
     """A database a later release took an additive step further is left as it is (its
     replicas run beside this one); one that release made unreadable to this one is refused,
     naming both versions."""
+    ahead = len(STEPS) + 2
     assert schema_changes((len(STEPS) + 1, 1), "db") == []
-    with pytest.raises(StoreError, match="db has schema version 3, readable from version 2"):
-        schema_changes((3, 2), "db")
+    with pytest.raises(
+        StoreError, match=f"db has schema version {ahead}, readable from version {ahead - 1}"
+    ):
+        schema_changes((ahead, ahead - 1), "db")
 
 
 class _Recording(dict[str, Any]):

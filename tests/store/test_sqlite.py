@@ -72,6 +72,32 @@ async def test_opens_in_wal_mode_with_schema_version(store: SQLiteStore, db_path
     assert {"deliveries", "calls"} <= tables
 
 
+#: The columns of the calls table as 0.1.0 released schema 1. A released column is never
+#: renamed or dropped in place (docs/versions.md: expand first, contract a release later).
+RELEASED_CALL_COLUMNS = (
+    "session_id", "turn_id", "call_id", "tool_name", "state", "attempt", "owner",
+    "lease_expires_at", "created_at", "updated_at", "delivery_id", "nonce", "success",
+    "event_json", "idempotency_key", "error_type", "source", "full_output",
+    "quarantine_reason", "next_attempt_at", "failures", "namespace", "approval_id",
+    "approval", "limiter", "history", "history_tail", "history_count",
+)  # fmt: skip
+
+
+async def test_the_released_columns_are_kept(store: SQLiteStore, db_path: Path) -> None:
+    """Every column 0.1.0's schema 1 made is still there under its name, and a reason saved
+    today lands in it: a 0.1.0 replica beside this one reads and writes the same columns.
+    (A rename of quarantine_reason, left without a step, broke that.)"""
+    await store.claim_call(KEY, tool_name="t", owner="a", lease_seconds=30)
+    await store.quarantine(KEY, owner="a", attempt=1, reason="reconcile said unknown")
+    with sqlite3.connect(db_path) as raw:
+        columns = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
+        (reason,) = raw.execute("SELECT quarantine_reason FROM calls").fetchone()
+    assert [name for name in columns if name in RELEASED_CALL_COLUMNS] == list(
+        RELEASED_CALL_COLUMNS
+    )
+    assert reason == "reconcile said unknown"
+
+
 @pytest.mark.slow
 def test_two_processes_claim_each_call_once(tmp_path: Path) -> None:
     """Two processes racing over the same 300 calls on one file claim each exactly once."""
@@ -285,21 +311,24 @@ async def test_unreadable_schema_is_refused(db_path: Path) -> None:
     """A file a later release made unreadable to this one (a contract step) is refused
     with a StoreError naming both versions, and left as it is."""
     (await _opened(db_path)).close()
+    ahead = len(STEPS) + 2
     with sqlite3.connect(db_path) as raw:
-        raw.execute("UPDATE schema_version SET version = 3, readable_from = 2")
+        raw.execute("UPDATE schema_version SET version = ?, readable_from = ?", (ahead, ahead - 1))
     raw.close()
     store = SQLiteStore(db_path)
-    with pytest.raises(StoreError, match="schema version 3, readable from version 2"):
+    with pytest.raises(
+        StoreError, match=f"schema version {ahead}, readable from version {ahead - 1}"
+    ):
         await store.open()
     await store.close()
     with sqlite3.connect(db_path) as raw:
-        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(3, 2)]
+        assert raw.execute("SELECT * FROM schema_version").fetchall() == [(ahead, ahead - 1)]
     raw.close()
 
 
 async def test_a_new_file_has_the_tables_and_indexes_of_schema_1(db_path: Path) -> None:
     """The first step makes the calls table with its columns in this order and exactly
-    these indexes, and records version 1, readable from 1."""
+    these indexes, and records this release's version, readable from 1."""
     with await _opened(db_path) as raw:
         assert raw.execute("SELECT * FROM schema_version").fetchall() == [(len(STEPS), 1)]
         indexes = {
@@ -310,14 +339,15 @@ async def test_a_new_file_has_the_tables_and_indexes_of_schema_1(db_path: Path) 
         }
         names = [row[1] for row in raw.execute("PRAGMA table_info(calls)")]
     raw.close()
-    assert names[-10:] == [
-        "reason",
+    assert names[-11:] == [
+        "quarantine_reason",
         "next_attempt_at",
         "failures",
         "namespace",
         "approval_id",
         "approval",
         "limiter",
+        "counted",
         "history",
         "history_tail",
         "history_count",

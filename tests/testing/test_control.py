@@ -172,6 +172,25 @@ async def test_a_turn_is_cancelled_or_failed_through_the_control_api(
     assert missing.status_code == 404
 
 
+async def test_a_session_is_paused_on_its_budget_through_the_control_api(
+    control: tuple[FakeAgentsAPI, httpx.AsyncClient],
+) -> None:
+    """budget pauses a session (status budget_reached, spend_control as given, the stream
+    event); 404 for an unknown session, 400 for a body that is not whole numbers or spends
+    less than the limit."""
+    fake, http = control
+    assert (await http.post("/_fake/sessions/sess_nope/budget")).status_code == 404
+    sid = (await http.post("/_fake/sessions", json={"calls": [{"name": "a"}]})).json()["id"]
+    for bad in (b"[1]", b'{"limit": "x"}', b'{"limit": 5, "consumed": 4}', b'{"limit": true}'):
+        assert (await http.post(f"/_fake/sessions/{sid}/budget", content=bad)).status_code == 400
+    paused = await http.post(f"/_fake/sessions/{sid}/budget", json={"limit": 5, "consumed": 7})
+    assert paused.status_code == 200 and paused.json() == {"status": "budget_reached"}
+    snapshot = fake.session(sid)
+    assert snapshot["status"] == "budget_reached"
+    assert snapshot["spend_control"] == {"limit": 5, "consumed": 7}
+    assert fake.events(sid)[-1]["type"] == "agent.session.budget_reached"
+
+
 # -- serve_fake_api --------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "ADMIT",
     "APPROVED_CALLS",
     "CLAIM",
+    "COUNT",
     "COUNT_WAITING_APPROVALS",
     "DELIVERY_FAILED",
     "DUE_DELIVERIES",
@@ -90,10 +91,18 @@ local function limiter_keys(name)
   return {holders = base .. 'holders', waiters = base .. 'waiters', bucket = base .. 'bucket'}
 end
 
+-- A call budget's set: the members of a session's calls of a tool counted against it.
+local function budget_key(session_id, tool_name)
+  return N .. 'b:' .. h(session_id) .. ':' .. h(tool_name)
+end
+
 local function reindex_call(key, member)
   local r = redis.call('HMGET', key, 'state', 'created_at', 'lease_expires_at',
-                       'next_attempt_at', 'updated_at', 'success', 'limiter', 'approval_id')
+                       'next_attempt_at', 'updated_at', 'success', 'limiter', 'approval_id',
+                       'counted', 'session_id', 'tool_name')
   local state, created = r[1], r[2]
+  -- A counted call stays counted (its budget's set), until prune removes it.
+  if r[9] then redis.call('SADD', budget_key(r[10], r[11]), member) end
   -- A request is found by its id; a limiter's holders and waiters say whom its admission
   -- looks at (it drops whoever moved on); a call that left them for good (saved, held,
   -- scheduled...) leaves its sets here, so a limiter's sets last no longer than its calls.
@@ -552,12 +561,45 @@ return {admit_or_wait(key, member, c, a, L, tokens) or '', redis.call('HGETALL',
 """
 )
 
+# Guarantees: the holder (owner, attempt) of a claimed call not counted yet has it counted
+# against its session's budget of its tool in one step: the calls of the session and tool
+# counted already (their budget's set; a member whose hash is gone, pruned, is dropped) are
+# counted and, while fewer than the budget (within_budget of the table), the `count` row
+# makes the call's `counted` its place. A counted call is left as it is (counted once,
+# ever); so is a call the caller does not hold. KEYS: the call's hash. ARGV: N, now,
+# member, owner, attempt, budget. Returns the hash fields; false when there is no call.
+COUNT = _script(
+    lua_apply("count")
+    + """
+local key, member = KEYS[1], ARGV[3]
+local c = guard_fields(key)
+if not c.state then return false end
+if redis.call('HEXISTS', key, 'counted') == 1 then return redis.call('HGETALL', key) end
+local ids = redis.call('HMGET', key, 'session_id', 'tool_name')
+local set = budget_key(ids[1], ids[2])
+local counted = 0
+for _, m in ipairs(redis.call('SMEMBERS', set)) do
+  if redis.call('HEXISTS', call_key(m), 'counted') == 1 then
+    counted = counted + 1
+  else
+    redis.call('SREM', set, m)
+  end
+end
+local budget = tonumber(ARGV[6])
+local a = {now = ARGV[2], owner = ARGV[4], attempt = ARGV[5], admitted = counted < budget,
+           counted = tostring(counted + 1), detail = (counted + 1) .. ' of ' .. ARGV[6]}
+if may_count(c, a) then apply_count(key, member, c, a) end
+return redis.call('HGETALL', key)
+"""
+)
+
 #: The script of every row run alone (:func:`~agentfn_asgi.store.redis.compile.lua_transition`),
-#: by the row's name; the claim's and the admission's rows run inside CLAIM and ADMIT.
+#: by the row's name; the claim's, the admission's and the count's rows run inside CLAIM,
+#: ADMIT and COUNT.
 TRANSITIONS = {
     name: _script(lua_transition(name))
     for name, row in STATE_TABLE.items()
-    if row.operation not in ("claim_call", "admit_call", "prune")
+    if row.operation not in ("claim_call", "admit_call", "count_call", "prune")
 }
 
 # Guarantees: one batch of the namespace's finished (PRUNABLE) calls last updated before
@@ -569,7 +611,8 @@ local members = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2], 'LI
                            tonumber(ARGV[3]))
 for _, m in ipairs(members) do
   local key = call_key(m)
-  local ids = redis.call('HMGET', key, 'session_id', 'call_id', 'approval_id')
+  local ids = redis.call('HMGET', key, 'session_id', 'call_id', 'approval_id', 'tool_name',
+                         'counted')
   redis.call('ZREM', I .. 'calls', m)
   redis.call('ZREM', I .. 'finished', m)
   for s in pairs(PRUNABLE) do redis.call('ZREM', I .. 'state:' .. s, m) end
@@ -577,6 +620,7 @@ for _, m in ipairs(members) do
   redis.call('SREM', N .. 's:' .. h(ids[1]), m)
   redis.call('SREM', N .. 'k:' .. h(ids[2]), m)
   if ids[3] then redis.call('DEL', approval_key(ids[3])) end
+  if ids[5] then redis.call('SREM', budget_key(ids[1], ids[4]), m) end
   redis.call('DEL', key, history_key(m))
 end
 return #members

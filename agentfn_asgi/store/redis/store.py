@@ -26,6 +26,9 @@ construction: every script is handed ``{n}`` and builds every key it touches on 
     {n}l:{h(limiter)}:waiters    sorted set: the members of the calls waiting for a slot,
                                  by created_at (the line's order, ties by member)
     {n}l:{h(limiter)}:bucket     hash: the limiter's rate bucket {tokens, updated_at}
+    {n}b:{h(session_id)}:{h(tool_name)}
+                                 set: the members of a session's calls of a tool counted
+                                 against its call budget (max_calls_per_session)
     {p}r:{h(token_id)}           string: a revoked credential's expires_at (store-wide,
                                  random ids: no namespace needed)
 
@@ -618,6 +621,14 @@ class RedisStore(Transitions):
         record = _plain(flat)
         # '': not the caller's to admit; it is told what a claim would be.
         return ClaimOutcome(ClaimStatus(status) if status else claim_status_for(record), record)
+
+    async def count_call(
+        self, key: CallKey, *, owner: str, attempt: int, budget: int
+    ) -> CallRecord | None:
+        """Count the call we hold against its session's budget, in one script; see
+        :meth:`Store.count_call`."""
+        reply = await self._step("count", key, owner, attempt, budget)
+        return _plain(reply) if reply else None
 
     async def _transition(
         self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool

@@ -127,8 +127,9 @@ CALL_COLUMNS: Final = (
     ("error_type", "{text}"),
     ("source", "{text}"),
     ("full_output", "{text}"),
-    # why the call is held for an operator (state quarantined)
-    ("reason", "{text}"),
+    # CallRecord.reason: why the call is held for an operator, or was cancelled (the name is
+    # schema 1's, as 0.1.0 released it)
+    ("quarantine_reason", "{text}"),
     # when the sweep may retry a saved result's submission, and how many failed
     ("next_attempt_at", "{real} NOT NULL DEFAULT 0"),
     ("failures", "{integer} NOT NULL DEFAULT 0"),
@@ -140,6 +141,9 @@ CALL_COLUMNS: Final = (
     # flow control: the limiter whose slot the call holds (claimed) or waits for (waiting),
     # kept when it moves on; NULL for calls that never asked for a slot
     ("limiter", "{text}"),
+    # call budgets: the call's place among its session's calls of its tool counted against
+    # the tool's max_calls_per_session (set once, kept); NULL for calls never counted
+    ("counted", "{integer}"),
     # the bounded history (see append_sql): the first events, the last ones, how many in all
     ("history", "{text}"),
     ("history_tail", "{text}"),
@@ -226,7 +230,11 @@ def _create_table(table: str) -> str:
 
 #: The schema's steps, oldest first (see :mod:`agentfn_asgi.store._versions`): the first
 #: makes a new database with the newest tables and indexes (:data:`TABLES`, :data:`INDEXES`).
-STEPS: Final = (Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),)
+STEPS: Final = (
+    Step((*map(_create_table, TABLES), *INDEXES), readable_from=1),
+    # 0.2: call budgets (CallRecord.counted); the release before never reads it.
+    Step(("ALTER TABLE {p}calls ADD COLUMN counted {integer}",), readable_from=1),
+)
 
 #: Where a database keeps its version (one row), and how it is read.
 VERSION_TABLE: Final = (

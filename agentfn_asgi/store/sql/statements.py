@@ -21,6 +21,7 @@ from agentfn_asgi.store.sql.schema import DELIVERY_LIST, HOT_COLUMNS, fill
 __all__ = [
     "ADMISSION",
     "APPROVED_CALLS",
+    "BUDGET_COUNTED",
     "CALLS_FOR_SESSION",
     "CLAIM",
     "CLAIM_NEW",
@@ -166,6 +167,14 @@ SPEND_TOKEN: Final = fill("""
     VALUES (:namespace, :limiter, :tokens, :now)
     ON CONFLICT (namespace, limiter) DO UPDATE SET tokens = excluded.tokens,
         updated_at = excluded.updated_at""")
+
+# What a call budget's rule (states.within_budget) needs, read in the transaction that then
+# counts the call or not, after the session's budget lock: the calls of the session and tool
+# already counted, in any state (the primary key's session prefix finds them).
+BUDGET_COUNTED: Final = fill("""
+    SELECT count(*) FROM {p}calls
+    WHERE namespace = :namespace AND session_id = :session_id AND tool_name = :tool_name
+      AND counted IS NOT NULL""")
 
 DUE_RETRIES: Final = fill("""
     SELECT {columns} FROM {p}calls

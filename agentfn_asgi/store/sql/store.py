@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from agentfn_asgi.calls.records import (
+    LIMITER_KEY_SEPARATOR,
     CallKey,
     CallQuery,
     CallRecord,
@@ -71,6 +72,7 @@ from agentfn_asgi.calls.states import (
     claim_nonces,
     reclaimed,
     refusal,
+    within_budget,
 )
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.store._codec import (
@@ -82,6 +84,7 @@ from agentfn_asgi.store.sql.schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
 from agentfn_asgi.store.sql.statements import (
     ADMISSION,
     APPROVED_CALLS,
+    BUDGET_COUNTED,
     CALLS_FOR_SESSION,
     CLAIM,
     CLAIM_NEW,
@@ -488,6 +491,50 @@ class SQLStore(Transitions, abc.ABC):
             return (yield from self._admitted(ClaimStatus.CLAIMED, rows[0], limit, params, now))
 
         return await self._transaction("admit_call", limit.name, steps)
+
+    async def count_call(
+        self, key: CallKey, *, owner: str, attempt: int, budget: int
+    ) -> CallRecord | None:
+        """Count the call we hold against its session's budget, in one transaction holding
+        the session's budget lock; see :meth:`Store.count_call`."""
+        now = self._clock()
+
+        def steps() -> Steps[CallRecord | None]:
+            rows = yield Statement(GET_CALL_FOR_UPDATE, self._key(key))
+            if not rows:
+                return None
+            record = _call_record(rows[0])
+            if record.counted is not None:
+                return record  # counted once, ever (a retried step finds it so)
+            found = yield Statement(
+                BUDGET_COUNTED,
+                {
+                    "namespace": self.namespace,
+                    "session_id": key.session_id,
+                    "tool_name": record.tool_name,
+                },
+            )
+            counted = int(found[0][0])
+            if not within_budget(budget=budget, counted=counted):
+                return record
+            changed = yield Statement(
+                TRANSITIONS_RETURNING["count"],
+                {
+                    **self._key(key),
+                    "now": now,
+                    "owner": owner,
+                    "attempt": attempt,
+                    "admitted": 1,
+                    "counted": counted + 1,
+                    "detail": f"{counted + 1} of {budget}",
+                },
+            )
+            return _call_record(changed[0]) if changed else record
+
+        # One lock per session (a name no limiter has: tool names hold no separator), so
+        # two replicas never count the same budget's calls at once.
+        lock = f"{LIMITER_KEY_SEPARATOR}budget{LIMITER_KEY_SEPARATOR}{key.session_id}"
+        return await self._transaction("count_call", lock, steps)
 
     def _admitted(
         self,

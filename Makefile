@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # linters, databases' drivers and docs tools: a fresh clone's `make demo` installs that alone.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test check lint types unit docs dist browser screenshots reliability fuzz-long histories-long soak bench bench-quick bench-reads clean
+.PHONY: demo test check lint types unit docs dist browser screenshots reliability fuzz-long histories-long soak bench bench-quick bench-reads bench-scale clean
 
 $(STAMP): pyproject.toml agentfn_asgi/_version.py
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -100,6 +100,13 @@ bench-quick: $(STAMP)
 # webhook acks while the page is read every second: about 10 minutes, mostly filling.
 bench-reads: $(STAMP)
 	$(BIN)/python -m benchmarks.page_reads
+
+# A waiting line at scale (not part of `make test`; PostgreSQL and Redis must be running):
+# starts per second and store requests per start against line lengths 10 to 1,000 for a
+# rate="10/s" and a concurrency=2 tool on SQLite, PostgreSQL and Redis, and Redis PING p99
+# from another process with 600 calls waiting. About 4 minutes.
+bench-scale: $(STAMP)
+	$(BIN)/python -m benchmarks.waiting_line
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist site *.egg-info

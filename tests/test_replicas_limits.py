@@ -148,6 +148,20 @@ def _assert_answered_once(fake: FakeAgentsAPI, plans: list[list[list[FakeCall]]]
         assert submission.output == call.arguments["text"]
 
 
+async def _arrivals(url: str) -> dict[str, tuple[float, str, str, str]]:
+    """call id -> its place in the line's order, ``(created_at, session_id, turn_id,
+    call_id)``, as the store has it."""
+    store = open_store(url)
+    try:
+        records = await store.list_calls(CallQuery(tool_name=TOOL, limit=100))
+    finally:
+        await store.close()
+    return {
+        r.key.call_id: (r.created_at, r.key.session_id, r.key.turn_id, r.key.call_id)
+        for r in records
+    }
+
+
 async def _wait_for_slot_held_by(url: str, pid: int) -> None:
     """Return once the replica with that pid holds a slot of limited_echo: one of its
     calls is claimed by it with the limiter set (owners are "host:pid:random")."""
@@ -168,15 +182,22 @@ async def test_never_more_than_two_at_once_across_three_replicas(
     backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """30 calls of 300 ms over 10 sessions: at most two ledger intervals ever overlap (and
-    two do: the limit is used, not serialised), one run and one result per call."""
+    two do: the limit is used, not serialised), one run and one result per call, and the
+    calls start in the order they arrived across the replicas' lines (none is overtaken by
+    more calls than the slots that may be admitted together)."""
     plans = _plans(delay_ms=300)
-    async with _three_replicas(backend, tmp_path) as (fake, _url, running):
+    async with _three_replicas(backend, tmp_path) as (fake, url, running):
         sessions = [fake.create_session(plan) for plan in plans]
         elapsed = await _finish(fake, sessions, running)
+        arrived = await _arrivals(url)
     _assert_answered_once(fake, plans)
     runs = _runs(tmp_path / "ledger.jsonl")
     assert Counter(r.call_id for r in runs) == Counter({s.call_id: 1 for s in fake.submissions})
     assert _max_overlap(runs) == CONCURRENCY
+    started = sorted(runs, key=lambda r: r.start)
+    for i, run in enumerate(started):
+        overtaken = [r.call_id for r in started[:i] if arrived[r.call_id] > arrived[run.call_id]]
+        assert len(overtaken) < CONCURRENCY, (run.call_id, overtaken)
     with capsys.disabled():
         print(f"\n[limits/{backend}] 30 calls of 300 ms at concurrency 2: {elapsed:.2f} s")
 

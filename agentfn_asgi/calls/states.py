@@ -30,13 +30,18 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
 
     claimed ──take_slot (admitted)──▶ claimed, holding a slot of its limiter
        └────wait (refused)──▶ waiting ──admit (admitted)──▶ claimed, holding a slot
-                                 │  └─keep_waiting (refused: the waiter's lease renewed)
+                                 │  ├─keep_waiting (refused: the waiter's lease renewed)
+                                 │  └─keep_place (not asked: the waiter's lease renewed)
                                  └─adopt (the waiter's lease lapsed)──▶ claimed (next attempt)
 
 Flow control (``concurrency=`` / ``rate=`` on a tool): a claimed call of a limited tool
 takes a slot of its limiter (:attr:`~agentfn_asgi.calls.records.CallRecord.limiter`) when the
 limits admit it (:func:`admits`), or waits for one (``waiting``), holding no slot and no
-thread; its holder polls (``admit_call``), which also renews the waiter's lease. A call
+thread; its holder polls (``admit_call``), which also renews the waiter's lease. Only the
+head of a process's line for a limiter polls; the waiters behind it keep their place
+(``keep_places``: their leases renewed, the limiter not asked). A store counts at most
+:func:`admission_bounds` holders and waiters ahead of a call: an admission costs the same
+at any length of line. A call
 holds a slot while it is ``claimed`` with its ``limiter`` set and a lease that has not
 lapsed by more than the fencing margin: leaving ``claimed`` frees the slot, and so does a
 holder that died (its lease runs out). Rows that enter ``claimed`` any other way clear the
@@ -93,6 +98,7 @@ __all__ = [
     "Target",
     "Transition",
     "Way",
+    "admission_bounds",
     "admits",
     "allows",
     "appended",
@@ -103,6 +109,7 @@ __all__ = [
     "holds",
     "in_doubt",
     "reclaimed",
+    "refusal",
     "resulting_state",
     "settleable",
     "settled_with",
@@ -368,6 +375,15 @@ _FLOW_CONTROL: Final = (
         Target.SAME,
         # Not updated_at: renewing its place in the line is no change a reader of the
         # session could have missed, so a turn cancelled meanwhile still marks it stale.
+        sets=_sets(lease_expires_at=":lease_expires_at"),
+    ),
+    Transition(
+        "keep_place",
+        "keep_places",
+        (_from(CallState.WAITING, guards=_HELD),),
+        Target.SAME,
+        # A waiter behind the head of its process's line keeps its place without asking
+        # the limiter (only the head asks): its lease renewed, as keep_waiting does.
         sets=_sets(lease_expires_at=":lease_expires_at"),
     ),
     Transition(
@@ -801,6 +817,36 @@ def resulting_state(row: Transition, record: CallRecord, *, success: bool | None
     if row.target is Target.REMOVED:
         raise ValueError("a removed record has no state")
     return row.target
+
+
+def admission_bounds(*, concurrency: int | None, rate: float | None, burst: int) -> tuple[int, int]:
+    """How many of a limiter's holders and of the live waiters ahead of a call a store
+    needs to count for :func:`admits` (and :func:`refusal`): ``(holders, ahead)``. Past
+    these counts the answer (and its reason) does not change, so a store counts
+    ``min(n, bound)``, reading at most that many entries of an index in the line's order,
+    never the whole line: the concurrency for both with a ``concurrency``, else none of
+    the holders (a rate does not count them) and ``burst`` waiters ahead (a bucket never
+    holds more tokens)."""
+    if concurrency is not None:
+        return concurrency, concurrency
+    return 0, burst if rate is not None else 0
+
+
+def refusal(
+    *,
+    concurrency: int | None,
+    rate: float | None,
+    holders: int,
+    ahead: int,
+    tokens: float,
+) -> str:
+    """Why the limiter refuses (:func:`admits` with the same arguments): ``concurrency``
+    when its slots are all taken with everyone ahead served, ``rate`` when its bucket is
+    short, ``""`` when it admits. The refusal's reason is the ``waiting`` event's detail."""
+    if admits(concurrency=concurrency, rate=rate, holders=holders, ahead=ahead, tokens=tokens):
+        return ""
+    full = concurrency is not None and holders + ahead >= concurrency
+    return "concurrency" if full else "rate"
 
 
 def admits(

@@ -237,6 +237,7 @@ class Executor:
         self._closing = True
         if self._closed is not None:
             self._closed.set()
+        self._waiter.close()
 
     def shutdown(self) -> None:
         """Release the thread pool (threads still running finish in the background)."""
@@ -318,13 +319,15 @@ class Executor:
                 return  # the retry stays scheduled in the store for the next process
             due = await self._claim_and_run(key, action, tool, None, None, admission)
 
-    async def _wait_unless_closed(self, seconds: float, *, freed: str | None = None) -> None:
+    async def _wait_unless_closed(
+        self, seconds: float, *, freed: asyncio.Event | None = None
+    ) -> None:
         """Sleep ``seconds``, or until :meth:`close`: a waiting retry never holds up a
         shutdown (it stays scheduled in the store for whoever runs next). With ``freed`` (a
-        limiter's name), also until a call holding one of its slots ends here."""
+        limiter's line's bell), also until a call holding one of its slots ends here."""
         events = [self._closed]
         if freed is not None:
-            events.append(self._waiter.freed(freed))
+            events.append(freed)
         async with anyio.create_task_group() as group:
 
             async def stop_when_set(event: asyncio.Event | None) -> None:
@@ -453,8 +456,8 @@ class Executor:
             )
             return await self._execute(attempt)
 
-        async def nap(seconds: float, limiter: str) -> None:
-            await self._wait_unless_closed(seconds, freed=limiter)
+        async def nap(seconds: float, freed: asyncio.Event) -> None:
+            await self._wait_unless_closed(seconds, freed=freed)
 
         return await self._waiter.wait(
             record,
@@ -558,6 +561,7 @@ class Executor:
         """Run one claimed attempt to its end: saved and submitted, held, handed off, or a
         retry scheduled in the store (its time is returned)."""
         key, action, tool = attempt.key, attempt.action, attempt.tool
+        woken = False  # the slot's next waiter here was told
         self._running_since[key] = time.monotonic()
         self._running[key] = attempt.lease
         span_scope = self._telemetry.tool_call(
@@ -611,6 +615,11 @@ class Executor:
                     duration=time.monotonic() - self._running_since[key],
                 )
                 crash_point("after_save", action.name)
+                if attempt.limiter is not None:
+                    # Saved, it holds no slot: the next in line here asks now, not after
+                    # the submission.
+                    woken = True
+                    self._waiter.wake(attempt.limiter)
                 if record.attempt != attempt.number or record.result != result:
                     _log_superseded(record, attempt.number, mine=result)
                 if record.result is not None:
@@ -623,7 +632,7 @@ class Executor:
             self._running_since.pop(key, None)
             if self._running.get(key) is attempt.lease:
                 del self._running[key]
-            if attempt.limiter is not None:
+            if attempt.limiter is not None and not woken:
                 self._waiter.wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
         return None
 

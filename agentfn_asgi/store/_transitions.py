@@ -27,9 +27,10 @@ records a one-off ``nonce`` (:func:`~agentfn_asgi.calls.states.claimed_with`,
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from agentfn_asgi.calls.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
@@ -108,6 +109,18 @@ class Transitions(abc.ABC):
         holds: :meth:`_saved` puts it back.
         """
 
+    async def _transition_each(
+        self, name: str, steps: Sequence[tuple[CallKey, Mapping[str, Any]]]
+    ) -> list[bool]:
+        """Row ``name`` on each ``(key, args)`` of ``steps``, each in its own atomic step
+        (never together): whether each happened. Started together here (the SQLite writer
+        commits them in one transaction, the Redis store sends them as one pipeline); a
+        backend may send them in one round trip of its own."""
+        answers = await asyncio.gather(
+            *(self._transition(name, key, args, record=False) for key, args in steps)
+        )
+        return [done for done, _ in answers]
+
     async def _recognised(
         self,
         name: str,
@@ -139,6 +152,16 @@ class Transitions(abc.ABC):
         """Extend ``(owner, attempt)``'s lease; False if the claim is not theirs."""
         lease = self._clock() + lease_seconds
         return await self._done("renew", key, owner=owner, attempt=attempt, lease_expires_at=lease)
+
+    async def keep_places(
+        self, waiters: Sequence[tuple[CallKey, int]], *, owner: str, lease_seconds: float
+    ) -> list[bool]:
+        """Extend the leases of ``owner``'s waiting calls; see :meth:`Store.keep_places`."""
+        now = self._clock()
+        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds}
+        return await self._transition_each(
+            "keep_place", [(key, {**args, "attempt": attempt}) for key, attempt in waiters]
+        )
 
     async def save_result(
         self,

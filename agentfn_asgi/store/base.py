@@ -42,6 +42,7 @@ store, not per namespace: a logout holds for every app that shares the store.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from agentfn_asgi.calls.records import (
@@ -201,6 +202,14 @@ class Store(Protocol):
         self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
     ) -> bool:
         """Extend the lease of ``(owner, attempt)``'s claim; False if it is not theirs."""
+
+    async def keep_places(
+        self, waiters: Sequence[tuple[CallKey, int]], *, owner: str, lease_seconds: float
+    ) -> list[bool]:
+        """Extend the leases of waiting calls ``(key, attempt)`` that ``owner`` holds,
+        without asking their limiter (the waiters behind the head of a line keep their
+        place); for each, False if it is not ``waiting`` for that holder any more. Sent
+        together: one batch where the backend has one."""
 
     async def save_result(
         self,

@@ -38,7 +38,6 @@ from agentfn_asgi.calls.states import (
     CLAIM_ORDER,
     SAVED,
     TRANSITIONS,
-    admits,
     allows,
     apply,
     bucket_tokens,
@@ -46,6 +45,7 @@ from agentfn_asgi.calls.states import (
     holds,
     in_doubt,
     reclaimed,
+    refusal,
     within_budget,
 )
 from agentfn_asgi.errors import StoreUnavailableError
@@ -437,15 +437,14 @@ class MemoryStore(Transitions):
             elif (other.created_at, *_ordered(key)) < mine:
                 ahead += 1
         tokens = 0.0 if limit.rate is None else self._tokens(limit, now)
-        verdict = admits(
+        reason = refusal(
             concurrency=limit.concurrency,
             rate=limit.rate,
             holders=holders,
             ahead=ahead,
             tokens=tokens,
         )
-        full = limit.concurrency is not None and holders + ahead >= limit.concurrency
-        return verdict, "" if verdict else ("concurrency" if full else "rate")
+        return not reason, reason
 
     # -- approval ---------------------------------------------------------------------------
     async def find_approval(self, approval_id: str) -> CallRecord | None:

@@ -687,6 +687,24 @@ class Histories(RuleBasedStateMachine):
 
     @precondition(lambda self: self.calls_exist)
     @rule(data=st.data(), who=whos, owner=owners, attempt=attempts, lease=leases)
+    def keep_places(
+        self, data: st.DataObject, who: str, owner: str, attempt: int, lease: float
+    ) -> None:
+        """Waiters behind the head of a line keep their place, one to three in one batch
+        (the holder's, a superseded holder's, anyone's)."""
+        ns, key = self.target(data, "waiting", "lapsed", "claimed")
+        owner, attempt = self.fenced(ns, key, who, owner, attempt)
+        waiters = [(key, attempt)]
+        for _ in range(data.draw(st.integers(0, 2), label="more waiters")):
+            waiters.append((data.draw(keys, label="another key"), attempt))
+        self.both(
+            f"keep_places({waiters}, owner={owner!r}, lease_seconds={lease})",
+            ns,
+            lambda s: s.keep_places(waiters, owner=owner, lease_seconds=lease),
+        )
+
+    @precondition(lambda self: self.calls_exist)
+    @rule(data=st.data(), who=whos, owner=owners, attempt=attempts, lease=leases)
     def renew_lease(
         self, data: st.DataObject, who: str, owner: str, attempt: int, lease: float
     ) -> None:

@@ -293,6 +293,7 @@ async def test_schema_version_is_recorded_and_an_unreadable_one_is_refused(
         "calls_waiting",
         "calls_approved",
         "calls_limiter",
+        "calls_line",
         "calls_waiters",
         "revoked_tokens_pkey",
         "buckets_pkey",

@@ -218,7 +218,13 @@ async def test_a_version_1_sqlite_file_is_counted_once_when_it_takes_step_2(
     with sqlite3.connect(path) as raw:  # back to version 1: as the release before made it
         for (name,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'"):
             raw.execute(f"DROP TRIGGER {name}")
-        for name in ("calls_listed", "calls_state", "calls_tool", "deliveries_listed"):
+        for name in (
+            "calls_listed",
+            "calls_state",
+            "calls_tool",
+            "deliveries_listed",
+            "calls_line",
+        ):
             raw.execute(f"DROP INDEX {name}")
         raw.execute("DROP INDEX deliveries_unresolved")
         raw.execute("DROP TABLE tallies")

@@ -87,12 +87,14 @@ def test_a_new_database_takes_the_first_step_and_records_its_version() -> None:
 
 
 def test_version_1_gains_the_tallies_counted_from_its_rows_and_the_listing_indexes() -> None:
-    """Version 1 counted by reading every row: step 2 adds the budgets' column, the tallies,
+    """Version 1 counted by reading every row: step 2 adds the budgets' column, the waiting
+    line's index, the tallies,
     their triggers, one count of the rows there, and the listings' indexes."""
     changes = schema_changes((1, 1), "db", engine="sqlite")
     assert changes[0] == "ALTER TABLE {p}calls ADD COLUMN counted {integer}"
-    assert changes[1].startswith("CREATE TABLE IF NOT EXISTS {p}tallies")
-    assert changes[2 : 2 + len(sql_tallies("sqlite"))] == [fill(t) for t in sql_tallies("sqlite")]
+    assert changes[1].startswith("CREATE INDEX IF NOT EXISTS calls_line")
+    assert changes[2].startswith("CREATE TABLE IF NOT EXISTS {p}tallies")
+    assert changes[3 : 3 + len(sql_tallies("sqlite"))] == [fill(t) for t in sql_tallies("sqlite")]
     assert any(c.startswith("INSERT INTO {p}tallies") and "FROM {p}calls" in c for c in changes)
     assert "CREATE INDEX IF NOT EXISTS calls_listed" in " ".join(changes)
     assert changes[-1] == _version_row(2, 2)

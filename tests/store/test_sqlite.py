@@ -366,6 +366,7 @@ async def test_a_new_file_has_the_tables_and_indexes_of_the_newest_schema(db_pat
         "calls_waiting",
         "calls_approved",
         "calls_limiter",
+        "calls_line",
         "calls_waiters",
     }
 
@@ -388,6 +389,8 @@ async def test_recovery_and_prune_queries_use_the_partial_indexes(
         "turn_id": "t",
         "call_id": "c",
         "created_at": 0.0,
+        "holders_bound": 2,
+        "ahead_bound": 2,
     }
     expected = {
         UNRESOLVED_DELIVERIES: ("deliveries_due",),

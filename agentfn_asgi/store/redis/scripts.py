@@ -343,38 +343,69 @@ end
 -- limiter's answer, why it refuses ('concurrency' or 'rate') and the bucket's tokens now.
 -- Holders: claimed with this limiter, lease not before live_after (now - margin); ahead:
 -- waiting with it, as live, and before the call in (created_at, member) order, which is
--- (created_at, session_id, turn_id, call_id).
+-- (created_at, session_id, turn_id, call_id). Each is counted up to its bound
+-- (admission_bounds() of the table: past it the answer is the same), reading the sets in
+-- pages from their start: the holders whose lease (their score) is live, the line from its
+-- head. So an admission reads about as many entries as it can admit, at any length of line
+-- (and drops the members it meets that moved on, as it goes).
+local PAGE = 32
 local function admission(L, key, member, now, live_after)
   local live = tonumber(live_after)
+  local holders_bound, ahead_bound = L.burst or 0, L.burst or 0
+  if L.concurrency then holders_bound, ahead_bound = L.concurrency, L.concurrency end
+  if not L.rate and not L.concurrency then ahead_bound = 0 end
   local holders, ahead = 0, 0
-  for _, m in ipairs(redis.call('ZRANGE', L.keys.holders, 0, -1)) do
-    local f = redis.call('HMGET', call_key(m), 'state', 'limiter', 'lease_expires_at')
-    if f[1] ~= 'claimed' or f[2] ~= L.name then
-      redis.call('ZREM', L.keys.holders, m)
-    elseif m ~= member and tonumber(f[3]) >= live then
-      holders = holders + 1
+  local from = 0
+  while holders < holders_bound do
+    local page = redis.call('ZRANGEBYSCORE', L.keys.holders, live_after, '+inf', 'LIMIT', from,
+                            PAGE)
+    for _, m in ipairs(page) do
+      local f = redis.call('HMGET', call_key(m), 'state', 'limiter', 'lease_expires_at')
+      if f[1] ~= 'claimed' or f[2] ~= L.name then
+        redis.call('ZREM', L.keys.holders, m)
+        from = from - 1
+      elseif m ~= member and tonumber(f[3]) >= live then
+        holders = holders + 1
+        if holders >= holders_bound then break end
+      end
     end
+    if #page < PAGE then break end
+    from = from + PAGE
   end
   local created = redis.call('HGET', key, 'created_at')
   local mine = tonumber(created)
-  local line = redis.call('ZRANGEBYSCORE', L.keys.waiters, '-inf', created, 'WITHSCORES')
-  for i = 1, #line, 2 do
-    -- Once the slots are all taken, the rest of the line changes nothing.
-    if L.concurrency and holders + ahead >= L.concurrency then break end
-    local m = line[i]
-    local f = redis.call('HMGET', call_key(m), 'state', 'limiter', 'lease_expires_at')
-    if f[1] ~= 'waiting' or f[2] ~= L.name then
-      redis.call('ZREM', L.keys.waiters, m)
-    elseif tonumber(f[3]) >= live and (tonumber(line[i + 1]) < mine or bytes_less(m, member))
-    then
-      ahead = ahead + 1
+  from = 0
+  while ahead < ahead_bound do
+    local line = redis.call('ZRANGEBYSCORE', L.keys.waiters, '-inf', created, 'WITHSCORES',
+                            'LIMIT', from, PAGE)
+    local past = false
+    for i = 1, #line, 2 do
+      local m = line[i]
+      if tonumber(line[i + 1]) == mine and not bytes_less(m, member) then
+        past = true  -- the call itself, or after it: the rest of the page is behind it
+        break
+      end
+      local f = redis.call('HMGET', call_key(m), 'state', 'limiter', 'lease_expires_at')
+      if f[1] ~= 'waiting' or f[2] ~= L.name then
+        redis.call('ZREM', L.keys.waiters, m)
+        from = from - 1
+      elseif tonumber(f[3]) >= live then
+        ahead = ahead + 1
+        if ahead >= ahead_bound then break end
+      end
     end
+    if past or #line < 2 * PAGE then break end
+    from = from + PAGE
   end
-  if L.concurrency and holders + ahead >= L.concurrency then return false, 'concurrency', 0 end
-  if not L.rate then return true, '', 0 end
-  local tokens = bucket_tokens(L, now)
-  if tokens >= ahead + 1 then return true, '', tokens end
-  return false, 'rate', tokens
+  local reason = ''
+  local tokens = 0
+  if L.concurrency and holders + ahead >= L.concurrency then
+    reason = 'concurrency'
+  elseif L.rate then
+    tokens = bucket_tokens(L, now)
+    if tokens < ahead + 1 then reason = 'rate' end
+  end
+  return reason == '', reason, tokens
 end
 
 -- An admitted call of a rated limiter spends one token: the bucket is (tokens - 1, now),

@@ -202,6 +202,12 @@ TABLES: Final = {
 
 # The operators' listings, each in its whole order so a page reads the rows it shows and
 # never sorts (schema version 2).
+#: Flow control: a limiter's live waiters ahead of a call, counted at every admission up to a
+#: bound (states.admission_bounds), read in the line's order (schema 2).
+_LINE_INDEX: Final = (
+    "CREATE INDEX IF NOT EXISTS calls_line ON {p}calls"
+    " (namespace, limiter, created_at, session_id, turn_id, call_id) WHERE {waiting}"
+)
 _LISTING_INDEXES: Final = (
     # prune, list_deliveries: newest first
     "CREATE INDEX IF NOT EXISTS deliveries_listed"
@@ -243,10 +249,11 @@ INDEXES: Final = (
     " (namespace, lease_expires_at, session_id, turn_id, call_id) WHERE {awaiting_approval}",
     "CREATE INDEX IF NOT EXISTS calls_approved ON {p}calls"
     " (namespace, updated_at, session_id, turn_id, call_id) WHERE {approved}",
-    # flow control: a limiter's holders and live waiters, counted at every admission (only
-    # calls of limited tools are in it)
+    # flow control: a limiter's live holders, counted at every admission up to a bound
+    # (only calls of limited tools are in it)
     "CREATE INDEX IF NOT EXISTS calls_limiter"
     " ON {p}calls (namespace, limiter, state, lease_expires_at) WHERE limiter IS NOT NULL",
+    _LINE_INDEX,
     # expired_claims: the waiters whose lease lapsed (their holder died), to be adopted
     "CREATE INDEX IF NOT EXISTS calls_waiters"
     " ON {p}calls (namespace, lease_expires_at) WHERE {waiting}",
@@ -287,11 +294,16 @@ _TALLIES_AND_LISTINGS: Final = (
 #: :data:`INDEXES`).
 STEPS: Final = (
     Step((*map(_create_table, TABLES), _TALLY_TRIGGERS, *INDEXES), readable_from=2),
-    # 0.2: call budgets (CallRecord.counted); the tallies and the listings' indexes. Its
+    # 0.2: call budgets (CallRecord.counted); the waiting line's index; the tallies and the
+    # listings' indexes. Its
     # calls may be ``cancelled``, a state 0.1.0 cannot read: readable from 2 only, so a 0.1.0
     # replica refuses the store at start instead of failing on such a call.
     Step(
-        ("ALTER TABLE {p}calls ADD COLUMN counted {integer}", *_TALLIES_AND_LISTINGS),
+        (
+            "ALTER TABLE {p}calls ADD COLUMN counted {integer}",
+            _LINE_INDEX,
+            *_TALLIES_AND_LISTINGS,
+        ),
         readable_from=2,
     ),
 )

@@ -139,18 +139,25 @@ TRANSITIONS_COUNTED: Final = _transitions(returning=False)
 # What the limiter's rule (states.admits) needs for one call, read in the transaction that
 # then admits it or not, after the limiter's lock: the others holding a slot (claimed with
 # the limiter, lease not lapsed past the margin), the live waiters that arrived before it
-# (in the order (created_at, key)), and the bucket as last stored (NULL: none yet, full).
+# (in the order (created_at, key)), each counted up to its bound (states.admission_bounds:
+# past it the answer is the same), and the bucket as last stored (NULL: none yet, full).
+# The bounded counts read at most that many entries of an index (calls_limiter for the
+# live holders, calls_line in the line's order for the waiters ahead): the same cost at
+# any length of line.
 ADMISSION: Final = fill("""
     SELECT
-        (SELECT count(*) FROM {p}calls
+        (SELECT count(*) FROM (SELECT 1 FROM {p}calls
          WHERE namespace = :namespace AND limiter = :limiter AND {claimed}
            AND lease_expires_at >= :takeover_before
-           AND (session_id, turn_id, call_id) <> (:session_id, :turn_id, :call_id)),
-        (SELECT count(*) FROM {p}calls
+           AND (session_id, turn_id, call_id) <> (:session_id, :turn_id, :call_id)
+         LIMIT :holders_bound) AS holders),
+        (SELECT count(*) FROM (SELECT 1 FROM {p}calls
          WHERE namespace = :namespace AND limiter = :limiter AND {waiting}
-           AND lease_expires_at >= :takeover_before
            AND (created_at, session_id, turn_id, call_id)
-               < (:created_at, :session_id, :turn_id, :call_id)),
+               < (:created_at, :session_id, :turn_id, :call_id)
+           AND lease_expires_at >= :takeover_before
+         ORDER BY namespace, limiter, created_at, session_id, turn_id, call_id
+         LIMIT :ahead_bound) AS ahead),
         (SELECT tokens FROM {p}buckets WHERE namespace = :namespace AND limiter = :limiter),
         (SELECT updated_at FROM {p}buckets WHERE namespace = :namespace AND limiter = :limiter)
     """)

@@ -373,8 +373,8 @@ _FLOW_CONTROL: Final = (
         "admit_call",
         (_from(CallState.WAITING, guards=_REFUSED),),
         Target.SAME,
-        # Not updated_at: renewing its place in the line is no change a reader of the
-        # session could have missed, so a turn cancelled meanwhile still marks it stale.
+        # Not updated_at: renewing its place in the line is no change to the call (a saved
+        # result's unchanged_since and the page's "last change" look past it).
         sets=_sets(lease_expires_at=":lease_expires_at"),
     ),
     Transition(

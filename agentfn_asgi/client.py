@@ -340,16 +340,17 @@ class AgentsClient:
         )
 
     async def list_sessions(
-        self, *, limit: int = 20, order: str = "desc", after: str | None = None
+        self, *, limit: int = 20, order: str = "desc", after: str | None = None, once: bool = False
     ) -> SessionList:
         """``GET /agents/sessions``: one page of the project's sessions (ids and statuses),
-        newest first by default; ``after`` is the last id of the previous page."""
+        newest first by default; ``after`` is the last id of the previous page. ``once``:
+        one try, no retries (a page that must not wait)."""
         if not 1 <= limit <= 100 or order not in ("asc", "desc"):
             raise ValueError("limit must be 1..100 and order 'asc' or 'desc'")
         params = {"limit": str(limit), "order": order}
         if after is not None:
             params["after"] = after
-        response = await self._request("GET", "/agents/sessions", params=params)
+        response = await self._request("GET", "/agents/sessions", params=params, once=once)
         return _parsed(response, SessionList.model_validate_json, "session list")
 
     async def open_event_stream(

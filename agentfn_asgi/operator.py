@@ -17,6 +17,7 @@ a dispatcher of its own.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -36,6 +37,7 @@ from .calls.records import (
     DeliveryRecord,
 )
 from .calls.states import in_doubt, settleable
+from .client import AgentsClient
 from .dispatch import Dispatcher
 from .dispatch.approvals import ApprovalView, approval_view
 from .errors import (
@@ -258,6 +260,11 @@ class PausedSession:
 #: How many of the project's newest sessions the overview looks through for those paused on
 #: their budget: one page of ``GET /agents/sessions``, one request per overview.
 BUDGET_SCAN_LIMIT = 100
+#: The scan is one request of one try, given at most this long, and its answer (or that it
+#: failed) is kept this long: a page refreshed by several operators asks the API at most
+#: once a period, and never waits on an API that does not answer.
+BUDGET_SCAN_TIMEOUT = 2.0
+BUDGET_SCAN_TTL = 30.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -445,6 +452,8 @@ class Operator:
         self._location = location
         self._clock = clock
         self._margin = 0.0 if dispatcher is None else dispatcher.settings.fence_margin
+        #: The last scan for sessions paused on their budget: when (monotonic), and what.
+        self._paused: tuple[float, tuple[PausedSession, ...] | None] | None = None
 
     async def overview(self) -> Overview:
         """Health, counts by state (``in_doubt`` apart), what needs a person, failing
@@ -507,12 +516,22 @@ class Operator:
         )
 
     async def _paused_on_budget(self) -> tuple[PausedSession, ...] | None:
-        """The project's newest sessions paused on their spending limit (None: unknown)."""
+        """The project's newest sessions paused on their spending limit (None: unknown), as
+        read at most :data:`BUDGET_SCAN_TTL` ago."""
         if self._dispatcher is None:
             return None
+        now = time.monotonic()
+        if self._paused is not None and now - self._paused[0] < BUDGET_SCAN_TTL:
+            return self._paused[1]
+        paused = await self._scan_paused(self._dispatcher.client)
+        self._paused = (now, paused)
+        return paused
+
+    async def _scan_paused(self, client: AgentsClient) -> tuple[PausedSession, ...] | None:
         try:
-            page = await self._dispatcher.client.list_sessions(limit=BUDGET_SCAN_LIMIT)
-        except APIError:
+            async with asyncio.timeout(BUDGET_SCAN_TIMEOUT):
+                page = await client.list_sessions(limit=BUDGET_SCAN_LIMIT, once=True)
+        except (APIError, TimeoutError):
             return None
         return tuple(
             PausedSession(

@@ -243,6 +243,8 @@ async def test_status_and_the_page_list_sessions_paused_on_their_budget() -> Non
         assert "Sessions paused on their spending limit" in page
         assert session_id in page.split("paused on their spending limit")[1]
         assert "<dt>Budget</dt><dd>call 1 of the session" in shown
+        # The page refreshes itself: one scan of the API serves every view for a while.
+        assert [r.route for r in conn.fake.requests].count("list") == 1
     unknown = format_overview(dataclasses.replace(overview, paused_on_budget=None))
     assert "unknown: sessions paused on their spending limit" in unknown
 

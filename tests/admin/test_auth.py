@@ -102,6 +102,7 @@ async def test_a_page_on_the_app_takes_its_tokens_from_the_app_and_is_off_withou
     )
     assert (await _lifespan(AdminApp(on)))["type"] == "lifespan.startup.complete"
     assert (await _get(AdminApp(on))).status_code == 200
+    await on.shutdown()  # the overview asked its client (a pool to close)
     off = AgentWebhookApp(FunctionTools(), store="memory://", config=ready)
     assert (await _get(AdminApp(off))).status_code == 404
     short = AdminApp(off, tokens=["short"])  # built: checked at start-up

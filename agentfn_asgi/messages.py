@@ -24,7 +24,6 @@ __all__ = [
     "APPROVAL_ARGUMENTS_CHANGED_MESSAGE",
     "APPROVAL_DENIED_MESSAGE",
     "APPROVAL_EXPIRED_MESSAGE",
-    "APPROVAL_UNSUPPORTED_MESSAGE",
     "CALL_BUDGET_MESSAGE",
     "ENQUEUE_FAILED_MESSAGE",
     "INTERNAL_ERROR_MESSAGE",
@@ -66,11 +65,6 @@ APPROVAL_EXPIRED_MESSAGE = (
 #: the API does not change a pending call's arguments).
 APPROVAL_ARGUMENTS_CHANGED_MESSAGE = (
     "This call of '{name}' was approved for other arguments than it carries; it did not run."
-)
-#: A tool needing approval over a store that cannot hold a call for a person.
-APPROVAL_UNSUPPORTED_MESSAGE = (
-    "This call of '{name}' needs a person's approval, which this service cannot ask for "
-    "right now; it did not run."
 )
 
 #: What the model is told when a side-effect call is in doubt and cannot be reconciled.

@@ -47,7 +47,7 @@ from .errors import (
     OperatorInputError,
     StoreError,
 )
-from .store.base import ApprovalStore, Store
+from .store.base import Store
 from .wire import SESSION_BUDGET_REACHED
 
 __all__ = [
@@ -656,20 +656,13 @@ class Operator:
 
     # -- approval --------------------------------------------------------------------------
     async def approvals(self, *, limit: int = 200) -> list[ApprovalView]:
-        """The requests waiting for a person, soonest expiry first (none when the store
-        cannot hold approvals)."""
-        store = self._store
-        if not isinstance(store, ApprovalStore):
-            return []
-        return [approval_view(r) for r in await store.waiting_approvals(limit=limit)]
+        """The requests waiting for a person, soonest expiry first."""
+        return [approval_view(r) for r in await self._store.waiting_approvals(limit=limit)]
 
     async def approval(self, approval_id: str) -> tuple[ApprovalView, CallDetail] | None:
         """One request (waiting or decided) and its call, with the call's arguments while it
         waits (read from the live session: what the person decides on), or None."""
-        store = self._store
-        if not isinstance(store, ApprovalStore):
-            return None
-        record = await store.find_approval(approval_id)
+        record = await self._store.find_approval(approval_id)
         if record is None or record.approval is None:
             return None
         waiting = record.state is CallState.AWAITING_APPROVAL

@@ -26,7 +26,6 @@ from agentfn_asgi.dispatch.approvals import ApprovalView
 from agentfn_asgi.errors import StoreError
 from agentfn_asgi.results import failure_result
 from agentfn_asgi.store import Store, open_store
-from agentfn_asgi.store.base import ApprovalStore
 from agentfn_asgi.testing import Connection, FakeCall
 from agentfn_asgi.tools import FunctionTools, ToolContext
 
@@ -155,7 +154,6 @@ async def warm_up(store: Store) -> None:
     """Run each approval and settling step once on a call that does not exist, so that
     Redis knows its script: the answer dropped is then the step's own, not the ``NOSCRIPT``
     refusal that precedes a script's first run."""
-    assert isinstance(store, ApprovalStore)
     nobody = CallKey("warm", "up", "nobody")
     request = ApprovalRequest(
         approval_id="apr_none", tool_name="t", digest="", requested_at=0.0, expires_at=0.0

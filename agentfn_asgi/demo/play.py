@@ -29,7 +29,6 @@ from agentfn_asgi.calls.records import CallRecord, CallState
 from agentfn_asgi.demo.process import WEBHOOK_PATH, free_port, run_example
 from agentfn_asgi.errors import AgentFnError, DemoError
 from agentfn_asgi.store import Store, open_store
-from agentfn_asgi.store.base import ApprovalStore
 from agentfn_asgi.testing import FakeAgentsAPI, FakeCall, serve_fake
 
 #: What the child process serves (``uvicorn agentfn_asgi.demo.app:app``).
@@ -310,7 +309,7 @@ async def _approve(store: Store, record: CallRecord, timeline: _Timeline) -> Non
     """The demo is the person: it approves the request it sees waiting (in the store, as
     ``agentfn-asgi approvals approve`` does); the app's replica polls and runs the call."""
     request = record.approval
-    if request is None or not isinstance(store, ApprovalStore):
+    if request is None:
         raise DemoError(f"{record.key.call_id} waits for approval without a request")
     timeline.add(
         record.updated_at,

@@ -51,7 +51,7 @@ from ..errors import (
 )
 from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
 from ..results import failure_result
-from ..store.base import ApprovalStore, Store
+from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
@@ -183,17 +183,6 @@ class Approvals:
         executor.on_approval_request = self._requested
         executor.on_approval_unconfirmed = self._unconfirmed.__setitem__
 
-    @property
-    def enabled(self) -> bool:
-        """Does the store carry out approval (else ``approval=`` tools are refused)?"""
-        return isinstance(self._store, ApprovalStore)
-
-    def _approval_store(self) -> ApprovalStore:
-        store = self._store
-        if not isinstance(store, ApprovalStore):
-            raise StoreError(f"the store {self._store.location} does not hold approvals")
-        return store
-
     # -- deciding ----------------------------------------------------------------------------
     async def decide(
         self,
@@ -213,7 +202,7 @@ class Approvals:
         already, or the session stopped waiting). ``digest``, when given (a signed link),
         must be the request's: the decision is bound to the arguments the person saw.
         """
-        store = self._approval_store()
+        store = self._store
         record = await store.find_approval(approval_id)
         if record is None or record.approval is None:
             raise ApprovalNotFoundError(
@@ -340,7 +329,7 @@ class Approvals:
                 "approval_expired",
                 source="approval",
             )
-        decided = await self._approval_store().decide_approval(
+        decided = await self._store.decide_approval(
             record.key,
             approval_id=request.approval_id,
             decision="expired",
@@ -357,7 +346,7 @@ class Approvals:
     # -- the poll ----------------------------------------------------------------------------
     async def poll(self) -> None:
         """One pass: expire lapsed requests, claim and run approved calls, count waiting."""
-        store = self._approval_store()
+        store = self._store
         await self._confirm_requests()
         for record in await store.waiting_approvals(expired_by=self._clock(), limit=POLL_BATCH):
             if not self._busy(record.key):
@@ -434,7 +423,7 @@ class Approvals:
             return
         sent, nonce = time.monotonic(), secrets.token_hex(8)
         try:
-            claimed = await self._approval_store().claim_approved(
+            claimed = await self._store.claim_approved(
                 key, owner=self._owner, lease_seconds=self._settings.lease_seconds, nonce=nonce
             )
         except StoreError:
@@ -471,7 +460,7 @@ class Approvals:
         :class:`~agentfn_asgi.errors.ConfigurationError` when nobody is told of requests."""
         if self.notify is None:
             raise ConfigurationError("nobody to tell: the app has no on_approval_request")
-        record = await self._approval_store().find_approval(approval_id)
+        record = await self._store.find_approval(approval_id)
         if record is None or record.approval is None:
             raise ApprovalNotFoundError(
                 f"no approval request {approval_id} in this store", approval_id=approval_id

@@ -58,7 +58,6 @@ from ..errors import (
 )
 from ..messages import (
     APPROVAL_ARGUMENTS_CHANGED_MESSAGE,
-    APPROVAL_UNSUPPORTED_MESSAGE,
     CALL_BUDGET_MESSAGE,
     ENQUEUE_FAILED_MESSAGE,
     IN_DOUBT_MESSAGE,
@@ -84,7 +83,7 @@ from ..results import (
     submission_key,
 )
 from ..running import invoke, run_reconcile
-from ..store.base import ApprovalStore, Store
+from ..store.base import Store
 from ..tools import (
     FunctionTool,
     NotRun,
@@ -797,9 +796,6 @@ class Executor:
         if name.startswith("sign_in:") and self._answers.sign_in is not None:
             return await self._sign_in(attempt, self._answers.sign_in)
         if not attempt.approved:
-            if not isinstance(self._store, ApprovalStore):
-                logger.error("request %s: the store cannot ask a person; refusing it", key)
-                return saved_answer(key, name, "deny", source="policy")
             return await self._request_approval(
                 attempt, name=name, lapses_in=self._settings.approval_timeout
             )
@@ -855,9 +851,6 @@ class Executor:
     ) -> SavedResult | None:
         """Hold the call for a person (``awaiting_approval``) if our claim still stands."""
         key, store = attempt.key, self._store
-        if not isinstance(store, ApprovalStore):  # the app refuses this set-up at start
-            message = APPROVAL_UNSUPPORTED_MESSAGE.format(name=name)
-            return failure_result(key, message, "approval_unsupported")
         now = self._clock()
         request = ApprovalRequest(
             approval_id="apr_" + secrets.token_hex(12),

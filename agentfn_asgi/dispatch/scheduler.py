@@ -283,17 +283,10 @@ class Dispatcher:
         self._workers.append(self._spawn(self._sweep_loop(immediate=recover)))
         if self.settings.reread_interval > 0:
             self._workers.append(self._spawn(self._reread_loop()))
-        gated = sorted(tool.name for tool in self.tools if tool.approval is not False)
         # A policy may ask a person about an approval request: the poll runs its decisions.
-        if (gated or self._answers.policy is not None) and self.approvals.enabled:
+        gated = any(tool.approval is not False for tool in self.tools)
+        if gated or self._answers.policy is not None:
             self._workers.append(self._spawn(self.approvals.loop()))
-        elif gated:
-            logger.error(
-                "tools %s need a person's approval, but the store %s cannot hold calls for "
-                "approval yet: their calls fail, telling the model so",
-                gated,
-                self.store.location,
-            )
         self.telemetry.observe_pending(self._executor.oldest_running_age)
 
     async def stop(self, *, drain_timeout: float = 10.0) -> None:

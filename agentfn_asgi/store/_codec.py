@@ -1,13 +1,14 @@
-"""Helpers shared by every store backend: reading a flat call record, classifying a claim.
+"""Helpers shared by every store backend: a call as flat fields, classifying a claim.
 
 Every backend but memory keeps a call as one flat row (SQL columns, a Redis hash) with the
-same field names, so turning one into a :class:`CallRecord` lives here once.
+same field names, so turning one into a :class:`CallRecord`, and a step's arguments into
+the flat values its statement or script reads (:func:`flat_args`), live here once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from agentfn_asgi.calls.records import (
     ApprovalRequest,
@@ -18,11 +19,16 @@ from agentfn_asgi.calls.records import (
     SavedResult,
     parse_history,
 )
+from agentfn_asgi.calls.states import Args
 
 __all__ = [
+    "APPROVAL_COLUMNS",
     "REASON_COLUMN",
+    "RESULT_COLUMNS",
     "approval_detail",
     "claim_status_for",
+    "flat_args",
+    "flat_columns",
     "record_from_mapping",
     "saved_detail",
 ]
@@ -30,6 +36,52 @@ __all__ = [
 #: The column (SQL) and hash field (Redis) of :attr:`CallRecord.reason`: schema 1 was
 #: released with this name, and a released column keeps its name (docs/versions.md).
 REASON_COLUMN = "quarantine_reason"
+
+#: The columns (SQL) and hash fields (Redis) of a saved result, besides its state.
+RESULT_COLUMNS: Final = (
+    "success",
+    "event_json",
+    "idempotency_key",
+    "error_type",
+    "source",
+    "full_output",
+)
+#: The columns of an approval request: its id (to be found by) and the request as JSON.
+APPROVAL_COLUMNS: Final = ("approval_id", "approval")
+
+
+def flat_columns(field: str) -> tuple[str, ...]:
+    """The flat columns of a record field (a result and an approval are several; ``reason``
+    keeps the name schema 1 was released with)."""
+    if field == "result":
+        return RESULT_COLUMNS
+    if field == "approval":
+        return APPROVAL_COLUMNS
+    if field == "reason":
+        return (REASON_COLUMN,)
+    return (field,)
+
+
+def flat_args(args: Args) -> dict[str, Any]:
+    """``args`` as flat values: a ``result`` as its state and :data:`RESULT_COLUMNS`, an
+    ``approval`` as its JSON and (unless the step names one) its ``approval_id``, the
+    limiter's answer ``admitted`` as 1 or 0; a claim's ``key`` as its three ids."""
+    flat = {name: value for name, value in args.items() if name not in ("result", "approval")}
+    result: SavedResult | None = args.get("result")
+    if result is not None:
+        flat["state"] = (CallState.SUCCEEDED if result.success else CallState.FAILED).value
+        flat.update({name: getattr(result, name) for name in RESULT_COLUMNS})
+    approval: ApprovalRequest | None = args.get("approval")
+    if approval is not None:
+        flat["approval"] = approval.to_json()
+        flat.setdefault("approval_id", approval.approval_id)
+    if isinstance(args.get("admitted"), bool):
+        flat["admitted"] = int(args["admitted"])
+    key: CallKey | None = args.get("key")
+    if key is not None:
+        flat.update(session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id)
+        del flat["key"]
+    return flat
 
 
 def claim_status_for(record: CallRecord) -> ClaimStatus:

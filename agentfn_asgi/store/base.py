@@ -1,6 +1,6 @@
-"""The store protocol: the only place where durability and cross-replica atomicity live.
+"""The store: the only place where durability and cross-replica atomicity live.
 
-Every backend (``memory://``, ``sqlite:///``, ``redis://``, ``postgresql://``) implements
+Every backend (``memory://``, ``sqlite:///``, ``redis://``, ``postgresql://``) is a
 :class:`Store`. Each method is one atomic step *inside the store* (a unique constraint, a
 conditional update, a Lua script, a row lock); no method may read and then write from Python
 with a gap another replica could fall into. The values it takes and returns, and the call
@@ -26,8 +26,26 @@ lists, counts or prunes a record of another (the same delivery id or call key in
 namespaces are two independent records).
 
 **The state machine.** Which operation may change a call, from which state, under which
-guard, to which state, is declared once in :mod:`agentfn_asgi.calls.states`; every backend
-carries out that table (the memory store executes it and is the reference).
+guard, to which state, and what it changes, is declared once in
+:mod:`agentfn_asgi.calls.states`. A backend carries a row out in one atomic step of its own,
+:meth:`Store._transition` (the memory store runs :func:`~agentfn_asgi.calls.states.apply`;
+SQLite and PostgreSQL run the row's statement, Redis its script, both rendered from the row
+by :mod:`agentfn_asgi.store.sql.compile` and :mod:`agentfn_asgi.store.redis.compile`), and
+every operation that makes one row is written here once, over it: a backend writes the
+claim, the admission, the budget's count and the reads.
+
+**A write whose answer was lost.** A store sends a step again when the connection drops
+before its answer arrives (redis-py's ``Retry``, the PostgreSQL store's one retry), and a
+Redis pipeline that lost its connection answers each of its steps with
+:class:`~agentfn_asgi.errors.StoreUnavailableError` although they may have run. Either way
+the step may have happened, and the row's guard refuses it a second time (the call left the
+row's source state). So every operation whose answer matters says how it recognises its own
+result in the record as it stands (:meth:`Store._recognised`): the record refused with the
+retry, or read back after an unavailable store. A step that leaves nothing of its own to
+recognise (``run_approved``, ``release``: any replica, or another poll of this one, could
+hold the next attempt; ``settle``: another operator could save the same result) records a
+one-off ``nonce`` (:func:`~agentfn_asgi.calls.states.claimed_with`,
+:func:`~agentfn_asgi.calls.states.settled_with`).
 
 **History.** Every step of a call is appended to its history in the same atomic step that
 makes it (:class:`~agentfn_asgi.calls.records.CallEvent`); content (arguments, output) is never
@@ -42,46 +60,65 @@ store, not per namespace: a logout holds for every app that shares the store.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+import abc
+import asyncio
+import dataclasses
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 from agentfn_asgi.calls.records import (
     ApprovalRequest,
     CallKey,
     CallQuery,
     CallRecord,
+    CallState,
     ClaimOutcome,
     DeliveryRecord,
     Limit,
     SavedResult,
     StoreStats,
 )
+from agentfn_asgi.calls.states import SAVED, claim_nonces, claimed_with, settled_with
+from agentfn_asgi.errors import StoreError, StoreUnavailableError
+from agentfn_asgi.store._codec import approval_detail, saved_detail
 
-__all__ = ["ApprovalStore", "Store", "supports_approval"]
+__all__ = ["Store"]
+
+#: The decision on an approval request, by the row that takes it.
+_DECISIONS: Final = {"approved": "approve", "denied": "deny", "expired": "expire_approval"}
 
 
-@runtime_checkable
-class Store(Protocol):
-    """Durable, atomic storage of deliveries and calls. See the module docstring."""
+class Store(abc.ABC):
+    """Durable, atomic storage of deliveries and calls. See the module docstring.
+
+    A backend implements the abstract methods; the operations that make one row of the state
+    table are written here, over :meth:`_transition`."""
 
     namespace: str
+    _clock: Callable[[], float]
 
     @property
+    @abc.abstractmethod
     def location(self) -> str:
         """Where the data lives, as operators see it (logs, ``status``, the page): an absolute
         path or a URL with the password hidden, and the namespace if any."""
 
     # -- lifecycle -------------------------------------------------------------------------
+    @abc.abstractmethod
     async def open(self) -> None:
         """Connect and create the schema if needed. Idempotent."""
 
+    @abc.abstractmethod
     async def close(self) -> None:
         """Release connections. Idempotent."""
 
+    @abc.abstractmethod
     async def ping(self) -> None:
         """Raise :class:`StoreUnavailableError` when the store cannot be used right now."""
 
     # -- deliveries ------------------------------------------------------------------------
+    @abc.abstractmethod
     async def record_delivery(
         self, delivery_id: str, session_id: str, *, nonce: str | None = None
     ) -> bool:
@@ -92,12 +129,15 @@ class Store(Protocol):
         for the recovery sweep from now (``next_attempt_at``).
         """
 
+    @abc.abstractmethod
     async def mark_delivery_resolved(self, delivery_id: str) -> None:
         """The session named by this delivery was read and its calls were dispatched."""
 
+    @abc.abstractmethod
     async def delivery_failed(self, delivery_id: str, *, error: str, retry_at: float) -> None:
         """Resolving the delivery failed: count it, keep ``error``, retry at ``retry_at``."""
 
+    @abc.abstractmethod
     async def unresolved_deliveries(
         self,
         *,
@@ -108,22 +148,25 @@ class Store(Protocol):
         """Unresolved deliveries due at or before ``due_before``, by ``(next_attempt_at,
         delivery_id)``, starting after ``after`` (the last one of the previous page)."""
 
+    @abc.abstractmethod
     async def list_deliveries(
         self, *, unresolved_only: bool = False, limit: int = 50
     ) -> list[DeliveryRecord]:
         """Deliveries, newest first (operators)."""
 
+    @abc.abstractmethod
     async def prune(self, *, deliveries_before: float, calls_before: float) -> int:
-        """Remove delivery records received and finished (submitted, stale or cancelled) calls last
-        updated before the given times (quarantined and pending calls are never pruned), and the
-        flow-control state of limiters idle since ``calls_before`` (a rated limiter's bucket last
-        spent before it, which would read full by then: a missing one does).
+        """Remove delivery records received and finished (submitted, stale or cancelled)
+        calls last updated before the given times (quarantined and pending calls are never
+        pruned), and the flow-control state of limiters idle since ``calls_before`` (a rated
+        limiter's bucket last spent before it, which would read full by then: a missing one
+        does).
 
         Must not block the event loop or other replicas for long; returns the deliveries and
         calls removed.
         """
 
-    # -- calls -----------------------------------------------------------------------------
+    # -- claiming --------------------------------------------------------------------------
     async def claim_call(
         self,
         key: CallKey,
@@ -136,13 +179,15 @@ class Store(Protocol):
         limit: Limit | None = None,
         resolves_delivery: bool = False,
     ) -> ClaimOutcome:
-        """Atomically decide who runs a call.
+        """Atomically decide who runs a call: the first row of
+        :data:`~agentfn_asgi.calls.states.CLAIM_ORDER` whose guards hold.
 
         - absent → insert ``claimed`` owned by ``owner`` (attempt 1): ``CLAIMED``;
         - ``claimed`` with a lease expired more than ``margin`` ago → take it over
           (attempt + 1): ``IN_DOUBT``;
         - ``claimed`` by ``owner`` itself with a live lease (a retried claim) → returned as
           taken, unchanged: ``CLAIMED`` (attempt 1) or ``IN_DOUBT``;
+        - ``retry_scheduled`` and due → the next attempt: ``RETRY``;
         - ``claimed`` by another owner, lease live or expired by less than ``margin``: ``BUSY``;
         - ``succeeded``/``failed`` → ``SAVED``; ``submitted``/``stale``/``quarantined`` →
           ``DONE``.
@@ -162,7 +207,40 @@ class Store(Protocol):
         work from then on, and the delivery needs no write of its own (one round trip
         fewer per delivery). If the claim fails, the delivery stays unresolved.
         """
+        now = self._clock()
+        # One-off, so that this claim sent again after a lost answer knows its own row.
+        nonce = secrets.token_hex(8)
+        args = {
+            "now": now,
+            "key": key,
+            "tool_name": tool_name,
+            "owner": owner,
+            "lease_expires_at": now + lease_seconds,
+            "takeover_before": now - margin,
+            "delivery_id": delivery_id,
+            "nonce": nonce,
+            **claim_nonces(nonce),
+        }
+        resolves = delivery_id if resolves_delivery else None
+        return await self._claim(key, args, limit=limit, margin=margin, resolves=resolves)
 
+    @abc.abstractmethod
+    async def _claim(
+        self,
+        key: CallKey,
+        args: Mapping[str, Any],
+        *,
+        limit: Limit | None,
+        margin: float,
+        resolves: str | None,
+    ) -> ClaimOutcome:
+        """:meth:`claim_call` in one atomic step (one round trip): ``args`` are the rows'
+        (``now``, ``key``, ``tool_name``, ``owner``, ``lease_expires_at``,
+        ``takeover_before``, ``delivery_id``, the claim's one-off ``nonce`` and
+        :func:`~agentfn_asgi.calls.states.claim_nonces`); ``resolves`` is the delivery to
+        mark resolved in the same step, if any."""
+
+    @abc.abstractmethod
     async def admit_call(
         self,
         key: CallKey,
@@ -184,6 +262,7 @@ class Store(Protocol):
         :func:`agentfn_asgi.calls.states.admits`.
         """
 
+    @abc.abstractmethod
     async def count_call(
         self, key: CallKey, *, owner: str, attempt: int, budget: int
     ) -> CallRecord | None:
@@ -198,10 +277,62 @@ class Store(Protocol):
         rule is :func:`agentfn_asgi.calls.states.within_budget`.
         """
 
+    # -- one row each ----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def _transition(
+        self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool
+    ) -> tuple[bool, CallRecord | None]:
+        """Make row ``name`` happen to ``key`` in one atomic step, if its guards hold.
+
+        Answers whether it happened and, when ``record`` is asked for, the record as it
+        stands after the step (unchanged when refused; None when there is no such call). A
+        row that saves a result may answer it without the result's text, which the caller
+        holds: :func:`_saved` puts it back.
+        """
+
+    async def _transition_each(
+        self, name: str, steps: Sequence[tuple[CallKey, Mapping[str, Any]]]
+    ) -> list[bool]:
+        """Row ``name`` on each ``(key, args)`` of ``steps``, each in its own atomic step
+        (never together): whether each happened. Started together here (the SQLite writer
+        commits them in one transaction, the Redis store sends them as one pipeline); a
+        backend may send them in one round trip of its own."""
+        answers = await asyncio.gather(
+            *(self._transition(name, key, args, record=False) for key, args in steps)
+        )
+        return [done for done, _ in answers]
+
+    async def _recognised(
+        self,
+        name: str,
+        key: CallKey,
+        args: Mapping[str, Any],
+        mine: Callable[[CallRecord], bool],
+    ) -> tuple[bool, CallRecord | None]:
+        """Row ``name`` as :meth:`_transition` with the record, where a refusal that finds
+        ``mine`` true of the record (our own step, its answer lost and the step retried)
+        counts as done, and so does an unavailable store (the answer lost, maybe after the
+        step) when the record read back is ``mine``; otherwise that error is raised."""
+        try:
+            done, found = await self._transition(name, key, args, record=True)
+        except StoreUnavailableError:
+            found = await self.get_call(key)
+            if found is None or not mine(found):
+                raise
+            return True, found
+        return done or (found is not None and mine(found)), found
+
+    async def _done(self, name: str, key: CallKey, **args: Any) -> bool:
+        """Whether row ``name`` applied."""
+        done, _ = await self._transition(name, key, {"now": self._clock(), **args}, record=False)
+        return done
+
     async def renew_lease(
         self, key: CallKey, *, owner: str, attempt: int, lease_seconds: float
     ) -> bool:
         """Extend the lease of ``(owner, attempt)``'s claim; False if it is not theirs."""
+        lease = self._clock() + lease_seconds
+        return await self._done("renew", key, owner=owner, attempt=attempt, lease_expires_at=lease)
 
     async def keep_places(
         self, waiters: Sequence[tuple[CallKey, int]], *, owner: str, lease_seconds: float
@@ -210,6 +341,11 @@ class Store(Protocol):
         without asking their limiter (the waiters behind the head of a line keep their
         place); for each, False if it is not ``waiting`` for that holder any more. Sent
         together: one batch where the backend has one."""
+        now = self._clock()
+        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds}
+        return await self._transition_each(
+            "keep_place", [(key, {**args, "attempt": attempt}) for key, attempt in waiters]
+        )
 
     async def save_result(
         self,
@@ -227,14 +363,30 @@ class Store(Protocol):
         result with yours). Saving also succeeds when our lease expired but nobody took the
         call over since. ``duration`` (seconds to obtain it) goes into the history.
         """
+        args = {
+            "now": self._clock(),
+            "owner": owner,
+            "attempt": attempt,
+            "result": result,
+            "detail": saved_detail(result, duration),
+        }
+        done, found = await self._recognised(
+            "save", key, args, lambda r: _holds_result(r, result, attempt=attempt)
+        )
+        if found is None:
+            raise StoreError(f"cannot save a result for call {key}: it was never claimed")
+        return _saved(found, result) if done else found
 
     async def mark_submitted(self, key: CallKey, *, detail: str = "") -> None:
         """The API accepted the saved result (terminal); ``detail`` (how it was accepted: the
-        status and the number of requests) goes into the history."""
+        status and the number of requests) goes into the history. Anything but a saved
+        result is left alone."""
+        await self._done("mark_submitted", key, detail=detail)
 
     async def submission_failed(self, key: CallKey, *, detail: str, retry_at: float) -> None:
         """Submitting the saved result failed: count it, record ``detail`` in the history,
         let the sweep retry it at ``retry_at``."""
+        await self._done("submission_failed", key, detail=detail, retry_at=retry_at)
 
     async def mark_stale(self, key: CallKey, *, unchanged_since: float | None = None) -> None:
         """The API no longer waits for this saved result (terminal); it is never sent again.
@@ -242,6 +394,7 @@ class Store(Protocol):
         With ``unchanged_since``, only a record not updated after that time is marked: what
         another replica saved after the caller's session read stands.
         """
+        await self._done("mark_stale", key, since=unchanged_since)
 
     async def cancel(self, key: CallKey, *, owner: str, reason: str, known_before: float) -> bool:
         """The API stopped waiting for this call before it had a result (its turn cancelled
@@ -254,6 +407,7 @@ class Store(Protocol):
         read that no longer lists it) is cancelled: one claimed after may be newer than that
         read. Returns whether it was cancelled.
         """
+        return await self._done("cancel", key, owner=owner, detail=reason, since=known_before)
 
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """Hold an in-doubt call for an operator instead of answering it (terminal).
@@ -261,6 +415,27 @@ class Store(Protocol):
         Only ``(owner, attempt)``'s claim is quarantined (a saved result always wins);
         ``reason`` is kept as the record's ``reason``.
         """
+        await self._done("quarantine", key, owner=owner, attempt=attempt, detail=reason)
+
+    async def schedule_retry(
+        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
+    ) -> bool:
+        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled``: the next attempt may
+        start at ``at`` (Unix time; kept as ``next_attempt_at`` and ``lease_expires_at``), by
+        whoever claims the call then (:meth:`claim_call` answers ``RETRY``). ``reason`` goes
+        to the history. False when the claim is not theirs (fencing): nothing changed."""
+        args = {"now": self._clock(), "owner": owner, "attempt": attempt, "at": at}
+
+        def mine(record: CallRecord) -> bool:
+            # (owner, attempt) names one holder's claim: only it schedules its retry.
+            return record.state is CallState.RETRY_SCHEDULED and (
+                record.owner,
+                record.attempt,
+                record.lease_expires_at,
+            ) == (owner, attempt, at)
+
+        done, _ = await self._recognised("schedule_retry", key, {**args, "detail": reason}, mine)
+        return done
 
     async def settle(
         self,
@@ -275,6 +450,18 @@ class Store(Protocol):
         history). None when the call is in no such state (running, saved, done, unknown).
         The step records ``nonce`` (None: a new random one), by which it recognises itself
         when its answer was lost (:func:`~agentfn_asgi.calls.states.settled_with`)."""
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {
+            "now": now,
+            "takeover_before": now - margin,
+            "result": result,
+            "detail": saved_detail(result, None),
+            "nonce": nonce,
+        }
+        done, found = await self._recognised(
+            "settle", key, args, lambda r: settled_with(r, nonce=nonce)
+        )
+        return _saved(found, result) if done and found is not None else None
 
     async def release(
         self,
@@ -289,69 +476,20 @@ class Store(Protocol):
         the next attempt (``released`` in the history). None when it is in no such state.
         The claim records ``nonce`` (None: a new random one), by which it recognises itself
         when its answer was lost (:func:`~agentfn_asgi.calls.states.claimed_with`)."""
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {
+            "now": now,
+            "takeover_before": now - margin,
+            "owner": owner,
+            "lease_expires_at": now + lease_seconds,
+            "nonce": nonce,
+        }
+        done, found = await self._recognised(
+            "release", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
+        )
+        return found if done else None
 
-    async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
-        """The record of one call (with its history if asked), or None."""
-
-    async def find_calls(self, call_id: str) -> list[CallRecord]:
-        """Every call with this ``call_id``, in any session, with its history (operators)."""
-
-    async def calls_for_session(self, session_id: str) -> list[CallRecord]:
-        """Every call recorded for a session (any state), oldest first."""
-
-    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
-        """Calls matching ``query``, newest first (operators; no history)."""
-
-    async def unsubmitted_results(
-        self,
-        *,
-        due_before: float,
-        limit: int = 100,
-        after: tuple[float, CallKey] | None = None,
-    ) -> list[CallRecord]:
-        """Calls in ``succeeded``/``failed`` due for (re)submission at or before
-        ``due_before``, by ``(next_attempt_at, key)``, starting after ``after``."""
-
-    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Calls in ``claimed`` whose lease expired more than ``margin`` ago (in doubt)."""
-
-    # -- flow control --------------------------------------------------------------
-    async def schedule_retry(
-        self, key: CallKey, *, owner: str, attempt: int, at: float, reason: str
-    ) -> bool:
-        """``claimed`` by ``(owner, attempt)`` → ``retry_scheduled``: the next attempt may
-        start at ``at`` (Unix time; kept as ``next_attempt_at`` and ``lease_expires_at``), by
-        whoever claims the call then (:meth:`claim_call` answers ``RETRY``). ``reason`` goes
-        to the history. False when the claim is not theirs (fencing): nothing changed."""
-
-    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
-        """Calls in ``retry_scheduled`` whose time has come, earliest first (the sweep
-        claims them, so a restart or another replica resumes them)."""
-
-    async def stats(self, *, margin: float = 0.0) -> StoreStats:
-        """Counts for operators; in doubt: claimed, its lease run out more than ``margin``
-        seconds ago (:func:`agentfn_asgi.calls.states.in_doubt`)."""
-
-    # -- revocations -----------------------------------------------------------------------
-    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
-        """Record that the credential ``token_id`` is revoked; ``expires_at`` (Unix time) is
-        when it would expire anyway, after which the entry may be dropped. Idempotent."""
-
-    async def token_revoked(self, token_id: str) -> bool:
-        """Whether ``token_id`` was revoked (and its entry has not expired yet)."""
-
-
-@runtime_checkable
-class ApprovalStore(Protocol):
-    """The operations of durable human approval (``approval=`` tools), rows
-    ``request_approval`` … ``run_approved`` of :mod:`agentfn_asgi.calls.states`.
-
-    Every backend of the package (memory, SQLite, PostgreSQL, Redis) is one. It is kept
-    apart from :class:`Store` so that a store of your own without them still works: the
-    dispatcher then says at start-up that its ``approval=`` tools cannot ask, and their
-    calls fail telling the model so (:func:`supports_approval`).
-    """
-
+    # -- approval (rows request_approval … run_approved) -----------------------------------
     async def request_approval(
         self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest
     ) -> CallRecord:
@@ -359,6 +497,20 @@ class ApprovalStore(Protocol):
         lease becomes the request's expiry; ``approval_requested`` in the history). Returns
         the record as it stands: unchanged when the claim is not theirs (compare its
         ``approval``). StoreError if the call was never claimed."""
+        args = {
+            "now": self._clock(),
+            "owner": owner,
+            "attempt": attempt,
+            "expires_at": request.expires_at,
+            "approval": request,
+            "detail": approval_detail(request),
+        }
+        _, found = await self._recognised(
+            "request_approval", key, args, lambda r: r.approval == request
+        )
+        if found is None:
+            raise StoreError(f"cannot hold call {key} for approval: it was never claimed")
+        return found
 
     async def decide_approval(
         self,
@@ -378,6 +530,34 @@ class ApprovalStore(Protocol):
         lapsed). Who (``by``), how (``via``) and why (``reason``) go on the request and in
         the history. None when refused: not waiting, another request, already decided, or
         the expiry does not allow it."""
+        current = await self.get_call(key)
+        if current is None or current.approval is None:
+            return None
+        now = self._clock()
+        decided = dataclasses.replace(
+            current.approval,
+            decision=decision,
+            decided_by=by,
+            decided_via=via,
+            decided_at=now,
+            reason=reason,
+        )
+        # The row's guards (still waiting, this request, its expiry) decide; the request read
+        # above only supplies the fields a decision does not change. Ours, if its answer was
+        # lost: the request as decided here (who, how, when to the clock's precision).
+        args = {
+            "now": now,
+            "approval_id": approval_id,
+            "approval": decided,
+            "detail": approval_detail(decided),
+            "result": result,
+        }
+        done, found = await self._recognised(
+            _DECISIONS[decision], key, args, lambda r: r.approval == decided
+        )
+        if not done or found is None:
+            return None
+        return found if result is None else _saved(found, result)
 
     async def claim_approved(
         self, key: CallKey, *, owner: str, lease_seconds: float, nonce: str | None = None
@@ -387,24 +567,98 @@ class ApprovalStore(Protocol):
         ``owner``). The claim records ``nonce`` (None: a new random one), by which it
         recognises itself when its answer was lost
         (:func:`~agentfn_asgi.calls.states.claimed_with`)."""
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds, "nonce": nonce}
+        done, found = await self._recognised(
+            "run_approved", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
+        )
+        return found if done else None
 
+    # -- reads -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
+        """The record of one call (with its history if asked), or None."""
+
+    @abc.abstractmethod
+    async def find_calls(self, call_id: str) -> list[CallRecord]:
+        """Every call with this ``call_id``, in any session, with its history (operators)."""
+
+    @abc.abstractmethod
+    async def calls_for_session(self, session_id: str) -> list[CallRecord]:
+        """Every call recorded for a session (any state), oldest first."""
+
+    @abc.abstractmethod
+    async def list_calls(self, query: CallQuery) -> list[CallRecord]:
+        """Calls matching ``query``, newest first (operators; no history)."""
+
+    @abc.abstractmethod
+    async def unsubmitted_results(
+        self,
+        *,
+        due_before: float,
+        limit: int = 100,
+        after: tuple[float, CallKey] | None = None,
+    ) -> list[CallRecord]:
+        """Calls in ``succeeded``/``failed`` due for (re)submission at or before
+        ``due_before``, by ``(next_attempt_at, key)``, starting after ``after``."""
+
+    @abc.abstractmethod
+    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
+        """Calls in ``claimed`` whose lease expired more than ``margin`` ago (in doubt)."""
+
+    @abc.abstractmethod
+    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
+        """Calls in ``retry_scheduled`` whose time has come, earliest first (the sweep
+        claims them, so a restart or another replica resumes them)."""
+
+    @abc.abstractmethod
     async def find_approval(self, approval_id: str) -> CallRecord | None:
         """The call whose request is ``approval_id`` (decided or not), with its history."""
 
+    @abc.abstractmethod
     async def waiting_approvals(
         self, *, expired_by: float | None = None, limit: int = 100
     ) -> list[CallRecord]:
         """Calls in ``awaiting_approval`` (with ``expired_by``: only those whose request
         expired at or before it), soonest expiry first."""
 
+    @abc.abstractmethod
     async def count_waiting_approvals(self) -> int:
         """How many calls are in ``awaiting_approval``: a count the store keeps or reads
         from its index of them (never the rows), cheap enough for a gauge."""
 
+    @abc.abstractmethod
     async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
         """Calls in ``approved`` (decided, not yet claimed to run), oldest decision first."""
 
+    @abc.abstractmethod
+    async def stats(self, *, margin: float = 0.0) -> StoreStats:
+        """Counts for operators; in doubt: claimed, its lease run out more than ``margin``
+        seconds ago (:func:`agentfn_asgi.calls.states.in_doubt`)."""
 
-def supports_approval(store: object) -> bool:
-    """Does ``store`` carry out the approval rows (:class:`ApprovalStore`)?"""
-    return isinstance(store, ApprovalStore)
+    # -- revocations -----------------------------------------------------------------------
+    @abc.abstractmethod
+    async def revoke_token(self, token_id: str, *, expires_at: float) -> None:
+        """Record that the credential ``token_id`` is revoked; ``expires_at`` (Unix time) is
+        when it would expire anyway, after which the entry may be dropped. Idempotent."""
+
+    @abc.abstractmethod
+    async def token_revoked(self, token_id: str) -> bool:
+        """Whether ``token_id`` was revoked (and its entry has not expired yet)."""
+
+
+def _holds_result(record: CallRecord, result: SavedResult, *, attempt: int) -> bool:
+    """Does ``record`` hold ``result``, saved by ``attempt``? Only that attempt's holder
+    saves in it (fencing), so it is our own save."""
+    saved = record.result
+    return (
+        record.state in SAVED
+        and record.attempt == attempt
+        and saved is not None
+        and (saved.success, saved.event_json) == (result.success, result.event_json)
+    )
+
+
+def _saved(record: CallRecord, result: SavedResult) -> CallRecord:
+    """``record`` just saved with ``result``, its text put back where the step left it out."""
+    return dataclasses.replace(record, result=result)

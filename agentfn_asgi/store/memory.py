@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +40,6 @@ from agentfn_asgi.calls.states import (
     allows,
     apply,
     bucket_tokens,
-    claim_nonces,
     holds,
     in_doubt,
     reclaimed,
@@ -50,7 +48,7 @@ from agentfn_asgi.calls.states import (
 )
 from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.store._codec import claim_status_for
-from agentfn_asgi.store._transitions import Transitions
+from agentfn_asgi.store.base import Store
 
 __all__ = ["MemoryStore"]
 
@@ -74,7 +72,7 @@ class _Data:
     buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
-class MemoryStore(Transitions):
+class MemoryStore(Store):
     """In-process :class:`~agentfn_asgi.store.base.Store`.
 
     Usable without :meth:`open` (it has nothing to connect); after :meth:`close` every
@@ -244,7 +242,8 @@ class MemoryStore(Transitions):
     async def _transition(
         self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool
     ) -> tuple[bool, CallRecord | None]:
-        """Row ``name`` on ``key`` by the reference (:func:`apply`); see :class:`Transitions`."""
+        """Row ``name`` on ``key`` by the reference (:func:`apply`), see
+        :meth:`Store._transition`."""
         self._check_open()
         current, row = self._get(key), TRANSITIONS[name]
         if current is None or not holds(row, current, args):
@@ -255,48 +254,27 @@ class MemoryStore(Transitions):
         self._data.calls[(self.namespace, record.key)] = record
         return record
 
-    async def claim_call(
+    async def _claim(
         self,
         key: CallKey,
+        args: Mapping[str, Any],
         *,
-        tool_name: str,
-        owner: str,
-        lease_seconds: float,
-        delivery_id: str | None = None,
-        margin: float = 0.0,
-        limit: Limit | None = None,
-        resolves_delivery: bool = False,
+        limit: Limit | None,
+        margin: float,
+        resolves: str | None,
     ) -> ClaimOutcome:
-        """Decide who runs ``key``; see :meth:`Store.claim_call`."""
+        """Decide who runs ``key`` by :data:`CLAIM_ORDER`; see :meth:`Store.claim_call`."""
         self._check_open()
-        outcome = self._claim(key, tool_name, owner, lease_seconds, delivery_id, margin, limit)
-        if resolves_delivery and delivery_id is not None:
-            self._update_unresolved(delivery_id, resolved=True)
+        outcome = self._claimed(key, args, limit, margin)
+        if resolves is not None:
+            self._update_unresolved(resolves, resolved=True)
         return outcome
 
-    def _claim(
-        self,
-        key: CallKey,
-        tool_name: str,
-        owner: str,
-        lease_seconds: float,
-        delivery_id: str | None,
-        margin: float,
-        limit: Limit | None,
+    def _claimed(
+        self, key: CallKey, args: Mapping[str, Any], limit: Limit | None, margin: float
     ) -> ClaimOutcome:
-        now = self._clock()
         record = self._get(key)
-        nonce = secrets.token_hex(8)
-        args = {
-            "now": now,
-            "key": key,
-            "tool_name": tool_name,
-            "owner": owner,
-            "lease_expires_at": now + lease_seconds,
-            "takeover_before": now - margin,
-            "delivery_id": delivery_id,
-            **claim_nonces(nonce),
-        }
+        nonce, lease_seconds = args["nonce"], args["lease_expires_at"] - args["now"]
         for name, status in CLAIM_ORDER:
             if not holds(TRANSITIONS[name], record, args):
                 continue

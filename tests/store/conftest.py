@@ -20,7 +20,6 @@ import pytest
 from agentfn_asgi.calls.records import ApprovalRequest, CallKey, ClaimStatus, SavedResult
 from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.store import MemoryStore, SQLiteStore, Store
-from agentfn_asgi.store.base import ApprovalStore
 
 # Re-exported: store tests (and others' branches) import the suite's clock from here too.
 from ..support.clock import FakeClock as FakeClock
@@ -53,7 +52,6 @@ async def claim(store: Store, owner: str, key: CallKey = KEY) -> ClaimStatus:
 async def hold_for_approval(store: Store, count: int, *, expires_at: float) -> None:
     """Put ``count`` calls of session ``held`` in ``awaiting_approval``, all expiring at
     ``expires_at`` (ties: the lists' order is the key's then)."""
-    assert isinstance(store, ApprovalStore)
 
     async def hold(i: int) -> None:
         key = CallKey("held", "t", f"c{i:05}")

@@ -13,7 +13,7 @@ import pytest
 
 from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.calls.states import TRANSITIONS, Guard, Target, Transition, Way
-from agentfn_asgi.store._transitions import RESULT_COLUMNS
+from agentfn_asgi.store._codec import RESULT_COLUMNS
 from agentfn_asgi.store.redis import scripts as lua
 from agentfn_asgi.store.redis.compile import lua_apply, lua_transition
 from agentfn_asgi.store.sql import statements as sql

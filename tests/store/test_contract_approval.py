@@ -9,18 +9,12 @@ import pytest
 
 from agentfn_asgi.calls.records import ApprovalRequest, CallRecord, CallState, ClaimStatus
 from agentfn_asgi.store import Store
-from agentfn_asgi.store.base import ApprovalStore
 
 from .conftest import KEY, LEASE, FakeClock, StoreFactory, claim, hold_for_approval, result
 
 pytestmark = pytest.mark.anyio
 
 TIMEOUT = 3600.0
-
-
-def approvals(store: Store) -> ApprovalStore:
-    assert isinstance(store, ApprovalStore), f"{type(store).__name__} holds no approvals"
-    return store
 
 
 def request(clock: FakeClock, approval_id: str = "apr_1") -> ApprovalRequest:
@@ -36,7 +30,7 @@ def request(clock: FakeClock, approval_id: str = "apr_1") -> ApprovalRequest:
 async def held(store: Store, clock: FakeClock, approval_id: str = "apr_1") -> ApprovalRequest:
     await claim(store, "a")
     asked = request(clock, approval_id)
-    record = await approvals(store).request_approval(KEY, owner="a", attempt=1, request=asked)
+    record = await store.request_approval(KEY, owner="a", attempt=1, request=asked)
     assert record.state is CallState.AWAITING_APPROVAL and record.approval == asked
     return asked
 
@@ -48,12 +42,10 @@ async def test_only_the_holder_asks_and_a_waiting_call_is_left_alone(
     request's expiry, a claim of it is DONE (never run, never asked again) even after the
     lease would have lapsed, and it is neither in doubt nor settleable."""
     await claim(store, "a")
-    refused = await approvals(store).request_approval(
-        KEY, owner="b", attempt=1, request=request(clock)
-    )
+    refused = await store.request_approval(KEY, owner="b", attempt=1, request=request(clock))
     assert refused.state is CallState.CLAIMED and refused.approval is None
     asked = request(clock)
-    record = await approvals(store).request_approval(KEY, owner="a", attempt=1, request=asked)
+    record = await store.request_approval(KEY, owner="a", attempt=1, request=asked)
     assert record.lease_expires_at == pytest.approx(asked.expires_at)
     clock.advance(LEASE * 10)
     assert await claim(store, "b") is ClaimStatus.DONE
@@ -72,19 +64,19 @@ async def test_approve_is_taken_once_and_one_replica_runs_it(
     first, second = await store_factory(), await store_factory()
     await held(first, clock)
     clock.advance(5)
-    approved = await approvals(second).decide_approval(
+    approved = await second.decide_approval(
         KEY, approval_id="apr_1", decision="approved", by="alice", via="cli"
     )
     assert approved is not None and approved.state is CallState.APPROVED
     assert approved.approval is not None and approved.approval.decided_by == "alice"
     assert approved.approval.decided_at == pytest.approx(clock.now)
     for store, name in ((first, "bob"), (second, "carol")):
-        again = await approvals(store).decide_approval(
+        again = await store.decide_approval(
             KEY, approval_id="apr_1", decision="approved", by=name, via="cli"
         )
         assert again is None
         assert (
-            await approvals(store).decide_approval(
+            await store.decide_approval(
                 KEY,
                 approval_id="apr_1",
                 decision="denied",
@@ -94,19 +86,19 @@ async def test_approve_is_taken_once_and_one_replica_runs_it(
             )
             is None
         )
-    waiting = await approvals(first).approved_calls()
+    waiting = await first.approved_calls()
     assert [r.key for r in waiting] == [KEY]
     runs = [
-        await approvals(first).claim_approved(KEY, owner="r1", lease_seconds=LEASE),
-        await approvals(second).claim_approved(KEY, owner="r2", lease_seconds=LEASE),
+        await first.claim_approved(KEY, owner="r1", lease_seconds=LEASE),
+        await second.claim_approved(KEY, owner="r2", lease_seconds=LEASE),
     ]
     assert runs[0] is not None and runs[1] is None
     assert runs[0].state is CallState.CLAIMED and runs[0].attempt == 2
     assert runs[0].owner == "r1" and runs[0].approval == approved.approval
-    assert await approvals(second).approved_calls() == []
+    assert await second.approved_calls() == []
     saved = await first.save_result(KEY, owner="r1", attempt=2, result=result("closed"))
     assert saved.state is CallState.SUCCEEDED
-    record = await approvals(second).find_approval("apr_1")
+    record = await second.find_approval("apr_1")
     assert record is not None
     assert [e.kind for e in record.history] == [
         "claimed",
@@ -124,11 +116,11 @@ async def test_deny_saves_the_failure_and_expiry_needs_the_lapse(
     """Deny needs the request open, expiry needs it lapsed; each saves the failure that is
     then submitted as any saved result; a decision names the request it decides."""
     await held(store, clock)
-    wrong = await approvals(store).decide_approval(
+    wrong = await store.decide_approval(
         KEY, approval_id="apr_other", decision="approved", by="x", via="cli"
     )
     assert wrong is None
-    early = await approvals(store).decide_approval(
+    early = await store.decide_approval(
         KEY,
         approval_id="apr_1",
         decision="expired",
@@ -137,15 +129,15 @@ async def test_deny_saves_the_failure_and_expiry_needs_the_lapse(
         result=result("late", success=False),
     )
     assert early is None
-    assert await approvals(store).waiting_approvals(expired_by=clock.now) == []
+    assert await store.waiting_approvals(expired_by=clock.now) == []
     clock.advance(TIMEOUT)
-    lapsed = await approvals(store).waiting_approvals(expired_by=clock.now)
+    lapsed = await store.waiting_approvals(expired_by=clock.now)
     assert [r.key for r in lapsed] == [KEY]
-    late = await approvals(store).decide_approval(
+    late = await store.decide_approval(
         KEY, approval_id="apr_1", decision="approved", by="x", via="cli"
     )
     assert late is None
-    expired = await approvals(store).decide_approval(
+    expired = await store.decide_approval(
         KEY,
         approval_id="apr_1",
         decision="expired",
@@ -164,7 +156,7 @@ async def test_deny_saves_the_failure_and_expiry_needs_the_lapse(
 
 async def test_denied_with_the_reason(store: Store, clock: FakeClock) -> None:
     await held(store, clock)
-    denied = await approvals(store).decide_approval(
+    denied = await store.decide_approval(
         KEY,
         approval_id="apr_1",
         decision="denied",
@@ -176,7 +168,7 @@ async def test_denied_with_the_reason(store: Store, clock: FakeClock) -> None:
     assert denied is not None and denied.state is CallState.FAILED
     assert denied.result is not None and "has a balance" in denied.result.event_json
     assert denied.approval is not None and denied.approval.reason == "has a balance"
-    assert await approvals(store).waiting_approvals() == []
+    assert await store.waiting_approvals() == []
     record = await store.get_call(KEY, history=True)
     assert record is not None and "reason=has a balance" in record.history[-1].detail
 
@@ -185,14 +177,14 @@ async def test_a_waiting_call_is_cancelled_and_then_refuses(store: Store, clock:
     """The turn ended while a person had not decided: the request leaves the list."""
     await held(store, clock)
     assert await store.cancel(KEY, owner="x", reason="turn cancelled", known_before=clock.now)
-    assert await approvals(store).waiting_approvals() == []
+    assert await store.waiting_approvals() == []
     assert (
-        await approvals(store).decide_approval(
+        await store.decide_approval(
             KEY, approval_id="apr_1", decision="approved", by="x", via="cli"
         )
         is None
     )
-    found = await approvals(store).find_approval("apr_1")
+    found = await store.find_approval("apr_1")
     assert found is not None and found.state is CallState.CANCELLED
 
 
@@ -201,17 +193,17 @@ async def test_approvals_are_kept_apart_by_namespace(
 ) -> None:
     mine, theirs = await store_factory(), await store_factory(namespace="other")
     await held(mine, clock)
-    assert await approvals(theirs).find_approval("apr_1") is None
-    assert await approvals(theirs).waiting_approvals() == []
+    assert await theirs.find_approval("apr_1") is None
+    assert await theirs.waiting_approvals() == []
     assert (
-        await approvals(theirs).decide_approval(
+        await theirs.decide_approval(
             KEY, approval_id="apr_1", decision="approved", by="x", via="cli"
         )
         is None
     )
-    assert [r.key for r in await approvals(mine).waiting_approvals()] == [KEY]
-    assert await approvals(mine).count_waiting_approvals() == 1
-    assert await approvals(theirs).count_waiting_approvals() == 0
+    assert [r.key for r in await mine.waiting_approvals()] == [KEY]
+    assert await mine.count_waiting_approvals() == 1
+    assert await theirs.count_waiting_approvals() == 0
     stats = await mine.stats()
     assert stats.calls_by_state["awaiting_approval"] == 1
     assert (await theirs.stats()).calls_by_state["awaiting_approval"] == 0
@@ -220,7 +212,7 @@ async def test_approvals_are_kept_apart_by_namespace(
 async def test_a_pruned_call_takes_its_request_along(store: Store, clock: FakeClock) -> None:
     """Once the denied call is submitted and old, pruning removes it and its request id."""
     await held(store, clock)
-    await approvals(store).decide_approval(
+    await store.decide_approval(
         KEY,
         approval_id="apr_1",
         decision="denied",
@@ -231,7 +223,7 @@ async def test_a_pruned_call_takes_its_request_along(store: Store, clock: FakeCl
     await store.mark_submitted(KEY)
     clock.advance(10)
     assert await store.prune(deliveries_before=clock.now, calls_before=clock.now) == 1
-    assert await approvals(store).find_approval("apr_1") is None
+    assert await store.find_approval("apr_1") is None
 
 
 async def test_the_memory_store_copies_only_the_requests_it_lists(
@@ -253,6 +245,6 @@ async def test_the_memory_store_copies_only_the_requests_it_lists(
         return plain(record)
 
     monkeypatch.setattr(memory, "_plain", counted)
-    listed = await approvals(store).waiting_approvals(limit=20)
+    listed = await store.waiting_approvals(limit=20)
     assert [r.key.call_id for r in listed] == [f"c{i:05}" for i in range(20)]
     assert copied == 20

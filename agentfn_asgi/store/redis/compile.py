@@ -19,7 +19,7 @@ from typing import Final
 
 from agentfn_asgi.calls.records import CallState
 from agentfn_asgi.calls.states import TRANSITIONS, Guard, Target, Transition
-from agentfn_asgi.store._transitions import APPROVAL_COLUMNS, RESULT_COLUMNS, flat_columns
+from agentfn_asgi.store._codec import APPROVAL_COLUMNS, RESULT_COLUMNS, flat_columns
 
 __all__ = ["LUA_GUARDS", "LUA_READ", "LUA_WRITE", "lua_apply", "lua_states", "lua_transition"]
 

@@ -85,7 +85,6 @@ import hashlib
 import inspect
 import logging
 import math
-import secrets
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -103,7 +102,6 @@ from agentfn_asgi.calls.records import (
     Limit,
     StoreStats,
 )
-from agentfn_asgi.calls.states import claim_nonces
 from agentfn_asgi.errors import (
     ConfigurationError,
     StoreError,
@@ -111,11 +109,8 @@ from agentfn_asgi.errors import (
     StoreUnavailableError,
 )
 from agentfn_asgi.store import redact_url, unknown_url_parameter
-from agentfn_asgi.store._codec import (
-    claim_status_for,
-    record_from_mapping,
-)
-from agentfn_asgi.store._transitions import Transitions, flat_args
+from agentfn_asgi.store._codec import claim_status_for, flat_args, record_from_mapping
+from agentfn_asgi.store.base import Store
 from agentfn_asgi.store.redis import scripts
 from agentfn_asgi.store.redis.layout import LAYOUT_KEY, layout_change
 
@@ -278,7 +273,7 @@ def _raise_lost_cancellation(task: asyncio.Task[Any] | None, requested: int) -> 
         raise asyncio.CancelledError
 
 
-class RedisStore(Transitions):
+class RedisStore(Store):
     """A :class:`~agentfn_asgi.store.base.Store` on Redis (5+ with Lua; 7 recommended).
 
     ``namespace`` is the app's part of a shared Redis (see the module docstring for what
@@ -552,43 +547,37 @@ class RedisStore(Transitions):
         return deliveries + calls
 
     # -- calls -----------------------------------------------------------------------------
-    async def claim_call(
+    async def _claim(
         self,
         key: CallKey,
+        args: Mapping[str, Any],
         *,
-        tool_name: str,
-        owner: str,
-        lease_seconds: float,
-        delivery_id: str | None = None,
-        margin: float = 0.0,
-        limit: Limit | None = None,
-        resolves_delivery: bool = False,
+        limit: Limit | None,
+        margin: float,
+        resolves: str | None,
     ) -> ClaimOutcome:
         """Decide who runs ``key`` in one script (with ``limit``: admitted or waiting, in
-        the same script; with ``resolves_delivery``: the delivery resolved in it too); see
+        the same script; with ``resolves``: the delivery resolved in it too); see
         :meth:`Store.claim_call`."""
-        now = self._clock()
-        resolved = [] if delivery_id is None or not resolves_delivery else [delivery_id]
-        made = claim_nonces(secrets.token_hex(8))
         status, flat = await self._step(
             "claim",
             key,
             self.namespace,
-            owner,
-            _num(now + lease_seconds),
-            _num(now - margin),
-            tool_name,
+            args["owner"],
+            _num(args["lease_expires_at"]),
+            _num(args["takeover_before"]),
+            args["tool_name"],
             key.session_id,
             key.turn_id,
             key.call_id,
-            delivery_id or "",
+            args["delivery_id"] or "",
             # This claim's own, should it be sent again (a lost answer): which row it made.
-            made["nonce_retry"],
-            made["nonce_adopt"],
+            args["nonce_retry"],
+            args["nonce_adopt"],
             # Without a limit the script reads nothing of the limiters: nothing is passed.
             *(() if limit is None else _limit_args(limit)),
-            now=now,
-            also=[self._delivery_key(d) for d in resolved],
+            now=args["now"],
+            also=[] if resolves is None else [self._delivery_key(resolves)],
         )
         return ClaimOutcome(ClaimStatus(status), _plain(flat))
 
@@ -633,7 +622,7 @@ class RedisStore(Transitions):
     async def _transition(
         self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool
     ) -> tuple[bool, CallRecord | None]:
-        """Row ``name``'s script on ``key``; see :class:`Transitions`."""
+        """Row ``name``'s script on ``key``; see :meth:`Store._transition`."""
         pairs: list[object] = []
         for field, value in flat_args(args).items():
             if value is not None:

@@ -31,7 +31,7 @@ from agentfn_asgi.calls.states import (
     Transition,
     Way,
 )
-from agentfn_asgi.store._transitions import APPROVAL_COLUMNS, RESULT_COLUMNS, flat_columns
+from agentfn_asgi.store._codec import APPROVAL_COLUMNS, RESULT_COLUMNS, flat_columns
 
 __all__ = [
     "DETAIL_SQL",

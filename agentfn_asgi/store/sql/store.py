@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import abc
 import functools
-import secrets
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -69,17 +68,13 @@ from agentfn_asgi.calls.states import (
     admission_bounds,
     allows,
     bucket_tokens,
-    claim_nonces,
     reclaimed,
     refusal,
     within_budget,
 )
 from agentfn_asgi.errors import StoreError
-from agentfn_asgi.store._codec import (
-    claim_status_for,
-    record_from_mapping,
-)
-from agentfn_asgi.store._transitions import Transitions, flat_args
+from agentfn_asgi.store._codec import claim_status_for, flat_args, record_from_mapping
+from agentfn_asgi.store.base import Store
 from agentfn_asgi.store.sql.schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
 from agentfn_asgi.store.sql.statements import (
     ADMISSION,
@@ -191,7 +186,7 @@ def _delivery(row: Row) -> DeliveryRecord:
     )
 
 
-class SQLStore(Transitions, abc.ABC):
+class SQLStore(Store):
     """Every :class:`~agentfn_asgi.store.base.Store` method over the statements above.
 
     A backend adds ``open``/``close``/``ping`` and the three primitives, each of which turns
@@ -339,35 +334,20 @@ class SQLStore(Transitions, abc.ABC):
         return removed
 
     # -- calls -----------------------------------------------------------------------------
-    async def claim_call(
+    async def _claim(
         self,
         key: CallKey,
+        args: Mapping[str, Any],
         *,
-        tool_name: str,
-        owner: str,
-        lease_seconds: float,
-        delivery_id: str | None = None,
-        margin: float = 0.0,
-        limit: Limit | None = None,
-        resolves_delivery: bool = False,
+        limit: Limit | None,
+        margin: float,
+        resolves: str | None,
     ) -> ClaimOutcome:
         """Decide who runs ``key`` with one upsert; see :meth:`Store.claim_call`."""
-        now = self._clock()
-        # One-off, so that this claim sent again after a lost answer knows its own row.
-        nonce = secrets.token_hex(8)
-        params = {
-            **self._key(key),
-            "tool_name": tool_name,
-            "owner": owner,
-            "now": now,
-            "takeover_before": now - margin,
-            "lease_expires_at": now + lease_seconds,
-            "delivery_id": delivery_id,
-            "nonce": nonce,
-            **claim_nonces(nonce),
-        }
+        now, nonce = args["now"], args["nonce"]
+        params = {**self._key(key), **flat_args(args)}
         # The delivery's resolution rides on the claim's first statement.
-        resolve = RESOLVE_DELIVERY if resolves_delivery and delivery_id is not None else None
+        resolve = RESOLVE_DELIVERY if resolves is not None else None
         if limit is not None:
             return await self._transaction(
                 "claim_call",
@@ -624,7 +604,7 @@ class SQLStore(Transitions, abc.ABC):
     async def _transition(
         self, name: str, key: CallKey, args: Mapping[str, Any], *, record: bool
     ) -> tuple[bool, CallRecord | None]:
-        """Row ``name``'s statement on ``key``; see :class:`Transitions`."""
+        """Row ``name``'s statement on ``key``; see :meth:`Store._transition`."""
         params = {**self._key(key), **flat_args(args)}
         variant = f"{name}+since"
         if args.get("since") is None or variant not in TRANSITIONS_COUNTED:

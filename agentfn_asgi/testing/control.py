@@ -400,16 +400,24 @@ def _describe_attempt(attempt: DeliveryAttempt, root: str) -> list[str]:
 
 
 async def _log_until(stop: asyncio.Event, fake: FakeAgentsAPI, root: str, out: TextIO) -> None:
-    seen_deliveries = seen_submissions = 0
-    while not stop.is_set():
-        for attempt in fake.deliveries[seen_deliveries:]:
-            seen_deliveries += 1
-            for line in _describe_attempt(attempt, root):
-                print(line, file=out, flush=True)
-        for s in fake.submissions[seen_submissions:]:
-            seen_submissions += 1
-            text = s.output if s.success else f"error: {s.error or ''}"
-            shown = text if isinstance(text, str) else json.dumps(text)
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            print(f"result  {s.session_id}/{s.call_id}: {shown}", file=out, flush=True)
-        await asyncio.sleep(0.05)
+    seen = [0, 0]  # deliveries, submissions
+    try:
+        while not stop.is_set():
+            _log_new(fake, root, out, seen)
+            await asyncio.sleep(0.05)
+    finally:
+        # What arrived since the last look is told too when the server stops.
+        _log_new(fake, root, out, seen)
+
+
+def _log_new(fake: FakeAgentsAPI, root: str, out: TextIO, seen: list[int]) -> None:
+    for attempt in fake.deliveries[seen[0] :]:
+        seen[0] += 1
+        for line in _describe_attempt(attempt, root):
+            print(line, file=out, flush=True)
+    for s in fake.submissions[seen[1] :]:
+        seen[1] += 1
+        text = s.output if s.success else f"error: {s.error or ''}"
+        shown = text if isinstance(text, str) else json.dumps(text)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        print(f"result  {s.session_id}/{s.call_id}: {shown}", file=out, flush=True)

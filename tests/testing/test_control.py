@@ -312,3 +312,27 @@ async def _contains(out: io.StringIO, text: str) -> bool:
 
 async def _has_results(submissions: Callable[[], Awaitable[list[Any]]], n: int) -> bool:
     return len(await submissions()) >= n
+
+
+async def test_a_result_submitted_just_before_the_server_stops_is_printed() -> None:
+    """The output is polled every 50 ms; a result that came in after the last look was
+    never printed when the server stopped (the CLI's last lines went missing)."""
+    async with _fake_api(free_port(), webhook_retry_delays=()) as (root, out, _):
+        session_id = "sess_" + out.getvalue().split("\nsession sess_", 1)[1].split()[0]
+        headers = {"Authorization": "Bearer sk-test", "OpenAI-Beta": "agents=v1"}
+        async with httpx.AsyncClient(base_url=root + "/v1", headers=headers) as api:
+            read = await api.get(f"/agents/sessions/{session_id}")
+            assert read.status_code == 200, read.text
+            (action,) = read.json()["required_actions"]
+            event = {
+                "type": "agent.session.input.tool_result",
+                "turn_id": action["turn_id"],
+                "call_id": action["call_id"],
+                "success": True,
+                "output": "late",
+            }
+            posted = await api.post(
+                f"/agents/sessions/{session_id}/events", json={"events": [event]}
+            )
+            assert posted.status_code == 202, posted.text
+    assert f"result  {session_id}/{action['call_id']}: late" in out.getvalue()

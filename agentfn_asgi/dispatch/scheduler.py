@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..actions import ActionPolicy, SignInHook
+from ..actions import ActionPolicy, ConnectEnvironmentHook, SignInHook
 from ..calls.records import CallKey, DeliveryRecord
 from ..client import AgentsClient, RetryState
 from ..errors import (
@@ -179,6 +179,7 @@ class Dispatcher:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         actions: ActionPolicy | None = None,
         sign_in: SignInHook | None = None,
+        connect_environment: ConnectEnvironmentHook | None = None,
     ) -> None:
         self.tools = tools
         self.client = client
@@ -217,7 +218,7 @@ class Dispatcher:
             clock=clock,
         )
         #: How MCP and computer-use approval requests are answered (``actions=``).
-        self._answers = RequestAnswers(actions, sign_in)
+        self._answers = RequestAnswers(actions, sign_in, connect_environment)
         leases = LeaseKeeper(
             store,
             owner=self.owner,
@@ -582,14 +583,14 @@ class Dispatcher:
             carry and delivery_id is not None and len(calls) == 1 and calls[0].request_type is None
         )
         self._answers.unanswered(session)
-        for action in calls:
+        # Turn-less actions (environment connections, unknown types) too: answered by a
+        # hook, or recorded unanswered (the executor decides which).
+        for action in (*calls, *session.turnless_calls):
             key = CallKey(session.id, action.turn_id, action.call_id)
             pending.add(key)
             if key in self._inflight:
                 continue
             requested = action.request_type is not None
-            if requested and not self._answers.answers(action):
-                continue  # no policy: left alone, as before (unanswered() told of it)
             tool = None if requested else self.tools.get(action.name)
             if tool is None and not requested and self.settings.unknown_tools == "ignore":
                 continue  # another service sharing this agent answers it

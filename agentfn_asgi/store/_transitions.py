@@ -270,6 +270,36 @@ class Transitions(abc.ABC):
         )
         return found if done else None
 
+    # -- actions nobody here answers ----------------------------------------------------
+    async def leave(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> bool:
+        """``claimed`` by ``(owner, attempt)`` → ``unanswered``: nobody here answers it
+        (``reason`` says why); see :meth:`Store.leave`."""
+        args = {"now": self._clock(), "owner": owner, "attempt": attempt, "detail": reason}
+
+        def mine(record: CallRecord) -> bool:
+            # Only the holder leaves it: an unanswered record of its attempt is its own.
+            return record.state is CallState.UNANSWERED and record.attempt == attempt
+
+        done, _ = await self._recognised("leave", key, args, mine)
+        return done
+
+    async def take_up(
+        self, key: CallKey, *, owner: str, lease_seconds: float, nonce: str | None = None
+    ) -> CallRecord | None:
+        """An ``unanswered`` or ``retired`` call, claimed by ``owner`` as its next attempt
+        (None: in neither state); see :meth:`Store.take_up`."""
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds, "nonce": nonce}
+        done, found = await self._recognised(
+            "take_up", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
+        )
+        return found if done else None
+
+    async def retire(self, key: CallKey, *, known_before: float) -> bool:
+        """End the occurrence of a turn-less action a read no longer lists; see
+        :meth:`Store.retire`."""
+        return await self._done("retire", key, since=known_before)
+
     # -- approval ------------------------------------------------------------------------
     async def request_approval(
         self, key: CallKey, *, owner: str, attempt: int, request: ApprovalRequest

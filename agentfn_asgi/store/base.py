@@ -255,6 +255,25 @@ class Store(Protocol):
         read. Returns whether it was cancelled.
         """
 
+    async def leave(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> bool:
+        """Nobody here answers this pending action: ``(owner, attempt)``'s claim becomes
+        ``unanswered`` (``reason`` in its history), shown with its age and left to whoever
+        answers it; a claim of it answers ``DONE``. Returns whether it was left."""
+
+    async def take_up(
+        self, key: CallKey, *, owner: str, lease_seconds: float, nonce: str | None = None
+    ) -> CallRecord | None:
+        """An ``unanswered`` call that a policy or hook here answers now, or a ``retired``
+        turn-less action that is pending again: claimed by ``owner`` as the next attempt,
+        first claimed now. None when it is in neither state (another took it up)."""
+
+    async def retire(self, key: CallKey, *, known_before: float) -> bool:
+        """A turn-less action (an ``environment_connection``, an unknown type) that the
+        session read at ``known_before`` no longer lists: its occurrence is over
+        (``retired``, terminal), if it was first claimed no later than that and is
+        ``unanswered`` or finished. Its next occurrence takes it up again. Returns whether
+        it was retired."""
+
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """Hold an in-doubt call for an operator instead of answering it (terminal).
 

@@ -435,7 +435,8 @@ _UNANSWERED_ROWS: Final = (
         (_from(CallState.CLAIMED, guards=_HELD),),
         CallState.UNANSWERED,
         event="unanswered",
-        sets=_sets(**_TOUCHED),
+        # reason: why nobody here answers it (what calls and the page show beside it).
+        sets=_sets(**_TOUCHED, reason=":detail"),
         says=_BOTH,
     ),
     Transition(
@@ -445,7 +446,7 @@ _UNANSWERED_ROWS: Final = (
         CallState.CLAIMED,
         event="taken_up",
         # created_at: first claimed now (a read sent before it never settles it).
-        sets=_sets(**_NEXT_ATTEMPT_WITH_NONCE, created_at="now"),
+        sets=_sets(**_NEXT_ATTEMPT_WITH_NONCE, created_at="now", reason="null"),
         says=_OWNER,
     ),
     Transition(

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
+from .actions import action_kind
 from .calls.records import (
     LIMITER_KEY_SEPARATOR,
     CallEvent,
@@ -36,7 +37,6 @@ from .calls.records import (
     CallState,
     DeliveryRecord,
 )
-from .actions import action_kind
 from .calls.states import in_doubt, settleable
 from .client import AgentsClient
 from .dispatch import Dispatcher

@@ -180,3 +180,42 @@ async def test_without_a_hook_an_environment_connection_is_unanswered_until_it_c
     assert again.attempt == 2
     warnings = [r.getMessage() for r in caplog.records if sid in r.getMessage()]
     assert len(warnings) == 1 and "environment_connection" in warnings[0]
+
+
+@pytest.mark.anyio
+async def test_why_nobody_answers_each_kind() -> None:
+    """The reason recorded (and shown) for each kind left unanswered; a hook or a policy
+    that answers it gives no reason."""
+    from agentfn_asgi.dispatch.actions import RequestAnswers
+    from agentfn_asgi.wire import AgentSession
+
+    session = AgentSession.model_validate(
+        {
+            "id": "sess_1",
+            "status": "requires_action",
+            "required_actions": [
+                {"type": "environment_connection", "environment_id": "env_1"},
+                {"type": "telepathy_request", "thought": "?"},
+                {
+                    "type": "mcp_approval_request",
+                    "request_id": "r1",
+                    "turn_id": "t1",
+                    "request": {"type": "mcp_tool_call", "server_label": "crm"},
+                },
+            ],
+        }
+    )
+    [request] = session.calls
+    environment, unknown = session.turnless_calls
+    assert (environment.call_id, unknown.call_id) == (
+        "environment:env_1",
+        "action:telepathy_request",
+    )
+    key = CallKey("sess_1", "", environment.call_id)
+    nobody = RequestAnswers(None)
+    assert await nobody.admission(key, environment) == "no connect_environment hook"
+    assert await nobody.admission(key, unknown) == "an action type this version does not know"
+    assert await nobody.admission(key, request) == "no actions= policy"
+    hooked = RequestAnswers(LEAVE_MCP, connect_environment=lambda _: None)
+    assert not isinstance(await hooked.admission(key, environment), str)
+    assert await hooked.admission(key, request) == "left by the actions= policy"

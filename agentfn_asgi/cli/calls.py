@@ -113,7 +113,7 @@ def format_calls(calls: list[CallSummary], *, now: float) -> str:
     rows = [
         (
             c.session_id,
-            c.turn_id,
+            c.turn_id or "-",  # a turn-less action (an environment connection)
             c.call_id,
             c.tool_name,
             c.state,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import random
 import secrets
@@ -35,6 +36,7 @@ import anyio
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
 from ..actions import (
+    ConnectEnvironmentHook,
     EnvironmentConnection,
     SignInHook,
     SignInRequest,
@@ -882,8 +884,7 @@ class Executor:
         async with self._leases.kept(attempt.lease):
             for run in range(1, runs + 1):
                 try:
-                    with anyio.fail_after(self._settings.default_timeout):
-                        await connect_environment(hook, request)
+                    await self._run_connect(hook, request)
                 except LeaseLostError:
                     raise
                 except Exception as exc:
@@ -907,6 +908,25 @@ class Executor:
                 else:
                     break
         return answer_result(key, event, error_type=None, source=NOT_POSTED)
+
+    async def _run_connect(
+        self, hook: ConnectEnvironmentHook, request: EnvironmentConnection
+    ) -> None:
+        """The hook under the app's default timeout: an async one on the loop, a sync one
+        in the sync handlers' thread pool (it may block: start a machine, call an API)."""
+        timeout = self._settings.default_timeout
+        if inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
+            getattr(hook, "__call__", None)  # noqa: B004 - an object with an async __call__
+        ):
+            with anyio.fail_after(timeout):
+                await connect_environment(hook, request)
+            return
+        answer = await self._threads.run(
+            hook, request, time_limit=timeout, wait_limit=self._settings.thread_wait
+        )
+        if inspect.isawaitable(answer):
+            with anyio.fail_after(timeout):
+                await answer
 
     async def _sign_in(self, attempt: _Attempt, hook: SignInHook) -> SavedResult | None:
         """Ask the host's sign-in hook now and submit its values from memory, then keep only

@@ -38,9 +38,7 @@ async def test_unanswered_actions_have_a_card_a_count_a_list_and_a_reason() -> N
     async with connect(AdminApp(view, tokens=[TOKEN], clock=clock)) as http:
         overview = html.unescape((await http.get(admin_url("/"), headers=BEARER)).text)
         listing = (await http.get(admin_url("/calls?outcome=unanswered"), headers=BEARER)).text
-        page = await http.get(
-            admin_url("/call?id=environment:env_1&session=sess"), headers=BEARER
-        )
+        page = await http.get(admin_url("/call?id=environment:env_1&session=sess"), headers=BEARER)
     assert "<h2>Unanswered actions</h2>" in overview
     assert '<a href="/openai/admin/calls?outcome=unanswered">2</a>' in overview
     assert "environment_connection 1, mcp 1; the oldest waits for 5m 0s" in overview

@@ -377,7 +377,8 @@ async def test_an_unanswered_action_is_kept_with_its_age_and_taken_up_later(
     assert stats.calls_by_state["unanswered"] == 1
     taken = await store.take_up(KEY, owner="b", lease_seconds=LEASE, nonce="n1")
     assert taken is not None and taken.state is CallState.CLAIMED
-    assert (taken.attempt, taken.owner, taken.created_at) == (2, "b", pytest.approx(t0 + 5))
+    assert (taken.attempt, taken.owner) == (2, "b")
+    assert taken.created_at == pytest.approx(t0 + 5)
     assert await store.take_up(KEY, owner="c", lease_seconds=LEASE) is None
     record = await store.get_call(KEY, history=True)
     assert record is not None

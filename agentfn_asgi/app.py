@@ -225,6 +225,7 @@ class AgentWebhookApp:
         )
         self._env = env
         self._answers_requests = actions is not None or sign_in is not None
+        self._connects_environments = connect_environment is not None
         self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
         self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
@@ -426,13 +427,21 @@ class AgentWebhookApp:
         owed: set[CallKey] = set()
         recorded = 0
         answers_requests = self._answers_requests
+        connects = self._connects_environments
 
         async def on_action(session: AgentSession) -> None:
             nonlocal recorded
-            # Approval requests are ours when a policy (or the sign-in hook) answers them.
+            # Approval requests are ours when a policy (or the sign-in hook) answers them,
+            # environment connections when the connect_environment hook does.
             calls = [c for c in session.calls if c.request_type is None or answers_requests]
-            if not calls:
-                return  # other actions (environments, ...) are not ours, as for webhooks
+            if connects:
+                calls += [
+                    c for c in session.turnless_calls if c.request_type == "environment_connection"
+                ]
+            if not session.required_actions:
+                return
+            # What nobody here answers is recorded too (unanswered, and shown), as for a
+            # webhook; only what is answered here is owed.
             owed.update(CallKey(session.id, call.turn_id, call.call_id) for call in calls)
             delivery_id = stream_delivery_id(session)
             if await self.store.record_delivery(

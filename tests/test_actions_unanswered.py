@@ -219,3 +219,37 @@ async def test_why_nobody_answers_each_kind() -> None:
     hooked = RequestAnswers(LEAVE_MCP, connect_environment=lambda _: None)
     assert not isinstance(await hooked.admission(key, environment), str)
     assert await hooked.admission(key, request) == "left by the actions= policy"
+
+
+@pytest.mark.anyio
+async def test_follow_runs_the_connect_hook_and_records_what_nobody_answers() -> None:
+    """Stream mode (``follow``) reads the same actions as a webhook: the hook's environment
+    connection is owed and answered, a request nobody answers is recorded ``unanswered``
+    (not owed: the follow ends with its turn)."""
+    seen: list[str] = []
+    async with running_stack(
+        lookup_tools(),
+        settings=SETTINGS,
+        webhooks=False,
+        loopback=True,
+        connect_environment=lambda request: seen.append(request.environment_id),
+    ) as stack:
+        sid = stack.fake.create_session([[FakeRequest.mcp("crm", "find", request_id="req_s")]])
+        turn = stack.fake.session(sid)["required_actions"][0]["turn_id"]
+        stack.fake.require_environment(sid, "env_s")
+
+        async def end_when_recorded() -> None:
+            await record_of(stack, CallKey(sid, turn, "req_s"), CallState.UNANSWERED)
+            await record_of(stack, CallKey(sid, "", "environment:env_s"), CallState.SUBMITTED)
+            stack.fake.environment_connected(sid, "env_s")
+            stack.fake.cancel_turn(sid)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                group.start_soon(end_when_recorded)
+                summary = await stack.app.follow(sid)
+        record = await stack.store.get_call(CallKey(sid, "", "environment:env_s"), history=True)
+    assert seen == ["env_s"] and summary.calls_owed == 1
+    # Connected by the end of the follow, whose last read retired the occurrence.
+    assert record is not None and [e.kind for e in record.history][-2:] == ["submitted", "retired"]
+    assert not stack.fake.submissions

@@ -356,9 +356,10 @@ class AgentSession(WireModel):
         return list(calls.values())
 
     def pending_call(self, turn_id: str, call_id: str) -> FunctionCallAction | None:
-        """The pending ``function_call`` (or approval request, by its ``request_id``) of that
-        turn and id, or None when the session no longer waits for it."""
-        for action in self.calls:
+        """The pending ``function_call`` (or approval request, by its ``request_id``; or
+        turn-less action, turn ``""``, :attr:`turnless_calls`) of that turn and id, or None
+        when the session no longer waits for it."""
+        for action in self.calls if turn_id else self.turnless_calls:
             if action.turn_id == turn_id and action.call_id == call_id:
                 return action
         return None

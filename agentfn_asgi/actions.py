@@ -13,7 +13,8 @@ An action nobody here answers is recorded ``unanswered`` (shown with its age by 
 An ``environment_connection`` carries only its ``environment_id``, so it is keyed
 ``(session, "", "environment:{environment_id}")`` and has *occurrences*: one runs from
 the first read that lists it to the first read that no longer does (the environment
-connected), which retires the record; the next occurrence runs the hook again. An action
+connected), which retires the record (a webhook's read, by a replica that saw it listed;
+any settling read); the next occurrence runs the hook again. An action
 type this version does not know is keyed ``(session, "", "action:{type}")`` the same way.
 
 An approval request is a call like any other (:attr:`agentfn_asgi.wire.AgentSession.calls`):

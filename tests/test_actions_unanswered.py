@@ -5,6 +5,7 @@ takes it up; the ``connect_environment`` hook runs once per occurrence, nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import anyio
@@ -253,3 +254,39 @@ async def test_follow_runs_the_connect_hook_and_records_what_nobody_answers() ->
     # Connected by the end of the follow, whose last read retired the occurrence.
     assert record is not None and [e.kind for e in record.history][-2:] == ["submitted", "retired"]
     assert not stack.fake.submissions
+
+
+@pytest.mark.anyio
+async def test_a_webhook_read_that_no_longer_lists_the_environment_ends_its_occurrence() -> None:
+    """No settling read needed: the next webhook's read (a function call's) that no longer
+    lists the environment connection this process saw retires it, so the connection's next
+    occurrence runs the hook again."""
+    seen: list[str] = []
+    # No sweep, no periodic re-read during the test: only the webhooks' reads.
+    quiet = dataclasses.replace(SETTINGS, recovery_interval=3600.0, reread_interval=0.0)
+    async with running_stack(
+        lookup_tools(), settings=quiet, connect_environment=lambda r: seen.append(r.session_id)
+    ) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_w")
+        stack.fake.require_environment(sid, "env_w")
+        await record_of(stack, key, CallState.SUBMITTED)
+        # A read ends an occurrence first seen before it by more than the clock-skew margin.
+        await anyio.sleep(quiet.fence_margin + 0.1)
+        stack.fake.environment_connected(sid, "env_w")
+        # The turn stays open (its second step waits for a request nobody answers): no
+        # idle webhook, no settling read.
+        stack.fake.start_turn(
+            sid,
+            [
+                [FakeCall("lookup", {"order_id": "o2"}, call_id="call_w")],
+                [FakeRequest.mcp("crm", "find", request_id="req_w")],
+            ],
+        )
+        retired = await record_of(stack, key, CallState.RETIRED)
+        assert stack.fake.session(sid)["status"] == "requires_action"
+        stack.fake.require_environment(sid, "env_w")
+        with anyio.fail_after(10):
+            while len(seen) < 2:
+                await anyio.sleep(0.02)
+    assert [e.kind for e in retired.history][-2:] == ["submitted", "retired"]

@@ -16,6 +16,7 @@ from agentfn_asgi._version import __version__
 from agentfn_asgi.actions import (
     ActionRequest,
     ActionRules,
+    EnvironmentConnection,
     MCPRequest,
     OriginRequest,
     SignIn,
@@ -117,6 +118,7 @@ __all__ = [
     "ConflictError",
     "DemoError",
     "DispatchSettings",
+    "EnvironmentConnection",
     "FollowSummary",
     "FunctionTool",
     "FunctionTools",

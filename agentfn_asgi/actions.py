@@ -4,7 +4,18 @@ A session's ``required_actions`` holds four kinds of action, all announced by th
 ``agent.session.action_required`` webhook: ``function_call`` (answered by a tool),
 ``mcp_approval_request`` and ``computer_use_approval_request`` (answered here, by the
 policy given as ``AgentWebhookApp(actions=...)``, or by a person it asks), and
-``environment_connection`` (not answered by this app: left alone, and shown).
+``environment_connection`` (the host's ``connect_environment=`` hook starts or wakes the
+environment; without one it is left alone, and shown).
+
+An action nobody here answers is recorded ``unanswered`` (shown with its age by ``calls``,
+``status`` and the operator page) and left to whoever answers it.
+
+An ``environment_connection`` carries only its ``environment_id``, so it is keyed
+``(session, "", "environment:{environment_id}")`` and has *occurrences*: one runs from
+the first read that lists it to the first read that no longer does (the environment
+connected), which retires the record (a webhook's read, by a replica that saw it listed;
+any settling read); the next occurrence runs the hook again. An action
+type this version does not know is keyed ``(session, "", "action:{type}")`` the same way.
 
 An approval request is a call like any other (:attr:`agentfn_asgi.wire.AgentSession.calls`):
 keyed by ``(session, turn, request_id)``, named ``mcp:{server_label}/{name}``,
@@ -34,7 +45,9 @@ __all__ = [
     "ActionPolicy",
     "ActionRequest",
     "ActionRules",
+    "ConnectEnvironmentHook",
     "Decision",
+    "EnvironmentConnection",
     "MCPRequest",
     "OriginRequest",
     "SignIn",
@@ -43,6 +56,7 @@ __all__ = [
     "action_fields",
     "action_kind",
     "answer_event",
+    "connect_environment",
     "decide",
     "origin_matches",
     "request_of",
@@ -118,6 +132,36 @@ class SignIn:
 SignInHook: TypeAlias = Callable[[SignInRequest], "SignIn | Awaitable[SignIn | None] | None"]
 """The host's sign-in hook: the values for a ``browser_authentication`` request, or None to
 cancel it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvironmentConnection:
+    """A session waiting for its self-hosted environment to connect
+    (``environment_connection``): what the ``connect_environment=`` hook gets.
+    ``environment`` is the session's ``environment`` object as read (None when absent)."""
+
+    session_id: str
+    environment_id: str
+    environment: Mapping[str, Any] | None = None
+
+
+ConnectEnvironmentHook: TypeAlias = Callable[[EnvironmentConnection], "Awaitable[None] | None"]
+"""The host's hook for ``environment_connection``: start or wake the environment (sync or
+async). Run at least once per occurrence of the action, so it must be idempotent; its
+return value is ignored, an exception is retried."""
+
+
+async def connect_environment(hook: ConnectEnvironmentHook, request: EnvironmentConnection) -> None:
+    """Run ``hook`` on ``request`` (awaited when it is async); raises what it raises."""
+    answer = hook(request)
+    if inspect.isawaitable(answer):
+        await answer
+
+
+#: The recorded name (and call id) of an ``environment_connection``, by environment id.
+ENVIRONMENT_PREFIX: Final = "environment:"
+#: The recorded name (and call id) of an action of a type this version does not know.
+UNKNOWN_PREFIX: Final = "action:"
 
 
 ActionRequest: TypeAlias = MCPRequest | OriginRequest | SignInRequest
@@ -254,10 +298,17 @@ async def decide(policy: ActionPolicy | None, request: ActionRequest) -> Decisio
     return decision
 
 
-def action_kind(name: str) -> Literal["function", "mcp", "computer_use"]:
-    """The kind of a call by its recorded name: ``function``, ``mcp`` or ``computer_use``."""
+def action_kind(
+    name: str,
+) -> Literal["function", "mcp", "computer_use", "environment_connection", "unknown"]:
+    """The kind of a call by its recorded name: ``function``, ``mcp``, ``computer_use``,
+    ``environment_connection`` or ``unknown`` (an action type this version does not know)."""
     if name.startswith("mcp:"):
         return "mcp"
+    if name.startswith(ENVIRONMENT_PREFIX):
+        return "environment_connection"
+    if name.startswith(UNKNOWN_PREFIX):
+        return "unknown"
     if name.startswith(("computer_use:", "sign_in:")):
         return "computer_use"
     return "function"
@@ -276,6 +327,10 @@ def action_fields(name: str) -> dict[str, str | None]:
             origin = name.removeprefix("sign_in:")
             return {"kind": kind, "request": "sign_in", "origin": origin or None}
         return {"kind": kind, "request": "origin_access", "origin": name.split(":", 1)[1]}
+    if kind == "environment_connection":
+        return {"kind": kind, "environment_id": name.removeprefix(ENVIRONMENT_PREFIX)}
+    if kind == "unknown":
+        return {"kind": kind, "type": name.removeprefix(UNKNOWN_PREFIX)}
     return {"kind": kind}
 
 

@@ -51,7 +51,7 @@ from ._asgi import (
     send_json,
 )
 from ._crash import crash_point
-from .actions import ActionPolicy, SignInHook
+from .actions import ActionPolicy, ConnectEnvironmentHook, SignInHook
 from .backoff import Backoff
 from .calls.records import CallKey, CallState
 from .client import AgentsClient
@@ -153,12 +153,20 @@ class AgentWebhookApp:
             callable (sync or async) from an :data:`~agentfn_asgi.actions.ActionRequest` to
             ``approve``, ``deny``, ``cancel``, ``ask`` (a person decides, as for
             ``approval=`` tools) or ``leave``; or :class:`~agentfn_asgi.actions.ActionRules`.
-            Default: none is answered (each is left pending, with one WARNING per session).
+            Default: none is answered (each is left pending, recorded ``unanswered`` and
+            shown, with one WARNING per session and kind).
         sign_in: answers a computer-use agent's ``browser_authentication`` request: a
             callable (sync or async) from a :class:`~agentfn_asgi.actions.SignInRequest` to
             a :class:`~agentfn_asgi.actions.SignIn` (values from your secret store) or None
             (cancel). Asked when the answer is due; the values are submitted from memory
             and never stored, logged, traced or shown (a crash asks again).
+        connect_environment: starts or wakes a self-hosted environment when a session waits
+            for it (``environment_connection``): a callable (sync or async) from an
+            :class:`~agentfn_asgi.actions.EnvironmentConnection` (session id, environment
+            id, the session's ``environment``). Run at least once per occurrence of the
+            action (keep it idempotent), as a call: deduplicated across replicas, with its
+            span, metric and log line, run again when it raises. Nothing is POSTed for it.
+            Default: none (the action is left pending, recorded ``unanswered`` and shown).
     """
 
     def __init__(
@@ -182,6 +190,7 @@ class AgentWebhookApp:
         on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None = None,
         actions: ActionPolicy | None = None,
         sign_in: SignInHook | None = None,
+        connect_environment: ConnectEnvironmentHook | None = None,
     ) -> None:
         self.tools = tools
         self.max_body_size = max_body_size
@@ -212,9 +221,11 @@ class AgentWebhookApp:
             on_approval_request=on_approval_request,
             actions=actions,
             sign_in=sign_in,
+            connect_environment=connect_environment,
         )
         self._env = env
         self._answers_requests = actions is not None or sign_in is not None
+        self._connects_environments = connect_environment is not None
         self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
         self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
@@ -416,13 +427,21 @@ class AgentWebhookApp:
         owed: set[CallKey] = set()
         recorded = 0
         answers_requests = self._answers_requests
+        connects = self._connects_environments
 
         async def on_action(session: AgentSession) -> None:
             nonlocal recorded
-            # Approval requests are ours when a policy (or the sign-in hook) answers them.
+            # Approval requests are ours when a policy (or the sign-in hook) answers them,
+            # environment connections when the connect_environment hook does.
             calls = [c for c in session.calls if c.request_type is None or answers_requests]
-            if not calls:
-                return  # other actions (environments, ...) are not ours, as for webhooks
+            if connects:
+                calls += [
+                    c for c in session.turnless_calls if c.request_type == "environment_connection"
+                ]
+            if not session.required_actions:
+                return
+            # What nobody here answers is recorded too (unanswered, and shown), as for a
+            # webhook; only what is answered here is owed.
             owed.update(CallKey(session.id, call.turn_id, call.call_id) for call in calls)
             delivery_id = stream_delivery_id(session)
             if await self.store.record_delivery(
@@ -725,6 +744,7 @@ def _assemble(
     on_approval_request: Callable[[ApprovalView], Awaitable[Any]] | None,
     actions: ActionPolicy | None,
     sign_in: SignInHook | None,
+    connect_environment: ConnectEnvironmentHook | None,
 ) -> _Parts:
     """Check the options and the environment, then build the app's parts. Every problem is
     gathered first, so that one ConfigurationError names them all, and nothing that must be
@@ -786,6 +806,7 @@ def _assemble(
         handoff=jobs,
         actions=actions,
         sign_in=sign_in,
+        connect_environment=connect_environment,
     )
     dispatcher.approvals.notify = on_approval_request
     return _Parts(

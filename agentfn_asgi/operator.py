@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
+from .actions import action_kind
 from .calls.records import (
     LIMITER_KEY_SEPARATOR,
     CallEvent,
@@ -87,6 +88,8 @@ DisplayState = Literal[
     "retry_scheduled",
     "waiting",
     "cancelled",
+    "unanswered",
+    "retired",
 ]
 
 #: What became of a call, in an operator's words (the page's badges and counts): ``running``
@@ -96,7 +99,10 @@ DisplayState = Literal[
 #: ``awaiting_approval`` (waiting for a person), ``approved`` (approved, about to run),
 #: ``retrying`` (an attempt failed; the next one is scheduled, see ``next_attempt_at``),
 #: ``waiting`` (waiting for its tool's concurrency or rate limit; nothing ran yet),
-#: ``cancelled`` (its turn ended before it had a result; ``reason`` says why).
+#: ``cancelled`` (its turn ended before it had a result; ``reason`` says why),
+#: ``unanswered`` (a pending action nobody here answers, left to whoever does; ``reason``
+#: says why), ``retired`` (a turn-less action, an environment connection, that its session
+#: no longer lists).
 Outcome = Literal[
     "running",
     "in_doubt",
@@ -110,6 +116,8 @@ Outcome = Literal[
     "retrying",
     "waiting",
     "cancelled",
+    "unanswered",
+    "retired",
 ]
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
@@ -136,6 +144,10 @@ def outcome_of(record: CallRecord, now: float, margin: float = 0.0) -> Outcome:
         return "waiting"
     if state is CallState.CANCELLED:
         return "cancelled"
+    if state is CallState.UNANSWERED:
+        return "unanswered"
+    if state is CallState.RETIRED:
+        return "retired"
     return "held"
 
 
@@ -154,6 +166,8 @@ _OUTCOME_STATES: dict[str, tuple[str, ...]] = {
     "retrying": ("retry_scheduled",),
     "waiting": ("waiting",),
     "cancelled": ("cancelled",),
+    "unanswered": ("unanswered",),
+    "retired": ("retired",),
 }
 
 
@@ -185,8 +199,11 @@ class CallSummary:
     created_at: float
     updated_at: float
     error_type: str | None = None
-    #: Why it is quarantined (held for an operator) or cancelled, if it is.
+    #: Why it is quarantined (held for an operator), cancelled or unanswered, if it is.
     reason: str | None = None
+    #: What kind of action it answers: ``function``, ``mcp``, ``computer_use``,
+    #: ``environment_connection`` or ``unknown`` (by its recorded name).
+    kind: str = "function"
     outcome: str = ""  # what became of it (:data:`Outcome`)
     #: Flow control: the limiter whose slot it holds or waits for (``tool`` or
     #: ``tool:key`` with a ``concurrency_key``), if any.
@@ -292,6 +309,12 @@ class Overview:
     #: spending limit (``budget_reached``); None when not known (no API key, or the Agents
     #: API did not answer).
     paused_on_budget: tuple[PausedSession, ...] | None = None
+    #: Pending actions nobody here answers (``unanswered``): how many, how many of each
+    #: kind (among the first :data:`UNANSWERED_SCAN_LIMIT`), and when the oldest was first
+    #: seen (its age is how long the session has waited for someone else).
+    unanswered: int = 0
+    unanswered_by_kind: Mapping[str, int] = field(default_factory=dict)
+    oldest_unanswered_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,6 +448,8 @@ def _refuse_constant(name: str) -> Any:
 ATTENTION_LIMIT = 50
 #: How many waiting calls the overview reads to count them per tool (the total is exact).
 WAITING_COUNT_LIMIT = 1000
+#: The overview reads at most this many unanswered calls for their kinds and the oldest.
+UNANSWERED_SCAN_LIMIT = 5000
 #: About how many calls one page of :meth:`Operator.calls` reads at most, looking for the
 #: calls of an outcome (see there).
 OUTCOME_READ_BUDGET = 1000
@@ -491,7 +516,10 @@ class Operator:
             "retrying": counts.get("retry_scheduled", 0),
             "waiting": counts.get("waiting", 0),
             "cancelled": counts.get("cancelled", 0),
+            "unanswered": counts.get("unanswered", 0),
+            "retired": counts.get("retired", 0),
         }
+        by_kind, oldest_unanswered = await self._unanswered(counts.get("unanswered", 0))
         by_tool: dict[str, int] = {}
         if counts.get("waiting", 0):
             query = CallQuery(state=CallState.WAITING.value, limit=WAITING_COUNT_LIMIT)
@@ -513,7 +541,41 @@ class Operator:
             approvals_waiting=counts.get("awaiting_approval", 0),
             calls_waiting=counts.get("waiting", 0),
             waiting_by_tool=dict(sorted(by_tool.items())),
+            unanswered=counts.get("unanswered", 0),
+            unanswered_by_kind=by_kind,
+            oldest_unanswered_at=oldest_unanswered,
         )
+
+    async def unanswered(self) -> tuple[dict[str, int], float | None]:
+        """The pending actions nobody here answers: how many of each kind, and when the
+        oldest was first seen (None: there are none)."""
+        stats = await self._store.stats(margin=self._margin)
+        return await self._unanswered(stats.calls_by_state.get(CallState.UNANSWERED.value, 0))
+
+    async def _unanswered(self, count: int) -> tuple[dict[str, int], float | None]:
+        """The unanswered calls' kinds and the oldest one's first sight, read only when
+        there are some (one per pending action left: few), at most
+        :data:`UNANSWERED_SCAN_LIMIT` of them (a listing is newest first: past that, the
+        oldest is the oldest of those read)."""
+        if not count:
+            return {}, None
+        by_kind: dict[str, int] = {}
+        oldest: float | None = None
+        before: tuple[float, str, str, str] | None = None
+        read = 0
+        while read < UNANSWERED_SCAN_LIMIT:
+            query = CallQuery(state=CallState.UNANSWERED.value, limit=500, before=before)
+            page = await self._store.list_calls(query)
+            for record in page:
+                kind = action_kind(record.tool_name)
+                by_kind[kind] = by_kind.get(kind, 0) + 1
+                oldest = record.created_at if oldest is None else min(oldest, record.created_at)
+            read += len(page)
+            if len(page) < 500:
+                break
+            last = page[-1]
+            before = (last.created_at, last.key.session_id, last.key.turn_id, last.key.call_id)
+        return dict(sorted(by_kind.items())), oldest
 
     async def _paused_on_budget(self) -> tuple[PausedSession, ...] | None:
         """The project's newest sessions paused on their spending limit (None: unknown), as
@@ -751,6 +813,7 @@ class Operator:
             limiter=None if record.limiter is None else limiter_label(record.limiter),
             waiting_since=(record.next_attempt_at if record.state is CallState.WAITING else None),
             counted=record.counted,
+            kind=action_kind(record.tool_name),
         )
 
     def _settleable(self, record: CallRecord) -> bool:

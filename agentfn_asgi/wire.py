@@ -327,10 +327,39 @@ class AgentSession(WireModel):
                 calls.append(action.as_call())
         return calls
 
+    @property
+    def turnless_calls(self) -> list[FunctionCallAction]:
+        """The pending actions that belong to no turn, seen as calls keyed with turn ``""``:
+        each ``environment_connection`` as ``environment:{environment_id}`` (its
+        ``arguments`` the session's ``environment``), and each action of a type this version
+        does not know as ``action:{type}`` (once per type). ``request_type`` is the action's
+        type."""
+        calls: dict[str, FunctionCallAction] = {}
+        for action in self.required_actions:
+            if isinstance(action, EnvironmentConnectionAction):
+                name = "environment:" + action.environment_id
+                arguments: Any = self.environment or {}
+            elif isinstance(action, GenericAction):
+                name, arguments = "action:" + action.type, {}
+            else:
+                continue
+            calls.setdefault(
+                name,
+                FunctionCallAction(
+                    turn_id="",
+                    call_id=name,
+                    name=name,
+                    arguments=arguments,
+                    request_type=action.type,
+                ),
+            )
+        return list(calls.values())
+
     def pending_call(self, turn_id: str, call_id: str) -> FunctionCallAction | None:
-        """The pending ``function_call`` (or approval request, by its ``request_id``) of that
-        turn and id, or None when the session no longer waits for it."""
-        for action in self.calls:
+        """The pending ``function_call`` (or approval request, by its ``request_id``; or
+        turn-less action, turn ``""``, :attr:`turnless_calls`) of that turn and id, or None
+        when the session no longer waits for it."""
+        for action in self.calls if turn_id else self.turnless_calls:
             if action.turn_id == turn_id and action.call_id == call_id:
                 return action
         return None

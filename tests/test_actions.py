@@ -212,9 +212,9 @@ async def test_an_async_policy_decides_and_a_failing_one_refuses() -> None:
 async def test_without_a_policy_requests_are_left_and_warned_about_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """No ``actions=``: the function call is answered, the requests are left pending (not
-    claimed, not recorded), and one WARNING per session and kind says so, however many
-    times the session is read."""
+    """No ``actions=``: the function call is answered, the requests are left pending
+    (recorded ``unanswered``, nothing submitted for them), and one WARNING per session and
+    kind says so, however many times the session is read."""
     caplog.set_level(logging.WARNING, logger="agentfn_asgi.dispatch.actions")
     async with running_stack(lookup_tools(), settings=SETTINGS) as stack:
         sid = stack.fake.create_session([every_kind()])
@@ -223,7 +223,10 @@ async def test_without_a_policy_requests_are_left_and_warned_about_once(
             await stack.app.dispatcher.recover(sid)
         records = await stack.store.calls_for_session(sid)
         pending = stack.fake.session(sid)["required_actions"]
-    assert [r.key.call_id for r in records] == ["call_f"]
+    states = {r.key.call_id: r.state for r in records}
+    assert states.pop("call_f") is CallState.SUBMITTED
+    assert set(states.values()) == {CallState.UNANSWERED} and len(states) == 6
+    assert [s.call_id for s in stack.fake.submissions] == ["call_f"]
     assert len(pending) == 6
     warnings = [r.getMessage() for r in caplog.records if sid in r.getMessage()]
     assert len(warnings) == 2, warnings

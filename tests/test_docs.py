@@ -477,3 +477,23 @@ def test_the_actions_page_sign_in_hook_builds_an_app() -> None:
     answer = hook(dataclasses.replace(elsewhere, credential_origin="https://id.example.com"))
     assert isinstance(answer, SignIn) and answer.values["password"] == "pw"
     assert "pw" not in repr(answer)
+
+
+@pytest.mark.anyio
+async def test_the_actions_page_connect_environment_hook_builds_an_app() -> None:
+    from agentfn_asgi import EnvironmentConnection
+
+    started: list[str] = []
+
+    class Orchestrator:
+        async def ensure_running(self, environment_id: str) -> None:
+            started.append(environment_id)
+
+    namespace = _run(
+        "actions-connect-environment", {"tools": _one_tool(), "orchestrator": Orchestrator()}
+    )
+    assert isinstance(namespace["webhooks"], AgentWebhookApp)
+    await namespace["connect_environment"](
+        EnvironmentConnection(session_id="s", environment_id="env_1")
+    )
+    assert started == ["env_1"]

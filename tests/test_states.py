@@ -56,16 +56,27 @@ def test_every_state_is_reached_and_every_non_terminal_state_can_be_left() -> No
         ]
         assert leaving, state
     for state in (CallState.SUBMITTED, CallState.STALE):
-        assert [t.name for t in TRANSITIONS.values() if state in t.sources] == ["prune"]
+        names = [t.name for t in TRANSITIONS.values() if state in t.sources]
+        assert names == ["prune", "retire"]
 
 
-def test_terminal_states_are_only_left_by_an_operator_or_the_pruner() -> None:
-    """Submitted, stale and cancelled are final; quarantined waits for an operator's
-    settle/release."""
+def test_terminal_states_are_only_left_by_an_operator_the_pruner_or_a_new_occurrence() -> None:
+    """Submitted, stale and cancelled are final for a call of a turn; quarantined waits for
+    an operator's settle/release. A turn-less action (an environment connection) has
+    occurrences: the end of one retires its record, and the next takes it up."""
     for state in (s for s in CallState if s.terminal):
         names = {t.name for t in TRANSITIONS.values() if state in t.sources}
-        assert names <= {"settle", "release", "prune"}, (state, names)
-    assert {CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED} == PRUNABLE
+        assert names <= {"settle", "release", "prune", "retire", "take_up"}, (state, names)
+    assert {t.name for t in TRANSITIONS.values() if CallState.RETIRED in t.sources} == {
+        "prune",
+        "take_up",
+    }
+    assert {
+        CallState.SUBMITTED,
+        CallState.STALE,
+        CallState.CANCELLED,
+        CallState.RETIRED,
+    } == PRUNABLE
 
 
 @pytest.mark.parametrize("state", list(CallState))
@@ -104,10 +115,13 @@ def test_fenced_rows_need_the_holder_and_takeover_needs_a_lapsed_lease() -> None
 
 
 def test_mark_stale_applies_to_saved_results_unchanged_since_the_read() -> None:
-    """Stale: a saved result, unless (when asked) it changed after the caller's read."""
+    """Stale: a saved result, unless (when asked) it changed after the caller's read; an
+    unanswered action first claimed no later than the read (created at NOW - 60 here)."""
     row = TRANSITIONS["mark_stale"]
     for state, since in itertools.product(CallState, (None, NOW - 20, NOW)):
-        expected = state in SAVED and (since is None or since >= NOW - 10)
+        expected = (state in SAVED and (since is None or since >= NOW - 10)) or (
+            state is CallState.UNANSWERED and since is not None and since >= NOW - 60
+        )
         assert allows(row, record(state), now=NOW, unchanged_since=since) is expected
 
 
@@ -229,7 +243,7 @@ def test_the_limiter_rows_split_on_its_answer_and_need_the_holder() -> None:
         for t in TRANSITIONS.values()
         if t.target is CallState.CLAIMED and t.name not in ("claim", "admit")
     }
-    assert into_claimed == {"take_over", "release", "run_approved", "retry", "adopt"}
+    assert into_claimed == {"take_over", "release", "run_approved", "retry", "adopt", "take_up"}
     assert all(TRANSITIONS[name].changes["limiter"] == "null" for name in into_claimed)
 
 

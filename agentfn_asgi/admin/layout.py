@@ -118,6 +118,8 @@ OUTCOME_LABELS = {
     "retrying": "retrying",
     "waiting": "waiting for a limit",
     "cancelled": "cancelled",
+    "unanswered": "unanswered: left to someone else",
+    "retired": "retired (no longer pending)",
 }
 
 

@@ -57,6 +57,17 @@ _CONTENT_LIMIT = 65_536
 # -- overview ----------------------------------------------------------------------------
 
 
+def _unanswered_note(ctx: Context, overview: Overview) -> str:
+    """Under the count of unanswered actions: their kinds and the oldest one's age, and that
+    someone else must answer them (nobody here does)."""
+    if not overview.unanswered:
+        return "Every pending action is answered here."
+    kinds = ", ".join(f"{kind} {n}" for kind, n in overview.unanswered_by_kind.items())
+    oldest = overview.oldest_unanswered_at
+    waited = "" if oldest is None else f"; the oldest waits for {age(ctx.now - oldest)}"
+    return f"{kinds}{waited}. Someone else must answer them: nothing here does."
+
+
 def overview_page(ctx: Context, overview: Overview) -> Safe:
     """Health, counts by state, and what needs an operator."""
     counts = dict.fromkeys(OUTCOMES, 0) | dict(overview.outcomes)
@@ -83,6 +94,9 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
         '<div class="card"><h2>Results</h2><p class="big">{successes} succeeded</p>'
         "<p>{failures} failed</p></div>"
         '<div class="card"><h2>Oldest pending call</h2><p class="big">{oldest}</p></div>'
+        '<div class="card {unanswered_css}"><h2>Unanswered actions</h2>'
+        '<p class="big"><a href="{unanswered_href}">{unanswered}</a></p>'
+        "<p>{unanswered_note}</p></div>"
         "</section>"
         '<section><h2>Calls by outcome <span class="count">{n_calls}</span></h2>'
         '<table class="counts"><tbody>{counts}</tbody></table></section>'
@@ -99,6 +113,10 @@ def overview_page(ctx: Context, overview: Overview) -> Safe:
         successes=overview.successes,
         failures=overview.failures,
         oldest=oldest,
+        unanswered_css="warn" if overview.unanswered else "",
+        unanswered_href=ctx.url("/calls", {"outcome": "unanswered"}),
+        unanswered=overview.unanswered,
+        unanswered_note=_unanswered_note(ctx, overview),
         counts=count_rows,
         n_calls=sum(counts.values()),
         n_attention=len(overview.needs_attention),

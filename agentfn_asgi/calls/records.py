@@ -14,6 +14,11 @@ Calls are keyed by :class:`CallKey` ``(session_id, turn_id, call_id)``. Their st
     approved:    a person approved it; any replica claims it and runs it as a fresh attempt.
     waiting:     a call of a tool with ``concurrency=`` or ``rate=`` that waits for a slot of
                  its limiter (:class:`Limit`); nothing has run.
+    unanswered:  a pending action nobody here answers (no policy, a ``leave`` decision, an
+                 ``environment_connection`` without a hook, an unknown action type): left to
+                 whoever answers it, and shown with its age (``created_at``).
+    retired:     a turn-less action (an ``environment_connection``, an unknown type) the
+                 session no longer lists: its occurrence is over; the next one takes it up.
 
 A call of a tool with ``max_calls_per_session=`` is counted against its session's budget
 once, before it first runs (:attr:`CallRecord.counted`).
@@ -61,8 +66,8 @@ __all__ = [
 
 class CallState(enum.StrEnum):
     """Where one call is in its life. Terminal: ``submitted``, ``stale``, ``quarantined``,
-    ``cancelled``. ``awaiting_approval`` and ``approved`` are pending: the API still waits
-    for the call."""
+    ``cancelled``, ``retired``. ``awaiting_approval``, ``approved`` and ``unanswered`` are
+    pending: the API still waits for the call."""
 
     CLAIMED = "claimed"
     SUCCEEDED = "succeeded"
@@ -83,6 +88,15 @@ class CallState(enum.StrEnum):
     #: or failed, its session deleted): whatever ran or waited for it was stopped, and
     #: nothing is submitted. :attr:`CallRecord.reason` says why.
     CANCELLED = "cancelled"
+    #: A pending action nobody here answers (no ``actions=`` policy, a ``leave`` decision, an
+    #: ``environment_connection`` without a hook, an action type this version does not
+    #: know): recorded so that it is seen, with its age (``created_at``), and left to
+    #: whoever answers it. A policy or hook that answers it later takes it up (``take_up``).
+    UNANSWERED = "unanswered"
+    #: A turn-less action (``environment_connection``, an unknown type: keyed with turn
+    #: ``""``) that a read of its session no longer lists: that occurrence is over. The
+    #: action's next occurrence takes the record up again (``take_up``).
+    RETIRED = "retired"
 
     @property
     def terminal(self) -> bool:
@@ -91,6 +105,7 @@ class CallState(enum.StrEnum):
             CallState.STALE,
             CallState.QUARANTINED,
             CallState.CANCELLED,
+            CallState.RETIRED,
         )
 
     @property

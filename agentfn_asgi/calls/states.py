@@ -28,6 +28,11 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
 
     claimed ──count (within its session's budget)──▶ claimed, counted (once, ever)
 
+    claimed ──leave──▶ unanswered ──take_up──▶ claimed (a fresh attempt)
+                           └─mark_stale (a read no longer lists it, its turn goes on)──▶ stale
+    unanswered | submitted | stale | cancelled ──retire (turn-less, no longer listed)──▶ retired
+    retired ──take_up (its next occurrence)──▶ claimed
+
     claimed ──take_slot (admitted)──▶ claimed, holding a slot of its limiter
        └────wait (refused)──▶ waiting ──admit (admitted)──▶ claimed, holding a slot
                                  │  ├─keep_waiting (refused: the waiter's lease renewed)
@@ -272,9 +277,11 @@ def _from(*states: CallState, guards: frozenset[Guard] = frozenset()) -> Way:
 
 #: ``succeeded`` and ``failed``: a result is saved and owed to the API.
 SAVED: Final = frozenset({CallState.SUCCEEDED, CallState.FAILED})
-#: Submitted, stale or cancelled calls are finished: pruning may remove them. Quarantined
+#: Submitted, stale, cancelled or retired calls are finished: pruning may remove them. Quarantined
 #: calls wait for an operator, never for a pruner.
-PRUNABLE: Final = frozenset({CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED})
+PRUNABLE: Final = frozenset(
+    {CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED, CallState.RETIRED}
+)
 #: A person decides these: waiting for approval, or approved and not yet run.
 FOR_A_PERSON: Final = frozenset({CallState.AWAITING_APPROVAL, CallState.APPROVED})
 #: A call in this state with its ``limiter`` set and a lease not lapsed by more than the
@@ -413,6 +420,53 @@ _FLOW_CONTROL: Final = (
     ),
 )
 
+# -- actions nobody here answers ------------------------------------------------------------
+#: A pending action nobody here answers is claimed like any call (the claim decides which
+#: replica records it) and its holder leaves it (``leave``): ``unanswered`` from then on,
+#: shown with its age, its lease no longer renewed. A claim of it answers ``DONE``; a
+#: replica that can answer it now (a policy, a hook) takes it up (``take_up``): a fresh
+#: attempt, first claimed now. A turn-less action (``environment_connection``, an unknown
+#: type) has occurrences rather than a turn: a read that no longer lists it ends the
+#: occurrence (``retire``) and its next occurrence takes the record up again.
+_UNANSWERED_ROWS: Final = (
+    Transition(
+        "leave",
+        "leave",
+        (_from(CallState.CLAIMED, guards=_HELD),),
+        CallState.UNANSWERED,
+        event="unanswered",
+        # reason: why nobody here answers it (what calls and the page show beside it).
+        sets=_sets(**_TOUCHED, reason=":detail"),
+        says=_BOTH,
+    ),
+    Transition(
+        "take_up",
+        "take_up",
+        (_from(CallState.UNANSWERED, CallState.RETIRED),),
+        CallState.CLAIMED,
+        event="taken_up",
+        # created_at: first claimed now (a read sent before it never settles it).
+        sets=_sets(**_NEXT_ATTEMPT_WITH_NONCE, created_at="now", reason="null"),
+        says=_OWNER,
+    ),
+    Transition(
+        "retire",
+        "retire",
+        (
+            _from(
+                CallState.UNANSWERED,
+                CallState.SUBMITTED,
+                CallState.STALE,
+                CallState.CANCELLED,
+                guards=frozenset({Guard.KNOWN_BEFORE}),
+            ),
+        ),
+        CallState.RETIRED,
+        event="retired",
+        sets=_sets(**_TOUCHED),
+    ),
+)
+
 #: Every transition a store may make, by name.
 TRANSITIONS: Final[Mapping[str, Transition]] = {
     t.name: t
@@ -490,8 +544,12 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             "mark_stale",
             "mark_stale",
             # A saved result the API no longer waits for (its submission refused, or the
-            # session read since shows the call answered or gone).
-            (_from(*SAVED, guards=frozenset({Guard.UNCHANGED_SINCE})),),
+            # session read since shows the call answered or gone); or an unanswered action
+            # a read no longer lists while its turn goes on: answered elsewhere.
+            (
+                _from(*SAVED, guards=frozenset({Guard.UNCHANGED_SINCE})),
+                _from(CallState.UNANSWERED, guards=frozenset({Guard.KNOWN_BEFORE})),
+            ),
             CallState.STALE,
             event="stale",
             sets=_sets(**_TOUCHED),
@@ -582,6 +640,7 @@ TRANSITIONS: Final[Mapping[str, Transition]] = {
             says=_OWNER,
         ),
         *_FLOW_CONTROL,
+        *_UNANSWERED_ROWS,
     )
 }
 

@@ -92,6 +92,7 @@ async def _list(args: argparse.Namespace) -> int:
             # Not stored (they may hold personal data): read from the live session.
             got = await view.approval(v.approval_id)
             arguments[v.approval_id] = got[1].arguments if got is not None else None
+        by_kind, _ = await view.unanswered() if not args.json else ({}, None)
     if args.json:
         items = [approval_json(v) for v in found]
         for item in items if args.content else ():
@@ -102,6 +103,13 @@ async def _list(args: argparse.Namespace) -> int:
     for approval_id, given in arguments.items():
         unread = "(unread: it needs OPENAI_API_KEY, and the session must still wait)"
         text += f"\n{approval_id}  arguments {unread if given is None else given}"
+    left = by_kind.get("mcp", 0) + by_kind.get("computer_use", 0)
+    if left:
+        text += (
+            f"\n\n{left} MCP or computer-use request{'' if left == 1 else 's'} left unanswered"
+            " here (no actions= policy, or it leaves them): someone else must answer;"
+            " agentfn-asgi calls --state unanswered"
+        )
     show(text)
     return EXIT_OK
 

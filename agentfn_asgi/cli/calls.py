@@ -113,13 +113,13 @@ def format_calls(calls: list[CallSummary], *, now: float) -> str:
     rows = [
         (
             c.session_id,
-            c.turn_id,
+            c.turn_id or "-",  # a turn-less action (an environment connection)
             c.call_id,
             c.tool_name,
             c.state,
             str(c.attempt),
             ago(c.created_at, now),
-            c.error_type or c.reason or (f"limit {c.limiter}" if c.waiting_since else ""),
+            _why(c),
         )
         for c in calls
     ]
@@ -128,6 +128,14 @@ def format_calls(calls: list[CallSummary], *, now: float) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in (header, *rows)
     )
+
+
+def _why(c: CallSummary) -> str:
+    """The last column of a call's line: its error type, why it is held, cancelled or left
+    unanswered (with the kind of action), or the limit it waits for."""
+    if c.state == "unanswered":
+        return f"{c.kind}: {c.reason}" if c.reason else c.kind
+    return c.error_type or c.reason or (f"limit {c.limiter}" if c.waiting_since else "")
 
 
 def format_call(detail: CallDetail, *, now: float) -> str:
@@ -141,6 +149,13 @@ def format_call(detail: CallDetail, *, now: float) -> str:
         f"state     {c.state} (attempt {c.attempt})",
         f"first     {_stamp(c.created_at)} UTC ({ago(c.created_at, now)})",
     ]
+    if c.kind != "function":
+        lines.insert(4, f"kind      {c.kind}")
+    if c.state == "unanswered":
+        lines.append(
+            f"waits     since {ago(c.created_at, now)}, for someone else to answer it"
+            " (nobody here does: no policy or hook, or the policy leaves it)"
+        )
     if c.error_type:
         lines.append(f"error     {c.error_type}")
     if c.reason:

@@ -27,6 +27,16 @@ from .common import (
 __all__ = ["format_overview", "register"]
 
 
+def _unanswered(overview: Overview, now: float) -> str:
+    """``N (kind n, ...; oldest 3m ago)``: the pending actions left to someone else."""
+    if not overview.unanswered:
+        return "0"
+    kinds = ", ".join(f"{kind} {n}" for kind, n in overview.unanswered_by_kind.items())
+    oldest = overview.oldest_unanswered_at
+    age = "" if oldest is None else f"; oldest {ago(oldest, now)}"
+    return f"{overview.unanswered} ({kinds}{age})"
+
+
 def format_overview(overview: Overview, *, now: float | None = None) -> str:
     """The human-readable ``status`` report: counts, then the calls that need a person and
     the deliveries the sweep keeps failing on, by id, with the command that deals with each."""
@@ -49,6 +59,7 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
         ("retrying", str(overview.calls_by_state.get("retry_scheduled", 0))),
         ("waiting", _waiting(overview)),
         ("paused", _paused(overview)),
+        ("unanswered", _unanswered(overview, now)),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)
@@ -61,6 +72,12 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
                 f"  {call.state:<11} {call.session_id}  {call.call_id}  {call.tool_name}"
                 f"  attempt {call.attempt}{why}"
             )
+    if overview.unanswered:
+        lines += [
+            "",
+            "pending actions nobody here answers: someone else must answer them, or give the"
+            " app a policy or hook (agentfn-asgi calls --state unanswered)",
+        ]
     if overview.paused_on_budget:
         lines += ["", "paused on their spending limit (budget_reached; USD cents):"]
         for paused in overview.paused_on_budget:

@@ -5,12 +5,18 @@ An MCP or computer-use approval request is dispatched as a call
 (:mod:`agentfn_asgi.actions`) is asked once. ``approve``, ``deny`` and ``cancel`` become the
 call's answer, saved and submitted exactly as a tool's result (:func:`saved_answer`);
 ``ask`` holds the call for a person (the ``request_approval`` row, as for an
-``approval=`` tool); ``leave`` claims nothing. A policy that raises is logged and the
-request denied (a sign-in cancelled): an error never approves anything.
+``approval=`` tool); ``leave`` records it ``unanswered`` (claimed, then left: the ``leave``
+row), so that it is seen with its age. A policy that raises is logged and the request
+denied (a sign-in cancelled): an error never approves anything.
 
-A pending action this app has no answer for (no policy, an ``environment_connection``, a
-type this version does not know) is left alone, and one WARNING per session and kind says
-so (:meth:`RequestAnswers.unanswered`).
+An ``environment_connection`` is answered by the host's ``connect_environment=`` hook, run
+as a call (claimed, retried, its span, metric and log line), whose answer is recorded and
+never POSTed (the API learns of the connection from the environment itself).
+
+A pending action this app has no answer for (no policy, an ``environment_connection``
+without a hook, a type this version does not know) is recorded ``unanswered`` too, and one
+WARNING per session and kind says so (:meth:`RequestAnswers.unanswered`); a ``leave``
+decision logs none.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Final
 
 from ..actions import (
     ActionPolicy,
+    ConnectEnvironmentHook,
     Decision,
     SignInHook,
     SignInRequest,
@@ -39,6 +46,12 @@ logger = logging.getLogger("agentfn_asgi.dispatch.actions")
 
 #: ``error_type`` of an answer that refuses: what ``calls`` and the metrics show.
 _REFUSALS: Final = {"deny": "request_denied", "cancel": "request_cancelled"}
+#: Why nobody here answers an action, by its type (the ``unanswered`` event's detail).
+_WHY_UNANSWERED: Final = {
+    "mcp_approval_request": "no actions= policy",
+    "computer_use_approval_request": "no actions= policy",
+    "environment_connection": "no connect_environment hook",
+}
 #: Sessions remembered as warned about (per kind): bounded, oldest forgotten first.
 _WARNED_LIMIT: Final = 10_000
 
@@ -53,23 +66,40 @@ def saved_answer(key: CallKey, name: str, decision: Decision, *, source: str) ->
 class RequestAnswers:
     """The policy of one dispatcher, and the warnings about actions nobody answers."""
 
-    def __init__(self, policy: ActionPolicy | None, sign_in: SignInHook | None = None) -> None:
+    def __init__(
+        self,
+        policy: ActionPolicy | None,
+        sign_in: SignInHook | None = None,
+        connect_environment: ConnectEnvironmentHook | None = None,
+    ) -> None:
         self.policy = policy
         #: The host's sign-in hook: asked for a ``browser_authentication`` request's values
         #: when its answer is due (:meth:`Executor._sign_in`), the policy is not asked.
         self.sign_in = sign_in
+        #: The host's hook for ``environment_connection`` (:meth:`Executor._connect`).
+        self.connect_environment = connect_environment
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def answers(self, action: FunctionCallAction) -> bool:
-        """Is the request ``action`` answered here at all (a policy, or a sign-in hook)?"""
+        """Is the action ``action`` (a request, an environment connection, an unknown
+        type) answered here at all (a policy, a sign-in hook, a connect hook)?"""
+        if action.request_type == "environment_connection":
+            return self.connect_environment is not None
+        if action.request_type not in ("mcp_approval_request", "computer_use_approval_request"):
+            return False  # a type this version does not know
         if self.policy is not None:
             return True
         return self.sign_in is not None and action.name.startswith("sign_in:")
 
-    async def admission(self, key: CallKey, action: FunctionCallAction) -> Admission | None:
-        """The policy's word on the request ``action`` before its claim: its answer (saved
-        and submitted as it is, nothing runs), :data:`NO_LIMIT` (ask a person), or None
-        (``leave``: not claimed)."""
+    async def admission(self, key: CallKey, action: FunctionCallAction) -> Admission | str:
+        """The word on the action ``action`` before its claim: its answer (saved and
+        submitted as it is, nothing runs), :data:`NO_LIMIT` (ask a person, run a hook), or
+        why nobody here answers it (recorded ``unanswered``)."""
+        if not self.answers(action):
+            kind = action.request_type or "function_call"
+            return _WHY_UNANSWERED.get(kind, "an action type this version does not know")
+        if action.request_type == "environment_connection":
+            return NO_LIMIT
         request = request_of(key.session_id, action)
         if isinstance(request, SignInRequest) and self.sign_in is not None:
             return NO_LIMIT  # the hook is asked when the answer is due, never stored
@@ -81,7 +111,7 @@ class RequestAnswers:
             )
             decision = "deny"
         if decision == "leave":
-            return None
+            return "left by the actions= policy"
         if decision == "ask":
             return NO_LIMIT
         # Its log line is the call's ("call finished ... outcome=request_denied
@@ -98,6 +128,8 @@ class RequestAnswers:
             requested = kind in ("mcp_approval_request", "computer_use_approval_request")
             if requested and self.policy is not None:
                 continue
+            if kind == "environment_connection" and self.connect_environment is not None:
+                continue
             kinds.append(kind)
         for kind in dict.fromkeys(kinds):
             if (session.id, kind) in self._warned:
@@ -110,7 +142,7 @@ class RequestAnswers:
                 "pending until something else answers it",
                 session.id,
                 kind,
-                "no environment_connection hook"
+                "no connect_environment hook"
                 if kind == "environment_connection"
                 else "no actions= policy"
                 if kind.endswith("approval_request")

@@ -7,6 +7,11 @@ call recorded for the session that the read no longer lists, and that was claime
 the read (:attr:`~agentfn_asgi.calls.states.Guard.KNOWN_BEFORE`), is not owed any more:
 
 - a saved result becomes ``stale``: it is never sent;
+- an action nobody here answers (``unanswered``) becomes ``stale`` while its turn goes on
+  (someone else answered it), ``cancelled`` once its turn ended;
+- a turn-less action (an ``environment_connection``, an unknown type: turn ``""``) has
+  occurrences rather than a turn: its record, unanswered or finished, is ``retired``, so its
+  next occurrence runs its hook again (one still running is left to finish);
 - a call without a result becomes ``cancelled`` (:meth:`Store.cancel
   <agentfn_asgi.store.base.Store.cancel>`), with why: the turn was cancelled, the turn
   failed (with its error code), the session was deleted; and what it was doing (stopped
@@ -47,7 +52,12 @@ _DOING: Final = {
     CallState.AWAITING_APPROVAL: "withdrawn while it waited for a person's approval",
     CallState.APPROVED: "withdrawn after its approval, before it ran",
     CallState.RETRY_SCHEDULED: "withdrawn while it waited for a retry",
+    CallState.UNANSWERED: "left unanswered here",
 }
+#: The states of a turn-less action whose occurrence a read that no longer lists it ends.
+_OCCURRENCE_ENDS: Final = frozenset(
+    {CallState.UNANSWERED, CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED}
+)
 
 
 class Canceller:
@@ -94,7 +104,16 @@ class Canceller:
         ended: dict[str, str | None] = {}
         for record in await self._store.calls_for_session(session_id):
             key = record.key
-            if key in pending or record.state.terminal:
+            if key in pending:
+                continue
+            if not key.turn_id:  # a turn-less action: this occurrence is over
+                if record.state in _OCCURRENCE_ENDS:
+                    known_before = read_sent if record.owner == self._owner else read_at
+                    await self._store.retire(key, known_before=known_before)
+                elif record.state in SAVED:
+                    await self._store.mark_stale(key, unchanged_since=read_at)
+                continue
+            if record.state.terminal:
                 continue
             if record.state in SAVED:
                 await self._store.mark_stale(key, unchanged_since=read_at)
@@ -106,6 +125,11 @@ class Canceller:
             why = ended[key.turn_id]
             if why is None and record.state is CallState.CLAIMED:
                 continue  # its turn goes on: never stop a handler on a read that lags
+            if why is None and record.state is CallState.UNANSWERED:
+                # Its turn goes on without it: answered elsewhere.
+                known_before = read_sent if record.owner == self._owner else read_at
+                await self._store.mark_stale(key, unchanged_since=known_before)
+                continue
             reason = f"{why or 'the session no longer waits for it'}; {self._doing(record)}"
             known_before = read_sent if record.owner == self._owner else read_at
             cancelled = await self._store.cancel(

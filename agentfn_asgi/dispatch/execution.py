@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import random
 import secrets
@@ -34,7 +35,15 @@ import anyio
 
 from .._crash import crash_point
 from .._threads import ThreadPool, ThreadPoolBusyError
-from ..actions import SignInHook, SignInRequest, request_of, sign_in_answer
+from ..actions import (
+    ConnectEnvironmentHook,
+    EnvironmentConnection,
+    SignInHook,
+    SignInRequest,
+    connect_environment,
+    request_of,
+    sign_in_answer,
+)
 from ..calls.records import (
     ApprovalRequest,
     CallKey,
@@ -98,7 +107,7 @@ from .actions import RequestAnswers, saved_answer
 from .leases import Lease, LeaseKeeper, LeaseLostError
 from .limits import NO_LIMIT, Admission, Turn, Waiter, limit_for
 from .settings import DispatchSettings, ResolvedPolicy, resolve
-from .submission import SUBMITTED_BEFORE_SAVED, Submitter
+from .submission import NOT_POSTED, SUBMITTED_BEFORE_SAVED, Submitter
 
 __all__ = ["CompletionStatus", "Executor", "JobHandoff"]
 
@@ -182,6 +191,8 @@ class _Retry:
 _CANCELLED = "cancelled: "
 #: A worker's completion for a call in these states is not wanted (answered ``stale``).
 _NOT_OWED = (CallState.STALE, CallState.CANCELLED)
+#: A claim finds these done; a replica that answers the action now takes it up.
+_TAKEN_UP = (CallState.UNANSWERED, CallState.RETIRED)
 
 
 class Executor:
@@ -287,8 +298,8 @@ class Executor:
         try:
             if action.request_type is not None:
                 asked = await self._answers.admission(key, action)
-                if asked is None:  # the policy leaves it to someone else: not claimed
-                    claimed.set_result(None)
+                if isinstance(asked, str):  # nobody here answers it: recorded, and left
+                    await self._leave(key, action, delivery_id, claimed, why=asked)
                     return
                 admission = asked
             else:
@@ -300,6 +311,38 @@ class Executor:
         finally:
             if not claimed.done():  # cancelled before the claim was decided
                 claimed.cancel()
+
+    async def _leave(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        delivery_id: str | None,
+        claimed: asyncio.Future[None],
+        *,
+        why: str,
+    ) -> None:
+        """Record an action nobody here answers as ``unanswered`` (claimed, then left), so
+        that it is seen with its age; one already recorded is left as it is. A retired
+        turn-less action (its previous occurrence ended) is taken up and left again."""
+        try:
+            outcome, _ = await self._claim(key, action, delivery_id, None, False)
+        except Exception as exc:
+            claimed.set_exception(exc)  # the resolver reports it
+            return
+        claimed.set_result(None)
+        status, record = outcome.status, outcome.record
+        if status is ClaimStatus.SAVED:
+            await self.resubmit(record, delivery_id)  # answered here before: owed still
+            return
+        if record.state is CallState.RETIRED:
+            taken = await self._store.take_up(
+                key, owner=self._owner, lease_seconds=self._settings.lease_seconds
+            )
+            if taken is None:
+                return
+            status, record = ClaimStatus.CLAIMED, taken
+        if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
+            await self._store.leave(key, owner=self._owner, attempt=record.attempt, reason=why)
 
     async def _follow_retries(
         self,
@@ -373,6 +416,14 @@ class Executor:
             if refused is not None:
                 limit, admission = None, Admission(failure=refused)
             status, record = outcome.status, outcome.record
+            if status is ClaimStatus.DONE and record.state in _TAKEN_UP:
+                # Left unanswered before (no policy or hook then, or another occurrence):
+                # answered here now, as a fresh attempt.
+                taken = await self._store.take_up(
+                    key, owner=self._owner, lease_seconds=self._settings.lease_seconds
+                )
+                if taken is not None:
+                    status, record = ClaimStatus.CLAIMED, taken
             if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
                 crash_point("after_claim", action.name)
                 attempt = self._attempt(
@@ -484,10 +535,13 @@ class Executor:
         requested = action.request_type is not None
         approved = record.approval is not None and record.approval.decision == "approved"
         if requested and not approved:
-            # An operator's re-run of a request asks the policy again; leaving it keeps
-            # nothing here (its claim lapses).
+            # An operator's re-run of a request asks the policy again; left, it is
+            # recorded unanswered (the re-run's claim is ours).
             decided = await self._answers.admission(record.key, action)
-            if decided is None:
+            if isinstance(decided, str):
+                await self._store.leave(
+                    record.key, owner=self._owner, attempt=record.attempt, reason=decided
+                )
                 return
             admission = decided
         elif requested:
@@ -708,6 +762,8 @@ class Executor:
         key, action, tool = attempt.key, attempt.action, attempt.tool
         if attempt.preset is not None:
             return attempt.preset  # decided before it could run (flow control, the policy)
+        if action.request_type == "environment_connection":
+            return await self._connect(attempt)
         if action.request_type is not None:
             return await self._answer_request(attempt)
         if tool is None:
@@ -803,6 +859,70 @@ class Executor:
         if arguments_digest(attempt.action.arguments) != attempt.approval.digest:
             return saved_answer(key, name, "deny", source="approval")
         return saved_answer(key, name, "approve", source="approval")
+
+    async def _connect(self, attempt: _Attempt) -> SavedResult:
+        """Run the ``connect_environment`` hook (idempotent: at least once per occurrence).
+        Its answer is recorded and never POSTed: the API learns of the connection from the
+        environment. A hook that raises or runs past the app's default timeout is run again
+        after the sweep's backoff (``retry_base``, doubling), holding the claim, up to
+        ``max_attempts`` runs; then its failure is recorded (the action's next occurrence
+        runs it again)."""
+        hook = self._answers.connect_environment
+        assert hook is not None
+        key, action = attempt.key, attempt.action
+        request = EnvironmentConnection(
+            session_id=key.session_id,
+            environment_id=action.call_id.removeprefix("environment:"),
+            environment=action.arguments if isinstance(action.arguments, dict) else None,
+        )
+        event = {"type": "environment_connection", "environment_id": request.environment_id}
+        runs = self._settings.max_attempts
+        async with self._leases.kept(attempt.lease):
+            for run in range(1, runs + 1):
+                try:
+                    await self._run_connect(hook, request)
+                except LeaseLostError:
+                    raise
+                except Exception as exc:
+                    if run >= runs:
+                        logger.exception(
+                            "the connect_environment hook failed for %s %d times; giving up",
+                            key,
+                            run,
+                        )
+                        error = "timeout" if isinstance(exc, TimeoutError) else "hook_error"
+                        return answer_result(key, event, error_type=error, source=NOT_POSTED)
+                    logger.warning(
+                        "the connect_environment hook failed for %s (run %d of %d): %s",
+                        key,
+                        run,
+                        runs,
+                        type(exc).__name__,
+                    )
+                    await self._sleep(self._settings.retry_delay(run))
+                    self._leases.check(attempt.lease)
+                else:
+                    break
+        return answer_result(key, event, error_type=None, source=NOT_POSTED)
+
+    async def _run_connect(
+        self, hook: ConnectEnvironmentHook, request: EnvironmentConnection
+    ) -> None:
+        """The hook under the app's default timeout: an async one on the loop, a sync one
+        in the sync handlers' thread pool (it may block: start a machine, call an API)."""
+        timeout = self._settings.default_timeout
+        if inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
+            getattr(hook, "__call__", None)  # noqa: B004 - an object with an async __call__
+        ):
+            with anyio.fail_after(timeout):
+                await connect_environment(hook, request)
+            return
+        answer = await self._threads.run(
+            hook, request, time_limit=timeout, wait_limit=self._settings.thread_wait
+        )
+        if inspect.isawaitable(answer):
+            with anyio.fail_after(timeout):
+                await answer
 
     async def _sign_in(self, attempt: _Attempt, hook: SignInHook) -> SavedResult | None:
         """Ask the host's sign-in hook now and submit its values from memory, then keep only

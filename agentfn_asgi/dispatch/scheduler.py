@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..actions import ActionPolicy, SignInHook
-from ..calls.records import CallKey, DeliveryRecord
+from ..actions import ActionPolicy, ConnectEnvironmentHook, SignInHook
+from ..calls.records import CallKey, CallState, DeliveryRecord
 from ..client import AgentsClient, RetryState
 from ..errors import (
     APIError,
@@ -74,6 +74,9 @@ RESOLVERS = 8
 
 #: The failed attempts of a record that get their own WARNING line (then every tenth).
 _LOGGED_ATTEMPTS = frozenset({1, 3, 5})
+#: Sessions whose turn-less actions are remembered (:meth:`Dispatcher._end_occurrences`):
+#: bounded, the oldest forgotten first (a settling read still ends their occurrences).
+_TURNLESS_LIMIT = 10_000
 
 
 #: Records one store query of the sweep returns.
@@ -179,6 +182,7 @@ class Dispatcher:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         actions: ActionPolicy | None = None,
         sign_in: SignInHook | None = None,
+        connect_environment: ConnectEnvironmentHook | None = None,
     ) -> None:
         self.tools = tools
         self.client = client
@@ -193,6 +197,9 @@ class Dispatcher:
         self._queued: dict[str, _Work] = {}
         self._resolving: set[str] = set()
         self._dirty: dict[str, _Work] = {}
+        #: The turn-less actions (environment connections) seen listed, by session: a read
+        #: that no longer lists one ends its occurrence (:meth:`_end_occurrences`).
+        self._turnless: dict[str, set[CallKey]] = {}
         #: Deliveries whose session was not found and said so (once each, at INFO).
         self._missing_told: set[str] = set()
         # One sweep pass at a time: a pass started by hand (``recover()``) while the loop's
@@ -217,7 +224,7 @@ class Dispatcher:
             clock=clock,
         )
         #: How MCP and computer-use approval requests are answered (``actions=``).
-        self._answers = RequestAnswers(actions, sign_in)
+        self._answers = RequestAnswers(actions, sign_in, connect_environment)
         leases = LeaseKeeper(
             store,
             owner=self.owner,
@@ -529,6 +536,9 @@ class Dispatcher:
             await _claimed(claims)
             if settle:
                 await self._settle(session.id, pending, read_sent, margin)
+                self._forget_turnless(session.id, pending)  # the settling retired the rest
+            else:
+                await self._end_occurrences(session.id, pending, read_sent - margin)
             if carried:
                 delivery_id = None  # resolved by its call's claim
         if delivery_id is not None:
@@ -575,14 +585,17 @@ class Dispatcher:
             carry and delivery_id is not None and len(calls) == 1 and calls[0].request_type is None
         )
         self._answers.unanswered(session)
-        for action in calls:
+        self._seen_turnless(
+            session.id, (CallKey(session.id, "", c.call_id) for c in session.turnless_calls)
+        )
+        # Turn-less actions (environment connections, unknown types) too: answered by a
+        # hook, or recorded unanswered (the executor decides which).
+        for action in (*calls, *session.turnless_calls):
             key = CallKey(session.id, action.turn_id, action.call_id)
             pending.add(key)
             if key in self._inflight:
                 continue
             requested = action.request_type is not None
-            if requested and not self._answers.answers(action):
-                continue  # no policy: left alone, as before (unanswered() told of it)
             tool = None if requested else self.tools.get(action.name)
             if tool is None and not requested and self.settings.unknown_tools == "ignore":
                 continue  # another service sharing this agent answers it
@@ -594,6 +607,45 @@ class Dispatcher:
                 self._executor.run(key, action, tool, delivery_id, claimed, resolves=carried),
             )
         return pending, claims, carried
+
+    def _seen_turnless(self, session_id: str, keys: Iterable[CallKey]) -> None:
+        """Remember the turn-less actions (environment connections) a read listed."""
+        seen = self._turnless.pop(session_id, set()) | set(keys)
+        if seen:
+            self._turnless[session_id] = seen  # newest last: the oldest is forgotten first
+            if len(self._turnless) > _TURNLESS_LIMIT:
+                self._turnless.pop(next(iter(self._turnless)))
+
+    def _forget_turnless(self, session_id: str, pending: set[CallKey]) -> None:
+        seen = self._turnless.get(session_id)
+        if seen is not None:
+            seen &= pending
+            if not seen:
+                del self._turnless[session_id]
+
+    async def _end_occurrences(self, session_id: str, pending: set[CallKey], read: float) -> None:
+        """A read that does not settle (a webhook's) ends the occurrences of the turn-less
+        actions this process saw listed and the read no longer lists: their records retire,
+        so that the next occurrence runs its hook again. It reads no listing of the session
+        (a settling read does, and finds the rest): one step per occurrence ended, and a
+        look at the record when the step is refused (first seen after the read, or a hook
+        still running: tried again at the next read). A store that fails leaves them for
+        the next read."""
+        seen = self._turnless.get(session_id)
+        if not seen:
+            return
+        try:
+            for key in seen - pending:
+                if await self.store.retire(key, known_before=read):
+                    seen.discard(key)
+                    continue
+                record = await self.store.get_call(key)
+                if record is None or record.state is CallState.RETIRED:
+                    seen.discard(key)
+        except StoreError as exc:
+            logger.warning("ending the environment connections of %s failed: %s", session_id, exc)
+        if not seen:
+            self._turnless.pop(session_id, None)
 
     async def _settle(
         self,

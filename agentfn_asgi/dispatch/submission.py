@@ -36,6 +36,7 @@ from ..wire import AgentSession
 from .alarms import ConfigurationAlarm, is_configuration_error
 
 __all__ = [
+    "NOT_POSTED",
     "REFUSED_MESSAGE",
     "SUBMITTED_BEFORE_SAVED",
     "SubmitOutcome",
@@ -46,6 +47,9 @@ __all__ = [
 #: The ``source`` of a saved result that was submitted before it was saved (a sign-in's
 #: answer, whose values are never stored: what is saved is its redacted copy).
 SUBMITTED_BEFORE_SAVED = "sign_in"
+#: The source of an answer that is recorded and never POSTed (an environment connection:
+#: the API learns of it from the environment itself).
+NOT_POSTED = "environment"
 
 #: What became of one submission (see :meth:`Submitter.submit`).
 SubmitOutcome = Literal["submitted", "stale", "failed", "skipped"]
@@ -128,6 +132,9 @@ class Submitter:
             # A sign-in's answer went out (values in memory) before its redacted copy was
             # saved: there is nothing to send again, only the record to close.
             await self._store.mark_submitted(key, detail="submitted before it was saved")
+            return "submitted"
+        if result.source == NOT_POSTED:
+            await self._store.mark_submitted(key, detail="not posted: an environment connection")
             return "submitted"
         with self._telemetry.submission(
             session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id

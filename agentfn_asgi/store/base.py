@@ -409,6 +409,41 @@ class Store(abc.ABC):
         """
         return await self._done("cancel", key, owner=owner, detail=reason, since=known_before)
 
+    async def leave(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> bool:
+        """Nobody here answers this pending action: ``(owner, attempt)``'s claim becomes
+        ``unanswered`` (``reason`` in its history), shown with its age and left to whoever
+        answers it; a claim of it answers ``DONE``. Returns whether it was left."""
+        args = {"now": self._clock(), "owner": owner, "attempt": attempt, "detail": reason}
+
+        def mine(record: CallRecord) -> bool:
+            # Only the holder leaves it: an unanswered record of its attempt is its own.
+            return record.state is CallState.UNANSWERED and record.attempt == attempt
+
+        done, _ = await self._recognised("leave", key, args, mine)
+        return done
+
+    async def take_up(
+        self, key: CallKey, *, owner: str, lease_seconds: float, nonce: str | None = None
+    ) -> CallRecord | None:
+        """An ``unanswered`` call that a policy or hook here answers now, or a ``retired``
+        turn-less action that is pending again: claimed by ``owner`` as the next attempt,
+        first claimed now. None when it is in neither state (another took it up). The
+        claim records ``nonce`` (None: a new random one), as :meth:`release` does."""
+        now, nonce = self._clock(), nonce or secrets.token_hex(8)
+        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds, "nonce": nonce}
+        done, found = await self._recognised(
+            "take_up", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
+        )
+        return found if done else None
+
+    async def retire(self, key: CallKey, *, known_before: float) -> bool:
+        """A turn-less action (an ``environment_connection``, an unknown type) that the
+        session read at ``known_before`` no longer lists: its occurrence is over
+        (``retired``, terminal), if it was first claimed no later than that and is
+        ``unanswered`` or finished. Its next occurrence takes it up again. Returns whether
+        it was retired."""
+        return await self._done("retire", key, since=known_before)
+
     async def quarantine(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> None:
         """Hold an in-doubt call for an operator instead of answering it (terminal).
 

@@ -213,6 +213,18 @@ class FakeAgentsAPI:
         """Every session event emitted so far (what an SSE listener from the start saw)."""
         return list(self._get(session_id).history)
 
+    def require_environment(self, session_id: str, environment_id: str) -> None:
+        """The session waits for its self-hosted environment ``environment_id`` to connect:
+        an ``environment_connection`` action is listed (after the calls) until
+        :meth:`environment_connected`, and an ``agent.session.action_required`` webhook
+        announces it."""
+        self._get(session_id).require_environment(environment_id)
+
+    def environment_connected(self, session_id: str, environment_id: str) -> bool:
+        """The environment connected (as the real one tells the API itself): its
+        ``environment_connection`` action is no longer listed. False if it was not."""
+        return self._get(session_id).environment_connected(environment_id)
+
     def cancel_turn(self, session_id: str) -> bool:
         """Cancel the active turn: its calls stop being pending, the session goes idle.
 

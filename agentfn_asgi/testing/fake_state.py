@@ -259,6 +259,9 @@ class FakeSession:
         self.listeners: set[asyncio.Queue[StreamItem]] = set()
         #: Unlimited, consumption unknown (newer API versions always send the object).
         self.spend_control: dict[str, int | None] = {"limit": None, "consumed": None}
+        #: The self-hosted environments the session waits to connect (``environment_connection``
+        #: actions, listed after the calls), until they connect.
+        self.environment_connections: list[str] = []
 
     # -- views --------------------------------------------------------------------------------
 
@@ -271,7 +274,29 @@ class FakeSession:
 
     def required_actions(self) -> list[dict[str, Any]]:
         """``required_actions`` as the API lists them."""
-        return [call.action() for call in self.pending_calls()]
+        environments = [
+            {"type": "environment_connection", "environment_id": environment_id}
+            for environment_id in self.environment_connections
+        ]
+        return [call.action() for call in self.pending_calls()] + environments
+
+    def require_environment(self, environment_id: str) -> None:
+        """The session waits for ``environment_id`` to connect: an
+        ``environment_connection`` action, announced by ``agent.session.action_required``."""
+        if environment_id not in self.environment_connections:
+            self.environment_connections.append(environment_id)
+        self.host.webhooks.emit(
+            "agent.session.action_required",
+            {"id": self.id, "required_action": {"type": "environment_connection"}},
+            session_id=self.id,
+        )
+
+    def environment_connected(self, environment_id: str) -> bool:
+        """The environment connected: its action is no longer listed. False if it was not."""
+        if environment_id not in self.environment_connections:
+            return False
+        self.environment_connections.remove(environment_id)
+        return True
 
     def snapshot(self) -> dict[str, Any]:
         """The full ``AgentSession`` JSON, shaped like the real one (wire protocol §3)."""

@@ -74,8 +74,10 @@ def test_each_row_is_one_guarded_update_setting_exactly_its_effects(name: str) -
 
 
 def test_the_optional_guard_is_rendered_only_when_asked() -> None:
-    """mark_stale's unchanged_since guard is a variant of its own (``:since``)."""
-    assert ":since" not in sql.TRANSITIONS_RETURNING["mark_stale"]
+    """mark_stale's unchanged_since guard is a variant of its own (``:since``); its way from
+    ``unanswered`` always compares ``created_at`` (known_before: never true without a time)."""
+    assert "updated_at <= :since" not in sql.TRANSITIONS_RETURNING["mark_stale"]
+    assert "created_at <= :since" in sql.TRANSITIONS_RETURNING["mark_stale"]
     assert "updated_at <= :since" in sql.TRANSITIONS_RETURNING["mark_stale+since"]
 
 

@@ -353,3 +353,75 @@ async def test_a_claim_retried_by_its_holder_changes_nothing(
         first.record.updated_at,
         None,
     )
+
+
+# -- actions nobody here answers (issue 34) ---------------------------------------------------
+
+
+async def test_an_unanswered_action_is_kept_with_its_age_and_taken_up_later(
+    store: Store, clock: FakeClock
+) -> None:
+    """Claimed then left, a call is ``unanswered`` (its history says why), listed by state,
+    counted, and a claim finds it ``DONE``; taking it up makes it a fresh attempt, first
+    claimed now; only the holder leaves it."""
+    t0 = clock.now
+    await claim(store, "a")
+    assert not await store.leave(KEY, owner="b", attempt=1, reason="no actions= policy")
+    assert await store.leave(KEY, owner="a", attempt=1, reason="no actions= policy")
+    clock.advance(5)
+    outcome = await store.claim_call(KEY, tool_name="mcp:crm", owner="b", lease_seconds=LEASE)
+    assert outcome.status is ClaimStatus.DONE and outcome.record.state is CallState.UNANSWERED
+    [listed] = await store.list_calls(CallQuery(state="unanswered"))
+    assert listed.key == KEY and listed.created_at == pytest.approx(t0)
+    stats = await store.stats()
+    assert stats.calls_by_state["unanswered"] == 1
+    taken = await store.take_up(KEY, owner="b", lease_seconds=LEASE, nonce="n1")
+    assert taken is not None and taken.state is CallState.CLAIMED
+    assert (taken.attempt, taken.owner) == (2, "b")
+    assert taken.created_at == pytest.approx(t0 + 5)
+    assert await store.take_up(KEY, owner="c", lease_seconds=LEASE) is None
+    record = await store.get_call(KEY, history=True)
+    assert record is not None
+    assert [(e.kind, e.detail) for e in record.history][1:] == [
+        ("unanswered", "no actions= policy"),
+        ("taken_up", ""),
+    ]
+
+
+async def test_an_unanswered_action_no_longer_listed_goes_stale_or_is_cancelled(
+    store: Store, clock: FakeClock
+) -> None:
+    """A read that no longer lists it: ``stale`` (answered elsewhere) or ``cancelled`` (its
+    turn ended); never when it was first claimed after the read."""
+    other = CallKey("sess_1", "turn_1", "call_2")
+    for key in (KEY, other):
+        await claim(store, "a", key)
+        assert await store.leave(key, owner="a", attempt=1, reason="left")
+    await store.mark_stale(KEY, unchanged_since=clock.now - 1)
+    assert (await store.get_call(KEY)).state is CallState.UNANSWERED  # type: ignore[union-attr]
+    await store.mark_stale(KEY, unchanged_since=clock.now)
+    assert (await store.get_call(KEY)).state is CallState.STALE  # type: ignore[union-attr]
+    assert await store.cancel(other, owner="a", reason="the turn ended", known_before=clock.now)
+    assert (await store.get_call(other)).state is CallState.CANCELLED  # type: ignore[union-attr]
+
+
+async def test_a_turnless_action_retires_and_its_next_occurrence_takes_it_up(
+    store: Store, clock: FakeClock
+) -> None:
+    """An environment connection's record retires once no longer listed (finished or
+    unanswered, first claimed before the read), and is taken up by its next occurrence."""
+    key = CallKey("sess_1", "", "environment:env_1")
+    await claim(store, "a", key)
+    await store.save_result(key, owner="a", attempt=1, result=result())
+    await store.mark_submitted(key)
+    assert not await store.retire(key, known_before=clock.now - 1)
+    assert await store.retire(key, known_before=clock.now)
+    assert (await store.get_call(key)).state is CallState.RETIRED  # type: ignore[union-attr]
+    outcome = await store.claim_call(
+        key, tool_name="environment:env_1", owner="b", lease_seconds=LEASE
+    )
+    assert outcome.status is ClaimStatus.DONE
+    clock.advance(1)
+    taken = await store.take_up(key, owner="b", lease_seconds=LEASE)
+    assert taken is not None and (taken.state, taken.attempt) == (CallState.CLAIMED, 2)
+    assert not await store.retire(key, known_before=clock.now)  # running: not retired

@@ -14,7 +14,8 @@ clock. Both must agree on everything observable:
 Keys, owners and delivery ids come from small pools, and the steps on calls mostly pick a
 call that exists, in a state where the step does something (sometimes through the other
 namespace), so that steps collide: claims race, leases run out and are taken over,
-superseded holders try to save, operators settle and release, refused submissions run a
+superseded holders try to save, operators settle and release, holders leave calls
+unanswered and others take them up, turn-less ones retire, refused submissions run a
 history past its bound, results are pruned, listed and paged. Flow control: claims of
 limited tools (a few fixed limits sharing two limiters: one or two slots, a rate with a
 burst of 1) take slots or wait, their holders poll (``admit_call``), waiters die and are
@@ -795,7 +796,14 @@ class Histories(RuleBasedStateMachine):
     )
     def mark_stale(self, data: st.DataObject, since: str | None) -> None:
         ns, key = self.target(
-            data, "claimed", "lapsed", "waiting", "retry_scheduled", "succeeded", "failed"
+            data,
+            "claimed",
+            "lapsed",
+            "waiting",
+            "retry_scheduled",
+            "succeeded",
+            "failed",
+            "unanswered",
         )
         unchanged_since: float | None = None
         if since is not None:
@@ -828,6 +836,7 @@ class Histories(RuleBasedStateMachine):
             "awaiting_approval",
             "approved",
             "succeeded",
+            "unanswered",
         )
         known_before = self.now()
         if before.startswith("created_at"):
@@ -916,6 +925,66 @@ class Histories(RuleBasedStateMachine):
                 key, owner=owner, lease_seconds=lease, margin=margin, nonce="n-" + owner
             ),
             call_view,
+            key=key,
+        )
+
+    # -- actions nobody here answers ----------------------------------------------------
+    @precondition(lambda self: self.calls_exist)
+    @rule(
+        data=st.data(),
+        who=whos,
+        owner=owners,
+        attempt=attempts,
+        reason=st.sampled_from(["no actions= policy", "no connect_environment hook"]),
+    )
+    def leave(self, data: st.DataObject, who: str, owner: str, attempt: int, reason: str) -> None:
+        ns, key = self.target(data, "claimed", "lapsed")
+        owner, attempt = self.fenced(ns, key, who, owner, attempt)
+        self.both(
+            f"leave({key}, owner={owner!r}, attempt={attempt}, reason={reason!r})",
+            ns,
+            lambda s: s.leave(key, owner=owner, attempt=attempt, reason=reason),
+            key=key,
+        )
+
+    def some_in(self, *states: str) -> bool:
+        """Is a call of the reference in one of ``states`` (rare ones: their rows would
+        seldom meet a call they apply to)?"""
+        return self.calls_exist and any(state in states for _, _, state in self.existing())
+
+    def rare_target(self, data: st.DataObject, *states: str) -> tuple[str, CallKey]:
+        """Mostly a call in one of ``states`` (see :meth:`some_in`), else :meth:`target`."""
+        found = [(ns, key) for ns, key, state in self.existing() if state in states]
+        if found and data.draw(st.integers(0, 3), label="rare state (0: any)") > 0:
+            return data.draw(st.sampled_from(found), label="call")
+        return self.target(data, *states)
+
+    @precondition(lambda self: self.some_in("unanswered", "retired"))
+    @rule(data=st.data(), owner=owners, lease=leases)
+    def take_up(self, data: st.DataObject, owner: str, lease: float) -> None:
+        ns, key = self.rare_target(data, "unanswered", "retired")
+        self.both(
+            f"take_up({key}, owner={owner!r}, lease_seconds={lease})",
+            ns,
+            # One nonce for both: it is kept on the record, which is compared.
+            lambda s: s.take_up(key, owner=owner, lease_seconds=lease, nonce="n-up-" + owner),
+            call_view,
+            key=key,
+        )
+
+    @precondition(lambda self: self.some_in("unanswered", "submitted", "stale", "cancelled"))
+    @rule(data=st.data(), before=st.sampled_from(["now", "created_at", "created_at-0.5"]))
+    def retire(self, data: st.DataObject, before: str) -> None:
+        ns, key = self.rare_target(data, "unanswered", "submitted", "stale", "cancelled")
+        known_before = self.now()
+        if before.startswith("created_at"):
+            record = self.backend.run(self.reference[ns].get_call(key))
+            known_before = record.created_at if record is not None else known_before
+            known_before -= 0.5 if before.endswith("-0.5") else 0.0
+        self.both(
+            f"retire({key}, known_before={before!r} = {known_before!r})",
+            ns,
+            lambda s: s.retire(key, known_before=known_before),
             key=key,
         )
 

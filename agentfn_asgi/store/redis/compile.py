@@ -43,7 +43,7 @@ _LUA_GUARD_TERMS: Final = {
     Guard.ADMITTED: "a.admitted == true",
     Guard.REFUSED: "a.admitted == false",
     Guard.SAME_REQUEST: "c.approval_id == a.approval_id",
-    Guard.KNOWN_BEFORE: "tonumber(c.created) <= tonumber(a.since)",
+    Guard.KNOWN_BEFORE: "(a.since ~= nil and tonumber(c.created) <= tonumber(a.since))",
 }
 
 

@@ -26,9 +26,10 @@ __all__ = ["LAYOUT_KEY", "STEPS", "layout_change"]
 LAYOUT_KEY: Final = "layout"
 
 #: Layout 1 makes nothing at open: every key appears with the record it belongs to. Layout 2
-#: (0.2) adds no key at open (a call budget's set appears with the calls it counts), but its
-#: calls may be ``cancelled``, a state 0.1.0 cannot read: it is readable from 2 only, and a
-#: 0.1.0 replica refuses it at start instead of failing on such a call.
+#: (0.2) adds no key at open (a call budget's set appears with the calls it counts; a state's
+#: index with its first call), but its calls may be ``cancelled``, ``unanswered`` or
+#: ``retired``, states 0.1.0 cannot read: it is readable from 2 only, and a 0.1.0 replica
+#: refuses it at start instead of failing on such a call.
 STEPS: Final = (Step(("",), readable_from=2), Step(("",), readable_from=2))
 
 # ARGV: P, the version the steps start from, the version and readable_from they give. The

@@ -98,6 +98,12 @@ def fill(template: str) -> str:
 
 # -- 2. schema -----------------------------------------------------------------------------
 
+#: prune's index: the finished (PRUNABLE) calls by last change (quarantined calls wait for an
+#: operator: never pruned).
+_FINISHED_INDEX: Final = (
+    "CREATE INDEX IF NOT EXISTS calls_finished ON {p}calls (namespace, updated_at) WHERE {finished}"
+)
+
 DELIVERY_COLUMNS: Final = (
     ("delivery_id", "{text} NOT NULL"),
     ("session_id", "{text} NOT NULL"),
@@ -237,8 +243,7 @@ INDEXES: Final = (
     "CREATE INDEX IF NOT EXISTS calls_due"
     " ON {p}calls (namespace, next_attempt_at, session_id, turn_id, call_id) WHERE {saved}",
     # prune (quarantined calls wait for an operator: never pruned)
-    "CREATE INDEX IF NOT EXISTS calls_finished"
-    " ON {p}calls (namespace, updated_at) WHERE {finished}",
+    _FINISHED_INDEX,
     # find_approval (a person's decision names the request)
     "CREATE INDEX IF NOT EXISTS calls_approval"
     " ON {p}calls (namespace, approval_id) WHERE approval_id IS NOT NULL",
@@ -295,14 +300,17 @@ _TALLIES_AND_LISTINGS: Final = (
 STEPS: Final = (
     Step((*map(_create_table, TABLES), _TALLY_TRIGGERS, *INDEXES), readable_from=2),
     # 0.2: call budgets (CallRecord.counted); the waiting line's index; the tallies and the
-    # listings' indexes. Its
-    # calls may be ``cancelled``, a state 0.1.0 cannot read: readable from 2 only, so a 0.1.0
-    # replica refuses the store at start instead of failing on such a call.
+    # listings' indexes; prune's index made again for the finished states 0.2 adds. Its
+    # calls may be ``cancelled``, ``unanswered`` or ``retired``, states 0.1.0 cannot read:
+    # readable from 2 only, so a 0.1.0 replica refuses the store at start instead of
+    # failing on such a call.
     Step(
         (
             "ALTER TABLE {p}calls ADD COLUMN counted {integer}",
             _LINE_INDEX,
             *_TALLIES_AND_LISTINGS,
+            "DROP INDEX IF EXISTS {p}calls_finished",
+            _FINISHED_INDEX,
         ),
         readable_from=2,
     ),

@@ -27,7 +27,14 @@ from benchmarks.report import ratio_summary, summarise
 __all__ = ["main"]
 
 _REPO = Path(__file__).resolve().parent.parent
-KEYS = ("calls_per_s", "cpu_us_per_call", "store_round_trips_per_call", "ack_p99_ms")
+KEYS = (
+    "calls_per_s",
+    "cpu_us_per_call",
+    "store_round_trips_per_call",
+    "ack_p99_ms",
+    "d2r_p50_ms",
+    "api_posts_per_call",
+)
 
 
 def _export(ref: str, into: Path) -> None:

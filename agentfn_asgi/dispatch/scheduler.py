@@ -157,6 +157,19 @@ class _Work:
     ahead: asyncio.Task[AgentSession] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ReadAhead:
+    """A session read started while its delivery's record commits: its one try, and where
+    it leaves the live read's retry policy (see :meth:`Dispatcher.read_ahead`)."""
+
+    task: asyncio.Task[AgentSession]
+    retry: RetryState
+
+    def cancel(self) -> None:
+        """Drop it: the record failed, or the delivery is a duplicate."""
+        self.task.cancel()
+
+
 #: Queue ranks: fresh work first, then reads being retried.
 _FRESH, _RETRY = 0, 1
 
@@ -354,7 +367,7 @@ class Dispatcher:
         task.add_done_callback(_done)
 
     # -- scheduling ----------------------------------------------------------------------
-    def read_ahead(self, session_id: str) -> asyncio.Task[AgentSession] | None:
+    def read_ahead(self, session_id: str) -> ReadAhead | None:
         """Start reading ``session_id`` now, while its delivery's record commits, when a
         resolver is free to take it at once (nothing queued, the session not being read):
         one try, whose answer :meth:`schedule` hands to the resolver. Cancel it when the
@@ -368,10 +381,11 @@ class Dispatcher:
             or session_id in self._queued
         ):
             return None
-        ahead = self._spawn(self.client.retrieve_session(session_id, retry=RetryState()))
+        retry = RetryState()
+        task = self._spawn(self.client.retrieve_session(session_id, retry=retry))
         # Its failure is looked at only by a resolver that takes it, if any.
-        ahead.add_done_callback(lambda task: task.cancelled() or task.exception())
-        return ahead
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return ReadAhead(task, retry)
 
     def schedule(
         self,
@@ -379,7 +393,7 @@ class Dispatcher:
         delivery_id: str | None = None,
         *,
         settle: bool = False,
-        ahead: asyncio.Task[AgentSession] | None = None,
+        ahead: ReadAhead | None = None,
     ) -> None:
         """Ask for ``session_id`` to be resolved soon (single-flight, never blocks). With
         ``settle``, the read also settles what the session no longer waits for (one of its
@@ -403,7 +417,9 @@ class Dispatcher:
             # Bounded memory beats an ever-growing queue under a flood.
             _drop(ahead)
             return
-        work = self._queued[session_id] = _Work(session_id, delivery_id, settle, ahead=ahead)
+        work = self._queued[session_id] = _Work(session_id, delivery_id, settle)
+        if ahead is not None:  # its try is the live read's first
+            work.ahead, work.retry = ahead.task, ahead.retry
         self._queue.put_nowait((_FRESH, next(self._order), work))
 
     async def _resolver_loop(self) -> None:
@@ -591,10 +607,9 @@ class Dispatcher:
         ahead, turn.ahead = turn.ahead, None
         if ahead is not None:
             await asyncio.wait([ahead])
-            if not ahead.cancelled() and ahead.exception() is None:
-                return ahead.result()
-            # A failed read ahead is read again now, under the live read's retry policy.
         try:
+            if ahead is not None and not ahead.cancelled():
+                return ahead.result()  # or its failure, as the live read's first try
             return await self.client.retrieve_session(session_id, retry=turn.retry)
         except NotFoundError:
             if turn.missing < len(pauses):
@@ -888,7 +903,7 @@ class Dispatcher:
         return len(self._inflight)
 
 
-def _drop(ahead: asyncio.Task[AgentSession] | None) -> None:
+def _drop(ahead: ReadAhead | None) -> None:
     """Drop a read ahead nobody will use: its answer is never looked at."""
     if ahead is not None:
         ahead.cancel()

@@ -4,7 +4,6 @@ calls are covered by the dispatch, reliability and integration tests."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -18,9 +17,7 @@ import httpx
 import pytest
 
 from agentfn_asgi import AgentsClient, AgentWebhookApp, ConfigurationError, FunctionTools
-from agentfn_asgi.errors import StoreError
-from agentfn_asgi.store.memory import MemoryStore
-from agentfn_asgi.testing import FakeCall, action_required_event, connect, signed_delivery
+from agentfn_asgi.testing import action_required_event, signed_delivery
 
 pytestmark = pytest.mark.anyio
 
@@ -333,67 +330,3 @@ async def test_a_failure_after_the_answer_started_sends_no_second_answer() -> No
             await webhooks.shutdown()
     assert [(m["type"], m.get("status")) for m in sent] == [("http.response.start", 200)]
     assert stats.unresolved_deliveries == 1
-
-
-# -- the session read while the delivery's record commits -----------------------------------
-
-
-class _RecordFailsOnce(MemoryStore):
-    """A store whose first delivery record fails (after a pause the read ahead outlasts)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.failures = 1
-
-    async def record_delivery(self, *args: Any, **kwargs: Any) -> bool:
-        await asyncio.sleep(0.05)
-        if self.failures:
-            self.failures -= 1
-            raise StoreError("the record failed")
-        return await super().record_delivery(*args, **kwargs)
-
-
-def _lookup_tool(runs: list[str]) -> FunctionTools:
-    tools = FunctionTools()
-
-    @tools.function
-    async def lookup(key: str) -> str:
-        """Look a key up."""
-        runs.append(key)
-        return key
-
-    return tools
-
-
-@pytest.mark.anyio
-async def test_the_read_ahead_is_the_resolvers_read() -> None:
-    """A delivery while the resolvers are idle: the session is read once, while the record
-    commits, and that answer runs the call (no second read)."""
-    runs: list[str] = []
-    async with connect(_lookup_tool(runs), webhooks=False) as conn:
-        sid = conn.fake.create_session([[FakeCall("lookup", {"key": "a"})]], deliver=False)
-        body, headers = signed_delivery(conn.fake.webhook_secrets, action_required_event(sid))
-        assert (await conn.post_webhook(body, headers)).status_code == 200
-        await conn.fake.wait_for_submissions(1)
-    assert runs == ["a"]
-    assert [r.route for r in conn.fake.requests] == ["retrieve", "submit"]
-
-
-@pytest.mark.anyio
-async def test_a_failed_record_drops_the_read_ahead_and_runs_nothing() -> None:
-    """The record fails (503): the read started meanwhile is dropped, nothing runs; the
-    sender's retry is recorded, read again and answered once."""
-    runs: list[str] = []
-    store = _RecordFailsOnce()
-    async with connect(_lookup_tool(runs), store=store, webhooks=False) as conn:
-        sid = conn.fake.create_session([[FakeCall("lookup", {"key": "a"})]], deliver=False)
-        body, headers = signed_delivery(conn.fake.webhook_secrets, action_required_event(sid))
-        assert (await conn.post_webhook(body, headers)).status_code == 503
-        await asyncio.sleep(0.1)
-        assert runs == [] and conn.fake.submissions == []
-        # Started, then dropped (cancelled: the fake may not even have answered it).
-        assert [r.route for r in conn.fake.requests] in ([], ["retrieve"])
-        assert (await conn.post_webhook(body, headers)).status_code == 200
-        await conn.fake.wait_for_submissions(1)
-    assert runs == ["a"]
-    assert [r.route for r in conn.fake.requests][-2:] == ["retrieve", "submit"]

@@ -157,19 +157,6 @@ class _Work:
     ahead: asyncio.Task[AgentSession] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ReadAhead:
-    """A session read started while its delivery's record commits: its one try, and where
-    it leaves the live read's retry policy (see :meth:`Dispatcher.read_ahead`)."""
-
-    task: asyncio.Task[AgentSession]
-    retry: RetryState
-
-    def cancel(self) -> None:
-        """Drop it: the record failed, or the delivery is a duplicate."""
-        self.task.cancel()
-
-
 #: Queue ranks: fresh work first, then reads being retried.
 _FRESH, _RETRY = 0, 1
 
@@ -367,7 +354,7 @@ class Dispatcher:
         task.add_done_callback(_done)
 
     # -- scheduling ----------------------------------------------------------------------
-    def read_ahead(self, session_id: str) -> ReadAhead | None:
+    def read_ahead(self, session_id: str) -> asyncio.Task[AgentSession] | None:
         """Start reading ``session_id`` now, while its delivery's record commits, when a
         resolver is free to take it at once (nothing queued, the session not being read):
         one try, whose answer :meth:`schedule` hands to the resolver. Cancel it when the
@@ -381,11 +368,10 @@ class Dispatcher:
             or session_id in self._queued
         ):
             return None
-        retry = RetryState()
-        task = self._spawn(self.client.retrieve_session(session_id, retry=retry))
+        ahead = self._spawn(self.client.retrieve_session(session_id, retry=RetryState()))
         # Its failure is looked at only by a resolver that takes it, if any.
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return ReadAhead(task, retry)
+        ahead.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return ahead
 
     def schedule(
         self,
@@ -393,7 +379,7 @@ class Dispatcher:
         delivery_id: str | None = None,
         *,
         settle: bool = False,
-        ahead: ReadAhead | None = None,
+        ahead: asyncio.Task[AgentSession] | None = None,
     ) -> None:
         """Ask for ``session_id`` to be resolved soon (single-flight, never blocks). With
         ``settle``, the read also settles what the session no longer waits for (one of its
@@ -417,9 +403,7 @@ class Dispatcher:
             # Bounded memory beats an ever-growing queue under a flood.
             _drop(ahead)
             return
-        work = self._queued[session_id] = _Work(session_id, delivery_id, settle)
-        if ahead is not None:  # its try is the live read's first
-            work.ahead, work.retry = ahead.task, ahead.retry
+        work = self._queued[session_id] = _Work(session_id, delivery_id, settle, ahead=ahead)
         self._queue.put_nowait((_FRESH, next(self._order), work))
 
     async def _resolver_loop(self) -> None:
@@ -607,9 +591,10 @@ class Dispatcher:
         ahead, turn.ahead = turn.ahead, None
         if ahead is not None:
             await asyncio.wait([ahead])
+            if not ahead.cancelled() and ahead.exception() is None:
+                return ahead.result()
+            # A failed read ahead is read again now, under the live read's retry policy.
         try:
-            if ahead is not None and not ahead.cancelled():
-                return ahead.result()  # or its failure, as the live read's first try
             return await self.client.retrieve_session(session_id, retry=turn.retry)
         except NotFoundError:
             if turn.missing < len(pauses):
@@ -903,7 +888,7 @@ class Dispatcher:
         return len(self._inflight)
 
 
-def _drop(ahead: ReadAhead | None) -> None:
+def _drop(ahead: asyncio.Task[AgentSession] | None) -> None:
     """Drop a read ahead nobody will use: its answer is never looked at."""
     if ahead is not None:
         ahead.cancel()

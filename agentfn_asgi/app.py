@@ -663,12 +663,8 @@ class AgentWebhookApp:
             )
             await send_json(send, 400, {"error": error})
             return
-        ahead = None
         try:
             await self._lazy_startup()
-            # The session's read starts while the record commits (when a resolver is free);
-            # nothing runs before the record is durable, and its answer is dropped if not.
-            ahead = self.dispatcher.read_ahead(session_id)
             # A nonce of this request: if the write commits but its answer is lost and the
             # store retries it, the repeat is recognised as ours (new), not a duplicate.
             is_new = await self.store.record_delivery(
@@ -679,20 +675,12 @@ class AgentWebhookApp:
             await self._unconfigured(send, exc, head=False)
             return
         except StoreError as exc:
-            if ahead is not None:
-                ahead.cancel()
             span.set_outcome("unavailable", "store")
             logger.warning("store unavailable, asking the sender to retry: %s", exc)
             await send_json(send, 503, {"error": "store unavailable"}, retry_after="5")
             return
-        except BaseException:
-            if ahead is not None:
-                ahead.cancel()
-            raise
         span.set_session(session_id)
         if not is_new:
-            if ahead is not None:
-                ahead.cancel()
             span.set_outcome("duplicate")
             await send_json(send, 200, {"status": "duplicate"})
             return
@@ -701,9 +689,7 @@ class AgentWebhookApp:
         span.set_outcome("accepted")
         # The calls this delivery causes here link back to its span.
         self.telemetry.remember_delivery(delivery_id, span.link)
-        self.dispatcher.schedule(
-            session_id, delivery_id, settle=event.type in TURN_ENDED, ahead=ahead
-        )
+        self.dispatcher.schedule(session_id, delivery_id, settle=event.type in TURN_ENDED)
         await send_json(send, 200, {"status": "accepted"})
         crash_point("after_ack")
 

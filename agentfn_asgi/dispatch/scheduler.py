@@ -13,10 +13,6 @@ kept in a :class:`~agentfn_asgi.client.RetryState`), behind every fresh session:
 whose read keeps failing never holds a resolver while it waits, and never delays healthy
 ones by more than its single tries. After the last try its delivery is left to the sweep.
 
-A delivery that finds a resolver idle and nothing queued has its session's read started
-while its record commits (:meth:`Dispatcher.read_ahead`); the resolver takes that answer
-once the record is durable, and it is dropped when the record fails or is a duplicate.
-
 The recovery sweep (at start-up, then every ``recovery_interval``) re-resolves deliveries
 that were never resolved and sessions with expired claims, resubmits saved-but-unsubmitted
 results, and prunes records past the dedup window.
@@ -153,8 +149,6 @@ class _Work:
     retry: RetryState = field(default_factory=RetryState)
     #: 404s so far: each is read again after the next of ``not_found_retries``.
     missing: int = 0
-    #: A read started while the delivery's record committed (:meth:`Dispatcher.read_ahead`).
-    ahead: asyncio.Task[AgentSession] | None = None
 
 
 #: Queue ranks: fresh work first, then reads being retried.
@@ -197,7 +191,6 @@ class Dispatcher:
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Work]] | None = None
         self._order = itertools.count()  # first in, first out within a rank
         self._queued: dict[str, _Work] = {}
-        self._idle_resolvers = 0  # waiting for work: a read ahead is taken at once
         self._resolving: set[str] = set()
         self._dirty: dict[str, _Work] = {}
         #: Deliveries whose session was not found and said so (once each, at INFO).
@@ -354,66 +347,34 @@ class Dispatcher:
         task.add_done_callback(_done)
 
     # -- scheduling ----------------------------------------------------------------------
-    def read_ahead(self, session_id: str) -> asyncio.Task[AgentSession] | None:
-        """Start reading ``session_id`` now, while its delivery's record commits, when a
-        resolver is free to take it at once (nothing queued, the session not being read):
-        one try, whose answer :meth:`schedule` hands to the resolver. Cancel it when the
-        record fails or is a duplicate: its answer is dropped and nothing runs."""
-        if (
-            self._queue is None
-            or self._stopping
-            or not self._idle_resolvers
-            or not self._queue.empty()
-            or session_id in self._resolving
-            or session_id in self._queued
-        ):
-            return None
-        ahead = self._spawn(self.client.retrieve_session(session_id, retry=RetryState()))
-        # Its failure is looked at only by a resolver that takes it, if any.
-        ahead.add_done_callback(lambda task: task.cancelled() or task.exception())
-        return ahead
-
     def schedule(
-        self,
-        session_id: str,
-        delivery_id: str | None = None,
-        *,
-        settle: bool = False,
-        ahead: asyncio.Task[AgentSession] | None = None,
+        self, session_id: str, delivery_id: str | None = None, *, settle: bool = False
     ) -> None:
         """Ask for ``session_id`` to be resolved soon (single-flight, never blocks). With
         ``settle``, the read also settles what the session no longer waits for (one of its
-        turns ended: :mod:`.cancelling`). ``ahead``: the read :meth:`read_ahead` started."""
+        turns ended: :mod:`.cancelling`)."""
         if self._queue is None or self._stopping:
-            _drop(ahead)
             return
         if delivery_id is not None:
             self._submitter.delivery_received(delivery_id)
         if session_id in self._resolving:
-            _drop(ahead)  # started before the read under way ended: it may be older
             dirty = self._dirty.setdefault(session_id, _Work(session_id, delivery_id))
             dirty.settle |= settle
             return
         if session_id in self._queued:
-            _drop(ahead)
             self._queued[session_id].settle |= settle
             return
         if len(self._queued) >= self.settings.max_queued_sessions:
             # The delivery is recorded in the store; the recovery sweep will pick it up.
             # Bounded memory beats an ever-growing queue under a flood.
-            _drop(ahead)
             return
-        work = self._queued[session_id] = _Work(session_id, delivery_id, settle, ahead=ahead)
+        work = self._queued[session_id] = _Work(session_id, delivery_id, settle)
         self._queue.put_nowait((_FRESH, next(self._order), work))
 
     async def _resolver_loop(self) -> None:
         assert self._queue is not None
         while True:
-            self._idle_resolvers += 1
-            try:
-                *_, work = await self._queue.get()
-            finally:
-                self._idle_resolvers -= 1
+            *_, work = await self._queue.get()
             session_id = work.session_id
             self._queued.pop(session_id, None)
             self._resolving.add(session_id)
@@ -588,12 +549,6 @@ class Dispatcher:
         pauses = self.settings.not_found_retries
         if turn is None:
             return await read_session(self.client, session_id, pauses=pauses)
-        ahead, turn.ahead = turn.ahead, None
-        if ahead is not None:
-            await asyncio.wait([ahead])
-            if not ahead.cancelled() and ahead.exception() is None:
-                return ahead.result()
-            # A failed read ahead is read again now, under the live read's retry policy.
         try:
             return await self.client.retrieve_session(session_id, retry=turn.retry)
         except NotFoundError:
@@ -886,9 +841,3 @@ class Dispatcher:
     def inflight(self) -> int:
         """Calls currently being run or submitted by this process."""
         return len(self._inflight)
-
-
-def _drop(ahead: asyncio.Task[AgentSession] | None) -> None:
-    """Drop a read ahead nobody will use: its answer is never looked at."""
-    if ahead is not None:
-        ahead.cancel()

@@ -146,9 +146,6 @@ class Submitter:
         self._received: OrderedDict[str, float] = OrderedDict()
         #: Per (session, turn): the batch gathering now (see the module docstring).
         self._gathering: dict[tuple[str, str], _Batch] = {}
-        #: Bodies sent, and how many results they carried (for tests and benchmarks).
-        self.posts = 0
-        self.posted_results = 0
 
     def delivery_received(self, delivery_id: str) -> None:
         """Note that ``delivery_id`` arrived now."""
@@ -224,9 +221,8 @@ class Submitter:
         try:
             await self._send_batches(batch)
         finally:
-            for _, told in batch.members:
-                if not told.done():  # cancelled meanwhile: each sends its own
-                    told.set_result(("alone", ""))
+            for _, told in batch.members:  # not told yet (we were cancelled): each goes alone
+                _tell(told, ("alone", ""))
         return await answer
 
     async def _send_batches(self, batch: _Batch) -> None:
@@ -239,7 +235,7 @@ class Submitter:
             text = _saved_text(member[0])
             event_size = encoded_size(text) - _ENVELOPE
             if event_size > BATCH_EVENT_MAX:
-                member[1].set_result(("alone", ""))
+                _tell(member[1], ("alone", ""))
                 continue
             if (
                 not packs
@@ -252,11 +248,11 @@ class Submitter:
             size += event_size + 1
         for pack in packs:
             if len(pack) == 1:
-                pack[0][1].set_result(("alone", ""))
+                _tell(pack[0][1], ("alone", ""))
                 continue
             verdict = await self._post_batch([record for record, _ in pack])
             for _, told in pack:
-                told.set_result(verdict)
+                _tell(told, verdict)
 
     async def _post_batch(self, records: list[CallRecord]) -> _Verdict:
         """One POST of several results: accepted (every member submitted), a failure worth
@@ -286,8 +282,6 @@ class Submitter:
                 "submitting %d results failed; the sweep retries them: %s", len(records), exc
             )
             return "failed", _answer(exc)
-        self.posts += 1
-        self.posted_results += len(records)
         return "submitted", f"HTTP 202, one of {len(records)} in one request"
 
     async def submit_unsaved(
@@ -337,8 +331,6 @@ class Submitter:
         except APIError as exc:
             logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
             return "failed", _answer(exc)
-        self.posts += 1
-        self.posted_results += 1
         return "submitted", "HTTP 202"
 
     async def _submit_refusal(self, record: CallRecord, refused: APIStatusError) -> bool:
@@ -396,6 +388,12 @@ class Submitter:
             logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
         await self._store.mark_stale(key)
         return True
+
+
+def _tell(member: asyncio.Future[_Verdict], verdict: _Verdict) -> None:
+    """Tell a member what became of it, unless it was told, or stopped waiting (cancelled)."""
+    if not member.done():
+        member.set_result(verdict)
 
 
 def _saved_text(record: CallRecord) -> str:

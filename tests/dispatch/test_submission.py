@@ -305,3 +305,22 @@ async def test_a_batch_never_exceeds_the_size_budget(
     assert max(len(b) for b in bodies) <= TOOL_RESULT_LIMIT - DEFAULT_SAFETY_MARGIN
     assert big.result is not None and big.result.idempotency_key in api.fake.idempotency
     assert len(api.fake.submissions) == 31
+
+
+async def test_a_member_that_stops_waiting_does_not_hold_up_its_batch(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """One member is cancelled while its batch's POST is under way: the others are marked
+    submitted; its result, sent with them, stays saved for the sweep (the same batch again)."""
+    keys = turn_of(api, 3)
+    records = [await saved(store, key) for key in keys]
+    parts = submitter(api, store, clock)
+    api.fake.set_latency("submit", 0.05)
+    tasks = [asyncio.create_task(parts.submit(r, together=True)) for r in records]
+    await asyncio.sleep(0.02)  # gathered, and the POST under way
+    tasks[2].cancel()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    assert outcomes[:2] == ["submitted", "submitted"]
+    assert isinstance(outcomes[2], asyncio.CancelledError)
+    states = [r.state for r in [await store.get_call(k) for k in keys] if r is not None]
+    assert states == [CallState.SUBMITTED, CallState.SUBMITTED, CallState.SUCCEEDED]

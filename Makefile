@@ -101,12 +101,14 @@ bench-quick: $(STAMP)
 bench-reads: $(STAMP)
 	$(BIN)/python -m benchmarks.page_reads
 
-# A waiting line at scale (not part of `make test`; PostgreSQL and Redis must be running):
-# starts per second and store requests per start against line lengths 10 to 1,000 for a
-# rate="10/s" and a concurrency=2 tool on SQLite, PostgreSQL and Redis, and Redis PING p99
-# from another process with 600 calls waiting. About 4 minutes.
+# Cost that does not grow, four curves in turn, one table each (not part of `make test`;
+# PostgreSQL and Redis must be running): CPU per call against stored calls (10^3..10^6,
+# Redis to 10^5), starts per second against line length (benchmarks.waiting_line), ack
+# latency while the page is read at 10^6 stored calls (benchmarks.page_reads), and the time
+# to answer a healthy session behind 0, 100 and 1,000 failing deliveries. About 40 minutes,
+# mostly filling stores. `python -m benchmarks.scale --curve line` runs one curve.
 bench-scale: $(STAMP)
-	$(BIN)/python -m benchmarks.waiting_line
+	$(BIN)/python -m benchmarks.scale
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist site *.egg-info

@@ -29,7 +29,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,8 @@ __all__ = [
     "ImagePart",
     "TextPart",
     "answer_result",
+    "batch_body",
+    "batch_key",
     "check_size",
     "encode_output",
     "encode_result",
@@ -294,6 +296,23 @@ def submission_key(key: CallKey, event_json_text: str) -> str:
 
 
 _HASH_SLICE = 256 * 1024
+
+#: The largest event a batch takes (UTF-8 bytes of its JSON): a bigger one goes alone, in a
+#: body built slice by slice (:func:`events_body`), where a batch's body is one join.
+BATCH_EVENT_MAX = _HASH_SLICE
+
+
+def batch_body(event_json_texts: Sequence[str]) -> bytes:
+    """The request body carrying several saved events, in the order given."""
+    return _BODY_HEAD + ",".join(event_json_texts).encode() + _BODY_TAIL
+
+
+def batch_key(idempotency_keys: Sequence[str]) -> str:
+    """The idempotency key of a batch: derived from its events' own keys (each the call and
+    its bytes), in sorted order, so the same results always travel under the same key,
+    whoever sends them, and a batch never shares a key with one of its events."""
+    digest = hashlib.sha256("\x1f".join(sorted(idempotency_keys)).encode())
+    return "afn-batch-" + digest.hexdigest()[:48]
 
 
 def encoded_size(event_json: str) -> int:

@@ -1,10 +1,12 @@
-"""A/B of one lever: ``python -m benchmarks.ab --before REF [--target ours-pg] [--serial]``.
+"""A/B of one lever: ``python -m benchmarks.ab --before REF [--after REF] [--target ours-pg]
+[--serial] [--calls-each N]``.
 
 Exports the package at git ``REF`` (``git archive``) into a temporary directory and runs the
 same load, in interleaved rounds (before, after, after, before, ...), against the target
-built from that code and from this checkout's: calls/s, CPU per call and store round trips
-per call, with the per-round ratios after / before. How each lever in ``README.md`` was
-measured.
+built from that code and from this checkout's (or from ``--after REF``'s): calls/s, CPU per
+call and store round trips per call, with the per-round ratios after / before. The
+saturation load sends single-call sessions; ``--calls-each N`` gives each session one turn
+of N parallel calls (one delivery). How each lever in ``README.md`` was measured.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from benchmarks.report import ratio_summary, summarise
 __all__ = ["main"]
 
 _REPO = Path(__file__).resolve().parent.parent
-KEYS = ("calls_per_s", "cpu_us_per_call", "store_round_trips_per_call", "ack_p99_ms")
+KEYS = (
+    "calls_per_s",
+    "cpu_us_per_call",
+    "store_round_trips_per_call",
+    "ack_p99_ms",
+    "d2r_p50_ms",
+    "api_posts_per_call",
+)
 
 
 def _export(ref: str, into: Path) -> None:
@@ -37,7 +46,16 @@ def _export(ref: str, into: Path) -> None:
     (into / "benchmarks").symlink_to(_REPO / "benchmarks")
 
 
-async def _ab(ref: str, target: str, calls: int, rounds: int, serial: bool) -> str:
+async def _ab(
+    ref: str,
+    target: str,
+    calls: int,
+    rounds: int,
+    serial: bool,
+    *,
+    after: str | None = None,
+    calls_each: int = 1,
+) -> str:
     from benchmarks.run import TARGETS
 
     secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
@@ -48,6 +66,10 @@ async def _ab(ref: str, target: str, calls: int, rounds: int, serial: bool) -> s
     with tempfile.TemporaryDirectory(prefix="agentfn-ab-") as tmp:
         code = Path(tmp, "before")
         _export(ref, code)
+        after_code = None
+        if after is not None:
+            after_code = Path(tmp, "after")
+            _export(after, after_code)
         procs = {
             side: TargetProcess(
                 f"{target}-{side}",
@@ -55,7 +77,7 @@ async def _ab(ref: str, target: str, calls: int, rounds: int, serial: bool) -> s
                 api_url=api_url,
                 secret=secret,
                 store_dir=tmp,
-                code=code if side == "before" else None,
+                code=code if side == "before" else after_code,
             )
             for side in ("before", "after")
         }
@@ -72,7 +94,12 @@ async def _ab(ref: str, target: str, calls: int, rounds: int, serial: bool) -> s
                     if serial:
                         result = await driver.serial(proc, calls)
                     else:
-                        result = await driver.burst(proc, sessions=calls, concurrency=64)
+                        result = await driver.burst(
+                            proc,
+                            sessions=max(1, calls // calls_each),
+                            calls_each=calls_each,
+                            concurrency=64,
+                        )
                     results[side].append(result)
                     m = result.metrics
                     print(
@@ -88,8 +115,9 @@ async def _ab(ref: str, target: str, calls: int, rounds: int, serial: bool) -> s
                 proc.stop()
             await api.stop()
     lines = [
-        f"A/B on {target} ({'serial' if serial else 'saturation'}, {calls} calls, {rounds} "
-        f"rounds): before = {ref}, after = this checkout",
+        f"A/B on {target} ({'serial' if serial else 'saturation'}, {calls} calls"
+        f"{f' in turns of {calls_each}' if calls_each > 1 else ''}, {rounds} rounds): "
+        f"before = {ref}, after = {after or 'this checkout'}",
         "",
         "| metric | before | after | after / before (per round) |",
         "|---|---:|---:|---:|",
@@ -117,9 +145,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", default="ours")
     parser.add_argument("--calls", type=int, default=800)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--after", help="git ref of the code after (default: this checkout)")
+    parser.add_argument("--calls-each", type=int, default=1, help="calls per session's turn")
     parser.add_argument("--serial", action="store_true")
     args = parser.parse_args(argv)
-    print(asyncio.run(_ab(args.before, args.target, args.calls, args.rounds, args.serial)))
+    print(
+        asyncio.run(
+            _ab(
+                args.before,
+                args.target,
+                args.calls,
+                args.rounds,
+                args.serial,
+                after=args.after,
+                calls_each=args.calls_each,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

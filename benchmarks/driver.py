@@ -264,6 +264,8 @@ class Driver:
             "second_half_rate_ratio": half_ratio,
             "sender_retries": float(sender.retries),
             "replays": float(stats.replays),
+            "api_posts_per_call": stats.posts / max(len(calls), 1),
+            "api_gets_per_call": stats.gets / max(len(calls), 1),
         }
         for key in ("round_trips", "statements", "commits"):
             done = counts_after.get(key, math.nan) - counts_before.get(key, math.nan)

@@ -1,6 +1,6 @@
 """A waiting line on one limit, at scale: ``python -m benchmarks.waiting_line``.
 
-``make bench-scale`` runs it (not part of ``make test``).
+One of the curves ``make bench-scale`` (:mod:`benchmarks.scale`) runs; not part of ``make test``.
 
 One session makes one turn of N parallel calls of one limited tool, and the package's own
 :class:`~agentfn_asgi.dispatch.Dispatcher` (in this process, on a real store, the package's

@@ -27,6 +27,7 @@ import logging
 import random
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -229,6 +230,9 @@ class Executor:
         self._running_since: dict[CallKey, float] = {}
         #: The lease of each attempt running here: :meth:`stop` loses it.
         self._running: dict[CallKey, Lease] = {}
+        #: Attempts running here per (session, turn): a result with siblings still running
+        #: waits one loop turn for those saved with it, to go in one POST.
+        self._turn_running: Counter[tuple[str, str]] = Counter()
         self._policies: dict[str, ResolvedPolicy] = {}
         #: Calls this process just held for a person (their span's source is ``approval``).
         self._held_for_approval: set[CallKey] = set()
@@ -617,6 +621,8 @@ class Executor:
         woken = False  # the slot's next waiter here was told
         self._running_since[key] = time.monotonic()
         self._running[key] = attempt.lease
+        turn = (key.session_id, key.turn_id)
+        self._turn_running[turn] += 1
         span_scope = self._telemetry.tool_call(
             tool_name=action.name,
             session_id=key.session_id,
@@ -677,7 +683,9 @@ class Executor:
                     _log_superseded(record, attempt.number, mine=result)
                 if record.result is not None:
                     span.record_result(record.result)
-                submitted = await self._submitter.submit(record, attempt.delivery_id)
+                submitted = await self._submitter.submit(
+                    record, attempt.delivery_id, together=self._turn_running[turn] > 1
+                )
                 _log_finished(record, submitted, time.monotonic() - self._running_since[key])
         except (APIError, StoreError) as exc:
             logger.warning("call %s left for recovery: %s", key, exc)
@@ -685,6 +693,9 @@ class Executor:
             self._running_since.pop(key, None)
             if self._running.get(key) is attempt.lease:
                 del self._running[key]
+            self._turn_running[turn] -= 1
+            if not self._turn_running[turn]:
+                del self._turn_running[turn]
             if attempt.limiter is not None and not woken:
                 self._waiter.wake(attempt.limiter)  # its slot is free (or will be, lease lapsed)
         return None
@@ -715,12 +726,20 @@ class Executor:
         )
         return retry.at
 
-    async def resubmit(self, record: CallRecord, delivery_id: str | None = None) -> None:
-        """Submit a saved result again, as its own attempt span (source ``saved``)."""
-        await self._submit_in_span(record, delivery_id, source="saved")
+    async def resubmit(
+        self, record: CallRecord, delivery_id: str | None = None, *, together: bool = False
+    ) -> None:
+        """Submit a saved result again, as its own attempt span (source ``saved``);
+        ``together``: with the results of its turn resubmitted in the same loop turn."""
+        await self._submit_in_span(record, delivery_id, source="saved", together=together)
 
     async def _submit_in_span(
-        self, record: CallRecord, delivery_id: str | None, *, source: str | None
+        self,
+        record: CallRecord,
+        delivery_id: str | None,
+        *,
+        source: str | None,
+        together: bool = False,
     ) -> None:
         key = record.key
         with self._telemetry.tool_call(
@@ -735,7 +754,7 @@ class Executor:
                 span.record_result(record.result, source)
             started = time.monotonic()
             try:
-                submitted = await self._submitter.submit(record, delivery_id)
+                submitted = await self._submitter.submit(record, delivery_id, together=together)
             except (APIError, StoreError) as exc:
                 logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
                 return

@@ -820,7 +820,9 @@ class Dispatcher:
         )
         async for record in results:
             if record.key not in self._inflight:
-                self._track(record.key, self._executor.resubmit(record))
+                # Tasks started together: the results of one turn go in one POST, the same
+                # batch (and key) as the one a crash interrupted before its marks.
+                self._track(record.key, self._executor.resubmit(record, together=True))
 
     async def _recover_session(self, session_id: str, deliveries: list[DeliveryRecord]) -> None:
         """Resolve one session for the sweep; record a failure on each of its deliveries."""

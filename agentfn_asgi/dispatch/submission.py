@@ -6,6 +6,14 @@ call", 409, 404) is checked against a fresh read of the session: the call become
 only when the session no longer waits for it, or is gone (404) ``not_found_grace`` after the
 result was saved; otherwise the saved result stays and the recovery sweep resubmits it, with
 backoff. A single 404 (the API not seeing a session for a moment) never discards a result.
+
+Results of one turn that are ready together (saved in the same loop turn, while sibling
+calls of the turn run here, or resubmitted together by the sweep) go in one POST: the first
+waits one loop turn for the others, then sends them all, in a body under the size budget
+(a large result goes alone) and under a key derived from the events' own keys, so the same
+batch always travels under the same key. A batch the API refuses (a 4xx) falls back to one
+POST per result, so one bad event never holds up the others and stale calls are found per
+call; a failure worth another try is every member's, for the sweep.
 Also here: when each delivery arrived, for the delivery-to-result latency metric.
 """
 
@@ -16,6 +24,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from .._crash import crash_point
@@ -29,7 +38,18 @@ from ..errors import (
     NotFoundError,
     UnknownPendingToolCallError,
 )
-from ..results import event_json, events_body, failure_event, submission_key
+from ..results import (
+    BATCH_EVENT_MAX,
+    DEFAULT_SAFETY_MARGIN,
+    TOOL_RESULT_LIMIT,
+    batch_body,
+    batch_key,
+    encoded_size,
+    event_json,
+    events_body,
+    failure_event,
+    submission_key,
+)
 from ..store.base import Store
 from ..tracing import Telemetry
 from ..wire import AgentSession
@@ -62,6 +82,23 @@ REFUSED_MESSAGE = (
     "could not be delivered. Ask for less data or a simpler result and try again."
 )
 _REFUSING_STATUSES = frozenset({400, 413, 422})
+#: A batch's body stays under the limit one result's does (wire protocol §9.1).
+_BATCH_BUDGET = TOOL_RESULT_LIMIT - DEFAULT_SAFETY_MARGIN
+#: At most this many events a body: the API does not say how many it takes; one
+#: re-implementation takes 1-64 (wire protocol §4.1).
+_BATCH_EVENTS = 64
+_ENVELOPE = encoded_size("")  # {"events":[]}: a body's bytes beside its events
+#: What a batch's POST means for each member: accepted, a failure for the sweep to retry
+#: (with the answer), or "send it on its own" (refused, or nothing to batch it with).
+_Verdict = tuple[Literal["submitted", "failed", "alone"], str]
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Results of one turn gathering for one POST during one loop turn."""
+
+    members: list[tuple[CallRecord, asyncio.Future[_Verdict]]] = field(default_factory=list)
+
 
 logger = logging.getLogger("agentfn_asgi.dispatch.submission")
 
@@ -111,6 +148,8 @@ class Submitter:
         self._telemetry = telemetry
         # When each delivery arrived (bounded): the delivery-to-result latency metric.
         self._received: OrderedDict[str, float] = OrderedDict()
+        #: Per (session, turn): the batch gathering now (see the module docstring).
+        self._gathering: dict[tuple[str, str], _Batch] = {}
 
     def delivery_received(self, delivery_id: str) -> None:
         """Note that ``delivery_id`` arrived now."""
@@ -118,11 +157,15 @@ class Submitter:
         if len(self._received) > 10_000:
             self._received.popitem(last=False)
 
-    async def submit(self, record: CallRecord, delivery_id: str | None = None) -> SubmitOutcome:
+    async def submit(
+        self, record: CallRecord, delivery_id: str | None = None, *, together: bool = False
+    ) -> SubmitOutcome:
         """Submit the record's saved result, unless it has none or is already settled.
 
-        Returns ``submitted``, ``stale`` (the API no longer waits for it), ``failed`` (left
-        for the recovery sweep) or ``skipped`` (nothing to send). Raises StoreError.
+        ``together``: other results of its turn may be ready in this loop turn; they go in
+        one POST (see the module docstring). Returns ``submitted``, ``stale`` (the API no
+        longer waits for it), ``failed`` (left for the recovery sweep) or ``skipped``
+        (nothing to send). Raises StoreError.
         """
         result = record.result
         if result is None or record.state.terminal:
@@ -139,7 +182,12 @@ class Submitter:
         with self._telemetry.submission(
             session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
         ) as span:
-            outcome, answer = await self._send(record, result.event_json, result.idempotency_key)
+            kind, answer = await self._gather(record) if together else ("alone", "")
+            outcome: SubmitOutcome = "submitted" if kind == "submitted" else "failed"
+            if kind == "alone":
+                outcome, answer = await self._send(
+                    record, result.event_json, result.idempotency_key
+                )
             span.set_outcome(outcome)
             if outcome == "failed":
                 # The sweep retries it later, with backoff, so it never crowds out the rest.
@@ -160,6 +208,88 @@ class Submitter:
             delivery_to_submit_seconds=None if received is None else time.monotonic() - received,
         )
         return outcome
+
+    async def _gather(self, record: CallRecord) -> _Verdict:
+        """Join the batch of the record's turn gathering in this loop turn, or start one and
+        send it after a loop turn; what its POST means for this record."""
+        key = record.key
+        turn = (key.session_id, key.turn_id)
+        answer: asyncio.Future[_Verdict] = asyncio.get_running_loop().create_future()
+        batch = self._gathering.get(turn)
+        if batch is not None:
+            batch.members.append((record, answer))
+            return await answer
+        batch = self._gathering[turn] = _Batch([(record, answer)])
+        try:
+            await asyncio.sleep(0)  # the turn's other results saved with this one join now
+        finally:
+            if self._gathering.get(turn) is batch:
+                del self._gathering[turn]
+        try:
+            await self._send_batches(batch)
+        finally:
+            for _, told in batch.members:  # not told yet (we were cancelled): each goes alone
+                _tell(told, ("alone", ""))
+        return await answer
+
+    async def _send_batches(self, batch: _Batch) -> None:
+        """Pack the members into bodies under the budget and POST each pack of two or more;
+        a member that fits no pack (a large result) is told to go alone."""
+        packs: list[list[tuple[CallRecord, asyncio.Future[_Verdict]]]] = []
+        size = 0
+        # In key order: the same results always make the same bodies.
+        for member in sorted(batch.members, key=lambda m: _saved_key(m[0])):
+            text = _saved_text(member[0])
+            event_size = encoded_size(text) - _ENVELOPE
+            if event_size > BATCH_EVENT_MAX:
+                _tell(member[1], ("alone", ""))
+                continue
+            if (
+                not packs
+                or size + event_size + 1 > _BATCH_BUDGET
+                or len(packs[-1]) == _BATCH_EVENTS
+            ):
+                packs.append([])
+                size = _ENVELOPE
+            packs[-1].append(member)
+            size += event_size + 1
+        for pack in packs:
+            if len(pack) == 1:
+                _tell(pack[0][1], ("alone", ""))
+                continue
+            verdict = await self._post_batch([record for record, _ in pack])
+            for _, told in pack:
+                _tell(told, verdict)
+
+    async def _post_batch(self, records: list[CallRecord]) -> _Verdict:
+        """One POST of several results: accepted (every member submitted), a failure worth
+        another try (every member's), or refused (each member goes alone)."""
+        session_id = records[0].key.session_id
+        body = batch_body([_saved_text(r) for r in records])
+        idempotency_key = batch_key([_saved_key(r) for r in records])
+        try:
+            await self._client.submit_raw_events(session_id, body, idempotency_key=idempotency_key)
+        except APIStatusError as exc:
+            if exc.status is not None and exc.status < 500:
+                # Refused (one bad event, a call no longer pending, a batch too large or not
+                # accepted at all): one POST per result settles each on its own.
+                logger.info(
+                    "a batch of %d results of session %s was refused (%s); sending each alone",
+                    len(records),
+                    session_id,
+                    _answer(exc),
+                )
+                return "alone", ""
+            logger.warning(
+                "submitting %d results failed; the sweep retries them: %s", len(records), exc
+            )
+            return "failed", _answer(exc)
+        except APIError as exc:
+            logger.warning(
+                "submitting %d results failed; the sweep retries them: %s", len(records), exc
+            )
+            return "failed", _answer(exc)
+        return "submitted", f"HTTP 202, one of {len(records)} in one request"
 
     async def submit_unsaved(
         self, key: CallKey, event_json_text: str, idempotency_key: str
@@ -265,6 +395,22 @@ class Submitter:
             logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
         await self._store.mark_stale(key)
         return True
+
+
+def _tell(member: asyncio.Future[_Verdict], verdict: _Verdict) -> None:
+    """Tell a member what became of it, unless it was told, or stopped waiting (cancelled)."""
+    if not member.done():
+        member.set_result(verdict)
+
+
+def _saved_text(record: CallRecord) -> str:
+    assert record.result is not None  # only saved results are submitted
+    return record.result.event_json
+
+
+def _saved_key(record: CallRecord) -> str:
+    assert record.result is not None
+    return record.result.idempotency_key
 
 
 def _answer(exc: APIError) -> str:

@@ -22,6 +22,7 @@ from agentfn_asgi.testing import (
     FakeAgentsAPI,
     FakeCall,
     action_required_event,
+    connect,
     signed_delivery,
 )
 from agentfn_asgi.tools import FunctionTools, NotRun, Ran, ToolContext
@@ -486,3 +487,34 @@ async def test_a_webhook_naming_another_action_still_answers_a_pending_call(acti
         await stack.fake.wait_idle(sid, timeout=5)
     assert counter["get_customer"] == 1
     assert [s.call_id for s in stack.fake.submissions] == ["c1"]
+
+
+@pytest.mark.slow
+async def test_a_turns_results_ready_together_go_in_one_post_over_loopback(
+    tmp_path: Path,
+) -> None:
+    """A turn of five parallel async calls on SQLite, the fake served over loopback: the
+    results saved together reach the API in fewer requests than results (one, when all
+    five are saved in one loop turn), each call answered once and marked submitted."""
+    tools = FunctionTools()
+
+    @tools.function
+    async def lookup(key: str) -> str:
+        """Look a key up."""
+        return key.upper()
+
+    store = f"sqlite:///{tmp_path / 'turn.sqlite3'}"
+    async with connect(tools, store=store, loopback=True) as (app, fake):
+        calls = [FakeCall("lookup", {"key": k}, call_id=f"c{k}") for k in "abcde"]
+        session = fake.create_session([calls])
+        await fake.wait_idle(session)
+        await app.dispatcher.wait_for(r.key for r in await app.store.calls_for_session(session))
+        records = await app.store.calls_for_session(session)
+    posts = [r for r in fake.requests if r.route == "submit"]
+    assert sorted((s.call_id, s.output) for s in fake.submissions) == [
+        (f"c{k}", k.upper()) for k in "abcde"
+    ]
+    assert fake.duplicate_submissions == []
+    assert 1 <= len(posts) < 5 and all(r.status == 202 for r in posts)
+    assert any((r.idempotency_key or "").startswith("afn-batch-") for r in posts)
+    assert [r.state for r in records] == [CallState.SUBMITTED] * 5

@@ -969,3 +969,25 @@ async def test_websocket_scope_is_closed() -> None:
 
     await FakeAgentsAPI()({"type": "websocket"}, receive, send)
     assert sent == [{"type": "websocket.close", "code": 1000}]
+
+
+async def test_a_batch_over_loopback_is_applied_once_under_its_key(fake: FakeAgentsAPI) -> None:
+    """Several results in one POST over a real server: all applied at once; the same body
+    under the same key again (a resubmission after a crash, another replica) is a replay with
+    no effect; a batch naming a call that is not pending is refused whole, naming it."""
+    sid = fake.create_session([[FakeCall("a"), FakeCall("b"), FakeCall("c")]])
+    first, second, third = fake.required_actions(sid)
+    batch = {"events": [result(first), result(second)]}
+    async with serve_fake(fake) as base_url, httpx.AsyncClient(headers=HEADERS) as client:
+        url = f"{base_url}/agents/sessions/{sid}/events"
+        sent = [await client.post(url, json=batch, headers={"Idempotency-Key": "b1"}) for _ in "ab"]
+        assert [r.status_code for r in sent] == [202, 202]
+        assert sorted(s.call_id for s in fake.submissions) == sorted(
+            [first["call_id"], second["call_id"]]
+        )
+        assert fake.duplicate_submissions == []
+        unknown = {**result(third), "call_id": "call_unknown"}
+        refused = await client.post(url, json={"events": [result(third), unknown]})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"] == "Unknown pending tool call: call_unknown"
+        assert len(fake.submissions) == 2  # the batch was refused whole

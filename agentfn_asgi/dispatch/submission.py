@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from .._crash import crash_point
 from ..calls.records import CallKey, CallRecord
@@ -221,14 +221,15 @@ class Submitter:
             return await answer
         batch = self._gathering[turn] = _Batch([(record, answer)])
         try:
-            await asyncio.sleep(0)  # the turn's other results saved with this one join now
-        finally:
-            if self._gathering.get(turn) is batch:
-                del self._gathering[turn]
-        try:
+            try:
+                await asyncio.sleep(0)  # the turn's other results saved with this one join now
+            finally:
+                if self._gathering.get(turn) is batch:
+                    del self._gathering[turn]
             await self._send_batches(batch)
         finally:
-            for _, told in batch.members:  # not told yet (we were cancelled): each goes alone
+            # Not told yet (we were cancelled, even while they joined): each goes alone.
+            for _, told in batch.members:
                 _tell(told, ("alone", ""))
         return await answer
 
@@ -270,7 +271,7 @@ class Submitter:
         try:
             await self._client.submit_raw_events(session_id, body, idempotency_key=idempotency_key)
         except APIStatusError as exc:
-            if exc.status is not None and exc.status < 500:
+            if exc.status is not None and exc.status < 500 and exc.status not in _TRY_LATER:
                 # Refused (one bad event, a call no longer pending, a batch too large or not
                 # accepted at all): one POST per result settles each on its own.
                 logger.info(
@@ -395,6 +396,11 @@ class Submitter:
             logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
         await self._store.mark_stale(key)
         return True
+
+
+#: A batch answered with these (after the client's own retries) is tried again later, as a
+#: batch: sending its results one by one would only multiply the requests that fail.
+_TRY_LATER: Final = frozenset({408, 429})
 
 
 def _tell(member: asyncio.Future[_Verdict], verdict: _Verdict) -> None:

@@ -324,3 +324,33 @@ async def test_a_member_that_stops_waiting_does_not_hold_up_its_batch(
     assert isinstance(outcomes[2], asyncio.CancelledError)
     states = [r.state for r in [await store.get_call(k) for k in keys] if r is not None]
     assert states == [CallState.SUBMITTED, CallState.SUBMITTED, CallState.SUCCEEDED]
+
+
+async def test_a_batch_whose_first_member_is_cancelled_while_others_join_sends_them(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """The member that started a batch is cancelled during the loop turn in which the
+    others join it: they go alone instead of waiting for ever (they did: the batch was
+    only sent, or its members told, after that loop turn)."""
+    keys = turn_of(api, 2)
+    records = [await saved(store, key) for key in keys]
+    parts = submitter(api, store, clock)
+    first, second = (asyncio.create_task(parts.submit(r, together=True)) for r in records)
+    await asyncio.sleep(0)  # both gathered: the first waits out its loop turn, the second joined
+    first.cancel()
+    assert await asyncio.wait_for(second, 5) == "submitted"
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert [s.call_id for s in api.fake.submissions] == [keys[1].call_id]
+
+
+async def test_a_batch_answered_429_is_tried_again_later_not_one_by_one(
+    api: API, store: MemoryStore, clock: FakeClock
+) -> None:
+    """Rate limited past the client's retries: every member waits for the sweep, which
+    sends the same batch again; splitting it would have multiplied the refused requests."""
+    keys = turn_of(api, 2)
+    records = [await saved(store, key) for key in keys]
+    api.fake.fail_next("submit", 50, 429)
+    assert await submit_together(submitter(api, store, clock), records) == ["failed"] * 2
+    assert len(set(posts(api))) == 1 and api.fake.submissions == []

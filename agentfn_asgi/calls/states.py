@@ -282,6 +282,12 @@ SAVED: Final = frozenset({CallState.SUCCEEDED, CallState.FAILED})
 PRUNABLE: Final = frozenset(
     {CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED, CallState.RETIRED}
 )
+#: Not finished and answered here: where the oldest pending call is looked for
+#: (``StoreStats.oldest_pending_at``). An ``unanswered`` action waits for someone else, and
+#: its age is shown apart.
+OWED_HERE: Final = frozenset(
+    state for state in CallState if not state.terminal and state is not CallState.UNANSWERED
+)
 #: A person decides these: waiting for approval, or approved and not yet run.
 FOR_A_PERSON: Final = frozenset({CallState.AWAITING_APPROVAL, CallState.APPROVED})
 #: A call in this state with its ``limiter`` set and a lease not lapsed by more than the

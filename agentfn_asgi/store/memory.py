@@ -35,6 +35,7 @@ from agentfn_asgi.calls.records import (
 )
 from agentfn_asgi.calls.states import (
     CLAIM_ORDER,
+    OWED_HERE,
     SAVED,
     TRANSITIONS,
     allows,
@@ -574,7 +575,7 @@ class MemoryStore(Store):
                     successes += 1
                 else:
                     failures += 1
-            if not call.state.terminal and (oldest is None or call.created_at < oldest):
+            if call.state in OWED_HERE and (oldest is None or call.created_at < oldest):
                 oldest = call.created_at
         deliveries = self._own_deliveries()
         return StoreStats(

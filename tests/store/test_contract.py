@@ -718,3 +718,19 @@ def test_require_service_fails_only_under_ci(
     expected = pytest.fail.Exception if outcome == "fail" else pytest.skip.Exception
     with pytest.raises(expected, match="redis unavailable: not running"):
         require_service("redis", "not running")
+
+
+async def test_the_oldest_pending_call_is_one_this_app_answers(
+    store: Store, clock: FakeClock
+) -> None:
+    """An action left ``unanswered`` (someone else answers it) is not the oldest pending
+    call: it kept ``status`` and the page's oldest pending age growing, and alerts on it
+    firing, for actions this app never answers (its own age is shown apart)."""
+    left = CallKey("s", "t", "left")
+    await claim(store, "a", left)
+    assert await store.leave(left, owner="a", attempt=1, reason="no actions= policy")
+    clock.advance(60)
+    assert (await store.stats()).oldest_pending_at is None
+    owed_since = clock.now
+    await claim(store, "a", CallKey("s", "t", "owed"))
+    assert (await store.stats()).oldest_pending_at == pytest.approx(owed_since)

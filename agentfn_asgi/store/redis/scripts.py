@@ -24,7 +24,14 @@ Three rules the helpers keep:
 from __future__ import annotations
 
 from agentfn_asgi.calls.records import CallState
-from agentfn_asgi.calls.states import CLAIM_ORDER, HISTORY_HEAD, HISTORY_TAIL, PRUNABLE, SAVED
+from agentfn_asgi.calls.states import (
+    CLAIM_ORDER,
+    HISTORY_HEAD,
+    HISTORY_TAIL,
+    OWED_HERE,
+    PRUNABLE,
+    SAVED,
+)
 from agentfn_asgi.calls.states import TRANSITIONS as STATE_TABLE
 from agentfn_asgi.store.redis.compile import LUA_GUARDS, LUA_WRITE, lua_apply, lua_transition
 
@@ -67,7 +74,7 @@ _STATE_SETS = (
     + "}\nlocal PRUNABLE = {"
     + ", ".join(f"{state.value} = true" for state in CallState if state in PRUNABLE)
     + "}\nlocal PENDING = {"
-    + ", ".join(f"{state.value} = true" for state in CallState if not state.terminal)
+    + ", ".join(f"{state.value} = true" for state in CallState if state in OWED_HERE)
     + "}\n"
 )
 

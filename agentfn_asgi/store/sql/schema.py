@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from agentfn_asgi.calls.records import CallState
-from agentfn_asgi.calls.states import PRUNABLE, SAVED
+from agentfn_asgi.calls.states import OWED_HERE, PRUNABLE, SAVED
 from agentfn_asgi.store._versions import (
     Step,
     check_readable,
@@ -83,7 +83,7 @@ FRAGMENTS: Final[Mapping[str, str]] = {
         f"SELECT (SELECT min(created_at) FROM {{p}}calls WHERE namespace = :namespace"
         f" AND {_state_in(state)}) AS oldest"
         for state in CallState
-        if not state.terminal
+        if state in OWED_HERE
     ),
 }
 

@@ -429,12 +429,7 @@ class Store(abc.ABC):
         turn-less action that is pending again: claimed by ``owner`` as the next attempt,
         first claimed now. None when it is in neither state (another took it up). The
         claim records ``nonce`` (None: a new random one), as :meth:`release` does."""
-        now, nonce = self._clock(), nonce or secrets.token_hex(8)
-        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds, "nonce": nonce}
-        done, found = await self._recognised(
-            "take_up", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
-        )
-        return found if done else None
+        return await self._claim_again("take_up", key, owner, lease_seconds, 0.0, nonce)
 
     async def retire(self, key: CallKey, *, known_before: float) -> bool:
         """A turn-less action (an ``environment_connection``, an unknown type) that the
@@ -511,18 +506,7 @@ class Store(abc.ABC):
         the next attempt (``released`` in the history). None when it is in no such state.
         The claim records ``nonce`` (None: a new random one), by which it recognises itself
         when its answer was lost (:func:`~agentfn_asgi.calls.states.claimed_with`)."""
-        now, nonce = self._clock(), nonce or secrets.token_hex(8)
-        args = {
-            "now": now,
-            "takeover_before": now - margin,
-            "owner": owner,
-            "lease_expires_at": now + lease_seconds,
-            "nonce": nonce,
-        }
-        done, found = await self._recognised(
-            "release", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
-        )
-        return found if done else None
+        return await self._claim_again("release", key, owner, lease_seconds, margin, nonce)
 
     # -- approval (rows request_approval … run_approved) -----------------------------------
     async def request_approval(
@@ -602,10 +586,29 @@ class Store(abc.ABC):
         ``owner``). The claim records ``nonce`` (None: a new random one), by which it
         recognises itself when its answer was lost
         (:func:`~agentfn_asgi.calls.states.claimed_with`)."""
+        return await self._claim_again("run_approved", key, owner, lease_seconds, 0.0, nonce)
+
+    async def _claim_again(
+        self,
+        row: str,
+        key: CallKey,
+        owner: str,
+        lease_seconds: float,
+        margin: float,
+        nonce: str | None,
+    ) -> CallRecord | None:
+        """Row ``row``, a claim by ``owner`` as the next attempt that records ``nonce`` (None:
+        a new random one), recognised by it when its answer was lost: the record, or None."""
         now, nonce = self._clock(), nonce or secrets.token_hex(8)
-        args = {"now": now, "owner": owner, "lease_expires_at": now + lease_seconds, "nonce": nonce}
+        args = {
+            "now": now,
+            "takeover_before": now - margin,
+            "owner": owner,
+            "lease_expires_at": now + lease_seconds,
+            "nonce": nonce,
+        }
         done, found = await self._recognised(
-            "run_approved", key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
+            row, key, args, lambda r: claimed_with(r, owner=owner, nonce=nonce)
         )
         return found if done else None
 

@@ -118,7 +118,7 @@ def test_each_row_is_one_lua_function_making_its_effects(name: str) -> None:
         assert f"add_event(member, a.now, '{row.event}', {attempt}," in text
     else:
         assert "add_event" not in text
-    assert text.rstrip().endswith("reindex_call(key, member)\nend")
+    assert text.rstrip().endswith("reindex_call(key, member, was)\nend")
 
 
 def test_every_row_run_alone_has_its_script() -> None:

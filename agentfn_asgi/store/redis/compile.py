@@ -109,12 +109,13 @@ def lua_apply(name: str) -> str:
                 lines.append(f"put(set, drop, '{column}', {_lua_value(column, source)})")
                 if column == "attempt":
                     attempt = _lua_value(column, source)
+    lines.append("local was = redis.call('HGET', key, 'state')")
     lines.append("write(key, set, drop)")
     if row.event is not None:
         owner = "a.owner" if "owner" in row.says else "nil"
         detail = "a.detail" if "detail" in row.says else "nil"
         lines.append(f"add_event(member, a.now, '{row.event}', {attempt}, {owner}, {detail})")
-    lines.append("reindex_call(key, member)")
+    lines.append("reindex_call(key, member, was)")
     body = "\n".join("  " + line for line in lines)
     return f"local function apply_{name}(key, member, c, a)\n{body}\nend\n"
 

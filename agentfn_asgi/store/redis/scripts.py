@@ -103,7 +103,21 @@ local function budget_key(session_id, tool_name)
   return N .. 'b:' .. h(session_id) .. ':' .. h(tool_name)
 end
 
-local function reindex_call(key, member)
+-- The sorted set besides 'state:<s>' that holds a call in ``state`` (nil: none), and the
+-- call's score in it, from its fields ``r`` (reindex_call's HMGET). A lapsed waiter (for a
+-- limiter's slot) is adopted as a lapsed claim is taken over: both are in 'lease'.
+local function state_index(state, r)
+  if state == 'claimed' or state == 'waiting' then return 'lease', r[3] end
+  if state == 'awaiting_approval' then return 'waiting', r[3] end
+  if state == 'approved' then return 'approved', r[5] end
+  if state == 'retry_scheduled' then return 'retry', r[3] end
+  if SAVED[state] then return 'due', r[4] end
+  if PRUNABLE[state] then return 'finished', r[5] end
+  return nil, nil
+end
+
+-- ``was``: the state before the write (false or nil: unknown, every index is cleared).
+local function reindex_call(key, member, was)
   local r = redis.call('HMGET', key, 'state', 'created_at', 'lease_expires_at',
                        'next_attempt_at', 'updated_at', 'success', 'limiter', 'approval_id',
                        'counted', 'session_id', 'tool_name')
@@ -126,29 +140,21 @@ local function reindex_call(key, member)
       redis.call('ZREM', L.waiters, member)
     end
   end
-  for _, s in ipairs(STATES) do redis.call('ZREM', I .. 'state:' .. s, member) end
-  for _, name in ipairs({'lease', 'due', 'finished', 'submitted_failed', 'waiting',
-                         'approved', 'retry'}) do
-    redis.call('ZREM', I .. name, member)
+  -- Out of the indexes of the state it was in (of every state, when that is unknown).
+  local left = {was}
+  if not was then left = STATES end
+  for _, s in ipairs(left) do
+    redis.call('ZREM', I .. 'state:' .. s, member)
+    local name = state_index(s, r)
+    if name then redis.call('ZREM', I .. name, member) end
   end
+  if was == 'submitted' or not was then redis.call('ZREM', I .. 'submitted_failed', member) end
   redis.call('ZADD', I .. 'calls', created, member)
   redis.call('ZADD', I .. 'state:' .. state, created, member)
-  -- A lapsed waiter (for a limiter's slot) is adopted as a lapsed claim is taken over.
-  if state == 'claimed' or state == 'waiting' then
-    redis.call('ZADD', I .. 'lease', r[3], member)
-  elseif state == 'awaiting_approval' then
-    redis.call('ZADD', I .. 'waiting', r[3], member)
-  elseif state == 'approved' then
-    redis.call('ZADD', I .. 'approved', r[5], member)
-  elseif state == 'retry_scheduled' then
-    redis.call('ZADD', I .. 'retry', r[3], member)
-  elseif SAVED[state] then
-    redis.call('ZADD', I .. 'due', r[4], member)
-  elseif PRUNABLE[state] then
-    redis.call('ZADD', I .. 'finished', r[5], member)
-    if state == 'submitted' and r[6] == '0' then
-      redis.call('ZADD', I .. 'submitted_failed', created, member)
-    end
+  local name, score = state_index(state, r)
+  if name then redis.call('ZADD', I .. name, score, member) end
+  if state == 'submitted' and r[6] == '0' then
+    redis.call('ZADD', I .. 'submitted_failed', created, member)
   end
 end
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -290,3 +291,75 @@ async def test_a_webhook_read_that_no_longer_lists_the_environment_ends_its_occu
             while len(seen) < 2:
                 await anyio.sleep(0.02)
     assert [e.kind for e in retired.history][-2:] == ["submitted", "retired"]
+
+
+#: No sweep, no periodic re-read: only the reads a test asks for (webhooks, ``recover``).
+QUIET = dataclasses.replace(SETTINGS, recovery_interval=3600.0, reread_interval=0.0)
+
+
+async def until(check: Callable[[], bool], *, seconds: float = 10.0) -> None:
+    """Wait until ``check()`` holds."""
+    with anyio.fail_after(seconds):
+        while not check():
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("read", ["webhook", "settling"])
+async def test_an_occurrence_that_ends_while_its_hook_runs_is_retired(read: str) -> None:
+    """The environment connects while the hook still runs: the read that no longer lists it
+    (a webhook's, or a settling one) retires the record all the same, and stops the hook
+    (its occurrence is over), so the next occurrence runs the hook again rather than finding
+    a finished record that no claim takes up."""
+    entered: list[str] = []
+    release = anyio.Event()
+
+    async def connect(request: EnvironmentConnection) -> None:
+        entered.append(request.environment_id)
+        if len(entered) == 1:
+            await release.wait()
+
+    async with running_stack(lookup_tools(), settings=QUIET, connect_environment=connect) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_r")
+        stack.fake.require_environment(sid, "env_r")
+        await until(lambda: len(entered) == 1)
+        # A read ends an occurrence first seen before it by more than the clock-skew margin.
+        await anyio.sleep(QUIET.fence_margin + 0.1)
+        assert stack.fake.environment_connected(sid, "env_r")
+        if read == "webhook":
+            stack.fake.start_turn(
+                sid,
+                [
+                    [FakeCall("lookup", {"order_id": "o3"}, call_id="call_r")],
+                    [FakeRequest.mcp("crm", "find", request_id="req_r")],
+                ],
+            )
+            turn = stack.fake.session(sid)["required_actions"][0]["turn_id"]
+            await record_of(stack, CallKey(sid, turn, "call_r"), CallState.SUBMITTED)
+        else:
+            await stack.app.dispatcher.recover(sid)
+        release.set()  # the first run ends (or was stopped) after the read
+        retired = await record_of(stack, key, CallState.RETIRED, CallState.SUBMITTED)
+        stack.fake.require_environment(sid, "env_r")
+        await until(lambda: len(entered) == 2, seconds=5)
+    assert retired.state is CallState.RETIRED
+    assert [e.kind for e in retired.history][-2:] == ["claimed", "retired"]
+
+
+@pytest.mark.anyio
+async def test_a_lapsed_claim_of_an_environment_no_longer_listed_is_retired() -> None:
+    """A replica died while its hook ran, and the environment connected since: the sweep
+    finds the lapsed claim, reads the session, and retires it (not in doubt for ever)."""
+    async with running_stack(lookup_tools(), settings=QUIET) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_d")
+        await stack.store.claim_call(
+            key, tool_name="environment:env_d", owner="gone", lease_seconds=0.01
+        )
+        await anyio.sleep(QUIET.fence_margin + 0.1)
+        await stack.app.dispatcher.sweep()
+        record = await stack.store.get_call(key)
+        lapsed = await stack.store.expired_claims(margin=QUIET.fence_margin)
+    assert record is not None and record.state is CallState.RETIRED
+    assert key not in [r.key for r in lapsed]

@@ -334,17 +334,10 @@ class Executor:
             claimed.set_exception(exc)  # the resolver reports it
             return
         claimed.set_result(None)
-        status, record = outcome.status, outcome.record
+        status, record = await self._taken_up(outcome, (CallState.RETIRED,))
         if status is ClaimStatus.SAVED:
             await self.resubmit(record, delivery_id)  # answered here before: owed still
             return
-        if record.state is CallState.RETIRED:
-            taken = await self._store.take_up(
-                key, owner=self._owner, lease_seconds=self._settings.lease_seconds
-            )
-            if taken is None:
-                return
-            status, record = ClaimStatus.CLAIMED, taken
         if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
             await self._store.leave(key, owner=self._owner, attempt=record.attempt, reason=why)
 
@@ -419,15 +412,9 @@ class Executor:
                 claimed.set_result(None)
             if refused is not None:
                 limit, admission = None, Admission(failure=refused)
-            status, record = outcome.status, outcome.record
-            if status is ClaimStatus.DONE and record.state in _TAKEN_UP:
-                # Left unanswered before (no policy or hook then, or another occurrence):
-                # answered here now, as a fresh attempt.
-                taken = await self._store.take_up(
-                    key, owner=self._owner, lease_seconds=self._settings.lease_seconds
-                )
-                if taken is not None:
-                    status, record = ClaimStatus.CLAIMED, taken
+            # Left unanswered before (no policy or hook then, or another occurrence):
+            # answered here now. Only a read that lists it says so, never a retry's claim.
+            status, record = await self._taken_up(outcome, _TAKEN_UP if claimed is not None else ())
             if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
                 crash_point("after_claim", action.name)
                 attempt = self._attempt(
@@ -448,6 +435,20 @@ class Executor:
                 return None
         # Waiting for the limiter: the process slot is free for others meanwhile.
         return await self._wait_for_turn(record, action, tool, limit, delivery_id, sent)
+
+    async def _taken_up(
+        self, outcome: ClaimOutcome, states: tuple[CallState, ...]
+    ) -> tuple[ClaimStatus, CallRecord]:
+        """The claim's status and record; a record in one of ``states`` (which the claim
+        finds ``DONE``) taken up first: a fresh attempt, ours, when no one took it before."""
+        status, record = outcome.status, outcome.record
+        if status is ClaimStatus.DONE and record.state in states:
+            taken = await self._store.take_up(
+                record.key, owner=self._owner, lease_seconds=self._settings.lease_seconds
+            )
+            if taken is not None:
+                return ClaimStatus.CLAIMED, taken
+        return status, record
 
     async def _claim(
         self,
@@ -1118,8 +1119,9 @@ class Executor:
         return self._encode(key, tool, value, source="ran")
 
     async def _cancelled(self, key: CallKey) -> str | None:
-        """Why ``key`` was cancelled (its lease lost because its turn ended, here or as
-        another replica found), or None. A store that cannot say counts as not cancelled."""
+        """Why ``key`` was cancelled (its lease lost because its turn ended, or a turn-less
+        action's occurrence did, here or as another replica found), or None. A store that
+        cannot say counts as not cancelled."""
         lease = self._running.get(key)
         if lease is not None and (lease.lost or "").startswith(_CANCELLED):
             return (lease.lost or "").removeprefix(_CANCELLED)
@@ -1127,6 +1129,8 @@ class Executor:
             record = await self._store.get_call(key)
         except StoreError:
             return None
+        if record is not None and record.state is CallState.RETIRED:
+            return "the session no longer waits for it (its occurrence ended)"
         if record is None or record.state is not CallState.CANCELLED:
             return None
         return record.reason or "cancelled"

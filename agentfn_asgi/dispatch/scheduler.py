@@ -625,18 +625,18 @@ class Dispatcher:
 
     async def _end_occurrences(self, session_id: str, pending: set[CallKey], read: float) -> None:
         """A read that does not settle (a webhook's) ends the occurrences of the turn-less
-        actions this process saw listed and the read no longer lists: their records retire,
-        so that the next occurrence runs its hook again. It reads no listing of the session
-        (a settling read does, and finds the rest): one step per occurrence ended, and a
-        look at the record when the step is refused (first seen after the read, or a hook
-        still running: tried again at the next read). A store that fails leaves them for
-        the next read."""
+        actions this process saw listed and the read no longer lists: their records retire
+        (a hook still running stops), so that the next occurrence runs its hook again. It
+        reads no listing of the session (a settling read does, and finds the rest): one
+        step per occurrence ended, and a look at the record when the step is refused (first
+        seen after the read: tried again at the next read). A store that fails leaves them
+        for the next read."""
         seen = self._turnless.get(session_id)
         if not seen:
             return
         try:
             for key in seen - pending:
-                if await self.store.retire(key, known_before=read):
+                if await self._canceller.end_occurrence(key, known_before=read):
                     seen.discard(key)
                     continue
                 record = await self.store.get_call(key)

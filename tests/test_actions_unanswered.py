@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 import anyio
@@ -363,3 +365,78 @@ async def test_a_lapsed_claim_of_an_environment_no_longer_listed_is_retired() ->
         lapsed = await stack.store.expired_claims(margin=QUIET.fence_margin)
     assert record is not None and record.state is CallState.RETIRED
     assert key not in [r.key for r in lapsed]
+
+
+@pytest.mark.anyio
+async def test_a_hook_that_keeps_failing_is_left_unanswered_and_taken_up_later() -> None:
+    """A hook that fails ``max_attempts`` times is retried through the store (a scheduled
+    retry), then recorded ``unanswered`` saying so, never ``submitted``: the action is still
+    listed, and an app whose hook works (a restart) takes it up."""
+    store = MemoryStore()
+    settings = dataclasses.replace(QUIET, max_attempts=2)
+    runs: list[str] = []
+
+    def broken(request: EnvironmentConnection) -> None:
+        runs.append(request.environment_id)
+        raise RuntimeError("the orchestrator is down")
+
+    async with running_stack(
+        lookup_tools(), settings=settings, store=store, connect_environment=broken
+    ) as first:
+        sid = first.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_f")
+        first.fake.require_environment(sid, "env_f")
+        left = await record_of(first, key, CallState.UNANSWERED, CallState.SUBMITTED)
+        fake = first.fake
+    connected: list[str] = []
+    async with running_stack(
+        lookup_tools(),
+        settings=settings,
+        store=store,
+        fake=fake,
+        connect_environment=lambda request: connected.append(request.environment_id),
+    ) as second:
+        await second.app.dispatcher.recover(sid)
+        answered = await record_of(second, key, CallState.SUBMITTED)
+    assert left.state is CallState.UNANSWERED
+    assert left.reason == "the connect_environment hook failed 2 times"
+    assert [e.kind for e in left.history] == [
+        "claimed",
+        "retry_scheduled",
+        "retried",
+        "unanswered",
+    ]
+    assert runs == ["env_f", "env_f"] and connected == ["env_f"]
+    assert answered.result is not None and answered.result.error_type is None
+
+
+@pytest.mark.anyio
+async def test_a_sync_hook_past_its_time_limit_never_runs_twice_at_once() -> None:
+    """A sync hook past its time limit keeps running in its thread: the retry waits for it
+    (within the time limit) before it runs the hook again, never beside it."""
+    settings = dataclasses.replace(QUIET, default_timeout=0.3, max_attempts=5)
+    lock = threading.Lock()
+    running, peak, runs = [0], [0], [0]
+
+    def slow_first(_: EnvironmentConnection) -> None:
+        with lock:
+            running[0] += 1
+            runs[0] += 1
+            first = runs[0] == 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            if first:
+                time.sleep(0.7)  # past the time limit: abandoned, still running
+        finally:
+            with lock:
+                running[0] -= 1
+
+    async with running_stack(
+        lookup_tools(), settings=settings, connect_environment=slow_first
+    ) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_s")
+        stack.fake.require_environment(sid, "env_s")
+        record = await record_of(stack, key, CallState.SUBMITTED, CallState.UNANSWERED)
+    assert peak[0] == 1
+    assert record.state is CallState.SUBMITTED and runs[0] == 2

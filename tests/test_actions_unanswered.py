@@ -440,3 +440,19 @@ async def test_a_sync_hook_past_its_time_limit_never_runs_twice_at_once() -> Non
         record = await record_of(stack, key, CallState.SUBMITTED, CallState.UNANSWERED)
     assert peak[0] == 1
     assert record.state is CallState.SUBMITTED and runs[0] == 2
+
+
+@pytest.mark.anyio
+async def test_a_delivery_with_a_turnless_action_beside_its_one_call_is_resolved() -> None:
+    """The claim of a delivery's only function call carries its resolution; a turn-less
+    action beside it (here left unanswered, the call ignored as another service's) means
+    the delivery is resolved on its own, never left for the sweep."""
+    settings = dataclasses.replace(QUIET, unknown_tools="ignore")
+    async with running_stack(lookup_tools(), settings=settings, webhooks=False) as stack:
+        sid = stack.fake.create_session([[FakeCall("elsewhere", {}, call_id="call_c")]])
+        stack.fake.require_environment(sid, "env_c")
+        assert await stack.store.record_delivery("wh_c", sid, nonce="n")
+        await stack.app.dispatcher.resolve(sid, delivery_id="wh_c", settle=False)
+        await record_of(stack, CallKey(sid, "", "environment:env_c"), CallState.UNANSWERED)
+        [delivery] = await stack.store.list_deliveries()
+    assert delivery.resolved

@@ -578,19 +578,21 @@ class Dispatcher:
         pending: set[CallKey] = set()
         claims: list[asyncio.Future[None]] = []
         carried = False
-        calls = session.calls
+        calls, turnless = session.calls, session.turnless_calls
         # A request's claim may not happen (the policy leaves it): only a function call's
-        # claim carries the delivery.
+        # claim carries the delivery, and only when it is the one action the read lists.
         carry = (
-            carry and delivery_id is not None and len(calls) == 1 and calls[0].request_type is None
+            carry
+            and delivery_id is not None
+            and len(calls) == 1
+            and not turnless
+            and calls[0].request_type is None
         )
         self._answers.unanswered(session)
-        self._seen_turnless(
-            session.id, (CallKey(session.id, "", c.call_id) for c in session.turnless_calls)
-        )
+        self._seen_turnless(session.id, (CallKey(session.id, "", c.call_id) for c in turnless))
         # Turn-less actions (environment connections, unknown types) too: answered by a
         # hook, or recorded unanswered (the executor decides which).
-        for action in (*calls, *session.turnless_calls):
+        for action in (*calls, *turnless):
             key = CallKey(session.id, action.turn_id, action.call_id)
             pending.add(key)
             if key in self._inflight:

@@ -456,3 +456,31 @@ async def test_a_delivery_with_a_turnless_action_beside_its_one_call_is_resolved
         await record_of(stack, CallKey(sid, "", "environment:env_c"), CallState.UNANSWERED)
         [delivery] = await stack.store.list_deliveries()
     assert delivery.resolved
+
+
+@pytest.mark.anyio
+async def test_follow_owes_only_what_this_app_answers() -> None:
+    """``follow`` owes an action exactly when the dispatcher answers it: a sign-in hook
+    without a policy answers sign-ins only, so an origin request is recorded ``unanswered``
+    and not owed."""
+    async with running_stack(
+        lookup_tools(),
+        settings=SETTINGS,
+        webhooks=False,
+        loopback=True,
+        sign_in=lambda request: None,
+    ) as stack:
+        sid = stack.fake.create_session(
+            [[FakeRequest.origin("https://shop.example.com", request_id="req_o")]]
+        )
+        turn = stack.fake.session(sid)["required_actions"][0]["turn_id"]
+
+        async def end_when_recorded() -> None:
+            await record_of(stack, CallKey(sid, turn, "req_o"), CallState.UNANSWERED)
+            stack.fake.cancel_turn(sid)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                group.start_soon(end_when_recorded)
+                summary = await stack.app.follow(sid)
+    assert summary.calls_owed == 0

@@ -47,7 +47,7 @@ from ..errors import (
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
-from ..wire import AgentSession
+from ..wire import AgentSession, FunctionCallAction
 from .actions import RequestAnswers
 from .alarms import ConfigurationAlarm, is_configuration_error
 from .approvals import Approvals, ApprovalView
@@ -345,6 +345,12 @@ class Dispatcher:
                 del self._inflight_since[key]
 
         task.add_done_callback(_done)
+
+    def answers(self, action: FunctionCallAction) -> bool:
+        """Is the pending action ``action`` beyond a function call (an approval request, an
+        environment connection, an unknown type) answered here, rather than recorded
+        ``unanswered``?"""
+        return self._answers.answers(action)
 
     # -- scheduling ----------------------------------------------------------------------
     def schedule(

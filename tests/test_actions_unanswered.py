@@ -484,3 +484,30 @@ async def test_follow_owes_only_what_this_app_answers() -> None:
                 group.start_soon(end_when_recorded)
                 summary = await stack.app.follow(sid)
     assert summary.calls_owed == 0
+
+
+@pytest.mark.anyio
+async def test_a_hook_waiting_for_its_retry_holds_no_slot() -> None:
+    """A failed hook's next run waits in the store, not in a concurrency slot: with one
+    slot, a function call listed meanwhile runs at once, before the hook's retry."""
+    settings = dataclasses.replace(QUIET, max_concurrency=1, retry_base=2.0)
+    runs: list[float] = []
+
+    def flaky(_: EnvironmentConnection) -> None:
+        runs.append(time.monotonic())
+        if len(runs) == 1:
+            raise RuntimeError("the executor is still booting")
+
+    async with running_stack(lookup_tools(), settings=settings, connect_environment=flaky) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_slot")
+        stack.fake.require_environment(sid, "env_slot")
+        await until(lambda: len(runs) == 1)
+        turn = stack.fake.start_turn(
+            sid, [[FakeCall("lookup", {"order_id": "o9"}, call_id="call_9")]]
+        )
+        with anyio.fail_after(1.0):  # well before the retry's 2 s
+            await record_of(stack, CallKey(sid, turn, "call_9"), CallState.SUBMITTED)
+        assert len(runs) == 1
+        await record_of(stack, key, CallState.SUBMITTED)
+    assert len(runs) == 2

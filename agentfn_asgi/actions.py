@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Literal, TypeAlias
 from urllib.parse import urlsplit
 
-from .wire import FunctionCallAction
+from .wire import ENVIRONMENT_PREFIX, UNKNOWN_PREFIX, FunctionCallAction
 
 __all__ = [
     "DECISIONS",
@@ -156,12 +156,6 @@ async def connect_environment(hook: ConnectEnvironmentHook, request: Environment
     answer = hook(request)
     if inspect.isawaitable(answer):
         await answer
-
-
-#: The recorded name (and call id) of an ``environment_connection``, by environment id.
-ENVIRONMENT_PREFIX: Final = "environment:"
-#: The recorded name (and call id) of an action of a type this version does not know.
-UNKNOWN_PREFIX: Final = "action:"
 
 
 ActionRequest: TypeAlias = MCPRequest | OriginRequest | SignInRequest

@@ -224,8 +224,6 @@ class AgentWebhookApp:
             connect_environment=connect_environment,
         )
         self._env = env
-        self._answers_requests = actions is not None or sign_in is not None
-        self._connects_environments = connect_environment is not None
         self._approval_links: Callable[[ApprovalView], dict[str, str]] | None = None
         self._assembled: _Parts | None = None
         self._start_lock = asyncio.Lock()
@@ -426,18 +424,17 @@ class AgentWebhookApp:
         await self.startup()
         owed: set[CallKey] = set()
         recorded = 0
-        answers_requests = self._answers_requests
-        connects = self._connects_environments
+        dispatcher = self.dispatcher
 
         async def on_action(session: AgentSession) -> None:
             nonlocal recorded
-            # Approval requests are ours when a policy (or the sign-in hook) answers them,
-            # environment connections when the connect_environment hook does.
-            calls = [c for c in session.calls if c.request_type is None or answers_requests]
-            if connects:
-                calls += [
-                    c for c in session.turnless_calls if c.request_type == "environment_connection"
-                ]
+            # Function calls are ours; other actions when the dispatcher answers them (the
+            # same decision as its claims: a policy, the sign-in hook, the connect hook).
+            calls = [
+                c
+                for c in (*session.calls, *session.turnless_calls)
+                if c.request_type is None or dispatcher.answers(c)
+            ]
             if not session.required_actions:
                 return
             # What nobody here answers is recorded too (unanswered, and shown), as for a

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
@@ -22,9 +22,11 @@ from ._lenient import LenientJSONError, Unreadable, find_unreadable, lenient_loa
 
 __all__ = [
     "AGENT_WEBHOOK_EVENT_TYPES",
+    "ENVIRONMENT_PREFIX",
     "INPUT_EVENT_TYPES",
     "REQUEST_NAME_PREFIXES",
     "SESSION_BUDGET_REACHED",
+    "UNKNOWN_PREFIX",
     "WEBHOOK_EVENT_TYPES",
     "APIErrorDetail",
     "ActionRequiredWebhookData",
@@ -166,6 +168,11 @@ class FunctionCallAction(WireModel):
 #: ``mcp:{server_label}/{name}`` (``/{name}`` when the request names its tool),
 #: ``computer_use:{origin}`` (origin access) and ``sign_in:{credential_origin}``.
 REQUEST_NAME_PREFIXES: tuple[str, ...] = ("mcp:", "computer_use:", "sign_in:")
+#: The recorded name (and call id) of an ``environment_connection``, by environment id
+#: (:attr:`AgentSession.turnless_calls`).
+ENVIRONMENT_PREFIX: Final = "environment:"
+#: The recorded name (and call id) of an action of a type this version does not know.
+UNKNOWN_PREFIX: Final = "action:"
 
 
 class EnvironmentConnectionAction(WireModel):
@@ -337,10 +344,10 @@ class AgentSession(WireModel):
         calls: dict[str, FunctionCallAction] = {}
         for action in self.required_actions:
             if isinstance(action, EnvironmentConnectionAction):
-                name = "environment:" + action.environment_id
+                name = ENVIRONMENT_PREFIX + action.environment_id
                 arguments: Any = self.environment or {}
             elif isinstance(action, GenericAction):
-                name, arguments = "action:" + action.type, {}
+                name, arguments = UNKNOWN_PREFIX + action.type, {}
             else:
                 continue
             calls.setdefault(

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -290,3 +293,221 @@ async def test_a_webhook_read_that_no_longer_lists_the_environment_ends_its_occu
             while len(seen) < 2:
                 await anyio.sleep(0.02)
     assert [e.kind for e in retired.history][-2:] == ["submitted", "retired"]
+
+
+#: No sweep, no periodic re-read: only the reads a test asks for (webhooks, ``recover``).
+QUIET = dataclasses.replace(SETTINGS, recovery_interval=3600.0, reread_interval=0.0)
+
+
+async def until(check: Callable[[], bool], *, seconds: float = 10.0) -> None:
+    """Wait until ``check()`` holds."""
+    with anyio.fail_after(seconds):
+        while not check():
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("read", ["webhook", "settling"])
+async def test_an_occurrence_that_ends_while_its_hook_runs_is_retired(read: str) -> None:
+    """The environment connects while the hook still runs: the read that no longer lists it
+    (a webhook's, or a settling one) retires the record all the same, and stops the hook
+    (its occurrence is over), so the next occurrence runs the hook again rather than finding
+    a finished record that no claim takes up."""
+    entered: list[str] = []
+    release = anyio.Event()
+
+    async def connect(request: EnvironmentConnection) -> None:
+        entered.append(request.environment_id)
+        if len(entered) == 1:
+            await release.wait()
+
+    async with running_stack(lookup_tools(), settings=QUIET, connect_environment=connect) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_r")
+        stack.fake.require_environment(sid, "env_r")
+        await until(lambda: len(entered) == 1)
+        # A read ends an occurrence first seen before it by more than the clock-skew margin.
+        await anyio.sleep(QUIET.fence_margin + 0.1)
+        assert stack.fake.environment_connected(sid, "env_r")
+        if read == "webhook":
+            stack.fake.start_turn(
+                sid,
+                [
+                    [FakeCall("lookup", {"order_id": "o3"}, call_id="call_r")],
+                    [FakeRequest.mcp("crm", "find", request_id="req_r")],
+                ],
+            )
+            turn = stack.fake.session(sid)["required_actions"][0]["turn_id"]
+            await record_of(stack, CallKey(sid, turn, "call_r"), CallState.SUBMITTED)
+        else:
+            await stack.app.dispatcher.recover(sid)
+        release.set()  # the first run ends (or was stopped) after the read
+        retired = await record_of(stack, key, CallState.RETIRED, CallState.SUBMITTED)
+        stack.fake.require_environment(sid, "env_r")
+        await until(lambda: len(entered) == 2, seconds=5)
+    assert retired.state is CallState.RETIRED
+    assert [e.kind for e in retired.history][-2:] == ["claimed", "retired"]
+
+
+@pytest.mark.anyio
+async def test_a_lapsed_claim_of_an_environment_no_longer_listed_is_retired() -> None:
+    """A replica died while its hook ran, and the environment connected since: the sweep
+    finds the lapsed claim, reads the session, and retires it (not in doubt for ever)."""
+    async with running_stack(lookup_tools(), settings=QUIET) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_d")
+        await stack.store.claim_call(
+            key, tool_name="environment:env_d", owner="gone", lease_seconds=0.01
+        )
+        await anyio.sleep(QUIET.fence_margin + 0.1)
+        await stack.app.dispatcher.sweep()
+        record = await stack.store.get_call(key)
+        lapsed = await stack.store.expired_claims(margin=QUIET.fence_margin)
+    assert record is not None and record.state is CallState.RETIRED
+    assert key not in [r.key for r in lapsed]
+
+
+@pytest.mark.anyio
+async def test_a_hook_that_keeps_failing_is_left_unanswered_and_taken_up_later() -> None:
+    """A hook that fails ``max_attempts`` times is retried through the store (a scheduled
+    retry), then recorded ``unanswered`` saying so, never ``submitted``: the action is still
+    listed, and an app whose hook works (a restart) takes it up."""
+    store = MemoryStore()
+    settings = dataclasses.replace(QUIET, max_attempts=2)
+    runs: list[str] = []
+
+    def broken(request: EnvironmentConnection) -> None:
+        runs.append(request.environment_id)
+        raise RuntimeError("the orchestrator is down")
+
+    async with running_stack(
+        lookup_tools(), settings=settings, store=store, connect_environment=broken
+    ) as first:
+        sid = first.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_f")
+        first.fake.require_environment(sid, "env_f")
+        left = await record_of(first, key, CallState.UNANSWERED, CallState.SUBMITTED)
+        fake = first.fake
+    connected: list[str] = []
+    async with running_stack(
+        lookup_tools(),
+        settings=settings,
+        store=store,
+        fake=fake,
+        connect_environment=lambda request: connected.append(request.environment_id),
+    ) as second:
+        await second.app.dispatcher.recover(sid)
+        answered = await record_of(second, key, CallState.SUBMITTED)
+    assert left.state is CallState.UNANSWERED
+    assert left.reason == "the connect_environment hook failed 2 times"
+    assert [e.kind for e in left.history] == [
+        "claimed",
+        "retry_scheduled",
+        "retried",
+        "unanswered",
+    ]
+    assert runs == ["env_f", "env_f"] and connected == ["env_f"]
+    assert answered.result is not None and answered.result.error_type is None
+
+
+@pytest.mark.anyio
+async def test_a_sync_hook_past_its_time_limit_never_runs_twice_at_once() -> None:
+    """A sync hook past its time limit keeps running in its thread: the retry waits for it
+    (within the time limit) before it runs the hook again, never beside it."""
+    settings = dataclasses.replace(QUIET, default_timeout=0.3, max_attempts=5)
+    lock = threading.Lock()
+    running, peak, runs = [0], [0], [0]
+
+    def slow_first(_: EnvironmentConnection) -> None:
+        with lock:
+            running[0] += 1
+            runs[0] += 1
+            first = runs[0] == 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            if first:
+                time.sleep(0.7)  # past the time limit: abandoned, still running
+        finally:
+            with lock:
+                running[0] -= 1
+
+    async with running_stack(
+        lookup_tools(), settings=settings, connect_environment=slow_first
+    ) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_s")
+        stack.fake.require_environment(sid, "env_s")
+        record = await record_of(stack, key, CallState.SUBMITTED, CallState.UNANSWERED)
+    assert peak[0] == 1
+    assert record.state is CallState.SUBMITTED and runs[0] == 2
+
+
+@pytest.mark.anyio
+async def test_a_delivery_with_a_turnless_action_beside_its_one_call_is_resolved() -> None:
+    """The claim of a delivery's only function call carries its resolution; a turn-less
+    action beside it (here left unanswered, the call ignored as another service's) means
+    the delivery is resolved on its own, never left for the sweep."""
+    settings = dataclasses.replace(QUIET, unknown_tools="ignore")
+    async with running_stack(lookup_tools(), settings=settings, webhooks=False) as stack:
+        sid = stack.fake.create_session([[FakeCall("elsewhere", {}, call_id="call_c")]])
+        stack.fake.require_environment(sid, "env_c")
+        assert await stack.store.record_delivery("wh_c", sid, nonce="n")
+        await stack.app.dispatcher.resolve(sid, delivery_id="wh_c", settle=False)
+        await record_of(stack, CallKey(sid, "", "environment:env_c"), CallState.UNANSWERED)
+        [delivery] = await stack.store.list_deliveries()
+    assert delivery.resolved
+
+
+@pytest.mark.anyio
+async def test_follow_owes_only_what_this_app_answers() -> None:
+    """``follow`` owes an action exactly when the dispatcher answers it: a sign-in hook
+    without a policy answers sign-ins only, so an origin request is recorded ``unanswered``
+    and not owed."""
+    async with running_stack(
+        lookup_tools(),
+        settings=SETTINGS,
+        webhooks=False,
+        loopback=True,
+        sign_in=lambda request: None,
+    ) as stack:
+        sid = stack.fake.create_session(
+            [[FakeRequest.origin("https://shop.example.com", request_id="req_o")]]
+        )
+        turn = stack.fake.session(sid)["required_actions"][0]["turn_id"]
+
+        async def end_when_recorded() -> None:
+            await record_of(stack, CallKey(sid, turn, "req_o"), CallState.UNANSWERED)
+            stack.fake.cancel_turn(sid)
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                group.start_soon(end_when_recorded)
+                summary = await stack.app.follow(sid)
+    assert summary.calls_owed == 0
+
+
+@pytest.mark.anyio
+async def test_a_hook_waiting_for_its_retry_holds_no_slot() -> None:
+    """A failed hook's next run waits in the store, not in a concurrency slot: with one
+    slot, a function call listed meanwhile runs at once, before the hook's retry."""
+    settings = dataclasses.replace(QUIET, max_concurrency=1, retry_base=2.0)
+    runs: list[float] = []
+
+    def flaky(_: EnvironmentConnection) -> None:
+        runs.append(time.monotonic())
+        if len(runs) == 1:
+            raise RuntimeError("the executor is still booting")
+
+    async with running_stack(lookup_tools(), settings=settings, connect_environment=flaky) as stack:
+        sid = stack.fake.create_session([])
+        key = CallKey(sid, "", "environment:env_slot")
+        stack.fake.require_environment(sid, "env_slot")
+        await until(lambda: len(runs) == 1)
+        turn = stack.fake.start_turn(
+            sid, [[FakeCall("lookup", {"order_id": "o9"}, call_id="call_9")]]
+        )
+        with anyio.fail_after(1.0):  # well before the retry's 2 s
+            await record_of(stack, CallKey(sid, turn, "call_9"), CallState.SUBMITTED)
+        assert len(runs) == 1
+        await record_of(stack, key, CallState.SUBMITTED)
+    assert len(runs) == 2

@@ -30,7 +30,8 @@ The machine, one row per :class:`Transition` of :data:`TRANSITIONS`::
 
     claimed ──leave──▶ unanswered ──take_up──▶ claimed (a fresh attempt)
                            └─mark_stale (a read no longer lists it, its turn goes on)──▶ stale
-    unanswered | submitted | stale | cancelled ──retire (turn-less, no longer listed)──▶ retired
+    claimed | retry_scheduled | succeeded | failed | unanswered | submitted | stale | cancelled
+        ──retire (turn-less, no longer listed)──▶ retired
     retired ──take_up (its next occurrence)──▶ claimed
 
     claimed ──take_slot (admitted)──▶ claimed, holding a slot of its limiter
@@ -458,8 +459,14 @@ _UNANSWERED_ROWS: Final = (
     Transition(
         "retire",
         "retire",
+        # Whatever the occurrence was doing: a hook still running (its holder stops, its
+        # renewal refused), a lapsed claim (never in doubt: nothing is owed any more), a
+        # retry waiting for its time, an answer saved or submitted, or nobody's.
         (
             _from(
+                CallState.CLAIMED,
+                CallState.RETRY_SCHEDULED,
+                *SAVED,
                 CallState.UNANSWERED,
                 CallState.SUBMITTED,
                 CallState.STALE,

@@ -52,6 +52,7 @@ _WHY_UNANSWERED: Final = {
     "computer_use_approval_request": "no actions= policy",
     "environment_connection": "no connect_environment hook",
 }
+_UNKNOWN_TYPE: Final = "an action type this version does not know"
 #: Sessions remembered as warned about (per kind): bounded, oldest forgotten first.
 _WARNED_LIMIT: Final = 10_000
 
@@ -97,7 +98,7 @@ class RequestAnswers:
         why nobody here answers it (recorded ``unanswered``)."""
         if not self.answers(action):
             kind = action.request_type or "function_call"
-            return _WHY_UNANSWERED.get(kind, "an action type this version does not know")
+            return _WHY_UNANSWERED.get(kind, _UNKNOWN_TYPE)
         if action.request_type == "environment_connection":
             return NO_LIMIT
         request = request_of(key.session_id, action)
@@ -119,18 +120,13 @@ class RequestAnswers:
         return Admission(failure=saved_answer(key, action.name, decision, source="policy"))
 
     def unanswered(self, session: AgentSession) -> None:
-        """Warn once per session and kind about its pending actions nobody here answers."""
-        kinds: list[str] = []
-        for action in session.required_actions:
-            kind = action.type
-            if kind == "function_call":
-                continue
-            requested = kind in ("mcp_approval_request", "computer_use_approval_request")
-            if requested and self.policy is not None:
-                continue
-            if kind == "environment_connection" and self.connect_environment is not None:
-                continue
-            kinds.append(kind)
+        """Warn once per session and kind about its pending actions nobody here answers
+        (:meth:`answers`: the same decision as the claims')."""
+        kinds = [
+            action.request_type
+            for action in (*session.calls, *session.turnless_calls)
+            if action.request_type is not None and not self.answers(action)
+        ]
         for kind in dict.fromkeys(kinds):
             if (session.id, kind) in self._warned:
                 continue
@@ -142,10 +138,6 @@ class RequestAnswers:
                 "pending until something else answers it",
                 session.id,
                 kind,
-                "no connect_environment hook"
-                if kind == "environment_connection"
-                else "no actions= policy"
-                if kind.endswith("approval_request")
-                else "an action type this version does not know",
+                _WHY_UNANSWERED.get(kind, _UNKNOWN_TYPE),
                 extra={"agentfn": {"session_id": session.id, "action": kind}},
             )

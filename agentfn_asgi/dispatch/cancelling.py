@@ -10,8 +10,9 @@ the read (:attr:`~agentfn_asgi.calls.states.Guard.KNOWN_BEFORE`), is not owed an
 - an action nobody here answers (``unanswered``) becomes ``stale`` while its turn goes on
   (someone else answered it), ``cancelled`` once its turn ended;
 - a turn-less action (an ``environment_connection``, an unknown type: turn ``""``) has
-  occurrences rather than a turn: its record, unanswered or finished, is ``retired``, so its
-  next occurrence runs its hook again (one still running is left to finish);
+  occurrences rather than a turn: its record is ``retired`` whatever it was doing (a hook
+  still running is stopped, a lapsed claim is never in doubt: nothing is owed any more), so
+  its next occurrence runs its hook again;
 - a call without a result becomes ``cancelled`` (:meth:`Store.cancel
   <agentfn_asgi.store.base.Store.cancel>`), with why: the turn was cancelled, the turn
   failed (with its error code), the session was deleted; and what it was doing (stopped
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ..calls.records import CallKey, CallRecord, CallState
-from ..calls.states import SAVED
+from ..calls.states import SAVED, TRANSITIONS
 from ..client import AgentsClient
 from ..errors import APIError, NotFoundError
 from ..store.base import Store
@@ -55,9 +56,9 @@ _DOING: Final = {
     CallState.UNANSWERED: "left unanswered here",
 }
 #: The states of a turn-less action whose occurrence a read that no longer lists it ends.
-_OCCURRENCE_ENDS: Final = frozenset(
-    {CallState.UNANSWERED, CallState.SUBMITTED, CallState.STALE, CallState.CANCELLED}
-)
+_OCCURRENCE_ENDS: Final = frozenset().union(*(way.states for way in TRANSITIONS["retire"].ways))
+#: Why a hook still running is stopped when its occurrence ends.
+_ENDED: Final = "the session no longer waits for it (its occurrence ended)"
 
 
 class Canceller:
@@ -109,9 +110,8 @@ class Canceller:
             if not key.turn_id:  # a turn-less action: this occurrence is over
                 if record.state in _OCCURRENCE_ENDS:
                     known_before = read_sent if record.owner == self._owner else read_at
-                    await self._store.retire(key, known_before=known_before)
-                elif record.state in SAVED:
-                    await self._store.mark_stale(key, unchanged_since=read_at)
+                    ended_here = await self.end_occurrence(key, known_before=known_before)
+                    later |= not ended_here and record.created_at > known_before
                 continue
             if record.state.terminal:
                 continue
@@ -154,6 +154,15 @@ class Canceller:
                 )
                 self._stop(key, reason)
         return later
+
+    async def end_occurrence(self, key: CallKey, *, known_before: float) -> bool:
+        """Retire the turn-less action ``key`` that a read sent at ``known_before`` no
+        longer lists, and stop its hook if it runs here. Whether it was retired (refused:
+        first claimed after that read, or retired already)."""
+        retired = await self._store.retire(key, known_before=known_before)
+        if retired:
+            self._stop(key, _ENDED)
+        return retired
 
     def _doing(self, record: CallRecord) -> str:
         if record.state is not CallState.CLAIMED:

@@ -103,7 +103,7 @@ from ..tools import (
     derive_idempotency_key,
 )
 from ..tracing import Telemetry
-from ..wire import FunctionCallAction
+from ..wire import ENVIRONMENT_PREFIX, FunctionCallAction
 from .actions import RequestAnswers, saved_answer
 from .leases import Lease, LeaseKeeper, LeaseLostError
 from .limits import NO_LIMIT, Admission, Turn, Waiter, limit_for
@@ -194,6 +194,8 @@ _CANCELLED = "cancelled: "
 _NOT_OWED = (CallState.STALE, CallState.CANCELLED)
 #: A claim finds these done; a replica that answers the action now takes it up.
 _TAKEN_UP = (CallState.UNANSWERED, CallState.RETIRED)
+#: The events that begin an occurrence of a turn-less action (its hook's runs count from it).
+_OCCURRENCE_BEGINS = frozenset({"claimed", "taken_up"})
 
 
 class Executor:
@@ -228,6 +230,8 @@ class Executor:
         self._slots: asyncio.Semaphore | None = None
         self._threads = ThreadPool(settings.thread_pool_size)
         self._running_since: dict[CallKey, float] = {}
+        #: The sync ``connect_environment`` hook's run per action, until its thread ends.
+        self._connecting: dict[CallKey, asyncio.Future[Any]] = {}
         #: The lease of each attempt running here: :meth:`stop` loses it.
         self._running: dict[CallKey, Lease] = {}
         #: Attempts running here per (session, turn): a result with siblings still running
@@ -334,17 +338,10 @@ class Executor:
             claimed.set_exception(exc)  # the resolver reports it
             return
         claimed.set_result(None)
-        status, record = outcome.status, outcome.record
+        status, record = await self._taken_up(outcome, (CallState.RETIRED,))
         if status is ClaimStatus.SAVED:
             await self.resubmit(record, delivery_id)  # answered here before: owed still
             return
-        if record.state is CallState.RETIRED:
-            taken = await self._store.take_up(
-                key, owner=self._owner, lease_seconds=self._settings.lease_seconds
-            )
-            if taken is None:
-                return
-            status, record = ClaimStatus.CLAIMED, taken
         if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
             await self._store.leave(key, owner=self._owner, attempt=record.attempt, reason=why)
 
@@ -419,15 +416,9 @@ class Executor:
                 claimed.set_result(None)
             if refused is not None:
                 limit, admission = None, Admission(failure=refused)
-            status, record = outcome.status, outcome.record
-            if status is ClaimStatus.DONE and record.state in _TAKEN_UP:
-                # Left unanswered before (no policy or hook then, or another occurrence):
-                # answered here now, as a fresh attempt.
-                taken = await self._store.take_up(
-                    key, owner=self._owner, lease_seconds=self._settings.lease_seconds
-                )
-                if taken is not None:
-                    status, record = ClaimStatus.CLAIMED, taken
+            # Left unanswered before (no policy or hook then, or another occurrence):
+            # answered here now. Only a read that lists it says so, never a retry's claim.
+            status, record = await self._taken_up(outcome, _TAKEN_UP if claimed is not None else ())
             if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
                 crash_point("after_claim", action.name)
                 attempt = self._attempt(
@@ -448,6 +439,20 @@ class Executor:
                 return None
         # Waiting for the limiter: the process slot is free for others meanwhile.
         return await self._wait_for_turn(record, action, tool, limit, delivery_id, sent)
+
+    async def _taken_up(
+        self, outcome: ClaimOutcome, states: tuple[CallState, ...]
+    ) -> tuple[ClaimStatus, CallRecord]:
+        """The claim's status and record; a record in one of ``states`` (which the claim
+        finds ``DONE``) taken up first: a fresh attempt, ours, when no one took it before."""
+        status, record = outcome.status, outcome.record
+        if status is ClaimStatus.DONE and record.state in states:
+            taken = await self._store.take_up(
+                record.key, owner=self._owner, lease_seconds=self._settings.lease_seconds
+            )
+            if taken is not None:
+                return ClaimStatus.CLAIMED, taken
+        return status, record
 
     async def _claim(
         self,
@@ -879,69 +884,95 @@ class Executor:
             return saved_answer(key, name, "deny", source="approval")
         return saved_answer(key, name, "approve", source="approval")
 
-    async def _connect(self, attempt: _Attempt) -> SavedResult:
+    async def _connect(self, attempt: _Attempt) -> SavedResult | _Retry | None:
         """Run the ``connect_environment`` hook (idempotent: at least once per occurrence).
         Its answer is recorded and never POSTed: the API learns of the connection from the
         environment. A hook that raises or runs past the app's default timeout is run again
-        after the sweep's backoff (``retry_base``, doubling), holding the claim, up to
-        ``max_attempts`` runs; then its failure is recorded (the action's next occurrence
-        runs it again)."""
+        as a retry scheduled in the store (the sweep's backoff, ``retry_base`` doubling),
+        holding no slot while it waits; after ``max_attempts`` runs the action is left
+        ``unanswered`` saying so: shown, and taken up by the next read that lists it."""
         hook = self._answers.connect_environment
         assert hook is not None
         key, action = attempt.key, attempt.action
         request = EnvironmentConnection(
             session_id=key.session_id,
-            environment_id=action.call_id.removeprefix("environment:"),
+            environment_id=action.call_id.removeprefix(ENVIRONMENT_PREFIX),
             environment=action.arguments if isinstance(action.arguments, dict) else None,
         )
+        try:
+            async with self._leases.kept(attempt.lease):
+                await self._run_connect(key, hook, request)
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            return await self._connect_failed(attempt, exc)
         event = {"type": "environment_connection", "environment_id": request.environment_id}
-        runs = self._settings.max_attempts
-        async with self._leases.kept(attempt.lease):
-            for run in range(1, runs + 1):
-                try:
-                    await self._run_connect(hook, request)
-                except LeaseLostError:
-                    raise
-                except Exception as exc:
-                    if run >= runs:
-                        logger.exception(
-                            "the connect_environment hook failed for %s %d times; giving up",
-                            key,
-                            run,
-                        )
-                        error = "timeout" if isinstance(exc, TimeoutError) else "hook_error"
-                        return answer_result(key, event, error_type=error, source=NOT_POSTED)
-                    logger.warning(
-                        "the connect_environment hook failed for %s (run %d of %d): %s",
-                        key,
-                        run,
-                        runs,
-                        type(exc).__name__,
-                    )
-                    await self._sleep(self._settings.retry_delay(run))
-                    self._leases.check(attempt.lease)
-                else:
-                    break
         return answer_result(key, event, error_type=None, source=NOT_POSTED)
 
-    async def _run_connect(
-        self, hook: ConnectEnvironmentHook, request: EnvironmentConnection
-    ) -> None:
-        """The hook under the app's default timeout: an async one on the loop, a sync one
-        in the sync handlers' thread pool (it may block: start a machine, call an API)."""
-        timeout = self._settings.default_timeout
-        if inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
-            getattr(hook, "__call__", None)  # noqa: B004 - an object with an async __call__
-        ):
-            with anyio.fail_after(timeout):
-                await connect_environment(hook, request)
-            return
-        answer = await self._threads.run(
-            hook, request, time_limit=timeout, wait_limit=self._settings.thread_wait
+    async def _connect_failed(self, attempt: _Attempt, exc: Exception) -> _Retry | None:
+        """The hook's run failed: another one at the backoff's time, or, after
+        ``max_attempts`` runs in this occurrence, the action left ``unanswered``."""
+        key, runs = attempt.key, await self._runs_this_occurrence(attempt.key)
+        error = "timeout" if isinstance(exc, TimeoutError) else "hook_error"
+        if runs < self._settings.max_attempts:
+            logger.warning(
+                "the connect_environment hook failed for %s (run %d of %d): %s",
+                key,
+                runs,
+                self._settings.max_attempts,
+                type(exc).__name__,
+            )
+            at = self._clock() + self._settings.retry_delay(runs)
+            return _Retry(at=at, reason=type(exc).__name__, error_type=error)
+        logger.error(
+            "the connect_environment hook failed for %s %d times; left unanswered",
+            key,
+            runs,
+            exc_info=exc,
         )
-        if inspect.isawaitable(answer):
-            with anyio.fail_after(timeout):
+        self._leases.check(attempt.lease)
+        reason = f"the connect_environment hook failed {runs} times"
+        await self._store.leave(key, owner=self._owner, attempt=attempt.number, reason=reason)
+        return None
+
+    async def _runs_this_occurrence(self, key: CallKey) -> int:
+        """The hook's runs in the occurrence so far, this one included: one more than the
+        retries its history shows since the occurrence's first claim (or take-up)."""
+        record = await self._store.get_call(key, history=True)
+        kinds = [event.kind for event in (record.history if record is not None else ())]
+        began = max((i for i, kind in enumerate(kinds) if kind in _OCCURRENCE_BEGINS), default=0)
+        return 1 + kinds[began:].count("retry_scheduled")
+
+    async def _run_connect(
+        self, key: CallKey, hook: ConnectEnvironmentHook, request: EnvironmentConnection
+    ) -> None:
+        """The hook under the app's default timeout: an async one on the loop (cancelled
+        past it), a sync one in the sync handlers' thread pool (it may block: start a
+        machine, call an API). A sync run past its time limit keeps its thread: the next
+        run for the same action waits for it (within its own time limit), never beside it."""
+        with anyio.fail_after(self._settings.default_timeout):
+            if inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
+                getattr(hook, "__call__", None)  # noqa: B004 - an object with an async __call__
+            ):
+                await connect_environment(hook, request)
+                return
+            previous = self._connecting.get(key)
+            if previous is not None:
+                await asyncio.wait({previous})
+            run = asyncio.ensure_future(
+                self._threads.run(hook, request, wait_limit=self._settings.thread_wait)
+            )
+            self._connecting[key] = run
+            run.add_done_callback(functools.partial(self._connect_ended, key))
+            answer = await asyncio.shield(run)
+            if inspect.isawaitable(answer):
                 await answer
+
+    def _connect_ended(self, key: CallKey, run: asyncio.Future[Any]) -> None:
+        if self._connecting.get(key) is run:
+            del self._connecting[key]
+        if not run.cancelled():
+            run.exception()  # retrieved: its caller may have stopped waiting for it
 
     async def _sign_in(self, attempt: _Attempt, hook: SignInHook) -> SavedResult | None:
         """Ask the host's sign-in hook now and submit its values from memory, then keep only
@@ -1118,8 +1149,9 @@ class Executor:
         return self._encode(key, tool, value, source="ran")
 
     async def _cancelled(self, key: CallKey) -> str | None:
-        """Why ``key`` was cancelled (its lease lost because its turn ended, here or as
-        another replica found), or None. A store that cannot say counts as not cancelled."""
+        """Why ``key`` was cancelled (its lease lost because its turn ended, or a turn-less
+        action's occurrence did, here or as another replica found), or None. A store that
+        cannot say counts as not cancelled."""
         lease = self._running.get(key)
         if lease is not None and (lease.lost or "").startswith(_CANCELLED):
             return (lease.lost or "").removeprefix(_CANCELLED)
@@ -1127,6 +1159,8 @@ class Executor:
             record = await self._store.get_call(key)
         except StoreError:
             return None
+        if record is not None and record.state is CallState.RETIRED:
+            return "the session no longer waits for it (its occurrence ended)"
         if record is None or record.state is not CallState.CANCELLED:
             return None
         return record.reason or "cancelled"

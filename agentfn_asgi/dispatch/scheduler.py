@@ -47,7 +47,7 @@ from ..errors import (
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
-from ..wire import AgentSession
+from ..wire import AgentSession, FunctionCallAction
 from .actions import RequestAnswers
 from .alarms import ConfigurationAlarm, is_configuration_error
 from .approvals import Approvals, ApprovalView
@@ -346,6 +346,12 @@ class Dispatcher:
 
         task.add_done_callback(_done)
 
+    def answers(self, action: FunctionCallAction) -> bool:
+        """Is the pending action ``action`` beyond a function call (an approval request, an
+        environment connection, an unknown type) answered here, rather than recorded
+        ``unanswered``?"""
+        return self._answers.answers(action)
+
     # -- scheduling ----------------------------------------------------------------------
     def schedule(
         self, session_id: str, delivery_id: str | None = None, *, settle: bool = False
@@ -578,19 +584,21 @@ class Dispatcher:
         pending: set[CallKey] = set()
         claims: list[asyncio.Future[None]] = []
         carried = False
-        calls = session.calls
+        calls, turnless = session.calls, session.turnless_calls
         # A request's claim may not happen (the policy leaves it): only a function call's
-        # claim carries the delivery.
+        # claim carries the delivery, and only when it is the one action the read lists.
         carry = (
-            carry and delivery_id is not None and len(calls) == 1 and calls[0].request_type is None
+            carry
+            and delivery_id is not None
+            and len(calls) == 1
+            and not turnless
+            and calls[0].request_type is None
         )
         self._answers.unanswered(session)
-        self._seen_turnless(
-            session.id, (CallKey(session.id, "", c.call_id) for c in session.turnless_calls)
-        )
+        self._seen_turnless(session.id, (CallKey(session.id, "", c.call_id) for c in turnless))
         # Turn-less actions (environment connections, unknown types) too: answered by a
         # hook, or recorded unanswered (the executor decides which).
-        for action in (*calls, *session.turnless_calls):
+        for action in (*calls, *turnless):
             key = CallKey(session.id, action.turn_id, action.call_id)
             pending.add(key)
             if key in self._inflight:
@@ -625,18 +633,18 @@ class Dispatcher:
 
     async def _end_occurrences(self, session_id: str, pending: set[CallKey], read: float) -> None:
         """A read that does not settle (a webhook's) ends the occurrences of the turn-less
-        actions this process saw listed and the read no longer lists: their records retire,
-        so that the next occurrence runs its hook again. It reads no listing of the session
-        (a settling read does, and finds the rest): one step per occurrence ended, and a
-        look at the record when the step is refused (first seen after the read, or a hook
-        still running: tried again at the next read). A store that fails leaves them for
-        the next read."""
+        actions this process saw listed and the read no longer lists: their records retire
+        (a hook still running stops), so that the next occurrence runs its hook again. It
+        reads no listing of the session (a settling read does, and finds the rest): one
+        step per occurrence ended, and a look at the record when the step is refused (first
+        seen after the read: tried again at the next read). A store that fails leaves them
+        for the next read."""
         seen = self._turnless.get(session_id)
         if not seen:
             return
         try:
             for key in seen - pending:
-                if await self.store.retire(key, known_before=read):
+                if await self._canceller.end_occurrence(key, known_before=read):
                     seen.discard(key)
                     continue
                 record = await self.store.get_call(key)

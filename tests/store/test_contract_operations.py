@@ -408,8 +408,9 @@ async def test_an_unanswered_action_no_longer_listed_goes_stale_or_is_cancelled(
 async def test_a_turnless_action_retires_and_its_next_occurrence_takes_it_up(
     store: Store, clock: FakeClock
 ) -> None:
-    """An environment connection's record retires once no longer listed (finished or
-    unanswered, first claimed before the read), and is taken up by its next occurrence."""
+    """An environment connection's record retires once no longer listed (first claimed
+    before the read, whatever it was doing: finished, unanswered, its hook still running),
+    and is taken up by its next occurrence."""
     key = CallKey("sess_1", "", "environment:env_1")
     await claim(store, "a", key)
     await store.save_result(key, owner="a", attempt=1, result=result())
@@ -424,4 +425,6 @@ async def test_a_turnless_action_retires_and_its_next_occurrence_takes_it_up(
     clock.advance(1)
     taken = await store.take_up(key, owner="b", lease_seconds=LEASE)
     assert taken is not None and (taken.state, taken.attempt) == (CallState.CLAIMED, 2)
-    assert not await store.retire(key, known_before=clock.now)  # running: not retired
+    assert not await store.retire(key, known_before=clock.now - 1)  # taken up after the read
+    assert await store.retire(key, known_before=clock.now)  # its hook running: retired too
+    assert (await store.get_call(key)).state is CallState.RETIRED  # type: ignore[union-attr]

@@ -5,7 +5,9 @@ takes it up; the ``connect_environment`` hook runs once per occurrence, nothing 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import gc
 import logging
 import threading
 import time
@@ -16,6 +18,7 @@ import pytest
 
 from agentfn_asgi.actions import ActionRules, EnvironmentConnection
 from agentfn_asgi.calls.records import CallKey, CallRecord, CallState
+from agentfn_asgi.errors import StoreUnavailableError
 from agentfn_asgi.store import MemoryStore
 from agentfn_asgi.testing import Connection, FakeCall, FakeRequest
 
@@ -511,3 +514,44 @@ async def test_a_hook_waiting_for_its_retry_holds_no_slot() -> None:
         assert len(runs) == 1
         await record_of(stack, key, CallState.SUBMITTED)
     assert len(runs) == 2
+
+
+class _LeaveFailsOnce(MemoryStore):
+    """A store that cannot be written the first time an action is left (an outage)."""
+
+    failed = False
+
+    async def leave(self, key: CallKey, *, owner: str, attempt: int, reason: str) -> bool:
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailableError("the store is down")
+        return await super().leave(key, owner=owner, attempt=attempt, reason=reason)
+
+
+@pytest.mark.anyio
+async def test_a_store_error_while_leaving_an_action_is_logged_not_lost_in_a_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store failing while an action is recorded unanswered: a warning, and the call's
+    task ends cleanly (the error used to escape it, unread: "Task exception was never
+    retrieved"); its claim lapses and a later read records it."""
+    caplog.set_level(logging.WARNING, logger="agentfn_asgi.dispatch.execution")
+    store = _LeaveFailsOnce()
+    unread: list[object] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unread.append(context.get("exception")))
+    try:
+        async with running_stack(
+            lookup_tools(), store=store, settings=SETTINGS, actions=LEAVE_MCP
+        ) as stack:
+            stack.fake.create_session([[FakeRequest.mcp("crm", "find", request_id="r")]])
+            with anyio.fail_after(10):
+                while not store.failed:
+                    await anyio.sleep(0.02)
+                while stack.app.dispatcher.inflight:
+                    await anyio.sleep(0.02)
+        gc.collect()
+    finally:
+        loop.set_exception_handler(None)
+    assert unread == []
+    assert [r for r in caplog.records if "recording action" in r.getMessage()]

@@ -343,7 +343,10 @@ class Executor:
             await self.resubmit(record, delivery_id)  # answered here before: owed still
             return
         if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
-            await self._store.leave(key, owner=self._owner, attempt=record.attempt, reason=why)
+            try:
+                await self._store.leave(key, owner=self._owner, attempt=record.attempt, reason=why)
+            except StoreError as exc:  # its claim lapses; the sweep's read leaves it again
+                logger.warning("recording action %s as unanswered failed: %s", key, exc)
 
     async def _follow_retries(
         self,
@@ -447,9 +450,13 @@ class Executor:
         finds ``DONE``) taken up first: a fresh attempt, ours, when no one took it before."""
         status, record = outcome.status, outcome.record
         if status is ClaimStatus.DONE and record.state in states:
-            taken = await self._store.take_up(
-                record.key, owner=self._owner, lease_seconds=self._settings.lease_seconds
-            )
+            try:
+                taken = await self._store.take_up(
+                    record.key, owner=self._owner, lease_seconds=self._settings.lease_seconds
+                )
+            except StoreError as exc:  # left as it is: the next read that lists it tries again
+                logger.warning("taking up call %s failed: %s", record.key, exc)
+                taken = None
             if taken is not None:
                 return ClaimStatus.CLAIMED, taken
         return status, record

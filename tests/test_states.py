@@ -20,6 +20,7 @@ from agentfn_asgi.calls.states import (
     Transition,
     admits,
     allows,
+    apply,
     bucket_tokens,
     resulting_state,
     settleable,
@@ -261,3 +262,22 @@ def test_admission_serves_the_line_in_order() -> None:
     assert bucket_tokens(0.0, NOW - 0.1, now=NOW, rate=5.0, burst=3) == pytest.approx(0.5)
     assert bucket_tokens(0.0, NOW - 60, now=NOW, rate=5.0, burst=3) == 3
     assert bucket_tokens(0.5, NOW + 10, now=NOW, rate=5.0, burst=3) == 0.5
+
+
+def test_the_time_columns_are_read_by_what_they_hold() -> None:
+    """``lease_expires_at`` is a lease, an approval's expiry or a retry's due time, and
+    ``next_attempt_at`` a sweep's due time or the start of a wait: the record's named
+    readings give each only in the state where the column holds it (after the rows that
+    write it)."""
+    args = {"now": NOW, "owner": "a", "attempt": 1, "detail": "", "approval": None}
+    held = record(CallState.CLAIMED)
+    assert (held.lease_until, held.expires_at, held.due_at) == (NOW + 30, None, None)
+    retry = apply(TRANSITIONS["schedule_retry"], held, {**args, "at": NOW + 5})
+    assert (retry.due_at, retry.lease_until, retry.expires_at) == (NOW + 5, None, None)
+    asked = apply(TRANSITIONS["request_approval"], held, {**args, "expires_at": NOW + 900})
+    assert (asked.expires_at, asked.lease_until, asked.due_at) == (NOW + 900, None, None)
+    waits = apply(TRANSITIONS["wait"], held, {**args, "lease_expires_at": NOW + 20, "limiter": "t"})
+    assert (waits.waiting_since, waits.lease_until, waits.due_at) == (NOW, NOW + 20, None)
+    saved = dataclasses.replace(held, state=CallState.SUCCEEDED, next_attempt_at=NOW + 7)
+    assert (saved.due_at, saved.lease_until, saved.waiting_since) == (NOW + 7, None, None)
+    assert held.waiting_since is None

@@ -319,6 +319,36 @@ class CallRecord:
     #: it was counted and kept through retries, takeovers and re-runs. None: never counted.
     counted: int | None = None
 
+    # The two time columns hold one thing per state (schema 1: every guard compares one
+    # column); these read them by what they hold, None in a state where they hold another.
+    @property
+    def lease_until(self) -> float | None:
+        """When the holder's lease ends (``claimed``, and ``waiting``, whose holder renews it)."""
+        held = self.state in (CallState.CLAIMED, CallState.WAITING)
+        return self.lease_expires_at if held else None
+
+    @property
+    def expires_at(self) -> float | None:
+        """When the approval request lapses (``awaiting_approval``)."""
+        waits = self.state is CallState.AWAITING_APPROVAL
+        return self.lease_expires_at if waits else None
+
+    @property
+    def due_at(self) -> float | None:
+        """When the next attempt may start (``retry_scheduled``), or when the recovery sweep
+        may submit a saved result again (``succeeded``, ``failed``)."""
+        if self.state is CallState.RETRY_SCHEDULED:
+            return self.lease_expires_at
+        return (
+            self.next_attempt_at if self.state in (CallState.SUCCEEDED, CallState.FAILED) else None
+        )
+
+    @property
+    def waiting_since(self) -> float | None:
+        """When the call began to wait for its limiter (``waiting``; a ``max_wait`` counts
+        from it)."""
+        return self.next_attempt_at if self.state is CallState.WAITING else None
+
 
 class ClaimStatus(enum.StrEnum):
     """What :meth:`Store.claim_call` decided."""

@@ -99,11 +99,13 @@ __all__ = [
     "SETTLEABLE",
     "SOURCES",
     "TRANSITIONS",
+    "WORKLISTS",
     "Args",
     "Guard",
     "Target",
     "Transition",
     "Way",
+    "Worklist",
     "admission_bounds",
     "admits",
     "allows",
@@ -291,6 +293,41 @@ OWED_HERE: Final = frozenset(
 )
 #: A person decides these: waiting for approval, or approved and not yet run.
 FOR_A_PERSON: Final = frozenset({CallState.AWAITING_APPROVAL, CallState.APPROVED})
+
+
+@dataclass(frozen=True, slots=True)
+class Worklist:
+    """The calls a step acts on next, read on every store from indexes of their own: those
+    in one of ``states`` (each set from its own index) whose ``column`` is at or before a
+    bound (before it, when ``strict``), in the order of ``column``, ties broken by the key
+    when ``by_key`` (the order a cursor pages on). ``listing``: operators read it too."""
+
+    states: tuple[frozenset[CallState], ...]
+    column: str
+    strict: bool = False
+    by_key: bool = True
+    listing: bool = False
+
+
+#: The store's worklists by name: the sweep's (in doubt, due retries, results to submit) and
+#: the approval flow's. The bounds are the table's guards: ``lease_lapsed`` (before
+#: now - margin) for a takeover or an adoption, ``due`` (at or before now) for a retry.
+WORKLISTS: Final = {
+    "expired_claims": Worklist(
+        (frozenset({CallState.CLAIMED}), frozenset({CallState.WAITING})),
+        "lease_expires_at",
+        strict=True,
+        by_key=False,
+    ),
+    "due_retries": Worklist(
+        (frozenset({CallState.RETRY_SCHEDULED}),), "lease_expires_at", by_key=False
+    ),
+    "unsubmitted_results": Worklist((SAVED,), "next_attempt_at"),
+    "waiting_approvals": Worklist(
+        (frozenset({CallState.AWAITING_APPROVAL}),), "lease_expires_at", listing=True
+    ),
+    "approved_calls": Worklist((frozenset({CallState.APPROVED}),), "updated_at"),
+}
 #: A call in this state with its ``limiter`` set and a lease not lapsed by more than the
 #: margin holds one slot of that limiter (flow control).
 HOLDS_SLOT: Final = CallState.CLAIMED

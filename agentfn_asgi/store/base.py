@@ -630,6 +630,18 @@ class Store(abc.ABC):
         """Calls matching ``query``, newest first (operators; no history)."""
 
     @abc.abstractmethod
+    async def _worklist(
+        self,
+        name: str,
+        *,
+        upto: float | None,
+        limit: int,
+        after: tuple[float, CallKey] | None = None,
+    ) -> list[CallRecord]:
+        """The first ``limit`` calls of :data:`~agentfn_asgi.calls.states.WORKLISTS`
+        ``name`` whose column is at or before ``upto`` (None: any), in its order, starting
+        after the position ``after`` (its column's value and key)."""
+
     async def unsubmitted_results(
         self,
         *,
@@ -639,35 +651,40 @@ class Store(abc.ABC):
     ) -> list[CallRecord]:
         """Calls in ``succeeded``/``failed`` due for (re)submission at or before
         ``due_before``, by ``(next_attempt_at, key)``, starting after ``after``."""
+        return await self._worklist(
+            "unsubmitted_results", upto=due_before, limit=limit, after=after
+        )
 
-    @abc.abstractmethod
     async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Calls in ``claimed`` whose lease expired more than ``margin`` ago (in doubt)."""
+        """Calls in ``claimed`` (in doubt) or ``waiting`` (their holder gone) whose lease
+        expired more than ``margin`` ago, earliest expiry first."""
+        upto = self._clock() - margin
+        return await self._worklist("expired_claims", upto=upto, limit=limit)
 
-    @abc.abstractmethod
     async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
         """Calls in ``retry_scheduled`` whose time has come, earliest first (the sweep
         claims them, so a restart or another replica resumes them)."""
+        return await self._worklist("due_retries", upto=self._clock(), limit=limit)
 
     @abc.abstractmethod
     async def find_approval(self, approval_id: str) -> CallRecord | None:
         """The call whose request is ``approval_id`` (decided or not), with its history."""
 
-    @abc.abstractmethod
     async def waiting_approvals(
         self, *, expired_by: float | None = None, limit: int = 100
     ) -> list[CallRecord]:
         """Calls in ``awaiting_approval`` (with ``expired_by``: only those whose request
         expired at or before it), soonest expiry first."""
+        return await self._worklist("waiting_approvals", upto=expired_by, limit=limit)
 
     @abc.abstractmethod
     async def count_waiting_approvals(self) -> int:
         """How many calls are in ``awaiting_approval``: a count the store keeps or reads
         from its index of them (never the rows), cheap enough for a gauge."""
 
-    @abc.abstractmethod
     async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
         """Calls in ``approved`` (decided, not yet claimed to run), oldest decision first."""
+        return await self._worklist("approved_calls", upto=None, limit=limit)
 
     @abc.abstractmethod
     async def stats(self, *, margin: float = 0.0) -> StoreStats:

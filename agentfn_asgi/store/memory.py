@@ -36,8 +36,8 @@ from agentfn_asgi.calls.records import (
 from agentfn_asgi.calls.states import (
     CLAIM_ORDER,
     OWED_HERE,
-    SAVED,
     TRANSITIONS,
+    WORKLISTS,
     allows,
     apply,
     bucket_tokens,
@@ -434,34 +434,10 @@ class MemoryStore(Store):
                 return record
         return None
 
-    async def waiting_approvals(
-        self, *, expired_by: float | None = None, limit: int = 100
-    ) -> list[CallRecord]:
-        """Calls waiting for a person, soonest expiry first."""
-        self._check_open()
-        found = (
-            c
-            for c in self._own_calls()
-            if c.state is CallState.AWAITING_APPROVAL
-            and (expired_by is None or c.lease_expires_at <= expired_by)
-        )
-        # The first few, never a sort of them all.
-        first = heapq.nsmallest(
-            max(0, limit), found, key=lambda c: (c.lease_expires_at, *_key_tuple(c.key))
-        )
-        return [_plain(c) for c in first]
-
     async def count_waiting_approvals(self) -> int:
         """How many calls wait for a person."""
         self._check_open()
         return sum(1 for c in self._own_calls() if c.state is CallState.AWAITING_APPROVAL)
-
-    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
-        """Approved calls not yet claimed to run, oldest decision first."""
-        self._check_open()
-        found = [_plain(c) for c in self._own_calls() if c.state is CallState.APPROVED]
-        found.sort(key=lambda c: (c.updated_at, *_key_tuple(c.key)))
-        return found[: max(0, limit)]
 
     # -- reading ---------------------------------------------------------------------------
     def _own_calls(self) -> list[CallRecord]:
@@ -513,51 +489,36 @@ class MemoryStore(Store):
         found.sort(key=_position, reverse=True)
         return found[: max(0, query.limit)]
 
-    async def unsubmitted_results(
+    async def _worklist(
         self,
+        name: str,
         *,
-        due_before: float,
-        limit: int = 100,
+        upto: float | None,
+        limit: int,
         after: tuple[float, CallKey] | None = None,
     ) -> list[CallRecord]:
-        """Saved, not yet submitted results due at or before ``due_before``, soonest first."""
+        """A worklist's first calls; see :meth:`Store._worklist`."""
         self._check_open()
+        work = WORKLISTS[name]
+        states = frozenset().union(*work.states)
 
-        def order(record: CallRecord) -> tuple[float, str, str, str]:
-            return (record.next_attempt_at, *_key_tuple(record.key))
+        def order(record: CallRecord) -> tuple[Any, ...]:
+            at = getattr(record, work.column)
+            return (at, *_key_tuple(record.key)) if work.by_key else (at,)
+
+        def due(at: float) -> bool:
+            return upto is None or (at < upto if work.strict else at <= upto)
 
         start = None if after is None else (after[0], *_key_tuple(after[1]))
-        found = [
-            _plain(c)
+        found = (
+            c
             for c in self._own_calls()
-            if c.state in SAVED
-            and c.next_attempt_at <= due_before
+            if c.state in states
+            and due(getattr(c, work.column))
             and (start is None or order(c) > start)
-        ]
-        found.sort(key=order)
-        return found[: max(0, limit)]
-
-    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Claims (and waiters) whose lease expired more than ``margin`` ago, earliest expiry
-        first."""
-        self._check_open()
-        now, take_over, adopt = self._clock(), TRANSITIONS["take_over"], TRANSITIONS["adopt"]
-        found = [
-            _plain(c)
-            for c in self._own_calls()
-            if allows(take_over, c, now=now, margin=margin)
-            or allows(adopt, c, now=now, margin=margin)
-        ]
-        found.sort(key=lambda c: c.lease_expires_at)
-        return found[: max(0, limit)]
-
-    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
-        """Scheduled retries whose time has come, earliest first."""
-        self._check_open()
-        now, retry = self._clock(), TRANSITIONS["retry"]
-        found = [_plain(c) for c in self._own_calls() if allows(retry, c, now=now)]
-        found.sort(key=lambda c: c.lease_expires_at)
-        return found[: max(0, limit)]
+        )
+        # The first few, never a sort of them all (stable: ties keep their order).
+        return [_plain(c) for c in heapq.nsmallest(max(0, limit), found, key=order)]
 
     async def stats(self, *, margin: float = 0.0) -> StoreStats:
         """Counts for operators; ``calls_by_state`` lists every state, zeros included."""

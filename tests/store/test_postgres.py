@@ -336,7 +336,7 @@ async def test_the_approvals_list_reads_only_the_rows_it_shows(make_store: Store
     """With 1,000 requests waiting (one expiry: the key breaks the tie), the page's list of
     200 reads 200 rows from the index in its order, never sorting every waiting row."""
     from agentfn_asgi.store.sql.dialect import postgres_dialect
-    from agentfn_asgi.store.sql.statements import WAITING_APPROVALS
+    from agentfn_asgi.store.sql.statements import WORKLIST_READS
 
     store = await make_store()
     await hold_for_approval(store, 1000, expires_at=time.time() + 3600)
@@ -345,7 +345,8 @@ async def test_the_approvals_list_reads_only_the_rows_it_shows(make_store: Store
     assert await store.count_waiting_approvals() == 1000
     dialect = postgres_dialect(store._schema)
     await _execute(f"ANALYZE {dialect.prefix}calls")
-    query = "EXPLAIN (ANALYZE, FORMAT JSON) " + dialect.render(WAITING_APPROVALS).text
+    listing = dialect.render(WORKLIST_READS["waiting_approvals", False, False])
+    query = "EXPLAIN (ANALYZE, FORMAT JSON) " + listing.text
     [row] = await _query(query, "", 200)
     nodes, plan = [], json.loads(row[0])[0]["Plan"]
     while plan:

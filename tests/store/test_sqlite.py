@@ -29,16 +29,12 @@ from agentfn_asgi.store.sql.dialect import SQLITE
 from agentfn_asgi.store.sql.schema import STEPS
 from agentfn_asgi.store.sql.statements import (
     ADMISSION,
-    APPROVED_CALLS,
     CALLS_FOR_SESSION,
     COUNT_WAITING_APPROVALS,
-    EXPIRED_CLAIMS,
     PRUNE_CALLS,
     PRUNE_DELIVERIES,
     UNRESOLVED_DELIVERIES,
-    UNSUBMITTED_RESULTS,
-    WAITING_APPROVALS,
-    WAITING_APPROVALS_EXPIRED,
+    WORKLIST_READS,
 )
 
 from .conftest import hold_for_approval
@@ -380,6 +376,11 @@ async def test_recovery_and_prune_queries_use_the_partial_indexes(
     params = {
         "due_before": 0.0,
         "takeover_before": 0.0,
+        "upto": 0.0,
+        "after_at": 0.0,
+        "after_session": "s",
+        "after_turn": "t",
+        "after_call": "c",
         "namespace": "",
         "before": 0.0,
         "limit": 10,
@@ -395,8 +396,9 @@ async def test_recovery_and_prune_queries_use_the_partial_indexes(
     }
     expected = {
         UNRESOLVED_DELIVERIES: ("deliveries_due",),
-        UNSUBMITTED_RESULTS: ("calls_due",),
-        EXPIRED_CLAIMS: ("calls_claimed", "calls_waiters"),
+        WORKLIST_READS["unsubmitted_results", True, False]: ("calls_due",),
+        WORKLIST_READS["unsubmitted_results", True, True]: ("calls_due",),
+        WORKLIST_READS["expired_claims", True, False]: ("calls_claimed", "calls_waiters"),
         PRUNE_DELIVERIES: ("deliveries_listed",),
         PRUNE_CALLS: ("calls_finished",),
         ADMISSION: ("calls_limiter",),
@@ -434,12 +436,12 @@ async def test_the_approval_lists_read_in_index_order(store: SQLiteStore, db_pat
     listed = await store.waiting_approvals(limit=20)
     assert [r.key.call_id for r in listed] == [f"c{i:05}" for i in range(20)]
     assert await store.count_waiting_approvals() == 300
-    params = {"namespace": "", "limit": 20, "expired_by": 0.0}
+    params = {"namespace": "", "limit": 20, "upto": 0.0}
     expected = {
-        WAITING_APPROVALS: "calls_waiting",
-        WAITING_APPROVALS_EXPIRED: "calls_waiting",
+        WORKLIST_READS["waiting_approvals", False, False]: "calls_waiting",
+        WORKLIST_READS["waiting_approvals", True, False]: "calls_waiting",
         COUNT_WAITING_APPROVALS: "sqlite_autoindex_tallies_1",
-        APPROVED_CALLS: "calls_approved",
+        WORKLIST_READS["approved_calls", False, False]: "calls_approved",
     }
     with sqlite3.connect(db_path) as raw:
         for template, index in expected.items():

@@ -37,14 +37,11 @@ from agentfn_asgi.store.redis.compile import LUA_GUARDS, LUA_WRITE, lua_apply, l
 
 __all__ = [
     "ADMIT",
-    "APPROVED_CALLS",
     "CLAIM",
     "COUNT",
     "COUNT_WAITING_APPROVALS",
     "DELIVERY_FAILED",
     "DUE_DELIVERIES",
-    "DUE_RETRIES",
-    "EXPIRED_CLAIMS",
     "FIND_APPROVAL",
     "GET_CALL",
     "LIST_CALLS",
@@ -56,8 +53,7 @@ __all__ = [
     "RESOLVE_DELIVERY",
     "SET_CALLS",
     "STATS",
-    "UNSUBMITTED",
-    "WAITING_APPROVALS",
+    "WORKLIST",
 ]
 
 #: The history's bounds, from :mod:`agentfn_asgi.calls.records` (the rule every store keeps).
@@ -662,21 +658,8 @@ if not member then return false end
 return read_call(member, '1') or false
 """)
 
-# Read: waiting calls whose request expires at or before max ('+inf': all), soonest first.
-# KEYS: the namespace's waiting index. ARGV: N, max, limit.
-WAITING_APPROVALS = _script("""
-return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0,
-                             tonumber(ARGV[3])))
-""")
-
 # Read: how many calls wait for a person. KEYS: the namespace's waiting index. ARGV: N.
 COUNT_WAITING_APPROVALS = _script("return redis.call('ZCARD', KEYS[1])")
-
-# Read: approved calls not yet claimed to run, oldest decision first.
-# KEYS: the namespace's approved index. ARGV: N, limit.
-APPROVED_CALLS = _script("""
-return read_calls(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1))
-""")
 
 # -- calls: reads --------------------------------------------------------------------------
 
@@ -697,27 +680,12 @@ end
 return out
 """)
 
-# Read: saved results due at or before due_before, by (next_attempt_at, member), after the
-# cursor. KEYS: the namespace's due index. ARGV: N, due_before, limit, after_at ('' = from
-# the start), after_member.
-UNSUBMITTED = _script("""
+# Read: a worklist (states.WORKLISTS) from its index: the first `limit` members scored at
+# most max ('(x': below x; '+inf': any), by (score, member), after the cursor.
+# KEYS: the worklist's index. ARGV: N, max, limit, after_at ('' = from the start),
+# after_member.
+WORKLIST = _script("""
 return read_calls(page_after(KEYS[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]))
-""")
-
-# Read: claims, and waiters for a limiter's slot, whose lease expired before
-# takeover_before, earliest expiry first.
-# KEYS: the namespace's lease index. ARGV: N, takeover_before, limit.
-EXPIRED_CLAIMS = _script("""
-return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[2],
-                             'LIMIT', 0, tonumber(ARGV[3])))
-""")
-
-
-# Read: scheduled retries due at `now` (score <= now), earliest first.
-# KEYS: the namespace's retry index. ARGV: N, now, limit.
-DUE_RETRIES = _script("""
-return read_calls(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2],
-                             'LIMIT', 0, tonumber(ARGV[3])))
 """)
 
 # Read: one bounded stretch of list_calls. Walks an index scored by created_at downwards

@@ -89,7 +89,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 from agentfn_asgi.calls.records import (
     CallKey,
@@ -102,6 +102,7 @@ from agentfn_asgi.calls.records import (
     Limit,
     StoreStats,
 )
+from agentfn_asgi.calls.states import WORKLISTS
 from agentfn_asgi.errors import (
     ConfigurationError,
     StoreError,
@@ -154,6 +155,15 @@ _LIST_BUDGET = 500
 _SCRIPTS = {
     **{name.lower(): getattr(scripts, name) for name in scripts.__all__},
     **{f"row {name}": script for name, script in scripts.TRANSITIONS.items()},
+    **dict.fromkeys(WORKLISTS, scripts.WORKLIST),
+}
+#: Each worklist's index (see the layout above).
+_WORKLIST_INDEX: Final = {
+    "expired_claims": "lease",
+    "due_retries": "retry",
+    "unsubmitted_results": "due",
+    "waiting_approvals": "waiting",
+    "approved_calls": "approved",
 }
 
 
@@ -635,12 +645,24 @@ class RedisStore(Store):
         done = reply[0] == 1
         return done, _plain(reply[1]) if record else None
 
-    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
-        """Scheduled retries whose time has come, earliest first."""
+    async def _worklist(
+        self,
+        name: str,
+        *,
+        upto: float | None,
+        limit: int,
+        after: tuple[float, CallKey] | None = None,
+    ) -> list[CallRecord]:
+        """A worklist's first calls from its index, in one script; see
+        :meth:`Store._worklist`."""
         if limit <= 0:
             return []
-        now = _num(self._clock())
-        return await self._calls("due_retries", [self._index("retry")], now, limit)
+        most = "+inf" if upto is None else _num(upto)
+        if upto is not None and WORKLISTS[name].strict:
+            most = "(" + most
+        at, member = ("", "") if after is None else (_num(after[0]), _member(after[1]))
+        index = self._index(_WORKLIST_INDEX[name])
+        return await self._calls(name, [index], most, limit, at, member)
 
     # -- approval ------------------------------------------------------------------------
     async def find_approval(self, approval_id: str) -> CallRecord | None:
@@ -648,24 +670,9 @@ class RedisStore(Store):
         reply = await self._run("find_approval", [], approval_id)
         return _record(reply, history=True) if reply else None
 
-    async def waiting_approvals(
-        self, *, expired_by: float | None = None, limit: int = 100
-    ) -> list[CallRecord]:
-        """Calls waiting for a person, soonest expiry first."""
-        if limit <= 0:
-            return []
-        most = "+inf" if expired_by is None else _num(expired_by)
-        return await self._calls("waiting_approvals", [self._index("waiting")], most, limit)
-
     async def count_waiting_approvals(self) -> int:
         """How many calls wait for a person (the size of their index)."""
         return int(await self._run("count_waiting_approvals", [self._index("waiting")]))
-
-    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
-        """Approved calls not yet claimed to run, oldest decision first."""
-        if limit <= 0:
-            return []
-        return await self._calls("approved_calls", [self._index("approved")], limit)
 
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of ``key`` (with its history if asked), or None."""
@@ -727,35 +734,6 @@ class RedisStore(Store):
                 break
             hi, cursor = last
         return found
-
-    async def unsubmitted_results(
-        self,
-        *,
-        due_before: float,
-        limit: int = 100,
-        after: tuple[float, CallKey] | None = None,
-    ) -> list[CallRecord]:
-        """Saved, not yet submitted results due at or before ``due_before``, soonest first."""
-        if limit <= 0:
-            return []
-        at, member = ("", "") if after is None else (_num(after[0]), _member(after[1]))
-        return await self._calls(
-            "unsubmitted",
-            [self._index("due")],
-            _num(due_before),
-            limit,
-            at,
-            member,
-        )
-
-    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Claims (and waiters for a limiter's slot) whose lease expired more than
-        ``margin`` ago, earliest expiry first."""
-        if limit <= 0:
-            return []
-        takeover_before = _num(self._clock() - margin)
-        index = self._index("lease")
-        return await self._calls("expired_claims", [index], takeover_before, limit)
 
     async def stats(self, *, margin: float = 0.0) -> StoreStats:
         """Counts for operators, read in one script; every state is listed, zeros too."""

@@ -26,6 +26,7 @@ from agentfn_asgi.calls.states import (
     HISTORY_HEAD,
     HISTORY_TAIL,
     TRANSITIONS,
+    WORKLISTS,
     Guard,
     Target,
     Transition,
@@ -44,6 +45,7 @@ __all__ = [
     "sql_tallies",
     "sql_tally_name",
     "sql_transition",
+    "sql_worklist",
 ]
 
 OWNER_SQL: Final = "CAST(:owner AS {{text}})"
@@ -327,3 +329,21 @@ def sql_tallies(engine: str) -> tuple[str, ...]:
         " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT"
         " EXECUTE FUNCTION {p}deliveries_untally()",
     )
+
+
+def sql_worklist(name: str, *, bounded: bool, after: bool) -> str:
+    """The read of worklist ``name`` (:data:`~agentfn_asgi.calls.states.WORKLISTS`): one
+    SELECT a set of its states, each then read from its own partial index in the list's
+    order (never a sort of every row), joined by UNION ALL; ``bounded``: its column at or
+    before ``:upto``; ``after``: past the cursor ``:after_at`` and the key."""
+    work = WORKLISTS[name]
+    order = f"{work.column}, session_id, turn_id, call_id" if work.by_key else work.column
+    where = f" AND {work.column} {'<' if work.strict else '<='} :upto" if bounded else ""
+    if after:
+        where += f" AND ({order}) > (:after_at, :after_session, :after_turn, :after_call)"
+    arms = " UNION ALL ".join(
+        f"SELECT {{columns}} FROM {{p}}calls WHERE namespace = :namespace"
+        f" AND {sql_states(states)}{where}"
+        for states in work.states
+    )
+    return f"{arms} ORDER BY {order} LIMIT :limit"

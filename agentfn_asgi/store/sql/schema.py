@@ -24,7 +24,7 @@ from agentfn_asgi.store._versions import (
     readable_after,
     steps_to_take,
 )
-from agentfn_asgi.store.sql.compile import sql_guard, sql_states, sql_tallies, sql_tally_name
+from agentfn_asgi.store.sql.compile import sql_states, sql_tallies, sql_tally_name
 from agentfn_asgi.store.sql.dialect import WORDS
 
 __all__ = [
@@ -75,8 +75,6 @@ FRAGMENTS: Final[Mapping[str, str]] = {
     "count_by_state": ", ".join(
         f"count(*) FILTER (WHERE {_state_in(state)})" for state in CallState
     ),
-    # The sweep finds the calls whose retry came due by the retry row's own guard.
-    "due": sql_guard("retry"),
     # The first seen of the pending calls of each state, one row each: a seek of the
     # state index per state (a NULL for a state with none).
     "oldest_pending": " UNION ALL ".join(

@@ -14,21 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from agentfn_asgi.calls.states import TRANSITIONS, Guard, Target
-from agentfn_asgi.store.sql.compile import sql_claim, sql_transition
+from agentfn_asgi.calls.states import TRANSITIONS, WORKLISTS, Guard, Target
+from agentfn_asgi.store.sql.compile import sql_claim, sql_transition, sql_worklist
 from agentfn_asgi.store.sql.schema import DELIVERY_LIST, HOT_COLUMNS, fill
 
 __all__ = [
     "ADMISSION",
-    "APPROVED_CALLS",
     "BUDGET_COUNTED",
     "CALLS_FOR_SESSION",
     "CLAIM",
     "CLAIM_NEW",
     "COUNT_WAITING_APPROVALS",
     "DELIVERY_FAILED",
-    "DUE_RETRIES",
-    "EXPIRED_CLAIMS",
     "FIND_APPROVAL",
     "FIND_CALLS",
     "FOLD_TALLIES",
@@ -53,10 +50,7 @@ __all__ = [
     "TRANSITIONS_RETURNING",
     "UNRESOLVED_DELIVERIES",
     "UNRESOLVED_DELIVERIES_AFTER",
-    "UNSUBMITTED_RESULTS",
-    "UNSUBMITTED_RESULTS_AFTER",
-    "WAITING_APPROVALS",
-    "WAITING_APPROVALS_EXPIRED",
+    "WORKLIST_READS",
     "list_calls_statement",
 ]
 
@@ -177,26 +171,12 @@ BUDGET_COUNTED: Final = fill("""
     WHERE namespace = :namespace AND session_id = :session_id AND tool_name = :tool_name
       AND counted IS NOT NULL""")
 
-DUE_RETRIES: Final = fill("""
-    SELECT {columns} FROM {p}calls
-    WHERE namespace = :namespace AND {due}
-    ORDER BY lease_expires_at LIMIT :limit""")
 FIND_APPROVAL: Final = fill("""
     SELECT {detail_columns} FROM {p}calls
     WHERE namespace = :namespace AND approval_id = :approval_id""")
-_WAITING: Final = """
-    SELECT {{columns}} FROM {{p}}calls WHERE namespace = :namespace AND {{awaiting_approval}}
-    {expired} ORDER BY lease_expires_at, session_id, turn_id, call_id LIMIT :limit"""
-WAITING_APPROVALS: Final = fill(_WAITING.format(expired=""))
-WAITING_APPROVALS_EXPIRED: Final = fill(
-    _WAITING.format(expired="AND lease_expires_at <= :expired_by")
-)
 COUNT_WAITING_APPROVALS: Final = fill("""
     SELECT coalesce(sum(n), 0) FROM {p}tallies
     WHERE namespace = :namespace AND name = 'calls.awaiting_approval'""")
-APPROVED_CALLS: Final = fill("""
-    SELECT {columns} FROM {p}calls WHERE namespace = :namespace AND {approved}
-    ORDER BY updated_at, session_id, turn_id, call_id LIMIT :limit""")
 
 # "+created_at": a session's few calls are found by the key and sorted; without it SQLite
 # (no statistics) walked the listing index in created_at order instead, every call of the
@@ -207,26 +187,15 @@ CALLS_FOR_SESSION: Final = fill("""
 FIND_CALLS: Final = fill("""
     SELECT {detail_columns} FROM {p}calls WHERE namespace = :namespace AND call_id = :call_id
     ORDER BY created_at, session_id, turn_id""")
-_UNSUBMITTED: Final = """
-    SELECT {{columns}} FROM {{p}}calls
-    WHERE namespace = :namespace AND {{saved}} AND next_attempt_at <= :due_before {after}
-    ORDER BY next_attempt_at, session_id, turn_id, call_id LIMIT :limit"""
-UNSUBMITTED_RESULTS: Final = fill(_UNSUBMITTED.format(after=""))
-UNSUBMITTED_RESULTS_AFTER: Final = fill(
-    _UNSUBMITTED.format(
-        after="AND (next_attempt_at, session_id, turn_id, call_id)"
-        " > (:after_at, :after_session, :after_turn, :after_call)"
-    )
-)
-# Claims in doubt (to take over) and waiters whose holder died (to adopt), each from its
-# own partial index.
-EXPIRED_CLAIMS: Final = fill("""
-    SELECT {columns} FROM {p}calls
-    WHERE namespace = :namespace AND {claimed} AND lease_expires_at < :takeover_before
-    UNION ALL
-    SELECT {columns} FROM {p}calls
-    WHERE namespace = :namespace AND {waiting} AND lease_expires_at < :takeover_before
-    ORDER BY lease_expires_at LIMIT :limit""")
+
+
+#: Each worklist's read by (name, bounded, after); a cursor only where the key breaks ties.
+WORKLIST_READS: Final = {
+    (name, bounded, after): fill(sql_worklist(name, bounded=bounded, after=after))
+    for name, work in WORKLISTS.items()
+    for bounded in (False, True)
+    for after in ((False, True) if work.by_key else (False,))
+}
 #: list_calls' filters, each a condition over named parameters, joined in this order.
 LIST_FILTERS: Final = {
     "in_doubt": "{claimed} AND lease_expires_at < :takeover_before",

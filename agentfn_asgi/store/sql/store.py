@@ -65,6 +65,7 @@ from agentfn_asgi.calls.records import (
 )
 from agentfn_asgi.calls.states import (
     TRANSITIONS,
+    WORKLISTS,
     admission_bounds,
     allows,
     bucket_tokens,
@@ -78,15 +79,12 @@ from agentfn_asgi.store.base import Store
 from agentfn_asgi.store.sql.schema import DETAIL_COLUMNS, HOT_COLUMNS, Row
 from agentfn_asgi.store.sql.statements import (
     ADMISSION,
-    APPROVED_CALLS,
     BUDGET_COUNTED,
     CALLS_FOR_SESSION,
     CLAIM,
     CLAIM_NEW,
     COUNT_WAITING_APPROVALS,
     DELIVERY_FAILED,
-    DUE_RETRIES,
-    EXPIRED_CLAIMS,
     FIND_APPROVAL,
     FIND_CALLS,
     GET_CALL,
@@ -109,10 +107,7 @@ from agentfn_asgi.store.sql.statements import (
     TRANSITIONS_RETURNING,
     UNRESOLVED_DELIVERIES,
     UNRESOLVED_DELIVERIES_AFTER,
-    UNSUBMITTED_RESULTS,
-    UNSUBMITTED_RESULTS_AFTER,
-    WAITING_APPROVALS,
-    WAITING_APPROVALS_EXPIRED,
+    WORKLIST_READS,
     list_calls_statement,
 )
 
@@ -645,10 +640,29 @@ class SQLStore(Store):
             answers += await self._transaction(name, "", functools.partial(each, chunk))
         return answers
 
-    async def due_retries(self, *, limit: int = 100) -> list[CallRecord]:
-        """Scheduled retries whose time has come, earliest first."""
-        params = {"namespace": self.namespace, "now": self._clock(), "limit": max(0, limit)}
-        return await self._calls("due_retries", DUE_RETRIES, params)
+    async def _worklist(
+        self,
+        name: str,
+        *,
+        upto: float | None,
+        limit: int,
+        after: tuple[float, CallKey] | None = None,
+    ) -> list[CallRecord]:
+        """A worklist's first calls, one statement; see :meth:`Store._worklist`."""
+        params: dict[str, object] = {"namespace": self.namespace, "limit": max(0, limit)}
+        if upto is not None:
+            params["upto"] = upto
+        if after is not None:
+            at, key = after
+            params.update(
+                after_at=at,
+                after_session=key.session_id,
+                after_turn=key.turn_id,
+                after_call=key.call_id,
+            )
+        template = WORKLIST_READS[name, upto is not None, after is not None]
+        read = self._read if WORKLISTS[name].listing else self._rows
+        return [_call_record(row) for row in await read(name, Statement(template, params))]
 
     # -- approval ------------------------------------------------------------------------
     async def find_approval(self, approval_id: str) -> CallRecord | None:
@@ -657,18 +671,6 @@ class SQLStore(Store):
         found = await self._first_row("find_approval", Statement(FIND_APPROVAL, params))
         return None if found is None else _call_record(found[1])
 
-    async def waiting_approvals(
-        self, *, expired_by: float | None = None, limit: int = 100
-    ) -> list[CallRecord]:
-        """Calls waiting for a person, soonest expiry first."""
-        params: dict[str, object] = {"namespace": self.namespace, "limit": max(0, limit)}
-        template = WAITING_APPROVALS
-        if expired_by is not None:
-            template = WAITING_APPROVALS_EXPIRED
-            params["expired_by"] = expired_by
-        rows = await self._read("waiting_approvals", Statement(template, params))
-        return [_call_record(row) for row in rows]
-
     async def count_waiting_approvals(self) -> int:
         """How many calls wait for a person (their tally)."""
         params = {"namespace": self.namespace}
@@ -676,11 +678,6 @@ class SQLStore(Store):
             "count_waiting_approvals", Statement(COUNT_WAITING_APPROVALS, params)
         )
         return 0 if found is None else int(found[1][0])
-
-    async def approved_calls(self, *, limit: int = 100) -> list[CallRecord]:
-        """Approved calls not yet claimed to run, oldest decision first."""
-        params = {"namespace": self.namespace, "limit": max(0, limit)}
-        return await self._calls("approved_calls", APPROVED_CALLS, params)
 
     async def get_call(self, key: CallKey, *, history: bool = False) -> CallRecord | None:
         """The record of ``key`` (with its history if asked), or None."""
@@ -722,41 +719,6 @@ class SQLStore(Store):
             )
         statement = Statement(list_calls_statement(filters), params)
         return [_call_record(row) for row in await self._read("list_calls", statement)]
-
-    async def unsubmitted_results(
-        self,
-        *,
-        due_before: float,
-        limit: int = 100,
-        after: tuple[float, CallKey] | None = None,
-    ) -> list[CallRecord]:
-        """Saved, not yet submitted results due at or before ``due_before``, soonest first."""
-        params: dict[str, object] = {
-            "namespace": self.namespace,
-            "due_before": due_before,
-            "limit": max(0, limit),
-        }
-        template = UNSUBMITTED_RESULTS
-        if after is not None:
-            template = UNSUBMITTED_RESULTS_AFTER
-            at, key = after
-            params.update(
-                after_at=at,
-                after_session=key.session_id,
-                after_turn=key.turn_id,
-                after_call=key.call_id,
-            )
-        return await self._calls("unsubmitted_results", template, params)
-
-    async def expired_claims(self, *, margin: float = 0.0, limit: int = 100) -> list[CallRecord]:
-        """Claims (and waiters) whose lease expired more than ``margin`` ago, earliest expiry
-        first."""
-        params = {
-            "namespace": self.namespace,
-            "takeover_before": self._clock() - margin,
-            "limit": max(0, limit),
-        }
-        return await self._calls("expired_claims", EXPIRED_CLAIMS, params)
 
     async def stats(self, *, margin: float = 0.0) -> StoreStats:
         """Counts for operators, read in one snapshot from the tallies and indexes (never

@@ -87,7 +87,6 @@ from ._sdk import (
     pair_handlers,
     read_sdk_tool,
 )
-from ._threads import ThreadPool
 from .calls.records import Job
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .messages import validation_error_message
@@ -412,40 +411,11 @@ class FunctionTool:
         bound: Callable[[], Any] = functools.partial(self.fn, **kwargs)
         return bound
 
-    async def invoke(
-        self,
-        arguments: Mapping[str, Any],
-        context: ToolContext,
-        *,
-        threads: ThreadPool | None = None,
-        time_limit: float | None = None,
-        wait_limit: float | None = None,
-    ) -> Any:
-        """Call the handler with ``arguments`` (from :meth:`parse_arguments`) and the context:
-        :func:`agentfn_asgi.running.invoke`, which says how it runs and times out."""
-        return await invoke(
-            self, arguments, context, threads=threads, time_limit=time_limit, wait_limit=wait_limit
-        )
-
-    async def needs_approval(self, context: ToolContext, arguments: dict[str, Any]) -> bool:
-        """Does this call need a person's approval? See
-        :func:`agentfn_asgi.running.needs_approval`."""
-        return await needs_approval(self, context, arguments)
-
-    async def run_reconcile(
-        self,
-        arguments: Mapping[str, Any],
-        context: ToolContext,
-        *,
-        threads: ThreadPool | None = None,
-        time_limit: float | None = None,
-        wait_limit: float | None = None,
-    ) -> ReconcileOutcome:
-        """Ask the reconcile hook whether an in-doubt call already ran; never raises (see
-        :func:`agentfn_asgi.running.run_reconcile`)."""
-        return await run_reconcile(
-            self, arguments, context, threads=threads, time_limit=time_limit, wait_limit=wait_limit
-        )
+    # The run side (agentfn_asgi.running) as methods: each says how the handler runs, times
+    # out, asks for approval or reconciles.
+    invoke = invoke
+    needs_approval = needs_approval
+    run_reconcile = run_reconcile
 
     def _require_spec(self) -> ArgumentSpec | MappingArguments:
         if self._spec is None:

@@ -26,6 +26,7 @@ import asyncio
 import codecs
 import ssl
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -41,16 +42,12 @@ _TIMEOUTS: tuple[type[Exception], ...] = (
 )
 
 
+@dataclass(slots=True)
 class _Request:
-    __slots__ = ("content", "headers", "method", "url")
-
-    def __init__(
-        self, method: str, url: str, content: bytes | bytearray | None, headers: Mapping[str, str]
-    ) -> None:
-        self.method = method
-        self.url = url
-        self.content = content
-        self.headers = headers
+    method: str
+    url: str
+    content: bytes | bytearray | None
+    headers: Mapping[str, str]
 
 
 class _Response:

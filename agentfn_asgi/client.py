@@ -295,9 +295,8 @@ class AgentsClient:
     async def retrieve_turn(self, session_id: str, turn_id: str) -> SessionTurn:
         """``GET /agents/sessions/{id}/turns/{turn_id}``: the turn's status and error (why
         the calls it waited for stopped being owed)."""
-        if not SESSION_ID_RE.fullmatch(turn_id):
-            raise ValueError(f"invalid turn id: {turn_id!r}")
-        response = await self._request("GET", f"{_session_path(session_id)}/turns/{turn_id}")
+        turn = _checked_id(turn_id, "turn id")
+        response = await self._request("GET", f"{_session_path(session_id)}/turns/{turn}")
         return _parsed(response, SessionTurn.model_validate_json, "turn body")
 
     async def submit_events(
@@ -595,17 +594,18 @@ class AgentsClient:
         except TimeoutError as exc:
             # The total deadline cut the request short: nothing is left to retry with.
             raise APITimeoutError(f"total deadline of {self.total_deadline}s exceeded") from exc
-        except self._timeout_errors as exc:
-            err: APIError = APITimeoutError(f"request timed out: {exc!r}")
-            unsent = isinstance(exc, self._unsent_errors)
+        except self._transport_errors as exc:  # timeouts included
+            timed_out = isinstance(exc, self._timeout_errors)
+            err: APIError = (
+                APITimeoutError(f"request timed out: {exc!r}")
+                if timed_out
+                else APIConnectionError(f"connection error: {exc!r}")
+            )
             raise _AttemptFailedError(
-                err, "timeout", retryable=True, maybe_acted=not unsent
-            ) from exc
-        except self._transport_errors as exc:
-            err = APIConnectionError(f"connection error: {exc!r}")
-            unsent = isinstance(exc, self._unsent_errors)
-            raise _AttemptFailedError(
-                err, "connection", retryable=True, maybe_acted=not unsent
+                err,
+                "timeout" if timed_out else "connection",
+                retryable=True,
+                maybe_acted=not isinstance(exc, self._unsent_errors),
             ) from exc
         if response.is_success:
             return response
@@ -689,12 +689,8 @@ def _owned_http_client(timeout: httpx.Timeout | float) -> httpx.AsyncClient:
             return cast("httpx.AsyncClient", owned)
     if _httpx2 is None:
         return httpx.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
-    if isinstance(timeout, httpx.Timeout):
-        timeout2 = _httpx2.Timeout(
-            timeout.read, connect=timeout.connect, write=timeout.write, pool=timeout.pool
-        )
-    else:
-        timeout2 = _httpx2.Timeout(timeout)
+    as_httpx = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+    timeout2 = _httpx2.Timeout(**as_httpx.as_dict())
     limits = _httpx2.Limits(
         max_connections=DEFAULT_LIMITS.max_connections,
         max_keepalive_connections=DEFAULT_LIMITS.max_keepalive_connections,
@@ -743,17 +739,19 @@ def _parsed(response: httpx.Response, parse: Callable[[bytes], _T], what: str) -
         ) from exc
 
 
+def _checked_id(value: str, what: str) -> str:
+    # Ids go into the URL path: refuse anything that could change the path or query.
+    if not SESSION_ID_RE.fullmatch(value):
+        raise ValueError(f"invalid {what}: {value!r}")
+    return value
+
+
 def _session_path(session_id: str) -> str:
-    # The id goes into the URL path: refuse anything that could change the path or query.
-    if not SESSION_ID_RE.fullmatch(session_id):
-        raise ValueError(f"invalid session id: {session_id!r}")
-    return f"/agents/sessions/{session_id}"
+    return f"/agents/sessions/{_checked_id(session_id, 'session id')}"
 
 
 def _endpoint_path(endpoint_id: str) -> str:
-    if not SESSION_ID_RE.fullmatch(endpoint_id):
-        raise ValueError(f"invalid webhook endpoint id: {endpoint_id!r}")
-    return f"/webhook_endpoints/{endpoint_id}"
+    return f"/webhook_endpoints/{_checked_id(endpoint_id, 'webhook endpoint id')}"
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:

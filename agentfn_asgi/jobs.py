@@ -57,7 +57,6 @@ any in-doubt call: queued again for a plain tool, reconciled for a side-effect t
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import math
@@ -79,7 +78,7 @@ from ._threads import ThreadPool
 from .calls.records import CallKey, Completion, Job
 from .dispatch import Dispatcher
 from .errors import CompletionTokenError, CompletionTokenExpiredError, ConfigurationError
-from .running import default_thread_pool, is_async_callable
+from .running import call_either
 from .signing import parse_secrets
 from .tools import FunctionTool, FunctionTools, ToolContext
 from .tracing.spans import call_parent_context
@@ -342,13 +341,7 @@ async def call_enqueue(
     in the thread pool like a sync handler (its broker I/O must not block the loop), and an
     awaitable it returns is awaited. Use an async callable for loop-bound objects such as
     an ``asyncio.Queue`` or a ``redis.asyncio`` client. The caller bounds the time."""
-    if is_async_callable(enqueue):
-        result = await enqueue(job)
-    else:
-        pool = threads if threads is not None else default_thread_pool()
-        result = await pool.run(enqueue, job)
-    if inspect.isawaitable(result):
-        await result
+    await call_either(enqueue, job, threads=threads)
 
 
 class WorkerJobs:

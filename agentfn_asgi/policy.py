@@ -165,9 +165,9 @@ def _rate(label: str, name: str, value: Any) -> float | None:
     return rate
 
 
-def _meta(check: _Check, doc: str) -> dict[str, Any]:
-    """A policy field's metadata: the check registration applies, its documentation."""
-    return {"check": check, "doc": doc}
+def _option(default: Any, check: _Check, doc: str) -> Any:
+    """A policy field: its default, the check registration applies, its documentation."""
+    return field(default=default, metadata={"check": check, "doc": doc})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,146 +236,113 @@ class ToolPolicy:
     dispatcher's setting" (:class:`~agentfn_asgi.dispatch.DispatchSettings`); :func:`resolve`
     merges the two. Build it with :meth:`build` (registration does)."""
 
-    side_effects: bool = field(
-        default=False,
-        metadata=_meta(
-            _flag,
-            "the handler changes the world: an in-doubt call is never re-run blindly; its"
-            " ``reconcile`` hook decides, else it is quarantined",
-        ),
+    # Each field is ``_option(default, check, doc)``: a ``field()`` (RUF009 cannot tell).
+    side_effects: bool = _option(
+        False,
+        _flag,
+        "the handler changes the world: an in-doubt call is never re-run blindly; its"
+        " ``reconcile`` hook decides, else it is quarantined",
     )
-    reconcile: ReconcileHook | None = field(
-        default=None,
-        metadata=_meta(
-            _callable_or_none,
-            "``(ctx, arguments) -> Ran | NotRun | Unknown``, asked whether an in-doubt call of a"
-            " side-effect tool already ran (or ``@tools.reconciler``)",
-        ),
+    reconcile: ReconcileHook | None = _option(  # noqa: RUF009
+        None,
+        _callable_or_none,
+        "``(ctx, arguments) -> Ran | NotRun | Unknown``, asked whether an in-doubt call of a"
+        " side-effect tool already ran (or ``@tools.reconciler``)",
     )
-    timeout: float | None = field(
-        default=None,
-        metadata=_meta(
-            _seconds_or_none, "seconds a call may run (None: the app's ``default_timeout``)"
-        ),
+    timeout: float | None = _option(
+        None, _seconds_or_none, "seconds a call may run (None: the app's ``default_timeout``)"
     )
-    in_doubt: Literal["fail", "hold"] | None = field(
-        default=None,
-        metadata=_meta(
-            _in_doubt,
-            "what an in-doubt side-effect call that cannot be reconciled becomes: ``fail`` answers"
-            " the model, ``hold`` waits for an operator (None: the app's ``in_doubt``)",
-        ),
+    in_doubt: Literal["fail", "hold"] | None = _option(
+        None,
+        _in_doubt,
+        "what an in-doubt side-effect call that cannot be reconciled becomes: ``fail`` answers"
+        " the model, ``hold`` waits for an operator (None: the app's ``in_doubt``)",
     )
-    max_attempts: int | None = field(
-        default=None,
-        metadata=_meta(
-            _count_or_none,
-            "how often one call may be started before it is answered with a failure (None: the"
-            " app's ``max_attempts``)",
-        ),
+    max_attempts: int | None = _option(
+        None,
+        _count_or_none,
+        "how often one call may be started before it is answered with a failure (None: the"
+        " app's ``max_attempts``)",
     )
-    retry: RetryPolicy | None = field(
-        default=None,
-        metadata=_meta(
-            _retry,
-            "a :class:`~agentfn_asgi.policy.RetryPolicy` (or a number of attempts): a plain tool's"
-            " call failing with a transient error is tried again after a backoff kept in the store",
-        ),
+    retry: RetryPolicy | None = _option(  # noqa: RUF009
+        None,
+        _retry,
+        "a :class:`~agentfn_asgi.policy.RetryPolicy` (or a number of attempts): a plain tool's"
+        " call failing with a transient error is tried again after a backoff kept in the store",
     )
-    approval: bool | Callable[..., Any] = field(
-        default=False,
-        metadata=_meta(
-            _approval,
-            "``True`` (or a callable ``(ctx, arguments) -> bool``, sync or async, for calls that"
-            " need it only sometimes) holds each call, once its arguments are valid, until a"
-            " person approves or denies it (see ``AgentWebhookApp.approve``)",
-        ),
+    approval: bool | Callable[..., Any] = _option(  # noqa: RUF009
+        False,
+        _approval,
+        "``True`` (or a callable ``(ctx, arguments) -> bool``, sync or async, for calls that"
+        " need it only sometimes) holds each call, once its arguments are valid, until a"
+        " person approves or denies it (see ``AgentWebhookApp.approve``)",
     )
-    approval_timeout: float | None = field(
-        default=None,
-        metadata=_meta(
-            _seconds_or_none,
-            "seconds a call waits for approval before it fails (None: the app's"
-            " ``approval_timeout``, ``AGENTFN_APPROVAL_TIMEOUT``, 24 h)",
-        ),
+    approval_timeout: float | None = _option(
+        None,
+        _seconds_or_none,
+        "seconds a call waits for approval before it fails (None: the app's"
+        " ``approval_timeout``, ``AGENTFN_APPROVAL_TIMEOUT``, 24 h)",
     )
-    truncate_oversize: bool = field(
-        default=False,
-        metadata=_meta(_flag, "cut an oversized text result instead of failing the call"),
+    truncate_oversize: bool = _option(
+        False, _flag, "cut an oversized text result instead of failing the call"
     )
-    enqueue: Callable[..., Any] | None = field(
-        default=None,
-        metadata=_meta(
-            _callable_or_none,
-            "``enqueue(job)``: hand each call to your queue as a"
-            " :class:`~agentfn_asgi.worker.Job` instead of running it here",
-        ),
+    enqueue: Callable[..., Any] | None = _option(  # noqa: RUF009
+        None,
+        _callable_or_none,
+        "``enqueue(job)``: hand each call to your queue as a"
+        " :class:`~agentfn_asgi.worker.Job` instead of running it here",
     )
-    job_deadline: float = field(
-        default=DEFAULT_JOB_DEADLINE,
-        metadata=_meta(
-            _seconds,
-            "seconds a queued call's worker has to complete it before the call fails",
-        ),
+    job_deadline: float = _option(
+        DEFAULT_JOB_DEADLINE,
+        _seconds,
+        "seconds a queued call's worker has to complete it before the call fails",
     )
 
-    concurrency: int | None = field(
-        default=None,
-        metadata=_meta(
-            _concurrency,
-            "at most this many calls of the tool run at once across every replica sharing the"
-            " store; the others wait in the order they arrived, holding no slot and no thread"
-            " (None: no bound)",
-        ),
+    concurrency: int | None = _option(
+        None,
+        _concurrency,
+        "at most this many calls of the tool run at once across every replica sharing the"
+        " store; the others wait in the order they arrived, holding no slot and no thread"
+        " (None: no bound)",
     )
-    concurrency_key: Callable[..., Any] | None = field(
-        default=None,
-        metadata=_meta(
-            _callable_or_none,
-            "``(ctx, arguments) -> str``, sync or async: the limits (``concurrency=``,"
-            " ``rate=``) apply per value it returns (a tenant, an account) instead of to the"
-            " whole tool; ``ctx`` has attempt 0 and no deadline, asked before the call is"
-            " claimed; a key function that raises fails the call",
-        ),
+    concurrency_key: Callable[..., Any] | None = _option(  # noqa: RUF009
+        None,
+        _callable_or_none,
+        "``(ctx, arguments) -> str``, sync or async: the limits (``concurrency=``,"
+        " ``rate=``) apply per value it returns (a tenant, an account) instead of to the"
+        " whole tool; ``ctx`` has attempt 0 and no deadline, asked before the call is"
+        " claimed; a key function that raises fails the call",
     )
-    rate: float | None = field(
-        default=None,
-        metadata=_meta(
-            _rate,
-            "``'N/s'``, ``'N/min'``, ``'N/h'`` (or a number per second): calls start at most at"
-            " this rate across every replica, a token bucket kept in the store; kept as tokens"
-            " per second (None: no bound)",
-        ),
+    rate: float | None = _option(
+        None,
+        _rate,
+        "``'N/s'``, ``'N/min'``, ``'N/h'`` (or a number per second): calls start at most at"
+        " this rate across every replica, a token bucket kept in the store; kept as tokens"
+        " per second (None: no bound)",
     )
-    burst: int = field(
-        default=1,
-        metadata=_meta(
-            _count,
-            "how many calls of a rated tool may start at once after a quiet spell (the"
-            " bucket's size); 1 keeps every window within the rate, which is what a"
-            " downstream's per-second quota checks",
-        ),
+    burst: int = _option(
+        1,
+        _count,
+        "how many calls of a rated tool may start at once after a quiet spell (the"
+        " bucket's size); 1 keeps every window within the rate, which is what a"
+        " downstream's per-second quota checks",
     )
-    max_wait: float | None = field(
-        default=DEFAULT_MAX_WAIT,
-        metadata=_meta(
-            _seconds_or_none,
-            "seconds a call of a limited tool may wait for its turn before it fails with a"
-            " message telling the model the tool is busy (None: no bound); past five minutes"
-            " the model is better told than kept waiting",
-        ),
+    max_wait: float | None = _option(
+        DEFAULT_MAX_WAIT,
+        _seconds_or_none,
+        "seconds a call of a limited tool may wait for its turn before it fails with a"
+        " message telling the model the tool is busy (None: no bound); past five minutes"
+        " the model is better told than kept waiting",
     )
 
-    max_calls_per_session: int | None = field(
-        default=None,
-        metadata=_meta(
-            _count_or_none,
-            "at most this many calls of the tool run per session, counted in the store across"
-            " every replica: a call is counted once, before it first runs (its arguments"
-            " valid), and a retry, a takeover or an operator's re-run of it never counts"
-            " again; a call past the budget does not run and fails with a message naming"
-            " the budget (None: no budget)",
-        ),
+    max_calls_per_session: int | None = _option(
+        None,
+        _count_or_none,
+        "at most this many calls of the tool run per session, counted in the store across"
+        " every replica: a call is counted once, before it first runs (its arguments"
+        " valid), and a retry, a takeover or an operator's re-run of it never counts"
+        " again; a call past the budget does not run and fails with a message naming"
+        " the budget (None: no budget)",
     )
 
     @property

@@ -18,6 +18,7 @@ from ._threads import ThreadPool
 
 __all__ = [
     "RunnableTool",
+    "call_either",
     "default_thread_pool",
     "invoke",
     "is_async_callable",
@@ -69,6 +70,40 @@ def is_async_callable(fn: object) -> bool:
     return call is not None and inspect.iscoroutinefunction(call)
 
 
+async def call_either(
+    fn: Callable[..., Any],
+    /,
+    *args: Any,
+    is_async: bool | None = None,
+    threads: ThreadPool | None = None,
+    time_limit: float | None = None,
+    wait_limit: float | None = None,
+) -> Any:
+    """``fn(*args)``, ``fn`` sync or async (``is_async``, else :func:`is_async_callable`):
+    an async one is awaited on the loop, a sync one runs in a thread of ``threads`` (the
+    shared default pool when None), and an awaitable it returns is awaited (how handlers,
+    reconcile hooks and ``enqueue`` hooks are called). TimeoutError past ``time_limit``
+    seconds of running; a sync one's wait for a free thread is counted apart and bounded by
+    ``wait_limit`` (ThreadPoolBusyError, see :mod:`agentfn_asgi._threads`)."""
+    if not (is_async_callable(fn) if is_async is None else is_async):
+        pool = threads if threads is not None else default_thread_pool()
+        result = await pool.run(fn, *args, time_limit=time_limit, wait_limit=wait_limit)
+    elif time_limit is None:
+        result = await fn(*args)
+    else:
+        # What ``anyio.fail_after`` does, without its two generator-based context managers
+        # and their backend look-ups (17 against 12 µs a call, timed on asyncio).
+        scope = anyio.CancelScope(deadline=anyio.current_time() + time_limit)
+        with scope:
+            result = await fn(*args)
+        if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
+            raise TimeoutError
+    if inspect.isawaitable(result):  # a sync wrapper's (or an SDK tool's) coroutine
+        with anyio.fail_after(time_limit):
+            result = await result
+    return result
+
+
 async def invoke(
     tool: RunnableTool,
     arguments: Mapping[str, Any],
@@ -78,32 +113,18 @@ async def invoke(
     time_limit: float | None = None,
     wait_limit: float | None = None,
 ) -> Any:
-    """Call ``tool``'s handler with ``arguments`` (from ``parse_arguments``) and the context.
-
-    Async handlers run on the event loop; sync handlers in a thread of ``threads`` (a shared
-    default pool when None). Raises TimeoutError past ``time_limit`` seconds of running; a
-    sync handler's wait for a free thread is counted apart and bounded by ``wait_limit``
-    (ThreadPoolBusyError, see :mod:`agentfn_asgi._threads`). A sync handler that times out
-    keeps running in its thread until it returns: Python cannot stop a thread.
+    """Call ``tool``'s handler with ``arguments`` (from ``parse_arguments``) and the context
+    (:func:`call_either`: async handlers on the event loop, sync ones in a thread of
+    ``threads``). A sync handler that times out keeps running in its thread until it
+    returns: Python cannot stop a thread.
     """
-    call = tool.bind(arguments, context)
-    if not tool.is_async:
-        pool = threads if threads is not None else default_thread_pool()
-        result = await pool.run(call, time_limit=time_limit, wait_limit=wait_limit)
-    elif time_limit is None:
-        result = await call()
-    else:
-        # What ``anyio.fail_after`` does, without its two generator-based context managers
-        # and their backend look-ups (17 against 12 µs a call, timed on asyncio).
-        scope = anyio.CancelScope(deadline=anyio.current_time() + time_limit)
-        with scope:
-            result = await call()
-        if scope.cancelled_caught and anyio.current_time() >= scope.deadline:
-            raise TimeoutError
-    if inspect.isawaitable(result):  # a sync wrapper's (or an SDK tool's) coroutine
-        with anyio.fail_after(time_limit):
-            result = await result
-    return result
+    return await call_either(
+        tool.bind(arguments, context),
+        is_async=tool.is_async,
+        threads=threads,
+        time_limit=time_limit,
+        wait_limit=wait_limit,
+    )
 
 
 async def run_reconcile(
@@ -124,19 +145,14 @@ async def run_reconcile(
     if hook is None:
         return Unknown("no reconcile hook")
     try:
-        if is_async_callable(hook):
-            with anyio.fail_after(time_limit):
-                outcome: Any = await hook(context, dict(arguments))  # type: ignore[misc]
-        else:
-            pool = threads if threads is not None else default_thread_pool()
-            outcome = await pool.run(
-                functools.partial(hook, context, dict(arguments)),
-                time_limit=time_limit,
-                wait_limit=wait_limit,
-            )
-        if inspect.isawaitable(outcome):
-            with anyio.fail_after(time_limit):
-                outcome = await outcome
+        outcome = await call_either(
+            hook,
+            context,
+            dict(arguments),
+            threads=threads,
+            time_limit=time_limit,
+            wait_limit=wait_limit,
+        )
     except Exception as exc:
         logger.warning("reconcile hook of tool %r failed", tool.name, exc_info=True)
         return Unknown(f"reconcile hook raised {type(exc).__name__}")

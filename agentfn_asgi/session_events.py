@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Discriminator, Tag, TypeAdapter
+from pydantic import Discriminator, Tag, TypeAdapter
 
 from .wire import AgentSession, APIErrorDetail, WireModel
 
@@ -132,25 +132,26 @@ class TurnInProgressEvent(_TurnEventBase):
     type: Literal["agent.session.turn.in_progress"] = "agent.session.turn.in_progress"
 
 
-class TurnCompletedEvent(_TurnEventBase):
+class _TurnEndEventBase(_TurnEventBase):
+    usage: dict[str, Any] | None = None
+
+
+class TurnCompletedEvent(_TurnEndEventBase):
     """``agent.session.turn.completed``."""
 
     type: Literal["agent.session.turn.completed"] = "agent.session.turn.completed"
-    usage: dict[str, Any] | None = None
 
 
-class TurnFailedEvent(_TurnEventBase):
+class TurnFailedEvent(_TurnEndEventBase):
     """``agent.session.turn.failed``."""
 
     type: Literal["agent.session.turn.failed"] = "agent.session.turn.failed"
-    usage: dict[str, Any] | None = None
 
 
-class TurnCancelledEvent(_TurnEventBase):
+class TurnCancelledEvent(_TurnEndEventBase):
     """``agent.session.turn.cancelled``: its pending calls are no longer owed."""
 
     type: Literal["agent.session.turn.cancelled"] = "agent.session.turn.cancelled"
-    usage: dict[str, Any] | None = None
 
 
 TurnEvent = (
@@ -163,24 +164,23 @@ TurnEvent = (
 """The turn lifecycle events."""
 
 
-class TurnItemAddedEvent(_EventBase):
+class _TurnItemEventBase(_EventBase):
+    session_id: str
+    turn_id: str | None = None
+    item: dict[str, Any]
+    output_index: int | None = None
+
+
+class TurnItemAddedEvent(_TurnItemEventBase):
     """``agent.session.turn.item.added``; a ``function_call`` item does not prove it is pending."""
 
     type: Literal["agent.session.turn.item.added"] = "agent.session.turn.item.added"
-    session_id: str
-    turn_id: str | None = None
-    item: dict[str, Any]
-    output_index: int | None = None
 
 
-class TurnItemDoneEvent(_EventBase):
+class TurnItemDoneEvent(_TurnItemEventBase):
     """``agent.session.turn.item.done``."""
 
     type: Literal["agent.session.turn.item.done"] = "agent.session.turn.item.done"
-    session_id: str
-    turn_id: str | None = None
-    item: dict[str, Any]
-    output_index: int | None = None
 
 
 class ErrorEvent(_EventBase):
@@ -217,30 +217,20 @@ class UnreadableEvent:
     event_id: None = None
 
 
-_EVENT_CLASSES: dict[str, type[BaseModel]] = {
-    cls.model_fields["type"].default: cls
-    for cls in (
-        SessionCreatedEvent,
-        SessionInProgressEvent,
-        SessionRequiresActionEvent,
-        SessionIdleEvent,
-        SessionFailedEvent,
-        SessionBudgetReachedEvent,
-        TurnCreatedEvent,
-        TurnInProgressEvent,
-        TurnCompletedEvent,
-        TurnFailedEvent,
-        TurnCancelledEvent,
-        TurnItemAddedEvent,
-        TurnItemDoneEvent,
-        ErrorEvent,
+_EVENT_TYPES: frozenset[str] = frozenset(
+    cls.model_fields["type"].default
+    for events in (
+        SessionStatusEvent,
+        TurnEvent,
+        TurnItemAddedEvent | TurnItemDoneEvent | ErrorEvent,
     )
-}
+    for cls in get_args(events)
+)
 
 
 def _event_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in _EVENT_CLASSES else "generic"
+    return kind if kind in _EVENT_TYPES else "generic"
 
 
 SessionEvent = Annotated[

@@ -50,7 +50,7 @@ import re
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeAlias, TypedDict, TypeVar, Unpack, overload
+from typing import Any, Generic, Literal, TypeAlias, TypedDict, TypeVar, Unpack, overload
 
 from pydantic import ValidationError
 
@@ -87,7 +87,6 @@ from ._sdk import (
     pair_handlers,
     read_sdk_tool,
 )
-from ._threads import ThreadPool
 from .calls.records import Job
 from .errors import ArgumentValidationError, ToolDefinitionError
 from .messages import validation_error_message
@@ -128,6 +127,7 @@ TOOL_DEFINITIONS_LIMIT = 3 * 1024 * 1024
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 F = TypeVar("F", bound=Callable[..., Any])
+_T = TypeVar("_T")
 
 
 #: ``approval(ctx, arguments) -> bool``, sync or async: does this call need a person's yes?
@@ -175,6 +175,17 @@ ToolOptions.__doc__ = (
 
 _OPTION_NAMES = frozenset(ToolOptions.__optional_keys__)
 assert {*DEFINITION_OPTIONS, *POLICY_OPTIONS} == _OPTION_NAMES, "ToolOptions and ToolPolicy differ"
+
+
+class _PolicyOption(Generic[_T]):
+    """A tool attribute that reads the run option of the same name from its policy."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, tool: FunctionTool | None, owner: type | None = None) -> _T:
+        # On the class itself (documentation tools), the descriptor.
+        return typing.cast(_T, self if tool is None else getattr(tool.policy, self.name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,45 +252,22 @@ class FunctionTool:
         )
 
     # The run options, read through the policy (kept as attributes: hosts and hooks read them).
-    @property
-    def side_effects(self) -> bool:
-        """The tool changes the world (see :class:`~agentfn_asgi.policy.ToolPolicy`)."""
-        return self.policy.side_effects
-
-    @property
-    def reconcile(self) -> ReconcileHook | None:
-        """The reconcile hook of a side-effect tool, if any."""
-        return self.policy.reconcile
-
-    @property
-    def timeout(self) -> float | None:
-        """The tool's own timeout in seconds (None: the app's default)."""
-        return self.policy.timeout
-
-    @property
-    def truncate_oversize(self) -> bool:
-        """Cut an oversized text result instead of failing the call."""
-        return self.policy.truncate_oversize
-
-    @property
-    def enqueue(self) -> EnqueueHook | None:
-        """The hook handing calls to a worker queue, if any."""
-        return self.policy.enqueue
-
-    @property
-    def job_deadline(self) -> float:
-        """Seconds a queued call's worker has to complete it."""
-        return self.policy.job_deadline
-
-    @property
-    def approval(self) -> bool | ApprovalPredicate:
-        """Whether (or a predicate saying when) a call waits for a person's approval."""
-        return self.policy.approval
-
-    @property
-    def approval_timeout(self) -> float | None:
-        """Seconds a call waits for approval (None: the app's ``approval_timeout``)."""
-        return self.policy.approval_timeout
+    #: The tool changes the world (see :class:`~agentfn_asgi.policy.ToolPolicy`).
+    side_effects = _PolicyOption[bool]()
+    #: The reconcile hook of a side-effect tool, if any.
+    reconcile = _PolicyOption[ReconcileHook | None]()
+    #: The tool's own timeout in seconds (None: the app's default).
+    timeout = _PolicyOption[float | None]()
+    #: Cut an oversized text result instead of failing the call.
+    truncate_oversize = _PolicyOption[bool]()
+    #: The hook handing calls to a worker queue, if any.
+    enqueue = _PolicyOption[EnqueueHook | None]()
+    #: Seconds a queued call's worker has to complete it.
+    job_deadline = _PolicyOption[float]()
+    #: Whether (or a predicate saying when) a call waits for a person's approval.
+    approval = _PolicyOption[bool | ApprovalPredicate]()
+    #: Seconds a call waits for approval (None: the app's ``approval_timeout``).
+    approval_timeout = _PolicyOption[float | None]()
 
     @classmethod
     def from_sdk(
@@ -412,40 +400,11 @@ class FunctionTool:
         bound: Callable[[], Any] = functools.partial(self.fn, **kwargs)
         return bound
 
-    async def invoke(
-        self,
-        arguments: Mapping[str, Any],
-        context: ToolContext,
-        *,
-        threads: ThreadPool | None = None,
-        time_limit: float | None = None,
-        wait_limit: float | None = None,
-    ) -> Any:
-        """Call the handler with ``arguments`` (from :meth:`parse_arguments`) and the context:
-        :func:`agentfn_asgi.running.invoke`, which says how it runs and times out."""
-        return await invoke(
-            self, arguments, context, threads=threads, time_limit=time_limit, wait_limit=wait_limit
-        )
-
-    async def needs_approval(self, context: ToolContext, arguments: dict[str, Any]) -> bool:
-        """Does this call need a person's approval? See
-        :func:`agentfn_asgi.running.needs_approval`."""
-        return await needs_approval(self, context, arguments)
-
-    async def run_reconcile(
-        self,
-        arguments: Mapping[str, Any],
-        context: ToolContext,
-        *,
-        threads: ThreadPool | None = None,
-        time_limit: float | None = None,
-        wait_limit: float | None = None,
-    ) -> ReconcileOutcome:
-        """Ask the reconcile hook whether an in-doubt call already ran; never raises (see
-        :func:`agentfn_asgi.running.run_reconcile`)."""
-        return await run_reconcile(
-            self, arguments, context, threads=threads, time_limit=time_limit, wait_limit=wait_limit
-        )
+    # The run side (agentfn_asgi.running) as methods: each says how the handler runs, times
+    # out, asks for approval or reconciles.
+    invoke = invoke
+    needs_approval = needs_approval
+    run_reconcile = run_reconcile
 
     def _require_spec(self) -> ArgumentSpec | MappingArguments:
         if self._spec is None:

@@ -74,21 +74,6 @@ INPUT_EVENT_TYPES: frozenset[str] = frozenset(
     }
 )
 
-#: Subscribable ``agent.*`` webhook event types (wire protocol §8.5).
-AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
-    {
-        "agent.environment.ready",
-        "agent.environment.failed",
-        "agent.environment.suspended",
-        "agent.environment.expired",
-        "agent.session.created",
-        "agent.session.action_required",
-        "agent.session.in_progress",
-        "agent.session.idle",
-        "agent.session.failed",
-    }
-)
-
 #: Every webhook event type the management API takes (``event_types`` of an endpoint,
 #: ``event_type`` of a test), as the official SDK lists them (openai 3.63);
 #: ``GET /webhook_event_types`` is the live list of a project.
@@ -122,6 +107,11 @@ WEBHOOK_EVENT_TYPES: tuple[str, ...] = (
     "agent.session.idle",
     "agent.session.failed",
     "safety.alert.created",
+)
+
+#: Subscribable ``agent.*`` webhook event types (wire protocol §8.5).
+AGENT_WEBHOOK_EVENT_TYPES: frozenset[str] = frozenset(
+    kind for kind in WEBHOOK_EVENT_TYPES if kind.startswith("agent.")
 )
 
 _logger = logging.getLogger("agentfn_asgi.wire")

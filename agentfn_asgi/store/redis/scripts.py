@@ -332,10 +332,12 @@ return #ids
 _ADMISSION = (
     "".join(lua_apply(name) for name in ("take_slot", "wait", "admit", "keep_waiting"))
     + """
--- The step's limit, from ARGV[at..at + 3]: name, concurrency, rate, burst ('' = no bound).
+-- The step's limit, from ARGV[at..at + 5]: name, concurrency, rate, burst ('' = no bound),
+-- then how many holders and waiters ahead to count (admission_bounds() of the table).
 local function read_limit(at)
   return {name = ARGV[at], concurrency = tonumber(ARGV[at + 1]),
           rate = tonumber(ARGV[at + 2]), burst = tonumber(ARGV[at + 3]),
+          holders_bound = tonumber(ARGV[at + 4]), ahead_bound = tonumber(ARGV[at + 5]),
           keys = limiter_keys(ARGV[at])}
 end
 
@@ -353,16 +355,14 @@ end
 -- Holders: claimed with this limiter, lease not before live_after (now - margin); ahead:
 -- waiting with it, as live, and before the call in (created_at, member) order, which is
 -- (created_at, session_id, turn_id, call_id). Each is counted up to its bound
--- (admission_bounds() of the table: past it the answer is the same), reading the sets in
+-- (read_limit's: past it the answer is the same), reading the sets in
 -- pages from their start: the holders whose lease (their score) is live, the line from its
 -- head. So an admission reads about as many entries as it can admit, at any length of line
 -- (and drops the members it meets that moved on, as it goes).
 local PAGE = 32
 local function admission(L, key, member, now, live_after)
   local live = tonumber(live_after)
-  local holders_bound, ahead_bound = L.burst or 0, L.burst or 0
-  if L.concurrency then holders_bound, ahead_bound = L.concurrency, L.concurrency end
-  if not L.rate and not L.concurrency then ahead_bound = 0 end
+  local holders_bound, ahead_bound = L.holders_bound, L.ahead_bound
   local holders, ahead = 0, 0
   local from = 0
   while holders < holders_bound do
@@ -495,8 +495,7 @@ def _claim_order() -> str:
 # KEYS: the call's hash[, the delivery's hash]. ARGV: N, now, member, namespace, owner,
 # lease_expires_at, takeover_before, tool_name, session_id, turn_id, call_id, delivery_id
 # ('' = none), the nonces of the retry and adopt rows (claim_nonces of the table), then
-# only with a limit: its name, concurrency, rate, burst ('' = no bound). Returns {status,
-# hash fields}.
+# only with a limit: read_limit's six. Returns {status, hash fields}.
 CLAIM = _script(
     _ADMISSION
     + "".join(lua_apply(name) for name, _ in CLAIM_ORDER if name != "reclaim")
@@ -546,8 +545,8 @@ return reply
 # admit; a rated limiter's token spent); refused, it waits (wait / keep_waiting), its lease
 # renewed until lease_expires_at. A claimed call holding the slot already (a retried
 # admission) is left as it is. KEYS: the call's hash. ARGV: N, now, member, owner, attempt,
-# lease_expires_at, takeover_before (now - margin), then the limit: name, concurrency,
-# rate, burst ('' = no bound). Returns {'claimed' | 'waiting', hash fields}; {'', hash
+# lease_expires_at, takeover_before (now - margin), then the limit (read_limit's six).
+# Returns {'claimed' | 'waiting', hash fields}; {'', hash
 # fields} when the call is not the caller's to admit (the store says what a claim would);
 # false when there is no call.
 ADMIT = _script(

@@ -102,7 +102,7 @@ from agentfn_asgi.calls.records import (
     Limit,
     StoreStats,
 )
-from agentfn_asgi.calls.states import WORKLISTS
+from agentfn_asgi.calls.states import WORKLISTS, admission_bounds
 from agentfn_asgi.errors import (
     ConfigurationError,
     StoreError,
@@ -219,12 +219,15 @@ def _call(data: dict[str, Any]) -> CallRecord:
 
 
 def _limit_args(limit: Limit) -> list[str]:
-    """A limit as the scripts read it: name, concurrency, rate, burst ('' = no bound)."""
+    """A limit as the scripts read it: name, concurrency, rate, burst ('' = no bound), then
+    the admission's bounds (:func:`~agentfn_asgi.calls.states.admission_bounds`)."""
+    bounds = admission_bounds(concurrency=limit.concurrency, rate=limit.rate, burst=limit.burst)
     return [
         limit.name,
         "" if limit.concurrency is None else str(limit.concurrency),
         "" if limit.rate is None else _num(limit.rate),
         str(limit.burst),
+        *map(str, bounds),
     ]
 
 

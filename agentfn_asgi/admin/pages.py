@@ -62,10 +62,8 @@ def _unanswered_note(ctx: Context, overview: Overview) -> str:
     someone else must answer them (nobody here does)."""
     if not overview.unanswered:
         return "Every pending action is answered here."
-    kinds = ", ".join(f"{kind} {n}" for kind, n in overview.unanswered_by_kind.items())
-    oldest = overview.oldest_unanswered_at
-    waited = "" if oldest is None else f"; the oldest waits for {age(ctx.now - oldest)}"
-    return f"{kinds}{waited}. Someone else must answer them: nothing here does."
+    kinds = overview.unanswered_summary(lambda at: f"the oldest waits for {age(ctx.now - at)}")
+    return f"{kinds}. Someone else must answer them: nothing here does."
 
 
 def overview_page(ctx: Context, overview: Overview) -> Safe:

@@ -26,6 +26,7 @@ from .widgets import (
     call_summary,
     calls_table,
     deliveries_table,
+    hidden_inputs,
     or_dash,
     session_link,
     settle_form,
@@ -409,16 +410,13 @@ _LABELS = {"output": "save this output", "error": "fail with this error", "rerun
 
 def confirm_page(ctx: Context, detail: CallDetail, request: SettleRequest) -> Safe:
     """The confirmation step: what will happen, to which call, with which value."""
-    hidden = join(
-        render('<input type="hidden" name="{n}" value="{v}">', n=name, v=value)
-        for name, value in (
-            ("csrf", ctx.csrf),
-            ("call", request.call_id),
-            ("session", request.session_id),
-            ("mode", request.mode),
-            ("value", request.value),
-            ("confirm", "yes"),
-        )
+    hidden = hidden_inputs(
+        ("csrf", ctx.csrf),
+        ("call", request.call_id),
+        ("session", request.session_id),
+        ("mode", request.mode),
+        ("value", request.value),
+        ("confirm", "yes"),
     )
     value = (
         render(

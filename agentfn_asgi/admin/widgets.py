@@ -15,6 +15,7 @@ __all__ = [
     "call_summary",
     "calls_table",
     "deliveries_table",
+    "hidden_inputs",
     "or_dash",
     "session_link",
     "settle_form",
@@ -29,6 +30,14 @@ def when(ctx: Context, at: float) -> Safe:
     relative = f"in {age(ahead)}" if ahead >= 1 else f"{age(-ahead)} ago"
     return render(
         "<span>{relative}</span> <small>{at}</small>", relative=relative, at=timestamp(at)
+    )
+
+
+def hidden_inputs(*pairs: tuple[str, str]) -> Safe:
+    """A form's hidden fields, one per ``(name, value)``."""
+    return join(
+        render('<input type="hidden" name="{n}" value="{v}">', n=name, v=value)
+        for name, value in pairs
     )
 
 

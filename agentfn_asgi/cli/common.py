@@ -13,7 +13,7 @@ import re
 import sys
 import sysconfig
 import traceback
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
@@ -40,6 +40,7 @@ __all__ = [
     "load_tools",
     "printable",
     "progress",
+    "seconds_type",
     "secret_from",
     "show",
     "stamp",
@@ -288,6 +289,23 @@ def tools_spec(value: str) -> str:
             f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {value!r}"
         )
     return value
+
+
+def seconds_type(*, zero: bool) -> Callable[[str], float]:
+    """argparse type of a duration in seconds: 0 or more with ``zero``, else more than 0."""
+
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+        if zero and seconds < 0:
+            raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value}")
+        if not zero and not seconds > 0:
+            raise argparse.ArgumentTypeError(f"expected more than 0 seconds, got {value}")
+        return seconds
+
+    return parse
 
 
 def secret_from(value: str | None) -> str:

@@ -20,7 +20,7 @@ from ..actions import action_kind
 from ..operator import ApprovalView, CallDetail
 from .html import Safe, join, render
 from .layout import Context, bare_frame, call_link, frame
-from .widgets import hidden_inputs, when
+from .widgets import hidden_inputs, table, when
 
 __all__ = [
     "DECIDED_NOTICES",
@@ -56,9 +56,9 @@ LINK_SCRIPT_SOURCE = "'sha256-{}'".format(
 def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
     """``Waiting for approval``: every waiting request, soonest expiry first."""
     if not views:
-        table = Safe('<p class="empty">No call waits for approval.</p>')
+        listed = Safe('<p class="empty">No call waits for approval.</p>')
     else:
-        rows = join(
+        rows = (
             render(
                 "<tr><td>{call}</td><td>{kind}</td><td><code>{tool}</code></td>"
                 "<td><code>{id}</code></td><td>{asked}</td><td>{expires}</td></tr>",
@@ -71,16 +71,12 @@ def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
             )
             for v in views
         )
-        table = render(
-            '<table class="calls approvals"><thead><tr><th>Call</th><th>Kind</th>'
-            "<th>Tool</th><th>Request</th><th>Asked</th><th>Expires</th></tr></thead>"
-            "<tbody>{rows}</tbody></table>",
-            rows=rows,
-        )
+        headings = ("Call", "Kind", "Tool", "Request", "Asked", "Expires")
+        listed = table("calls approvals", headings, rows)
     body = render(
         '<p class="muted">These calls wait for a person: open one to see its arguments, then '
         "approve or deny it. Nothing runs until then.</p>{table}",
-        table=table,
+        table=listed,
     )
     return frame(ctx, title="Waiting for approval", body=body, refreshable=True)
 

@@ -30,6 +30,7 @@ from .widgets import (
     or_dash,
     session_link,
     settle_form,
+    table,
     when,
 )
 
@@ -132,7 +133,7 @@ def _paused_sessions(ctx: Context, overview: Overview) -> Safe:
     paused = overview.paused_on_budget
     if paused is None:
         return Safe("")
-    rows = join(
+    rows = (
         render(
             '<tr><td>{session}</td><td class="num">{consumed}</td><td class="num">{limit}</td>'
             "</tr>",
@@ -142,20 +143,13 @@ def _paused_sessions(ctx: Context, overview: Overview) -> Safe:
         )
         for p in paused
     )
-    table = (
-        render(
-            "<table><thead><tr><th>Session</th><th>Consumed (¢)</th><th>Limit (¢)</th></tr>"
-            "</thead><tbody>{rows}</tbody></table>",
-            rows=rows,
-        )
-        if paused
-        else Safe("<p>None.</p>")
-    )
+    headings = ("Session", "Consumed (¢)", "Limit (¢)")
+    listed = table("", headings, rows) if paused else Safe("<p>None.</p>")
     return render(
         '<section><h2>Sessions paused on their spending limit <span class="count">{n}</span>'
         "</h2>{table}</section>",
         n=len(paused),
-        table=table,
+        table=listed,
     )
 
 
@@ -276,7 +270,7 @@ def call_page(
     ``refused`` settle request is shown again in the form, with the ``error`` saying why."""
     call = detail.summary
     first = detail.history[0].at if detail.history else call.created_at
-    steps = join(
+    steps = (
         render(
             '<tr><td>{at}</td><td class="num">+{offset}</td><td><code>{kind}</code></td>'
             '<td class="num">{attempt}</td><td>{owner}</td><td>{detail}</td></tr>',
@@ -289,13 +283,9 @@ def call_page(
         )
         for event in detail.history
     )
+    headings = ("At", "After", "Event", "Attempt", "Owner", "Detail")
     timeline = (
-        render(
-            '<table class="timeline"><thead><tr><th>At</th><th>After</th><th>Event</th>'
-            "<th>Attempt</th><th>Owner</th><th>Detail</th></tr></thead><tbody>{steps}</tbody>"
-            "</table>",
-            steps=steps,
-        )
+        table("timeline", headings, steps)
         if detail.history
         else Safe('<p class="empty">No history recorded.</p>')
     )

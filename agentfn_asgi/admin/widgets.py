@@ -5,7 +5,7 @@ Like the pages, they take the view's values and return escaped HTML (see :mod:`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..operator import CallSummary, DeliveryView
 from .html import Safe, join, render
@@ -19,6 +19,7 @@ __all__ = [
     "or_dash",
     "session_link",
     "settle_form",
+    "table",
     "when",
 ]
 
@@ -52,6 +53,16 @@ def or_dash(value: object) -> object:
     return "-" if value is None or value == "" else value
 
 
+def table(css: str, headings: Sequence[str], rows: Iterable[Safe]) -> Safe:
+    """A table of ``rows`` under a row of ``headings`` (``css``: its class, if any)."""
+    return render(
+        "<table{css}><thead><tr>{headings}</tr></thead><tbody>{rows}</tbody></table>",
+        css=render(' class="{css}"', css=css) if css else "",
+        headings=join(render("<th>{h}</th>", h=heading) for heading in headings),
+        rows=join(rows),
+    )
+
+
 def calls_table(ctx: Context, calls: Sequence[CallSummary], *, empty: str) -> Safe:
     """Calls as table rows, each linking to its page (``empty`` when there are none)."""
     if not calls:
@@ -72,12 +83,8 @@ def calls_table(ctx: Context, calls: Sequence[CallSummary], *, empty: str) -> Sa
         )
         for call in calls
     ]
-    return render(
-        '<table class="calls"><thead><tr><th>First seen</th><th>Session</th><th>Turn</th>'
-        "<th>Call</th><th>Tool</th><th>Outcome</th><th>Attempt</th><th>Error / reason</th>"
-        "</tr></thead><tbody>{rows}</tbody></table>",
-        rows=join(rows),
-    )
+    headings = ("First seen", "Session", "Turn", "Call", "Tool", "Outcome", "Attempt")
+    return table("calls", (*headings, "Error / reason"), rows)
 
 
 def deliveries_table(ctx: Context, deliveries: Sequence[DeliveryView], *, empty: str) -> Safe:
@@ -99,12 +106,8 @@ def deliveries_table(ctx: Context, deliveries: Sequence[DeliveryView], *, empty:
         )
         for d in deliveries
     ]
-    return render(
-        '<table class="deliveries"><thead><tr><th>Received</th><th>Delivery</th>'
-        "<th>Session</th><th>Resolved</th><th>Attempts</th><th>Next attempt</th>"
-        "<th>Last error</th></tr></thead><tbody>{rows}</tbody></table>",
-        rows=join(rows),
-    )
+    headings = ("Received", "Delivery", "Session", "Resolved", "Attempts", "Next attempt")
+    return table("deliveries", (*headings, "Last error"), rows)
 
 
 def settle_form(ctx: Context, call: CallSummary, *, mode: str = "output", value: str = "") -> Safe:

@@ -122,52 +122,44 @@ Outcome = Literal[
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 
+#: What a stored state's calls come out as, but for claimed (running or in doubt) and
+#: submitted (succeeded or failed) ones.
+_STATE_OUTCOME: dict[CallState, Outcome] = {
+    CallState.QUARANTINED: "held",
+    CallState.SUCCEEDED: "submitting",
+    CallState.FAILED: "submitting",
+    CallState.STALE: "stale",
+    CallState.AWAITING_APPROVAL: "awaiting_approval",
+    CallState.APPROVED: "approved",
+    CallState.RETRY_SCHEDULED: "retrying",
+    CallState.WAITING: "waiting",
+    CallState.CANCELLED: "cancelled",
+    CallState.UNANSWERED: "unanswered",
+    CallState.RETIRED: "retired",
+}
+
+
 def outcome_of(record: CallRecord, now: float, margin: float = 0.0) -> Outcome:
     """The :data:`Outcome` of ``record`` at ``now`` (in doubt past the fencing ``margin``, as
     a settle or a takeover sees it)."""
     state = record.state
     if state is CallState.CLAIMED:
         return "in_doubt" if in_doubt(record, now=now, margin=margin) else "running"
-    if state in (CallState.SUCCEEDED, CallState.FAILED):
-        return "submitting"
     if state is CallState.SUBMITTED:
         return "succeeded" if record.result is not None and record.result.success else "failed"
-    if state is CallState.STALE:
-        return "stale"
-    if state is CallState.AWAITING_APPROVAL:
-        return "awaiting_approval"
-    if state is CallState.APPROVED:
-        return "approved"
-    if state is CallState.RETRY_SCHEDULED:
-        return "retrying"
-    if state is CallState.WAITING:
-        return "waiting"
-    if state is CallState.CANCELLED:
-        return "cancelled"
-    if state is CallState.UNANSWERED:
-        return "unanswered"
-    if state is CallState.RETIRED:
-        return "retired"
-    return "held"
+    return _STATE_OUTCOME[state]
 
 
-#: The stored states an outcome's calls are in (a list by outcome reads them, then keeps
+#: The display states an outcome's calls are in (a list by outcome reads them, then keeps
 #: the calls of that outcome: what the overview counted).
 _OUTCOME_STATES: dict[str, tuple[str, ...]] = {
     "running": ("claimed",),
     "in_doubt": ("in_doubt",),
-    "submitting": ("succeeded", "failed"),
     "succeeded": ("submitted",),
     "failed": ("submitted",),
-    "stale": ("stale",),
-    "held": ("quarantined",),
-    "awaiting_approval": ("awaiting_approval",),
-    "approved": ("approved",),
-    "retrying": ("retry_scheduled",),
-    "waiting": ("waiting",),
-    "cancelled": ("cancelled",),
-    "unanswered": ("unanswered",),
-    "retired": ("retired",),
+} | {
+    outcome: tuple(s.value for s, of in _STATE_OUTCOME.items() if of == outcome)
+    for outcome in _STATE_OUTCOME.values()
 }
 
 
@@ -315,6 +307,13 @@ class Overview:
     unanswered: int = 0
     unanswered_by_kind: Mapping[str, int] = field(default_factory=dict)
     oldest_unanswered_at: float | None = None
+
+    def unanswered_summary(self, oldest: Callable[[float], str]) -> str:
+        """``mcp 2, computer_use 1; ...``: the unanswered actions by kind, then the oldest
+        one's wait as ``oldest`` words it from its first sight (the CLI and the page)."""
+        kinds = ", ".join(f"{kind} {n}" for kind, n in self.unanswered_by_kind.items())
+        at = self.oldest_unanswered_at
+        return kinds if at is None else f"{kinds}; {oldest(at)}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -504,21 +503,9 @@ class Operator:
         counts["in_doubt"] = stats.in_doubt
         counts["claimed"] = counts.get("claimed", 0) - stats.in_doubt
         outcomes = {
-            "running": counts["claimed"],
-            "in_doubt": stats.in_doubt,
-            "submitting": counts.get("succeeded", 0) + counts.get("failed", 0),
-            "succeeded": stats.successes,
-            "failed": stats.failures,
-            "stale": counts.get("stale", 0),
-            "held": counts.get("quarantined", 0),
-            "awaiting_approval": counts.get("awaiting_approval", 0),
-            "approved": counts.get("approved", 0),
-            "retrying": counts.get("retry_scheduled", 0),
-            "waiting": counts.get("waiting", 0),
-            "cancelled": counts.get("cancelled", 0),
-            "unanswered": counts.get("unanswered", 0),
-            "retired": counts.get("retired", 0),
-        }
+            outcome: sum(counts.get(state, 0) for state in _OUTCOME_STATES[outcome])
+            for outcome in OUTCOMES
+        } | {"succeeded": stats.successes, "failed": stats.failures}
         by_kind, oldest_unanswered = await self._unanswered(counts.get("unanswered", 0))
         by_tool: dict[str, int] = {}
         if counts.get("waiting", 0):
@@ -573,8 +560,7 @@ class Operator:
             read += len(page)
             if len(page) < 500:
                 break
-            last = page[-1]
-            before = (last.created_at, last.key.session_id, last.key.turn_id, last.key.call_id)
+            before = _position(page[-1])
         return dict(sorted(by_kind.items())), oldest
 
     async def _paused_on_budget(self) -> tuple[PausedSession, ...] | None:
@@ -665,17 +651,11 @@ class Operator:
         With ``content``, the saved output and, while the call is still pending, its
         arguments read from the live session."""
         record = await self._find(call_id, session_id)
-        arguments = output = None
-        if content:
-            output = _output_of(record)
-            arguments = await self._arguments(record.key)
-        return CallDetail(
-            summary=self._summary(record),
-            history=tuple(_event_view(e) for e in record.history),
-            arguments=arguments,
-            output=output,
-            settleable=self._settleable(record),
-            approval=None if record.approval is None else approval_view(record),
+        return self._detail(
+            record,
+            arguments=await self._arguments(record.key) if content else None,
+            output=_output_of(record) if content else None,
+            settleable=settleable(record, now=self._clock(), margin=self._margin),
         )
 
     async def deliveries(self, *, unresolved: bool = False, limit: int = 50) -> list[DeliveryView]:
@@ -729,13 +709,7 @@ class Operator:
             return None
         waiting = record.state is CallState.AWAITING_APPROVAL
         arguments = await self._arguments(record.key) if waiting else None
-        detail = CallDetail(
-            summary=self._summary(record),
-            history=tuple(_event_view(e) for e in record.history),
-            arguments=arguments,
-            approval=approval_view(record),
-        )
-        return approval_view(record), detail
+        return approval_view(record), self._detail(record, arguments=arguments)
 
     async def decide(
         self,
@@ -816,8 +790,22 @@ class Operator:
             kind=action_kind(record.tool_name),
         )
 
-    def _settleable(self, record: CallRecord) -> bool:
-        return settleable(record, now=self._clock(), margin=self._margin)
+    def _detail(
+        self,
+        record: CallRecord,
+        *,
+        arguments: str | None,
+        output: str | None = None,
+        settleable: bool = False,
+    ) -> CallDetail:
+        return CallDetail(
+            summary=self._summary(record),
+            history=tuple(_event_view(e) for e in record.history),
+            arguments=arguments,
+            output=output,
+            settleable=settleable,
+            approval=None if record.approval is None else approval_view(record),
+        )
 
 
 def limiter_label(name: str) -> str:

@@ -289,13 +289,7 @@ class AdminApp:
                 return
             except StoreError as exc:
                 # Checking a session's revocation needs the store: without it, nobody gets in.
-                logger.warning("operator page: the store failed: %s", type(exc).__name__)
-                response = self._message(
-                    ctx,
-                    503,
-                    "Store unavailable",
-                    f"The store cannot answer right now ({type(exc).__name__}). Try again shortly.",
-                )
+                response = self._store_failed(ctx, exc)
             except Exception:
                 # A bug (ours or the view's), never the input: log it, show nothing of it.
                 logger.exception("operator page: unexpected error")
@@ -319,7 +313,7 @@ class AdminApp:
             return await route(request, ctx, method)
         try:
             if self._resolve() is None:
-                return self._message(ctx, 404, "Not found", "There is no such page here.")
+                return await self._not_found(request, ctx, method)
         except ConfigurationError as exc:
             # It cannot start (no lifespan said so first): the reason is for the log only.
             if not self._failure_logged:
@@ -389,14 +383,7 @@ class AdminApp:
         except LookupError as exc:
             return self._message(ctx, 404, "Not found", _text(exc, "no such call"), signed_in=True)
         except StoreError as exc:
-            logger.warning("operator page: the store failed: %s", type(exc).__name__)
-            return self._message(
-                ctx,
-                503,
-                "Store unavailable",
-                f"The store cannot answer right now ({type(exc).__name__}). Try again shortly.",
-                signed_in=True,
-            )
+            return self._store_failed(ctx, exc, signed_in=True)
         except ValueError as exc:
             return self._message(ctx, 400, "Bad request", _text(exc, "refused"), signed_in=True)
 
@@ -589,6 +576,11 @@ class AdminApp:
             httponly=True,
             samesite="strict",
         )
+
+    def _store_failed(self, ctx: Context, exc: StoreError, *, signed_in: bool = False) -> Response:
+        logger.warning("operator page: the store failed: %s", type(exc).__name__)
+        message = f"The store cannot answer right now ({type(exc).__name__}). Try again shortly."
+        return self._message(ctx, 503, "Store unavailable", message, signed_in=signed_in)
 
     def _message(
         self, ctx: Context, status: int, title: str, message: str, *, signed_in: bool = False

@@ -20,7 +20,7 @@ from ..actions import action_kind
 from ..operator import ApprovalView, CallDetail
 from .html import Safe, join, render
 from .layout import Context, bare_frame, call_link, frame
-from .widgets import when
+from .widgets import hidden_inputs, table, when
 
 __all__ = [
     "DECIDED_NOTICES",
@@ -56,9 +56,9 @@ LINK_SCRIPT_SOURCE = "'sha256-{}'".format(
 def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
     """``Waiting for approval``: every waiting request, soonest expiry first."""
     if not views:
-        table = Safe('<p class="empty">No call waits for approval.</p>')
+        listed = Safe('<p class="empty">No call waits for approval.</p>')
     else:
-        rows = join(
+        rows = (
             render(
                 "<tr><td>{call}</td><td>{kind}</td><td><code>{tool}</code></td>"
                 "<td><code>{id}</code></td><td>{asked}</td><td>{expires}</td></tr>",
@@ -71,16 +71,12 @@ def approvals_page(ctx: Context, views: Sequence[ApprovalView]) -> Safe:
             )
             for v in views
         )
-        table = render(
-            '<table class="calls approvals"><thead><tr><th>Call</th><th>Kind</th>'
-            "<th>Tool</th><th>Request</th><th>Asked</th><th>Expires</th></tr></thead>"
-            "<tbody>{rows}</tbody></table>",
-            rows=rows,
-        )
+        headings = ("Call", "Kind", "Tool", "Request", "Asked", "Expires")
+        listed = table("calls approvals", headings, rows)
     body = render(
         '<p class="muted">These calls wait for a person: open one to see its arguments, then '
         "approve or deny it. Nothing runs until then.</p>{table}",
-        table=table,
+        table=listed,
     )
     return frame(ctx, title="Waiting for approval", body=body, refreshable=True)
 
@@ -190,7 +186,7 @@ def approval_section(ctx: Context, detail: CallDetail) -> Safe:
             facts=_request_facts(ctx, view),
             state=view.state,
         )
-    hidden = _hidden(
+    hidden = hidden_inputs(
         ("csrf", ctx.csrf),
         ("approval", view.approval_id),
         ("call", view.call_id),
@@ -212,18 +208,11 @@ def approval_section(ctx: Context, detail: CallDetail) -> Safe:
     )
 
 
-def _hidden(*pairs: tuple[str, str]) -> Safe:
-    return join(
-        render('<input type="hidden" name="{n}" value="{v}">', n=name, v=value)
-        for name, value in pairs
-    )
-
-
 def decide_confirm_page(
     ctx: Context, view: ApprovalView, detail: CallDetail, *, approve: bool, reason: str
 ) -> Safe:
     """The confirmation step of a decision taken on the page."""
-    hidden = _hidden(
+    hidden = hidden_inputs(
         ("csrf", ctx.csrf),
         ("approval", view.approval_id),
         ("call", view.call_id),
@@ -276,7 +265,7 @@ def link_open_page(ctx: Context) -> Safe:
 def link_page(ctx: Context, view: ApprovalView, detail: CallDetail, *, token: str) -> Safe:
     """What a signed link opens (posted): the request and its arguments, and the POST that
     decides (the token again in the form's body, never in a URL)."""
-    hidden = _hidden(("t", token))
+    hidden = hidden_inputs(("t", token))
     body = render(
         '<p class="muted">You were sent this link to decide one call. Nothing has happened '
         "yet: approving or denying takes effect when you press a button below, once.</p>"

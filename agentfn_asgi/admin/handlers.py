@@ -46,6 +46,13 @@ def see_other(url: str) -> Response:
     return Response(status_code=303, headers={"location": url})
 
 
+def _refused(ctx: Context, title: str, message: str, back: str) -> Response:
+    """A 409 page: the view refused what was asked; a link ``back`` to the call."""
+    links = [(back, "Back to the call")]
+    page = message_page(ctx, title=title, message=message, signed_in=True, links=links)
+    return html_page(page, status=409)
+
+
 async def overview(view: OperatorView, ctx: Context, fields: Mapping[str, str]) -> Response:
     """``GET /``: health, counts by state, what needs attention."""
     return html_page(overview_page(ctx, await view.overview()))
@@ -106,16 +113,12 @@ async def settle(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
     detail = await view.call(request.call_id, session_id=request.session_id)
     back = ctx.url("/call", {"id": request.call_id, "session": request.session_id})
     if not detail.settleable:
-        return html_page(
-            message_page(
-                ctx,
-                title="Cannot settle this call",
-                message=f"Call {request.call_id} is {detail.summary.state}: only held, "
-                "quarantined and in-doubt calls can be settled.",
-                signed_in=True,
-                links=[(back, "Back to the call")],
-            ),
-            status=409,
+        return _refused(
+            ctx,
+            "Cannot settle this call",
+            f"Call {request.call_id} is {detail.summary.state}: only held, "
+            "quarantined and in-doubt calls can be settled.",
+            back,
         )
     try:
         output = request.output() if request.mode == "output" else None
@@ -134,16 +137,7 @@ async def settle(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
         rerun=request.mode == "rerun",
     )
     if outcome.status == "refused":
-        return html_page(
-            message_page(
-                ctx,
-                title="Settling was refused",
-                message=outcome.message,
-                signed_in=True,
-                links=[(back, "Back to the call")],
-            ),
-            status=409,
-        )
+        return _refused(ctx, "Settling was refused", outcome.message, back)
     return see_other(
         ctx.url(
             "/call",
@@ -193,16 +187,7 @@ async def decide(view: OperatorView, ctx: Context, fields: Mapping[str, str]) ->
             digest=request.digest,
         )
     except (ApprovalError, ConfigurationError) as exc:
-        return html_page(
-            message_page(
-                ctx,
-                title="The decision was refused",
-                message=str(exc),
-                signed_in=True,
-                links=[(back, "Back to the call")],
-            ),
-            status=409,
-        )
+        return _refused(ctx, "The decision was refused", str(exc), back)
     params = {"id": decided.call_id, "session": decided.session_id}
     return see_other(ctx.url("/call", {**params, "decided": decided.decision or ""}))
 

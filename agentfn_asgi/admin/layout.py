@@ -160,21 +160,15 @@ def _tools(ctx: Context, refreshable: bool) -> Safe:
     parts: list[Safe] = []
     if refreshable:
         params = {k: v for k, v in ctx.query.items() if k != "refresh"}
-        if ctx.refreshing:
-            parts.append(
-                render(
-                    '<a class="toggle on" href="{href}">Auto-refresh: on ({s} s)</a>',
-                    href=ctx.url(ctx.route, params),
-                    s=ctx.refresh_seconds,
-                )
+        on = ctx.refreshing
+        parts.append(
+            render(
+                '<a class="toggle{on}" href="{href}">Auto-refresh: {state}</a>',
+                on=Safe(" on" if on else ""),
+                href=ctx.url(ctx.route, params if on else {**params, "refresh": "1"}),
+                state=f"on ({ctx.refresh_seconds} s)" if on else "off",
             )
-        else:
-            parts.append(
-                render(
-                    '<a class="toggle" href="{href}">Auto-refresh: off</a>',
-                    href=ctx.url(ctx.route, {**params, "refresh": "1"}),
-                )
-            )
+        )
     if ctx.logged_in:
         parts.append(
             render(
@@ -188,6 +182,22 @@ def _tools(ctx: Context, refreshable: bool) -> Safe:
     return join(parts, " ")
 
 
+def _document(ctx: Context, *, title: str, head: Safe, body: Safe) -> Safe:
+    """A whole HTML document: the shared head (stylesheet, then ``head``), then ``body``."""
+    return render(
+        "<!doctype html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">{head}'
+        "<title>{title} · agentfn-asgi</title>"
+        '<link rel="stylesheet" href="{css}"></head>\n{body}</html>\n',
+        head=head,
+        title=title,
+        css=ctx.url("/style.css"),
+        body=body,
+    )
+
+
 def frame(ctx: Context, *, title: str, body: Safe, refreshable: bool = False) -> Safe:
     """A whole HTML document: head (stylesheet, optional refresh), navigation, ``body``."""
     refresh = (
@@ -195,37 +205,22 @@ def frame(ctx: Context, *, title: str, body: Safe, refreshable: bool = False) ->
         if refreshable and ctx.refreshing
         else Safe("")
     )
-    return render(
-        "<!doctype html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<meta name="referrer" content="no-referrer">{refresh}'
-        "<title>{title} · agentfn-asgi</title>"
-        '<link rel="stylesheet" href="{css}"></head>\n'
+    inner = render(
         '<body><header><a class="brand" href="{home}">agentfn-asgi operator</a>'
         '<nav>{nav}</nav><div class="tools">{tools}</div></header>\n'
-        "<main><h1>{title}</h1>\n{body}</main></body></html>\n",
-        refresh=refresh,
-        title=title,
-        css=ctx.url("/style.css"),
+        "<main><h1>{title}</h1>\n{body}</main></body>",
         home=ctx.url("/"),
         nav=_nav(ctx),
         tools=_tools(ctx, refreshable),
+        title=title,
         body=body,
     )
+    return _document(ctx, title=title, head=refresh, body=inner)
 
 
 def bare_frame(ctx: Context, *, title: str, body: Safe) -> Safe:
     """A document without navigation (the login page, refusals before logging in)."""
-    return render(
-        "<!doctype html>\n"
-        '<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        '<meta name="referrer" content="no-referrer">'
-        "<title>{title} · agentfn-asgi</title>"
-        '<link rel="stylesheet" href="{css}"></head>\n'
-        '<body class="bare"><main><h1>{title}</h1>\n{body}</main></body></html>\n',
-        title=title,
-        css=ctx.url("/style.css"),
-        body=body,
+    inner = render(
+        '<body class="bare"><main><h1>{title}</h1>\n{body}</main></body>', title=title, body=body
     )
+    return _document(ctx, title=title, head=Safe(""), body=inner)

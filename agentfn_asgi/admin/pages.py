@@ -26,9 +26,11 @@ from .widgets import (
     call_summary,
     calls_table,
     deliveries_table,
+    hidden_inputs,
     or_dash,
     session_link,
     settle_form,
+    table,
     when,
 )
 
@@ -62,10 +64,8 @@ def _unanswered_note(ctx: Context, overview: Overview) -> str:
     someone else must answer them (nobody here does)."""
     if not overview.unanswered:
         return "Every pending action is answered here."
-    kinds = ", ".join(f"{kind} {n}" for kind, n in overview.unanswered_by_kind.items())
-    oldest = overview.oldest_unanswered_at
-    waited = "" if oldest is None else f"; the oldest waits for {age(ctx.now - oldest)}"
-    return f"{kinds}{waited}. Someone else must answer them: nothing here does."
+    kinds = overview.unanswered_summary(lambda at: f"the oldest waits for {age(ctx.now - at)}")
+    return f"{kinds}. Someone else must answer them: nothing here does."
 
 
 def overview_page(ctx: Context, overview: Overview) -> Safe:
@@ -133,7 +133,7 @@ def _paused_sessions(ctx: Context, overview: Overview) -> Safe:
     paused = overview.paused_on_budget
     if paused is None:
         return Safe("")
-    rows = join(
+    rows = (
         render(
             '<tr><td>{session}</td><td class="num">{consumed}</td><td class="num">{limit}</td>'
             "</tr>",
@@ -143,20 +143,13 @@ def _paused_sessions(ctx: Context, overview: Overview) -> Safe:
         )
         for p in paused
     )
-    table = (
-        render(
-            "<table><thead><tr><th>Session</th><th>Consumed (¢)</th><th>Limit (¢)</th></tr>"
-            "</thead><tbody>{rows}</tbody></table>",
-            rows=rows,
-        )
-        if paused
-        else Safe("<p>None.</p>")
-    )
+    headings = ("Session", "Consumed (¢)", "Limit (¢)")
+    listed = table("", headings, rows) if paused else Safe("<p>None.</p>")
     return render(
         '<section><h2>Sessions paused on their spending limit <span class="count">{n}</span>'
         "</h2>{table}</section>",
         n=len(paused),
-        table=table,
+        table=listed,
     )
 
 
@@ -277,7 +270,7 @@ def call_page(
     ``refused`` settle request is shown again in the form, with the ``error`` saying why."""
     call = detail.summary
     first = detail.history[0].at if detail.history else call.created_at
-    steps = join(
+    steps = (
         render(
             '<tr><td>{at}</td><td class="num">+{offset}</td><td><code>{kind}</code></td>'
             '<td class="num">{attempt}</td><td>{owner}</td><td>{detail}</td></tr>',
@@ -290,13 +283,9 @@ def call_page(
         )
         for event in detail.history
     )
+    headings = ("At", "After", "Event", "Attempt", "Owner", "Detail")
     timeline = (
-        render(
-            '<table class="timeline"><thead><tr><th>At</th><th>After</th><th>Event</th>'
-            "<th>Attempt</th><th>Owner</th><th>Detail</th></tr></thead><tbody>{steps}</tbody>"
-            "</table>",
-            steps=steps,
-        )
+        table("timeline", headings, steps)
         if detail.history
         else Safe('<p class="empty">No history recorded.</p>')
     )
@@ -411,16 +400,13 @@ _LABELS = {"output": "save this output", "error": "fail with this error", "rerun
 
 def confirm_page(ctx: Context, detail: CallDetail, request: SettleRequest) -> Safe:
     """The confirmation step: what will happen, to which call, with which value."""
-    hidden = join(
-        render('<input type="hidden" name="{n}" value="{v}">', n=name, v=value)
-        for name, value in (
-            ("csrf", ctx.csrf),
-            ("call", request.call_id),
-            ("session", request.session_id),
-            ("mode", request.mode),
-            ("value", request.value),
-            ("confirm", "yes"),
-        )
+    hidden = hidden_inputs(
+        ("csrf", ctx.csrf),
+        ("call", request.call_id),
+        ("session", request.session_id),
+        ("mode", request.mode),
+        ("value", request.value),
+        ("confirm", "yes"),
     )
     value = (
         render(

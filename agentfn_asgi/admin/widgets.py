@@ -5,7 +5,7 @@ Like the pages, they take the view's values and return escaped HTML (see :mod:`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..operator import CallSummary, DeliveryView
 from .html import Safe, join, render
@@ -15,9 +15,11 @@ __all__ = [
     "call_summary",
     "calls_table",
     "deliveries_table",
+    "hidden_inputs",
     "or_dash",
     "session_link",
     "settle_form",
+    "table",
     "when",
 ]
 
@@ -32,6 +34,14 @@ def when(ctx: Context, at: float) -> Safe:
     )
 
 
+def hidden_inputs(*pairs: tuple[str, str]) -> Safe:
+    """A form's hidden fields, one per ``(name, value)``."""
+    return join(
+        render('<input type="hidden" name="{n}" value="{v}">', n=name, v=value)
+        for name, value in pairs
+    )
+
+
 def session_link(ctx: Context, session_id: str) -> Safe:
     """A session id linking to its calls."""
     href = ctx.url("/calls", {"session": session_id})
@@ -41,6 +51,16 @@ def session_link(ctx: Context, session_id: str) -> Safe:
 def or_dash(value: object) -> object:
     """``-`` for a missing value (None or empty), the value otherwise."""
     return "-" if value is None or value == "" else value
+
+
+def table(css: str, headings: Sequence[str], rows: Iterable[Safe]) -> Safe:
+    """A table of ``rows`` under a row of ``headings`` (``css``: its class, if any)."""
+    return render(
+        "<table{css}><thead><tr>{headings}</tr></thead><tbody>{rows}</tbody></table>",
+        css=render(' class="{css}"', css=css) if css else "",
+        headings=join(render("<th>{h}</th>", h=heading) for heading in headings),
+        rows=join(rows),
+    )
 
 
 def calls_table(ctx: Context, calls: Sequence[CallSummary], *, empty: str) -> Safe:
@@ -63,12 +83,8 @@ def calls_table(ctx: Context, calls: Sequence[CallSummary], *, empty: str) -> Sa
         )
         for call in calls
     ]
-    return render(
-        '<table class="calls"><thead><tr><th>First seen</th><th>Session</th><th>Turn</th>'
-        "<th>Call</th><th>Tool</th><th>Outcome</th><th>Attempt</th><th>Error / reason</th>"
-        "</tr></thead><tbody>{rows}</tbody></table>",
-        rows=join(rows),
-    )
+    headings = ("First seen", "Session", "Turn", "Call", "Tool", "Outcome", "Attempt")
+    return table("calls", (*headings, "Error / reason"), rows)
 
 
 def deliveries_table(ctx: Context, deliveries: Sequence[DeliveryView], *, empty: str) -> Safe:
@@ -90,12 +106,8 @@ def deliveries_table(ctx: Context, deliveries: Sequence[DeliveryView], *, empty:
         )
         for d in deliveries
     ]
-    return render(
-        '<table class="deliveries"><thead><tr><th>Received</th><th>Delivery</th>'
-        "<th>Session</th><th>Resolved</th><th>Attempts</th><th>Next attempt</th>"
-        "<th>Last error</th></tr></thead><tbody>{rows}</tbody></table>",
-        rows=join(rows),
-    )
+    headings = ("Received", "Delivery", "Session", "Resolved", "Attempts", "Next attempt")
+    return table("deliveries", (*headings, "Last error"), rows)
 
 
 def settle_form(ctx: Context, call: CallSummary, *, mode: str = "output", value: str = "") -> Safe:

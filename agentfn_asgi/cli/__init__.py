@@ -77,13 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # still buffered goes nowhere, else the interpreter's own flush would complain.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
-    except ConfigurationError as exc:
-        print(f"agentfn-asgi {args.command}: configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except CLIUsageError as exc:
-        print(f"agentfn-asgi {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except AgentFnError as exc:
-        print(f"agentfn-asgi {args.command}: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        what = "configuration error: " if isinstance(exc, ConfigurationError) else ""
+        print(f"agentfn-asgi {args.command}: {what}{exc}", file=sys.stderr)
+        usage = isinstance(exc, ConfigurationError | CLIUsageError)
+        return EXIT_USAGE if usage else EXIT_FAILURE
     return code

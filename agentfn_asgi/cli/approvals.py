@@ -26,11 +26,9 @@ from typing import Any
 from ..dispatch.approvals import ApprovalView
 from ..errors import ApprovalError, CLIError
 from .calls import operator
-from .common import EXIT_OK, ago, show
+from .common import EXIT_OK, STORE_HELP, ago, show, table
 
 __all__ = ["approval_json", "format_approvals", "register"]
-
-_STORE_HELP = "store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
 
 
 def iso(at: float | None) -> str | None:
@@ -67,11 +65,7 @@ def format_approvals(views: list[ApprovalView], *, now: float) -> str:
         )
         for v in views
     ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in (header, *rows)
-    )
+    return table(header, rows)
 
 
 def _left(seconds: float) -> str:
@@ -127,16 +121,12 @@ async def _decide(args: argparse.Namespace, *, approve: bool) -> int:
             )
         except ApprovalError as exc:
             raise CLIError(f"refused: {exc}") from None
-    if approve:
-        show(
-            f"approved: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
-            f"by {who}; the app runs it within a few seconds"
-        )
-    else:
-        show(
-            f"denied: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
-            f"by {who}; the model was told"
-        )
+    verb = "approved" if approve else "denied"
+    then = "the app runs it within a few seconds" if approve else "the model was told"
+    show(
+        f"{verb}: {decided.approval_id} ({decided.tool_name}, call {decided.call_id}) "
+        f"by {who}; {then}"
+    )
     return EXIT_OK
 
 
@@ -165,25 +155,22 @@ def register(sub: Any) -> None:
         action="store_true",
         help="also each call's arguments, read from its live session (needs OPENAI_API_KEY)",
     )
-    approvals.add_argument("--store", help=_STORE_HELP)
+    approvals.add_argument("--store", help=STORE_HELP)
     approvals.set_defaults(handler=lambda args: asyncio.run(_list(args)))
     which = approvals.add_subparsers(dest="approvals_command", metavar="SUBCOMMAND")
 
-    approve = which.add_parser(
-        "approve", help="approve a waiting call: the app runs it once, within seconds"
-    )
-    approve.add_argument("approval_id", metavar="APPROVAL_ID")
-    approve.add_argument(
-        "--as", dest="who", metavar="NAME", help="who decides (default: your user name)"
-    )
-    approve.add_argument("--store", help=_STORE_HELP)
-    approve.set_defaults(handler=lambda args: asyncio.run(_decide(args, approve=True)))
-
-    deny = which.add_parser("deny", help="deny a waiting call: the model gets a failure")
-    deny.add_argument("approval_id", metavar="APPROVAL_ID")
-    deny.add_argument("--reason", metavar="TEXT", help="why, as the model will read it")
-    deny.add_argument(
-        "--as", dest="who", metavar="NAME", help="who decides (default: your user name)"
-    )
-    deny.add_argument("--store", help=_STORE_HELP)
-    deny.set_defaults(handler=lambda args: asyncio.run(_decide(args, approve=False)))
+    for name, approve, what in (
+        ("approve", True, "approve a waiting call: the app runs it once, within seconds"),
+        ("deny", False, "deny a waiting call: the model gets a failure"),
+    ):
+        decide = which.add_parser(name, help=what)
+        decide.add_argument("approval_id", metavar="APPROVAL_ID")
+        if not approve:
+            decide.add_argument("--reason", metavar="TEXT", help="why, as the model will read it")
+        decide.add_argument(
+            "--as", dest="who", metavar="NAME", help="who decides (default: your user name)"
+        )
+        decide.add_argument("--store", help=STORE_HELP)
+        decide.set_defaults(
+            handler=lambda args, approve=approve: asyncio.run(_decide(args, approve=approve))
+        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
 import json
 import time
 from collections.abc import AsyncIterator
@@ -35,19 +34,20 @@ from ..tools import FunctionTools
 from .common import (
     EXIT_FAILURE,
     EXIT_OK,
+    STORE_HELP,
     ago,
-    api_client,
     check_store_exists,
+    dispatching,
     load_tools,
     progress,
     show,
+    stamp,
     store_url,
+    table,
     tools_spec,
 )
 
 __all__ = ["format_call", "format_calls", "register"]
-
-_STORE_HELP = "store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
 
 
 @contextlib.asynccontextmanager
@@ -60,49 +60,29 @@ async def operator(
     """An :class:`Operator` over the configured store, and, unless ``api`` is ``none``, over
     a started dispatcher (Agents API client, the registry of ``tools``) that is drained
     after. ``optional``: without an API key, go on without it (what needs it is left out)."""
-    from ..dispatch import Dispatcher
-    from ..jobs import worker_jobs
-
     config = Config.from_env()
     url = store_url(store)
     the_store = config.open_store(url)
     check_store_exists(the_store)
     location = store_location(the_store, url)
-    if api == "optional" and not config.api_key:
-        api = "none"
-    if api == "none":
-        try:
+    try:
+        if api == "none" or (api == "optional" and not config.api_key):
             await the_store.open()
             yield Operator(the_store, location=location)
-        finally:
-            await the_store.close()
-        return
-    registry = load_tools(tools) if tools else FunctionTools()
-    handoff = worker_jobs(
-        registry,
-        config.completion_secrets,
-        public_url=config.public_url,
-        namespace=the_store.namespace,
-    )
-    async with api_client(config, "settling submits the result through the Agents API") as client:
-        dispatcher = Dispatcher(
-            registry, client, the_store, settings=config.dispatch, handoff=handoff
-        )
-        await dispatcher.start(recover=False)
-        try:
+            return
+        async with dispatching(
+            config,
+            load_tools(tools) if tools else FunctionTools(),
+            the_store,
+            why="settling submits the result through the Agents API",
+            drain_timeout=300.0,
+        ) as dispatcher:
             yield Operator(the_store, dispatcher=dispatcher, location=location)
-            if dispatcher.inflight:
-                progress(f"waiting for {dispatcher.inflight} call(s) to finish...")
-        finally:
-            await dispatcher.stop(drain_timeout=300.0)
-            await the_store.close()
+    finally:
+        await the_store.close()
 
 
 # -- formatting ------------------------------------------------------------------------------
-
-
-def _stamp(at: float) -> str:
-    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%S}"
 
 
 def format_calls(calls: list[CallSummary], *, now: float) -> str:
@@ -123,11 +103,7 @@ def format_calls(calls: list[CallSummary], *, now: float) -> str:
         )
         for c in calls
     ]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in (header, *rows)
-    )
+    return table(header, rows)
 
 
 def _why(c: CallSummary) -> str:
@@ -147,7 +123,7 @@ def format_call(detail: CallDetail, *, now: float) -> str:
         f"turn      {c.turn_id}",
         f"tool      {c.tool_name}",
         f"state     {c.state} (attempt {c.attempt})",
-        f"first     {_stamp(c.created_at)} UTC ({ago(c.created_at, now)})",
+        f"first     {stamp(c.created_at)} UTC ({ago(c.created_at, now)})",
     ]
     if c.kind != "function":
         lines.insert(4, f"kind      {c.kind}")
@@ -163,7 +139,7 @@ def format_call(detail: CallDetail, *, now: float) -> str:
     if c.limiter is not None:
         lines.append(f"limit     {c.limiter}")
     if c.waiting_since is not None:
-        since = f"{_stamp(c.waiting_since)} UTC ({ago(c.waiting_since, now)})"
+        since = f"{stamp(c.waiting_since)} UTC ({ago(c.waiting_since, now)})"
         lines.append(f"waiting   since {since}, for a slot of its limit")
     if c.counted is not None:
         lines.append(f"budget    call {c.counted} counted against its session's budget")
@@ -173,7 +149,7 @@ def format_call(detail: CallDetail, *, now: float) -> str:
     for event in detail.history:
         who = f" by {event.owner}" if event.owner else ""
         what = f": {event.detail}" if event.detail else ""
-        lines.append(f"{_stamp(event.at)}  {event.kind:<13} attempt {event.attempt}{who}{what}")
+        lines.append(f"{stamp(event.at)}  {event.kind:<13} attempt {event.attempt}{who}{what}")
     if not detail.history:
         lines.append("(no history recorded)")
     if detail.settleable:
@@ -195,7 +171,7 @@ def _approval_lines(detail: CallDetail) -> list[str]:
     assert a is not None
     lines = [
         f"approval  {a.approval_id} (arguments sha256 {a.digest[:16]}...)",
-        f"asked     {_stamp(a.requested_at)} UTC, expires {_stamp(a.expires_at)} UTC",
+        f"asked     {stamp(a.requested_at)} UTC, expires {stamp(a.expires_at)} UTC",
     ]
     if a.decision is None:
         lines.append(
@@ -203,7 +179,7 @@ def _approval_lines(detail: CallDetail) -> list[str]:
             f" | agentfn-asgi approvals deny {a.approval_id} --reason TEXT"
         )
     else:
-        at = f" at {_stamp(a.decided_at)} UTC" if a.decided_at is not None else ""
+        at = f" at {stamp(a.decided_at)} UTC" if a.decided_at is not None else ""
         by = f" by {a.decided_by}" if a.decided_by else ""
         via = f" via {a.decided_via}" if a.decided_via else ""
         why = f": {a.reason}" if a.reason else ""
@@ -318,7 +294,7 @@ def register(sub: Any) -> None:
     calls.add_argument("--since", metavar="DURATION", help="first seen within, e.g. 15m, 2h, 3d")
     calls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     calls.add_argument("--json", action="store_true", help="a JSON array of objects")
-    calls.add_argument("--store", help=_STORE_HELP)
+    calls.add_argument("--store", help=STORE_HELP)
     calls.set_defaults(handler=lambda args: asyncio.run(_calls(args)))
     which = calls.add_subparsers(dest="calls_command", metavar="SUBCOMMAND")
 
@@ -331,7 +307,7 @@ def register(sub: Any) -> None:
         help="also the saved output and, while pending, the arguments (may be personal data)",
     )
     show.add_argument("--json", action="store_true", help="machine-readable output")
-    show.add_argument("--store", help=_STORE_HELP)
+    show.add_argument("--store", help=STORE_HELP)
     show.set_defaults(handler=lambda args: asyncio.run(_show(args)))
 
     settle = which.add_parser(
@@ -353,7 +329,7 @@ def register(sub: Any) -> None:
     settle.add_argument(
         "--tools", type=tools_spec, metavar="MODULE:ATTR", help="the registry (needed by --rerun)"
     )
-    settle.add_argument("--store", help=_STORE_HELP)
+    settle.add_argument("--store", help=STORE_HELP)
     settle.set_defaults(handler=lambda args: asyncio.run(_settle(args)))
 
     deliveries = sub.add_parser(
@@ -364,5 +340,5 @@ def register(sub: Any) -> None:
     deliveries.add_argument("--unresolved", action="store_true", help="only unresolved ones")
     deliveries.add_argument("--limit", type=int, default=50, help="at most this many")
     deliveries.add_argument("--json", action="store_true", help="machine-readable output")
-    deliveries.add_argument("--store", help=_STORE_HELP)
+    deliveries.add_argument("--store", help=STORE_HELP)
     deliveries.set_defaults(handler=lambda args: asyncio.run(_deliveries(args)))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
 import difflib
 import importlib
 import inspect
@@ -11,9 +13,9 @@ import re
 import sys
 import sysconfig
 import traceback
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from ..client import AgentsClient
 from ..config import Config
@@ -21,27 +23,37 @@ from ..errors import CLIUsageError, ConfigurationError
 from ..store import SQLiteStore, Store
 from ..tools import FunctionTools
 
+if TYPE_CHECKING:
+    from ..dispatch import Dispatcher
+
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "STORE_HELP",
     "Parser",
     "ago",
     "api_client",
     "check_store_exists",
     "describe",
+    "dispatching",
     "load_tools",
     "printable",
     "progress",
+    "seconds_type",
     "secret_from",
     "show",
+    "stamp",
     "store_url",
+    "table",
     "tools_spec",
 ]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+STORE_HELP = "store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
 
 _EXTRAS_OWNER = "_agentfn_extras_owner"
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
@@ -236,6 +248,39 @@ def api_client(config: Config, why: str, **options: Any) -> AgentsClient:
     return config.client(**options)
 
 
+@contextlib.asynccontextmanager
+async def dispatching(
+    config: Config,
+    registry: FunctionTools,
+    store: Store,
+    *,
+    why: str,
+    drain_timeout: float,
+    announce: str | None = None,
+) -> AsyncIterator[Dispatcher]:
+    """A started dispatcher built like the app's (same ``AGENTFN_*`` settings, worker lane,
+    store namespace), drained on the way out; ``why`` it needs the Agents API is said when
+    there is no key, else ``announce`` is printed on stderr before it starts."""
+    from ..dispatch import Dispatcher
+    from ..jobs import worker_jobs
+
+    handoff = worker_jobs(
+        registry, config.completion_secrets, public_url=config.public_url, namespace=store.namespace
+    )
+    client = api_client(config, why)
+    if announce:
+        progress(announce)
+    async with client:
+        dispatcher = Dispatcher(registry, client, store, settings=config.dispatch, handoff=handoff)
+        try:
+            await dispatcher.start(recover=False)
+            yield dispatcher
+            if dispatcher.inflight:
+                progress(f"waiting for {dispatcher.inflight} call(s) to finish...")
+        finally:
+            await dispatcher.stop(drain_timeout=drain_timeout)
+
+
 def tools_spec(value: str) -> str:
     """argparse type of ``MODULE:ATTR``: a malformed spec is a usage error (exit 2)."""
     module_name, sep, attr = value.partition(":")
@@ -244,6 +289,23 @@ def tools_spec(value: str) -> str:
             f"expected MODULE:ATTR (e.g. agentfn_asgi.demo.tools:tools), got {value!r}"
         )
     return value
+
+
+def seconds_type(*, zero: bool) -> Callable[[str], float]:
+    """argparse type of a duration in seconds: 0 or more with ``zero``, else more than 0."""
+
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+        if zero and seconds < 0:
+            raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value}")
+        if not zero and not seconds > 0:
+            raise argparse.ArgumentTypeError(f"expected more than 0 seconds, got {value}")
+        return seconds
+
+    return parse
 
 
 def secret_from(value: str | None) -> str:
@@ -294,6 +356,20 @@ def check_store_exists(store: Store) -> None:
 def store_url(value: str | None) -> str:
     """``--store``, else the environment's (as the app resolves it)."""
     return value or Config.from_env().store_url
+
+
+def stamp(at: float) -> str:
+    """``at`` (Unix seconds) as ``2024-05-01 12:00:00``, in UTC."""
+    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """``header`` and ``rows`` as left-aligned columns two spaces apart."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in (header, *rows)
+    )
 
 
 def ago(then: float, now: float) -> str:

@@ -10,7 +10,15 @@ from typing import Any
 from ..config import Config
 from ..errors import AgentFnError, CLIError, CLIUsageError
 from ..integrations.starlette import not_found_hint
-from .common import EXIT_FAILURE, EXIT_OK, load_tools, progress, secret_from, tools_spec
+from .common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    load_tools,
+    progress,
+    seconds_type,
+    secret_from,
+    tools_spec,
+)
 
 __all__ = ["create_fake_session", "parse_call_spec", "register"]
 
@@ -187,16 +195,6 @@ def _cmd_fake_api(args: argparse.Namespace) -> int:
         ) from None
 
 
-def _non_negative(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more seconds, got {value}")
-    return seconds
-
-
 def register(sub: Any) -> None:
     """Add the developer commands to the ``agentfn-asgi`` subparsers."""
     demo = sub.add_parser(
@@ -272,7 +270,7 @@ def register(sub: Any) -> None:
     )
     fake.add_argument(
         "--webhook-retry-for",
-        type=_non_negative,
+        type=seconds_type(zero=True),
         default=DEV_WEBHOOK_RETRY_WINDOW,
         metavar="SECONDS",
         help=(

@@ -32,7 +32,7 @@ from ..errors import APIStatusError, CLIError
 from ..signing import parse_secrets, signed_headers
 from ..stream import RECONNECT, FollowEnd, SessionWatcher, stream_delivery_id
 from ..wire import AgentSession
-from .common import EXIT_OK, progress, secret_from
+from .common import EXIT_OK, progress, seconds_type, secret_from
 
 __all__ = ["Forwarder", "listen", "pending_summary", "register"]
 
@@ -214,16 +214,6 @@ def _forward_url(value: str) -> str:
     return value
 
 
-def _positive(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"expected more than 0 seconds, got {value}")
-    return seconds
-
-
 def _cmd_listen(args: argparse.Namespace) -> int:
     secrets = parse_secrets(secret_from(args.secret))
     signed_headers(secrets, b"")  # a malformed secret fails here, before anything runs
@@ -277,7 +267,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--poll-interval",
-        type=_positive,
+        type=seconds_type(zero=False),
         default=2.0,
         metavar="SECONDS",
         help="how often to look for sessions that became active (default 2)",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import time
 from dataclasses import asdict
@@ -13,28 +12,21 @@ from typing import Any
 from ..config import Config
 from ..operator import Overview
 from ..store import store_location
+from .calls import operator
 from .common import (
     EXIT_OK,
+    STORE_HELP,
     ago,
-    api_client,
     check_store_exists,
+    dispatching,
     load_tools,
     progress,
     show,
+    stamp,
     tools_spec,
 )
 
 __all__ = ["format_overview", "register"]
-
-
-def _unanswered(overview: Overview, now: float) -> str:
-    """``N (kind n, ...; oldest 3m ago)``: the pending actions left to someone else."""
-    if not overview.unanswered:
-        return "0"
-    kinds = ", ".join(f"{kind} {n}" for kind, n in overview.unanswered_by_kind.items())
-    oldest = overview.oldest_unanswered_at
-    age = "" if oldest is None else f"; oldest {ago(oldest, now)}"
-    return f"{overview.unanswered} ({kinds}{age})"
 
 
 def format_overview(overview: Overview, *, now: float | None = None) -> str:
@@ -43,11 +35,14 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
     now = time.time() if now is None else now
     counts = {state: n for state, n in overview.calls_by_state.items() if n}
     states = ", ".join(f"{state} {n}" for state, n in counts.items()) or "none"
-    if overview.oldest_pending_at is None:
-        oldest = "none"
-    else:
-        stamp = dt.datetime.fromtimestamp(overview.oldest_pending_at, dt.UTC)
-        oldest = f"{stamp:%Y-%m-%d %H:%M:%S} UTC ({ago(overview.oldest_pending_at, now)})"
+    oldest = "none"
+    if overview.oldest_pending_at is not None:
+        at = overview.oldest_pending_at
+        oldest = f"{stamp(at)} UTC ({ago(at, now)})"
+    unanswered = "0"
+    if overview.unanswered:
+        kinds = overview.unanswered_summary(lambda at: f"oldest {ago(at, now)}")
+        unanswered = f"{overview.unanswered} ({kinds})"
     rows = [
         ("store", f"{overview.store}" + ("" if overview.healthy else " (UNAVAILABLE)")),
         ("deliveries", f"{overview.deliveries} ({overview.unresolved_deliveries} unresolved)"),
@@ -59,7 +54,7 @@ def format_overview(overview: Overview, *, now: float | None = None) -> str:
         ("retrying", str(overview.calls_by_state.get("retry_scheduled", 0))),
         ("waiting", _waiting(overview)),
         ("paused", _paused(overview)),
-        ("unanswered", _unanswered(overview, now)),
+        ("unanswered", unanswered),
         ("oldest pending", oldest),
     ]
     width = max(len(label) for label, _ in rows)
@@ -115,8 +110,6 @@ def _waiting(overview: Overview) -> str:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from .calls import operator
-
     # With an API key, the overview also reads which sessions are paused on their budget.
     async with operator(args.store, api="optional") as view:
         overview = await view.overview()
@@ -128,9 +121,6 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 async def _recover(args: argparse.Namespace) -> int:
-    from ..dispatch import Dispatcher
-    from ..jobs import worker_jobs
-
     registry = load_tools(args.tools)
     config = Config.from_env()
     url = args.store or config.store_url
@@ -139,26 +129,23 @@ async def _recover(args: argparse.Namespace) -> int:
     # No webhook app is needed to recover (nothing is received), hence no webhook secret:
     # the dispatcher alone reads sessions, runs what is owed and submits saved results,
     # with the same AGENTFN_* settings and worker lane as the app.
-    handoff = worker_jobs(
-        registry, config.completion_secrets, public_url=config.public_url, namespace=store.namespace
-    )
-    client = api_client(config, "recover reads the sessions through the Agents API")
-    progress(f"store {store_location(store, url)}")
-    async with client:
-        dispatcher = Dispatcher(registry, client, store, settings=config.dispatch, handoff=handoff)
-        try:
-            await dispatcher.start(recover=False)
+    try:
+        async with dispatching(
+            config,
+            registry,
+            store,
+            why="recover reads the sessions through the Agents API",
+            drain_timeout=args.drain_timeout,
+            announce=f"store {store_location(store, url)}",
+        ) as dispatcher:
             if args.session:
                 progress(f"reading session {args.session} and finishing what is owed...")
             else:
                 progress("running one recovery sweep over the whole store...")
             await dispatcher.recover(args.session)
-            if dispatcher.inflight:
-                progress(f"waiting for {dispatcher.inflight} call(s) to finish...")
-        finally:
-            await dispatcher.stop(drain_timeout=args.drain_timeout)
-            calls = await store.calls_for_session(args.session) if args.session else []
-            await store.close()
+        calls = await store.calls_for_session(args.session) if args.session else []
+    finally:
+        await store.close()
     for record in calls:
         key, state = record.key, record.state.value
         show(f"{key.call_id}  {record.tool_name}  {state}  attempt {record.attempt}")
@@ -178,9 +165,7 @@ def register(sub: Any) -> None:
             "calls by id, the deliveries the recovery sweep keeps failing on, oldest pending."
         ),
     )
-    status.add_argument(
-        "--store", help="store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
-    )
+    status.add_argument("--store", help=STORE_HELP)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=lambda args: asyncio.run(_status(args)))
 
@@ -201,9 +186,7 @@ def register(sub: Any) -> None:
         metavar="MODULE:ATTR",
         help="the registry to run calls with",
     )
-    recover.add_argument(
-        "--store", help="store URL (default: AGENTFN_STORE_URL, else sqlite:///agentfn.sqlite3)"
-    )
+    recover.add_argument("--store", help=STORE_HELP)
     recover.add_argument(
         "--drain-timeout", type=float, default=60.0, help="seconds to let calls finish (default 60)"
     )

@@ -31,7 +31,7 @@ from ..config import Config
 from ..errors import APIError, APIStatusError, CLIError, CLIUsageError
 from ..integrations.starlette import not_found_hint
 from ..wire import WebhookEndpoint, WebhookEndpointWithSecret
-from .common import EXIT_FAILURE, EXIT_OK, api_client, progress, show
+from .common import EXIT_FAILURE, EXIT_OK, api_client, progress, show, stamp, table
 
 __all__ = ["DEFAULT_EVENTS", "format_endpoint", "format_endpoints", "register"]
 
@@ -52,9 +52,7 @@ _T = TypeVar("_T")
 
 
 def _stamp(at: int | None) -> str:
-    if at is None:
-        return "-"
-    return f"{dt.datetime.fromtimestamp(at, dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+    return "-" if at is None else f"{stamp(at)} UTC"
 
 
 def format_endpoints(endpoints: Sequence[WebhookEndpoint]) -> str:
@@ -63,11 +61,7 @@ def format_endpoints(endpoints: Sequence[WebhookEndpoint]) -> str:
         return "no webhook endpoints"
     header = ("ID", "NAME", "URL", "EVENTS")
     rows = [(e.id, e.name, e.url, ",".join(e.event_types)) for e in endpoints]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in (header, *rows)
-    )
+    return table(header, rows)
 
 
 def format_endpoint(endpoint: WebhookEndpoint) -> str:

@@ -785,7 +785,7 @@ class Operator:
             reason=record.reason,
             outcome=outcome_of(record, self._clock(), self._margin),
             limiter=None if record.limiter is None else limiter_label(record.limiter),
-            waiting_since=(record.next_attempt_at if record.state is CallState.WAITING else None),
+            waiting_since=record.waiting_since,
             counted=record.counted,
             kind=action_kind(record.tool_name),
         )

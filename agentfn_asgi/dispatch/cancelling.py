@@ -42,6 +42,7 @@ from ..errors import APIError, NotFoundError
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..wire import turn_error_reason
+from .alarms import call_fields
 
 __all__ = ["Canceller"]
 
@@ -107,9 +108,9 @@ class Canceller:
             key = record.key
             if key in pending:
                 continue
+            known_before = read_sent if record.owner == self._owner else read_at
             if not key.turn_id:  # a turn-less action: this occurrence is over
                 if record.state in _OCCURRENCE_ENDS:
-                    known_before = read_sent if record.owner == self._owner else read_at
                     ended_here = await self.end_occurrence(key, known_before=known_before)
                     later |= not ended_here and record.created_at > known_before
                 continue
@@ -127,30 +128,21 @@ class Canceller:
                 continue  # its turn goes on: never stop a handler on a read that lags
             if why is None and record.state is CallState.UNANSWERED:
                 # Its turn goes on without it: answered elsewhere.
-                known_before = read_sent if record.owner == self._owner else read_at
                 await self._store.mark_stale(key, unchanged_since=known_before)
                 continue
             reason = f"{why or 'the session no longer waits for it'}; {self._doing(record)}"
-            known_before = read_sent if record.owner == self._owner else read_at
             cancelled = await self._store.cancel(
                 key, owner=self._owner, reason=reason, known_before=known_before
             )
             later |= not cancelled and record.created_at > known_before
             if cancelled:
+                fields = call_fields(key, record.tool_name, reason=reason)
                 logger.info(
                     "call %s of %s cancelled: %s",
                     key,
                     record.tool_name,
                     reason,
-                    extra={
-                        "agentfn": {
-                            "tool": record.tool_name,
-                            "session_id": key.session_id,
-                            "turn_id": key.turn_id,
-                            "call_id": key.call_id,
-                            "reason": reason,
-                        }
-                    },
+                    extra={"agentfn": fields},
                 )
                 self._stop(key, reason)
         return later

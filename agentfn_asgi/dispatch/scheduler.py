@@ -249,7 +249,6 @@ class Dispatcher:
         self.approvals = Approvals(
             store,
             client,
-            self._submitter,
             self._executor,
             tools=tools,
             settings=self.settings,
@@ -724,7 +723,7 @@ class Dispatcher:
             error=error,
         )
         if record is not None:
-            self._track(record.key, self._executor.submit_completed(record))
+            self._track(record.key, self._executor.resubmit(record, source=None))
         return status
 
     # -- operators -----------------------------------------------------------------------

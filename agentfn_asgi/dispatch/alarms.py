@@ -13,7 +13,7 @@ log lines about one call, for JSON log formatters.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..calls.records import CallKey
 from ..errors import APIStatusError, AuthenticationError, PermissionDeniedError
@@ -37,7 +37,7 @@ def call_fields(key: CallKey, tool: str, **more: Any) -> dict[str, Any]:
     return {"tool": tool, **ids, **more}
 
 
-def is_configuration_error(exc: BaseException) -> bool:
+def is_configuration_error(exc: BaseException) -> TypeGuard[APIStatusError]:
     """A 401 or 403 from the API: our configuration, not a passing fault."""
     return isinstance(exc, AuthenticationError | PermissionDeniedError)
 

@@ -524,9 +524,6 @@ class Executor:
             )
             return await self._execute(attempt)
 
-        async def nap(seconds: float, freed: asyncio.Event) -> None:
-            await self._wait_unless_closed(seconds, freed=freed)
-
         return await self._waiter.wait(
             record,
             limit,
@@ -534,7 +531,7 @@ class Executor:
             max_wait=self._policy(tool).max_wait,
             slots=self._slots,
             closing=lambda: self._closing,
-            nap=nap,
+            nap=lambda seconds, freed: self._wait_unless_closed(seconds, freed=freed),
             run=run,
         )
 
@@ -838,9 +835,13 @@ class Executor:
             return await self._request_approval(
                 attempt, name=tool.name, lapses_in=self._policy(tool).approval_timeout
             )
-        if attempt.in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
-            # Its job may still be running: fail the call rather than queue it again.
-            return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
+        if attempt.in_doubt and tool.enqueue is not None:
+            # Past its job deadline, its job may still be running: fail the call rather than
+            # queue it again (before it, its claim expired early: the process died between
+            # claiming it and handing over its job).
+            record = await self._store.get_call(key)
+            if record is None or self._clock() >= record.created_at + tool.job_deadline:
+                return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
         if attempt.in_doubt and tool.side_effects:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
@@ -1306,12 +1307,6 @@ class Executor:
             message = ENQUEUE_FAILED_MESSAGE.format(name=tool.name)
             return failure_result(key, message, "enqueue_error")
         return None
-
-    async def _job_overdue(self, key: CallKey, tool: FunctionTool) -> bool:
-        """An in-doubt queued call is past its job deadline (else its claim expired early:
-        the process died between claiming it and handing over its job)."""
-        record = await self._store.get_call(key)
-        return record is None or self._clock() >= record.created_at + tool.job_deadline
 
     async def complete(
         self,

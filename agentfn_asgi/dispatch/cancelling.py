@@ -58,6 +58,11 @@ _DOING: Final = {
 }
 #: The states of a turn-less action whose occurrence a read that no longer lists it ends.
 _OCCURRENCE_ENDS: Final = frozenset().union(*(way.states for way in TRANSITIONS["retire"].ways))
+#: Why a call's turn ended, by the turn's status (``failed`` says its error code).
+_TURN_ENDED: Final = {
+    "cancelled": "the turn was cancelled",
+    "completed": "the turn completed without it",
+}
 #: Why a hook still running is stopped when its occurrence ends.
 _ENDED: Final = "the session no longer waits for it (its occurrence ended)"
 
@@ -173,10 +178,6 @@ class Canceller:
         except (APIError, ValueError) as exc:
             logger.warning("reading turn %s of session %s failed: %s", key.turn_id, key, exc)
             return None
-        if turn.status == "cancelled":
-            return "the turn was cancelled"
         if turn.status == "failed":
             return turn_error_reason(turn.error.code if turn.error is not None else None)
-        if turn.status == "completed":
-            return "the turn completed without it"
-        return None
+        return _TURN_ENDED.get(turn.status)

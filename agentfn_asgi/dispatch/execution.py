@@ -94,14 +94,7 @@ from ..results import (
 )
 from ..running import invoke, run_reconcile
 from ..store.base import Store
-from ..tools import (
-    FunctionTool,
-    NotRun,
-    Ran,
-    ReconcileOutcome,
-    ToolContext,
-    derive_idempotency_key,
-)
+from ..tools import FunctionTool, NotRun, Ran, ReconcileOutcome, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
 from ..wire import ENVIRONMENT_PREFIX, FunctionCallAction
 from .actions import RequestAnswers, saved_answer
@@ -1342,12 +1335,7 @@ class Executor:
             result = failure_result(key, error or "", "worker_error", source="worker")
         fresh = record.state is CallState.CLAIMED
         if fresh:
-            record = await self._store.save_result(
-                key,
-                owner=owner,
-                attempt=attempt,
-                result=result,
-            )
+            record = await self._store.save_result(key, owner=owner, attempt=attempt, result=result)
             crash_point("after_save", tool_name)
         if record.state in _NOT_OWED:
             return "stale", None

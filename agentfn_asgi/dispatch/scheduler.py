@@ -37,13 +37,7 @@ import anyio
 from ..actions import ActionPolicy, ConnectEnvironmentHook, SignInHook
 from ..calls.records import CallKey, CallState, DeliveryRecord
 from ..client import AgentsClient, RetryState
-from ..errors import (
-    APIError,
-    APIStatusError,
-    NotFoundError,
-    SessionNotFoundYetError,
-    StoreError,
-)
+from ..errors import APIError, APIStatusError, NotFoundError, SessionNotFoundYetError, StoreError
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry

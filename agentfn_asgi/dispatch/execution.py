@@ -710,11 +710,7 @@ class Executor:
         span.set_error(retry.error_type)
         span.set_source("retry_scheduled")
         scheduled = await self._store.schedule_retry(
-            attempt.key,
-            owner=self._owner,
-            attempt=attempt.number,
-            at=retry.at,
-            reason=retry.reason,
+            attempt.key, owner=self._owner, attempt=attempt.number, at=retry.at, reason=retry.reason
         )
         if not scheduled:
             logger.warning(
@@ -1095,11 +1091,7 @@ class Executor:
         return resolved
 
     async def _run(
-        self,
-        attempt: _Attempt,
-        tool: FunctionTool,
-        arguments: dict[str, Any],
-        context: ToolContext,
+        self, attempt: _Attempt, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
     ) -> SavedResult | _Retry:
         key = attempt.key
         policy = self._policy(tool)
@@ -1273,11 +1265,7 @@ class Executor:
 
     # -- calls handed to workers -------------------------------------------------------------
     async def _hand_off(
-        self,
-        attempt: _Attempt,
-        tool: FunctionTool,
-        arguments: dict[str, Any],
-        context: ToolContext,
+        self, attempt: _Attempt, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
     ) -> SavedResult | None:
         """Hand the call to the tool's queue; its claim lasts until the job deadline.
 

@@ -5,15 +5,20 @@ allowed into the session's project. Every call would hit it again, so it is logg
 per cause (status and code), with the fix, instead of once per request; the work stays
 recorded for the recovery sweep, which succeeds once the configuration is fixed. A later
 success re-arms the alarm.
+
+Also here: :func:`call_fields`, the structured fields (``record.agentfn``) of the dispatcher's
+log lines about one call, for JSON log formatters.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any, TypeGuard
 
+from ..calls.records import CallKey
 from ..errors import APIStatusError, AuthenticationError, PermissionDeniedError
 
-__all__ = ["ConfigurationAlarm", "is_configuration_error"]
+__all__ = ["ConfigurationAlarm", "call_fields", "is_configuration_error"]
 
 logger = logging.getLogger("agentfn_asgi.dispatch.alarms")
 
@@ -26,7 +31,13 @@ _HINTS = {
 }
 
 
-def is_configuration_error(exc: BaseException) -> bool:
+def call_fields(key: CallKey, tool: str, **more: Any) -> dict[str, Any]:
+    """The fields naming the call ``key`` of ``tool`` in a log line, then ``more``."""
+    ids = {"session_id": key.session_id, "turn_id": key.turn_id, "call_id": key.call_id}
+    return {"tool": tool, **ids, **more}
+
+
+def is_configuration_error(exc: BaseException) -> TypeGuard[APIStatusError]:
     """A 401 or 403 from the API: our configuration, not a passing fault."""
     return isinstance(exc, AuthenticationError | PermissionDeniedError)
 

@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from ..actions import action_fields, action_kind
 from ..backoff import Backoff
-from ..calls.records import ApprovalRequest, CallKey, CallRecord, CallState
+from ..calls.records import ApprovalRequest, CallKey, CallRecord, CallState, SavedResult
 from ..calls.states import claimed_with
 from ..client import AgentsClient
 from ..errors import (
@@ -56,9 +56,10 @@ from ..tools import FunctionTools
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .actions import saved_answer
+from .alarms import call_fields
 from .execution import Executor
 from .settings import DispatchSettings
-from .submission import Submitter, read_session
+from .submission import read_session
 
 __all__ = ["ApprovalView", "Approvals", "approval_view"]
 
@@ -143,7 +144,6 @@ class Approvals:
         self,
         store: Store,
         client: AgentsClient,
-        submitter: Submitter,
         executor: Executor,
         *,
         tools: FunctionTools,
@@ -157,7 +157,6 @@ class Approvals:
     ) -> None:
         self._store = store
         self._client = client
-        self._submitter = submitter
         self._executor = executor
         self._tools = tools
         self._settings = settings
@@ -203,18 +202,8 @@ class Approvals:
         must be the request's: the decision is bound to the arguments the person saw.
         """
         store = self._store
-        record = await store.find_approval(approval_id)
-        if record is None or record.approval is None:
-            raise ApprovalNotFoundError(
-                f"no approval request {approval_id} in this store", approval_id=approval_id
-            )
-        if digest is not None and digest != record.approval.digest:
-            raise ApprovalNotFoundError(
-                f"approval request {approval_id} is for other arguments",
-                approval_id=approval_id,
-            )
-        self._refuse_if_decided(record)
-        if self._clock() >= record.approval.expires_at:
+        record, request = await self._waiting(approval_id, digest)
+        if self._clock() >= request.expires_at:
             await self._expire(record)
             raise ApprovalExpiredError(
                 f"approval request {approval_id} expired before this decision; the call "
@@ -224,13 +213,10 @@ class Approvals:
             )
         decision = "approved" if approve else "denied"
         result = None
-        if not approve and action_kind(record.tool_name) != "function":
-            # An approval request is answered "deny" (the reason stays in the record).
-            result = saved_answer(record.key, record.tool_name, "deny", source="approval")
-        elif not approve:
+        if not approve:
             text = reason.strip() if reason and reason.strip() else "no reason was given."
             message = APPROVAL_DENIED_MESSAGE.format(name=record.tool_name, reason=text)
-            result = failure_result(record.key, message, "approval_denied", source="approval")
+            result = _refusal(record, message, "approval_denied")
         decided = await store.decide_approval(
             record.key,
             approval_id=approval_id,
@@ -252,9 +238,28 @@ class Approvals:
         self._decided(decided)
         if approve:
             self._wake.set()  # run it now if this process runs the dispatcher's poll
-        else:
-            await self._submit(decided)
+        else:  # a failed submission is the sweep's to retry
+            await self._executor.resubmit(decided)
         return approval_view(decided)
+
+    async def _waiting(
+        self, approval_id: str, digest: str | None = None
+    ) -> tuple[CallRecord, ApprovalRequest]:
+        """The call waiting on ``approval_id``, and its request; raises as :meth:`decide`
+        does when there is none, it is for other arguments than ``digest``, or it was
+        decided."""
+        record = await self._store.find_approval(approval_id)
+        if record is None or record.approval is None:
+            raise ApprovalNotFoundError(
+                f"no approval request {approval_id} in this store", approval_id=approval_id
+            )
+        if digest is not None and digest != record.approval.digest:
+            raise ApprovalNotFoundError(
+                f"approval request {approval_id} is for other arguments",
+                approval_id=approval_id,
+            )
+        self._refuse_if_decided(record)
+        return record, record.approval
 
     def _refuse_if_decided(self, record: CallRecord) -> None:
         request = record.approval
@@ -282,18 +287,16 @@ class Approvals:
         assert request is not None and request.decision is not None
         waited = (request.decided_at or self._clock()) - request.requested_at
         self._telemetry.record_approval_decision(request.decision, waited)
-        fields = {
-            "tool": record.tool_name,
-            "session_id": record.key.session_id,
-            "turn_id": record.key.turn_id,
-            "call_id": record.key.call_id,
-            "approval_id": request.approval_id,
-            "approval": request.decision,
-            "decided_by": request.decided_by,
-            "decided_via": request.decided_via,
-            "reason": request.reason,
-            "waited_s": round(waited, 3),
-        }
+        fields = call_fields(
+            record.key,
+            record.tool_name,
+            approval_id=request.approval_id,
+            approval=request.decision,
+            decided_by=request.decided_by,
+            decided_via=request.decided_via,
+            reason=request.reason,
+            waited_s=round(waited, 3),
+        )
         logger.info(
             "approval %s: tool=%s session=%s call=%s approval_id=%s by=%s via=%s waited=%.0fs%s",
             request.decision,
@@ -308,27 +311,12 @@ class Approvals:
             extra={"agentfn": fields},
         )
 
-    async def _submit(self, record: CallRecord) -> None:
-        """Submit a decision's failure now; a failed submission is the sweep's to retry."""
-        try:
-            await self._executor.resubmit(record)
-        except (APIError, StoreError) as exc:  # pragma: no cover - resubmit logs its own
-            logger.warning("submitting %s failed; the sweep retries it: %s", record.key, exc)
-
     async def _expire(self, record: CallRecord) -> CallRecord | None:
         """The request lapsed: fail the call, saying nobody approved it in time."""
         request = record.approval
         assert request is not None
-        if action_kind(record.tool_name) != "function":
-            # Nobody decided: the request is denied (its tool never runs, the turn goes on).
-            result = saved_answer(record.key, record.tool_name, "deny", source="approval")
-        else:
-            result = failure_result(
-                record.key,
-                APPROVAL_EXPIRED_MESSAGE.format(name=record.tool_name),
-                "approval_expired",
-                source="approval",
-            )
+        message = APPROVAL_EXPIRED_MESSAGE.format(name=record.tool_name)
+        result = _refusal(record, message, "approval_expired")
         decided = await self._store.decide_approval(
             record.key,
             approval_id=request.approval_id,
@@ -340,7 +328,7 @@ class Approvals:
         )
         if decided is not None:
             self._decided(decided)
-            await self._submit(decided)
+            await self._executor.resubmit(decided)
         return decided
 
     # -- the poll ----------------------------------------------------------------------------
@@ -460,12 +448,7 @@ class Approvals:
         :class:`~agentfn_asgi.errors.ConfigurationError` when nobody is told of requests."""
         if self.notify is None:
             raise ConfigurationError("nobody to tell: the app has no on_approval_request")
-        record = await self._store.find_approval(approval_id)
-        if record is None or record.approval is None:
-            raise ApprovalNotFoundError(
-                f"no approval request {approval_id} in this store", approval_id=approval_id
-            )
-        self._refuse_if_decided(record)
+        record, _ = await self._waiting(approval_id)
         self._requested(record)
         return approval_view(record)
 
@@ -495,3 +478,12 @@ class Approvals:
                 )
             await asyncio.sleep(NOTIFY_BACKOFF.delay(attempt))
         logger.error("on_approval_request gave up on %s", view.approval_id)
+
+
+def _refusal(record: CallRecord, message: str, error_type: str) -> SavedResult:
+    """What a call a person denied (or nobody approved in time) answers: a failure saying
+    ``message``; an approval request is answered "deny" instead (its tool never runs, the
+    turn goes on; the reason stays in the record)."""
+    if action_kind(record.tool_name) != "function":
+        return saved_answer(record.key, record.tool_name, "deny", source="approval")
+    return failure_result(record.key, message, error_type, source="approval")

@@ -42,6 +42,7 @@ from ..errors import APIError, NotFoundError
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..wire import turn_error_reason
+from .alarms import call_fields
 
 __all__ = ["Canceller"]
 
@@ -57,6 +58,11 @@ _DOING: Final = {
 }
 #: The states of a turn-less action whose occurrence a read that no longer lists it ends.
 _OCCURRENCE_ENDS: Final = frozenset().union(*(way.states for way in TRANSITIONS["retire"].ways))
+#: Why a call's turn ended, by the turn's status (``failed`` says its error code).
+_TURN_ENDED: Final = {
+    "cancelled": "the turn was cancelled",
+    "completed": "the turn completed without it",
+}
 #: Why a hook still running is stopped when its occurrence ends.
 _ENDED: Final = "the session no longer waits for it (its occurrence ended)"
 
@@ -107,9 +113,9 @@ class Canceller:
             key = record.key
             if key in pending:
                 continue
+            known_before = read_sent if record.owner == self._owner else read_at
             if not key.turn_id:  # a turn-less action: this occurrence is over
                 if record.state in _OCCURRENCE_ENDS:
-                    known_before = read_sent if record.owner == self._owner else read_at
                     ended_here = await self.end_occurrence(key, known_before=known_before)
                     later |= not ended_here and record.created_at > known_before
                 continue
@@ -127,30 +133,21 @@ class Canceller:
                 continue  # its turn goes on: never stop a handler on a read that lags
             if why is None and record.state is CallState.UNANSWERED:
                 # Its turn goes on without it: answered elsewhere.
-                known_before = read_sent if record.owner == self._owner else read_at
                 await self._store.mark_stale(key, unchanged_since=known_before)
                 continue
             reason = f"{why or 'the session no longer waits for it'}; {self._doing(record)}"
-            known_before = read_sent if record.owner == self._owner else read_at
             cancelled = await self._store.cancel(
                 key, owner=self._owner, reason=reason, known_before=known_before
             )
             later |= not cancelled and record.created_at > known_before
             if cancelled:
+                fields = call_fields(key, record.tool_name, reason=reason)
                 logger.info(
                     "call %s of %s cancelled: %s",
                     key,
                     record.tool_name,
                     reason,
-                    extra={
-                        "agentfn": {
-                            "tool": record.tool_name,
-                            "session_id": key.session_id,
-                            "turn_id": key.turn_id,
-                            "call_id": key.call_id,
-                            "reason": reason,
-                        }
-                    },
+                    extra={"agentfn": fields},
                 )
                 self._stop(key, reason)
         return later
@@ -181,10 +178,6 @@ class Canceller:
         except (APIError, ValueError) as exc:
             logger.warning("reading turn %s of session %s failed: %s", key.turn_id, key, exc)
             return None
-        if turn.status == "cancelled":
-            return "the turn was cancelled"
         if turn.status == "failed":
             return turn_error_reason(turn.error.code if turn.error is not None else None)
-        if turn.status == "completed":
-            return "the turn completed without it"
-        return None
+        return _TURN_ENDED.get(turn.status)

@@ -94,17 +94,11 @@ from ..results import (
 )
 from ..running import invoke, run_reconcile
 from ..store.base import Store
-from ..tools import (
-    FunctionTool,
-    NotRun,
-    Ran,
-    ReconcileOutcome,
-    ToolContext,
-    derive_idempotency_key,
-)
+from ..tools import FunctionTool, NotRun, Ran, ReconcileOutcome, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
 from ..wire import ENVIRONMENT_PREFIX, FunctionCallAction
 from .actions import RequestAnswers, saved_answer
+from .alarms import call_fields
 from .leases import Lease, LeaseKeeper, LeaseLostError
 from .limits import NO_LIMIT, Admission, Turn, Waiter, limit_for
 from .settings import DispatchSettings, ResolvedPolicy, resolve
@@ -194,6 +188,8 @@ _CANCELLED = "cancelled: "
 _NOT_OWED = (CallState.STALE, CallState.CANCELLED)
 #: A claim finds these done; a replica that answers the action now takes it up.
 _TAKEN_UP = (CallState.UNANSWERED, CallState.RETIRED)
+#: A claim with one of these statuses is ours to run.
+_OURS = (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY)
 #: The events that begin an occurrence of a turn-less action (its hook's runs count from it).
 _OCCURRENCE_BEGINS = frozenset({"claimed", "taken_up"})
 
@@ -214,10 +210,10 @@ class Executor:
         clock: Callable[[], float],
         handoff: JobHandoff | None,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
-        answers: RequestAnswers | None = None,
+        answers: RequestAnswers,
     ) -> None:
         self._store = store
-        self._answers = answers if answers is not None else RequestAnswers(None)
+        self._answers = answers
         self._submitter = submitter
         self._leases = leases
         self._settings = settings
@@ -304,14 +300,10 @@ class Executor:
         claims it first runs it.
         """
         try:
-            if action.request_type is not None:
-                asked = await self._answers.admission(key, action)
-                if isinstance(asked, str):  # nobody here answers it: recorded, and left
-                    await self._leave(key, action, delivery_id, claimed, why=asked)
-                    return
-                admission = asked
-            else:
-                admission = await self._admission(key, action, tool)
+            admission = await self._admit(key, action, tool)
+            if isinstance(admission, str):  # nobody here answers it: recorded, and left
+                await self._leave(key, action, delivery_id, claimed, why=admission)
+                return
             due = await self._claim_and_run(
                 key, action, tool, delivery_id, claimed, admission, resolves=resolves
             )
@@ -332,17 +324,14 @@ class Executor:
         """Record an action nobody here answers as ``unanswered`` (claimed, then left), so
         that it is seen with its age; one already recorded is left as it is. A retired
         turn-less action (its previous occurrence ended) is taken up and left again."""
-        try:
-            outcome, _ = await self._claim(key, action, delivery_id, None, False)
-        except Exception as exc:
-            claimed.set_exception(exc)  # the resolver reports it
+        claim = await self._claim(key, action, delivery_id, claimed, None, False)
+        if claim is None:
             return
-        claimed.set_result(None)
-        status, record = await self._taken_up(outcome, (CallState.RETIRED,))
+        status, record = await self._taken_up(claim[0], (CallState.RETIRED,))
         if status is ClaimStatus.SAVED:
             await self.resubmit(record, delivery_id)  # answered here before: owed still
             return
-        if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
+        if status in _OURS:
             try:
                 await self._store.leave(key, owner=self._owner, attempt=record.attempt, reason=why)
             except StoreError as exc:  # its claim lapses; the sweep's read leaves it again
@@ -407,22 +396,16 @@ class Executor:
             if self._closing:
                 return None  # shutting down: the call stays for the next process
             sent = time.monotonic()
-            try:
-                outcome, refused = await self._claim(key, action, delivery_id, limit, resolves)
-            except Exception as exc:
-                if claimed is None:
-                    logger.warning("claiming the retry of call %s failed: %s", key, exc)
-                    return None  # the sweep finds the due retry
-                claimed.set_exception(exc)  # the resolver reports it
+            claim = await self._claim(key, action, delivery_id, claimed, limit, resolves)
+            if claim is None:
                 return None
-            if claimed is not None:
-                claimed.set_result(None)
+            outcome, refused = claim
             if refused is not None:
                 limit, admission = None, Admission(failure=refused)
             # Left unanswered before (no policy or hook then, or another occurrence):
             # answered here now. Only a read that lists it says so, never a retry's claim.
             status, record = await self._taken_up(outcome, _TAKEN_UP if claimed is not None else ())
-            if status in (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY):
+            if status in _OURS:
                 crash_point("after_claim", action.name)
                 attempt = self._attempt(
                     record,
@@ -466,14 +449,16 @@ class Executor:
         key: CallKey,
         action: FunctionCallAction,
         delivery_id: str | None,
+        claimed: asyncio.Future[None] | None,
         limit: Limit | None,
         resolves: bool,
-    ) -> tuple[ClaimOutcome, SavedResult | None]:
+    ) -> tuple[ClaimOutcome, SavedResult | None] | None:
         """The store's claim of ``key``, and None; or, when the store refuses a value the
         call carries (the model's: a function name with a NUL, which PostgreSQL cannot
         hold), the claim taken again without the limit and with the name made storable, and
         the failure to save instead of running: the same claim would be refused for ever,
-        an outage that never ends."""
+        an outage that never ends. ``claimed`` (None: a retry's claim) is told the claim
+        was decided, or its failure (then None is returned)."""
         claim = functools.partial(
             self._store.claim_call,
             key,
@@ -483,15 +468,25 @@ class Executor:
             margin=self._settings.fence_margin,
             resolves_delivery=resolves,
         )
+        refused = None
         try:
-            return await claim(tool_name=action.name, limit=limit), None
-        except StoreRefusedError as exc:
-            logger.error("call %s: the store refused it, so it fails: %s", key, exc)
-        name = escape_surrogates(action.name).replace("\0", "\\x00")
-        message = STORE_REFUSED_MESSAGE.format(name=name)
-        return await claim(tool_name=name, limit=None), failure_result(
-            key, message, "store_refused"
-        )
+            try:
+                outcome = await claim(tool_name=action.name, limit=limit)
+            except StoreRefusedError as exc:
+                logger.error("call %s: the store refused it, so it fails: %s", key, exc)
+                name = escape_surrogates(action.name).replace("\0", "\\x00")
+                message = STORE_REFUSED_MESSAGE.format(name=name)
+                refused = failure_result(key, message, "store_refused")
+                outcome = await claim(tool_name=name, limit=None)
+        except Exception as exc:
+            if claimed is None:  # the sweep finds the due retry
+                logger.warning("claiming the retry of call %s failed: %s", key, exc)
+            else:
+                claimed.set_exception(exc)  # the resolver reports it
+            return None
+        if claimed is not None:
+            claimed.set_result(None)
+        return outcome, refused
 
     async def _wait_for_turn(
         self,
@@ -522,9 +517,6 @@ class Executor:
             )
             return await self._execute(attempt)
 
-        async def nap(seconds: float, freed: asyncio.Event) -> None:
-            await self._wait_unless_closed(seconds, freed=freed)
-
         return await self._waiter.wait(
             record,
             limit,
@@ -532,7 +524,7 @@ class Executor:
             max_wait=self._policy(tool).max_wait,
             slots=self._slots,
             closing=lambda: self._closing,
-            nap=nap,
+            nap=lambda seconds, freed: self._wait_unless_closed(seconds, freed=freed),
             run=run,
         )
 
@@ -548,22 +540,15 @@ class Executor:
         attempt) as a fresh attempt: no reconcile hook is asked, a person decided.
         ``claimed_at`` is the monotonic time the release (or the claim) was sent."""
         assert self._slots is not None, "start() first"
-        requested = action.request_type is not None
         approved = record.approval is not None and record.approval.decision == "approved"
-        if requested and not approved:
+        admission = await self._admit(record.key, action, tool, approved=approved)
+        if isinstance(admission, str):
             # An operator's re-run of a request asks the policy again; left, it is
             # recorded unanswered (the re-run's claim is ours).
-            decided = await self._answers.admission(record.key, action)
-            if isinstance(decided, str):
-                await self._store.leave(
-                    record.key, owner=self._owner, attempt=record.attempt, reason=decided
-                )
-                return
-            admission = decided
-        elif requested:
-            admission = NO_LIMIT  # approved by a person: answered, never limited
-        else:
-            admission = await self._admission(record.key, action, tool)
+            await self._store.leave(
+                record.key, owner=self._owner, attempt=record.attempt, reason=admission
+            )
+            return
         limit = admission.limit
         due: float | None = None
         async with self._slots:
@@ -586,11 +571,19 @@ class Executor:
             due = await self._wait_for_turn(record, action, tool, limit, None, claimed_at)
         await self._follow_retries(record.key, action, tool, due, admission)
 
-    async def _admission(
-        self, key: CallKey, action: FunctionCallAction, tool: FunctionTool | None
-    ) -> Admission:
-        """Flow control's word on a call before its claim; a tool without limits never
-        asks it."""
+    async def _admit(
+        self,
+        key: CallKey,
+        action: FunctionCallAction,
+        tool: FunctionTool | None,
+        *,
+        approved: bool = False,
+    ) -> Admission | str:
+        """The word on a call before its claim: flow control's for a function call (a tool
+        without limits never asks it); for a request, the policy's, or why nobody here
+        answers it. A request a person ``approved`` is answered, never limited."""
+        if action.request_type is not None:
+            return NO_LIMIT if approved else await self._answers.admission(key, action)
         if tool is None or not tool.policy.limited:
             return NO_LIMIT
         return await limit_for(key, action, tool, self._resources)
@@ -717,11 +710,7 @@ class Executor:
         span.set_error(retry.error_type)
         span.set_source("retry_scheduled")
         scheduled = await self._store.schedule_retry(
-            attempt.key,
-            owner=self._owner,
-            attempt=attempt.number,
-            at=retry.at,
-            reason=retry.reason,
+            attempt.key, owner=self._owner, attempt=attempt.number, at=retry.at, reason=retry.reason
         )
         if not scheduled:
             logger.warning(
@@ -739,20 +728,16 @@ class Executor:
         return retry.at
 
     async def resubmit(
-        self, record: CallRecord, delivery_id: str | None = None, *, together: bool = False
-    ) -> None:
-        """Submit a saved result again, as its own attempt span (source ``saved``);
-        ``together``: with the results of its turn resubmitted in the same loop turn."""
-        await self._submit_in_span(record, delivery_id, source="saved", together=together)
-
-    async def _submit_in_span(
         self,
         record: CallRecord,
-        delivery_id: str | None,
+        delivery_id: str | None = None,
         *,
-        source: str | None,
         together: bool = False,
+        source: str | None = "saved",
     ) -> None:
+        """Submit a saved result again, as its own attempt span (``source``: ``saved``, or
+        None for a worker's result: its own); ``together``: with the results of its turn
+        resubmitted in the same loop turn."""
         key = record.key
         with self._telemetry.tool_call(
             tool_name=record.tool_name,
@@ -805,7 +790,20 @@ class Executor:
             return failure_result(key, message, "validation_error")
         policy = self._policy(tool)
         if attempt.in_doubt and attempt.runs > policy.max_attempts:
-            return await self._too_many_attempts(attempt, tool)
+            started = attempt.runs - 1
+            logger.error(
+                "call %s of %s was started %d times and never finished; not running it again",
+                key,
+                tool.name,
+                started,
+            )
+            message = TOO_MANY_ATTEMPTS_MESSAGE.format(attempts=started)
+            return await self._hold_or(
+                attempt,
+                failure_result(key, message, "too_many_attempts", source="quarantined"),
+                hold=tool.side_effects and policy.in_doubt == "hold",
+                reason=f"started {started} times, never finished",
+            )
         context = self._context(attempt, tool)
         try:
             arguments = tool.parse_arguments(action.arguments)
@@ -826,9 +824,13 @@ class Executor:
             return await self._request_approval(
                 attempt, name=tool.name, lapses_in=self._policy(tool).approval_timeout
             )
-        if attempt.in_doubt and tool.enqueue is not None and await self._job_overdue(key, tool):
-            # Its job may still be running: fail the call rather than queue it again.
-            return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
+        if attempt.in_doubt and tool.enqueue is not None:
+            # Past its job deadline, its job may still be running: fail the call rather than
+            # queue it again (before it, its claim expired early: the process died between
+            # claiming it and handing over its job).
+            record = await self._store.get_call(key)
+            if record is None or self._clock() >= record.created_at + tool.job_deadline:
+                return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
         if attempt.in_doubt and tool.side_effects:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
@@ -837,7 +839,20 @@ class Executor:
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
             if not isinstance(verdict, NotRun):
-                return await self._quarantine(attempt, tool, verdict.reason)
+                logger.warning(
+                    "side-effect call %s of %s is in doubt and could not be reconciled (%s); "
+                    "policy=%s",
+                    key,
+                    tool.name,
+                    verdict.reason or "no reconcile hook",
+                    policy.in_doubt,
+                )
+                return await self._hold_or(
+                    attempt,
+                    failure_result(key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined"),
+                    hold=policy.in_doubt == "hold",
+                    reason=verdict.reason or "in doubt",
+                )
         if tool.enqueue is not None:
             return await self._hand_off(attempt, tool, arguments, context)
         return await self._run(attempt, tool, arguments, context)
@@ -857,21 +872,12 @@ class Executor:
         if record is not None and record.counted is not None:
             return None
         # Refused (or no longer ours: the failure's save is then fenced off).
+        fields = call_fields(key, tool.name, budget=budget)
         logger.info(
-            "call over its session's budget: tool=%s session=%s call=%s budget=%d",
-            tool.name,
-            key.session_id,
-            key.call_id,
-            budget,
-            extra={
-                "agentfn": {
-                    "tool": tool.name,
-                    "session_id": key.session_id,
-                    "turn_id": key.turn_id,
-                    "call_id": key.call_id,
-                    "budget": budget,
-                }
-            },
+            "call over its session's budget: tool=%(tool)s session=%(session_id)s "
+            "call=%(call_id)s budget=%(budget)d",
+            fields,
+            extra={"agentfn": fields},
         )
         message = CALL_BUDGET_MESSAGE.format(name=tool.name, budget=budget)
         return failure_result(key, message, "call_budget", source="limit")
@@ -1051,23 +1057,12 @@ class Executor:
         if record.approval != request:
             return None  # our claim was taken over meanwhile: its holder decides
         self._held_for_approval.add(key)
+        fields = call_fields(key, name, approval_id=request.approval_id, approval="requested")
         logger.info(
-            "call waiting for approval: tool=%s session=%s call=%s approval_id=%s expires_in=%.0fs",
-            name,
-            key.session_id,
-            key.call_id,
-            request.approval_id,
-            lapses_in,
-            extra={
-                "agentfn": {
-                    "tool": name,
-                    "session_id": key.session_id,
-                    "turn_id": key.turn_id,
-                    "call_id": key.call_id,
-                    "approval_id": request.approval_id,
-                    "approval": "requested",
-                }
-            },
+            "call waiting for approval: tool=%(tool)s session=%(session_id)s call=%(call_id)s "
+            "approval_id=%(approval_id)s expires_in=%(expires_in).0fs",
+            {**fields, "expires_in": lapses_in},
+            extra={"agentfn": fields},
         )
         if self.on_approval_request is not None:
             self.on_approval_request(record)
@@ -1096,11 +1091,7 @@ class Executor:
         return resolved
 
     async def _run(
-        self,
-        attempt: _Attempt,
-        tool: FunctionTool,
-        arguments: dict[str, Any],
-        context: ToolContext,
+        self, attempt: _Attempt, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
     ) -> SavedResult | _Retry:
         key = attempt.key
         policy = self._policy(tool)
@@ -1259,49 +1250,22 @@ class Executor:
             margin=self._settings.result_margin,
         )
 
-    async def _too_many_attempts(self, attempt: _Attempt, tool: FunctionTool) -> SavedResult | None:
-        started = attempt.runs - 1
-        logger.error(
-            "call %s of %s was started %d times and never finished; not running it again",
-            attempt.key,
-            tool.name,
-            started,
-        )
-        if tool.side_effects and self._policy(tool).in_doubt == "hold":
-            await self._hold(attempt, f"started {started} times, never finished")
-            return None
-        message = TOO_MANY_ATTEMPTS_MESSAGE.format(attempts=started)
-        return failure_result(attempt.key, message, "too_many_attempts", source="quarantined")
-
-    async def _quarantine(
-        self, attempt: _Attempt, tool: FunctionTool, reason: str
+    async def _hold_or(
+        self, attempt: _Attempt, failure: SavedResult, *, hold: bool, reason: str
     ) -> SavedResult | None:
-        logger.warning(
-            "side-effect call %s of %s is in doubt and could not be reconciled (%s); policy=%s",
-            attempt.key,
-            tool.name,
-            reason or "no reconcile hook",
-            self._policy(tool).in_doubt,
-        )
-        if self._policy(tool).in_doubt == "hold":
-            await self._hold(attempt, reason or "in doubt")
-            return None
-        return failure_result(attempt.key, IN_DOUBT_MESSAGE, "in_doubt", source="quarantined")
-
-    async def _hold(self, attempt: _Attempt, reason: str) -> None:
-        """Hold the call for an operator (quarantined), if our claim still stands."""
+        """``failure`` to save, or with ``hold`` nothing: the call is held for an operator
+        (quarantined for ``reason``), if our claim still stands."""
+        if not hold:
+            return failure
         self._leases.check(attempt.lease)
         await self._store.quarantine(
             attempt.key, owner=self._owner, attempt=attempt.number, reason=reason
         )
+        return None
 
     # -- calls handed to workers -------------------------------------------------------------
     async def _hand_off(
-        self,
-        attempt: _Attempt,
-        tool: FunctionTool,
-        arguments: dict[str, Any],
-        context: ToolContext,
+        self, attempt: _Attempt, tool: FunctionTool, arguments: dict[str, Any], context: ToolContext
     ) -> SavedResult | None:
         """Hand the call to the tool's queue; its claim lasts until the job deadline.
 
@@ -1324,12 +1288,6 @@ class Executor:
             message = ENQUEUE_FAILED_MESSAGE.format(name=tool.name)
             return failure_result(key, message, "enqueue_error")
         return None
-
-    async def _job_overdue(self, key: CallKey, tool: FunctionTool) -> bool:
-        """An in-doubt queued call is past its job deadline (else its claim expired early:
-        the process died between claiming it and handing over its job)."""
-        record = await self._store.get_call(key)
-        return record is None or self._clock() >= record.created_at + tool.job_deadline
 
     async def complete(
         self,
@@ -1365,12 +1323,7 @@ class Executor:
             result = failure_result(key, error or "", "worker_error", source="worker")
         fresh = record.state is CallState.CLAIMED
         if fresh:
-            record = await self._store.save_result(
-                key,
-                owner=owner,
-                attempt=attempt,
-                result=result,
-            )
+            record = await self._store.save_result(key, owner=owner, attempt=attempt, result=result)
             crash_point("after_save", tool_name)
         if record.state in _NOT_OWED:
             return "stale", None
@@ -1380,10 +1333,6 @@ class Executor:
         # Even if the call's own task is still finishing (a fast worker completes before
         # the enqueuing attempt returns): a second submission of these bytes is harmless.
         return status, None if record.state.terminal else record
-
-    async def submit_completed(self, record: CallRecord) -> None:
-        """Submit a worker's saved result under its own call span (source ``worker``)."""
-        await self._submit_in_span(record, None, source=None)
 
 
 def _log_superseded(record: CallRecord, attempt: int, *, mine: SavedResult) -> None:
@@ -1407,28 +1356,20 @@ def _log_finished(
     result = record.result
     if result is None or submitted == "skipped":
         return
-    fields = {
-        "tool": record.tool_name,
-        "session_id": record.key.session_id,
-        "turn_id": record.key.turn_id,
-        "call_id": record.key.call_id,
-        "outcome": "success" if result.success else (result.error_type or "failure"),
-        "source": source or result.source,
-        "attempt": record.attempt,
-        "submission": submitted,
-        "duration_s": round(seconds, 3),
-    }
+    fields = call_fields(
+        record.key,
+        record.tool_name,
+        outcome="success" if result.success else (result.error_type or "failure"),
+        source=source or result.source,
+        attempt=record.attempt,
+        submission=submitted,
+        duration_s=round(seconds, 3),
+    )
     # The same facts as structured fields (``record.agentfn``) for JSON log formatters.
     logger.info(
-        "call finished: tool=%s session=%s call=%s outcome=%s source=%s attempt=%d "
-        "submission=%s duration=%.3fs",
-        fields["tool"],
-        fields["session_id"],
-        fields["call_id"],
-        fields["outcome"],
-        fields["source"],
-        fields["attempt"],
-        submitted,
-        seconds,
+        "call finished: tool=%(tool)s session=%(session_id)s call=%(call_id)s "
+        "outcome=%(outcome)s source=%(source)s attempt=%(attempt)d "
+        "submission=%(submission)s duration=%(duration_s).3fs",
+        fields,
         extra={"agentfn": fields},
     )

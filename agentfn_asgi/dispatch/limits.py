@@ -54,6 +54,7 @@ from ..store.base import Store
 from ..tools import FunctionTool, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
 from ..wire import FunctionCallAction
+from .alarms import call_fields
 from .settings import DispatchSettings
 
 __all__ = ["NO_LIMIT", "Admission", "Turn", "Waiter", "limit_for"]
@@ -311,7 +312,7 @@ class Waiter:
         if line is None:
             line = self._lines[limit.name] = _Line()
         place = _Place(
-            order=(record.created_at, *_ordered(key)),
+            order=(record.created_at, key.session_id, key.turn_id, key.call_id),
             key=key,
             attempt=record.attempt,
             began=record.next_attempt_at,
@@ -469,37 +470,21 @@ class Waiter:
                 place.called.set()
 
 
-def _ordered(key: CallKey) -> tuple[str, str, str]:
-    return (key.session_id, key.turn_id, key.call_id)
-
-
-def _wait_reason(limit: Limit) -> str:
-    """Why a call of ``limit`` waits, for the log line: ``concurrency`` or ``rate`` (the
-    call's history says which refused it when the tool has both)."""
-    if limit.rate is None:
-        return "concurrency"
-    return "rate" if limit.concurrency is None else "concurrency or rate"
-
-
 def _log_waiting(record: CallRecord, limit: Limit) -> None:
-    """One INFO line when a call begins to wait for its limiter (never per poll)."""
-    key, reason = record.key, _wait_reason(limit)
+    """One INFO line when a call begins to wait for its limiter (never per poll); its
+    reason: ``concurrency`` or ``rate`` (the call's history says which refused it when the
+    tool has both)."""
+    if limit.rate is None:
+        reason = "concurrency"
+    else:
+        reason = "rate" if limit.concurrency is None else "concurrency or rate"
     limiter = limit.name.replace(LIMITER_KEY_SEPARATOR, ":")
-    fields = {
-        "tool": record.tool_name,
-        "session_id": key.session_id,
-        "turn_id": key.turn_id,
-        "call_id": key.call_id,
-        "limiter": limiter,
-        "reason": reason,
-        "attempt": record.attempt,
-    }
+    fields = call_fields(
+        record.key, record.tool_name, limiter=limiter, reason=reason, attempt=record.attempt
+    )
     logger.info(
-        "call waiting for its limit: tool=%s session=%s call=%s limiter=%s reason=%s",
-        record.tool_name,
-        key.session_id,
-        key.call_id,
-        limiter,
-        reason,
+        "call waiting for its limit: tool=%(tool)s session=%(session_id)s call=%(call_id)s "
+        "limiter=%(limiter)s reason=%(reason)s",
+        fields,
         extra={"agentfn": fields},
     )

@@ -37,13 +37,7 @@ import anyio
 from ..actions import ActionPolicy, ConnectEnvironmentHook, SignInHook
 from ..calls.records import CallKey, CallState, DeliveryRecord
 from ..client import AgentsClient, RetryState
-from ..errors import (
-    APIError,
-    APIStatusError,
-    NotFoundError,
-    SessionNotFoundYetError,
-    StoreError,
-)
+from ..errors import APIError, APIStatusError, NotFoundError, SessionNotFoundYetError, StoreError
 from ..store.base import Store
 from ..tools import FunctionTools
 from ..tracing import Telemetry
@@ -84,17 +78,19 @@ SWEEP_PAGE = 100
 
 
 async def _pages(
-    fetch: Callable[[int, Cursor | None], Awaitable[list[Item]]],
+    fetch: Callable[..., Awaitable[list[Item]]],
     cursor_of: Callable[[Item], Cursor],
     *,
+    due_before: float,
     budget: int,
 ) -> AsyncIterator[Item]:
-    """Every record ``fetch(limit, after)`` pages through, oldest due first, up to ``budget``
-    records: each page starts after the cursor of the previous page's last record."""
+    """Every record ``fetch(due_before=, limit=, after=)`` pages through, oldest due first,
+    up to ``budget`` records: each page starts after the cursor of the previous page's last
+    record."""
     after: Cursor | None = None
     while budget > 0:
         limit = min(SWEEP_PAGE, budget)
-        page = await fetch(limit, after)
+        page = await fetch(due_before=due_before, limit=limit, after=after)
         for item in page:
             yield item
         if len(page) < limit:
@@ -249,7 +245,6 @@ class Dispatcher:
         self.approvals = Approvals(
             store,
             client,
-            self._submitter,
             self._executor,
             tools=tools,
             settings=self.settings,
@@ -447,7 +442,8 @@ class Dispatcher:
                 self.settings.not_found_grace,
             )
             return exc
-        except APIStatusError as exc:
+        except (APIError, StoreError) as exc:
+            # Left unresolved on purpose: the recovery sweep retries it.
             if is_configuration_error(exc):
                 self.alarm.report(exc, doing=f"reading session {session_id}")
             else:
@@ -457,15 +453,6 @@ class Dispatcher:
                     session_id,
                     exc,
                 )
-            return exc
-        except (APIError, StoreError) as exc:
-            # Left unresolved on purpose: the recovery sweep retries it.
-            logger.log(
-                _level(retry_level, turn),
-                "resolving session %s failed, will retry: %s",
-                session_id,
-                exc,
-            )
             return exc
         except Exception as exc:
             logger.exception("unexpected error resolving session %s", session_id)
@@ -724,7 +711,7 @@ class Dispatcher:
             error=error,
         )
         if record is not None:
-            self._track(record.key, self._executor.submit_completed(record))
+            self._track(record.key, self._executor.resubmit(record, source=None))
         return status
 
     # -- operators -----------------------------------------------------------------------
@@ -782,10 +769,9 @@ class Dispatcher:
         due = now - self.settings.recovery_grace
         by_session: dict[str, list[DeliveryRecord]] = {}
         deliveries = _pages(
-            lambda limit, after: self.store.unresolved_deliveries(
-                due_before=due, limit=limit, after=after
-            ),
+            self.store.unresolved_deliveries,
             lambda last: (last.next_attempt_at, last.delivery_id),
+            due_before=due,
             budget=self.settings.sweep_budget,
         )
         async for delivery in deliveries:
@@ -820,10 +806,9 @@ class Dispatcher:
     async def _resubmit_due(self, due: float) -> None:
         """Resubmit saved results due for it (at most ``sweep_budget``, by their retry time)."""
         results = _pages(
-            lambda limit, after: self.store.unsubmitted_results(
-                due_before=due, limit=limit, after=after
-            ),
+            self.store.unsubmitted_results,
             lambda last: (last.next_attempt_at, last.key),
+            due_before=due,
             budget=self.settings.sweep_budget,
         )
         async for record in results:

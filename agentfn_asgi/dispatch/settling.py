@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
 from ..actions import action_kind
-from ..calls.records import CallKey, CallRecord, CallState, SavedResult
+from ..calls.records import CallKey, CallRecord, CallState
 from ..calls.states import settleable
 from ..client import AgentsClient
 from ..errors import CallNotFoundError, OperatorInputError
@@ -102,7 +102,19 @@ class Settler:
             # An approval request takes a decision, not a tool result: its re-run asks the
             # policy (or a person) again.
             return "refused", "an approval request is answered by a re-run, not a result"
-        result = self._operator_result(record, tool, output=output, error=error)
+        # Encoded like a handler's result (source ``operator``).
+        if error is not None:
+            result = failure_result(key, error, "operator", source="operator")
+        else:
+            result = encode_result(
+                key,
+                output,
+                tool_name=record.tool_name,
+                truncate=tool is not None and tool.truncate_oversize,
+                source="operator",
+                limit=self._settings.result_limit,
+                margin=self._settings.result_margin,
+            )
         saved = await self._store.settle(key, result=result, margin=self._settings.fence_margin)
         if saved is None:  # it changed since we looked
             latest = await self._store.get_call(key)
@@ -141,19 +153,3 @@ class Settler:
             return "refused", "it changed meanwhile"
         self._track(key, self._executor.rerun(released, action, tool, claimed_at=sent))
         return "running", f"running it again as attempt {released.attempt}"
-
-    def _operator_result(
-        self, record: CallRecord, tool: FunctionTool | None, *, output: Any, error: str | None
-    ) -> SavedResult:
-        """An operator's answer for a call, encoded like a handler's (source ``operator``)."""
-        if error is not None:
-            return failure_result(record.key, error, "operator", source="operator")
-        return encode_result(
-            record.key,
-            output,
-            tool_name=record.tool_name,
-            truncate=tool is not None and tool.truncate_oversize,
-            source="operator",
-            limit=self._settings.result_limit,
-            margin=self._settings.result_margin,
-        )

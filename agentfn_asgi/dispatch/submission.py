@@ -270,7 +270,7 @@ class Submitter:
         idempotency_key = batch_key([_saved_key(r) for r in records])
         try:
             await self._client.submit_raw_events(session_id, body, idempotency_key=idempotency_key)
-        except APIStatusError as exc:
+        except APIError as exc:
             if exc.status is not None and exc.status < 500 and exc.status not in _TRY_LATER:
                 # Refused (one bad event, a call no longer pending, a batch too large or not
                 # accepted at all): one POST per result settles each on its own.
@@ -281,11 +281,6 @@ class Submitter:
                     _answer(exc),
                 )
                 return "alone", ""
-            logger.warning(
-                "submitting %d results failed; the sweep retries them: %s", len(records), exc
-            )
-            return "failed", _answer(exc)
-        except APIError as exc:
             logger.warning(
                 "submitting %d results failed; the sweep retries them: %s", len(records), exc
             )
@@ -305,9 +300,7 @@ class Submitter:
         ) as span:
             outcome: Literal["submitted", "stale", "refused"] = "submitted"
             try:
-                await self._client.submit_raw_events(
-                    key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
-                )
+                await self._post(key, event_json_text, idempotency_key)
             except (UnknownPendingToolCallError, ConflictError, NotFoundError):
                 outcome = "stale"
             except BadRequestError:
@@ -315,15 +308,19 @@ class Submitter:
             span.set_outcome(outcome)
         return outcome
 
+    async def _post(self, key: CallKey, event_json_text: str, idempotency_key: str) -> None:
+        """POST one event for the call ``key``."""
+        await self._client.submit_raw_events(
+            key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
+        )
+
     async def _send(
         self, record: CallRecord, event_json_text: str, idempotency_key: str
     ) -> tuple[SubmitOutcome, str]:
         """One submission: what its answer means for the call, and the answer in short."""
         key = record.key
         try:
-            await self._client.submit_raw_events(
-                key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
-            )
+            await self._post(key, event_json_text, idempotency_key)
         except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
             stale = await self._after_rejection(record, exc)
             return ("stale" if stale else "failed"), _answer(exc)
@@ -350,9 +347,7 @@ class Submitter:
         message = REFUSED_MESSAGE.format(status=refused.status, code=refused.code or "no code")
         text = event_json(failure_event(key.turn_id, key.call_id, message))
         try:
-            await self._client.submit_raw_events(
-                key.session_id, events_body(text), idempotency_key=submission_key(key, text)
-            )
+            await self._post(key, text, submission_key(key, text))
         except (UnknownPendingToolCallError, ConflictError, NotFoundError) as exc:
             await self._after_rejection(record, exc)
             return False

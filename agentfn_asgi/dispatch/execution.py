@@ -420,7 +420,7 @@ class Executor:
             if status is ClaimStatus.SAVED:
                 await self.resubmit(record, delivery_id)
             elif record.state is CallState.RETRY_SCHEDULED:
-                return record.lease_expires_at  # its next attempt's time
+                return record.due_at  # its next attempt's time
             if status is not ClaimStatus.WAITING or limit is None or tool is None:
                 return None
         # Waiting for the limiter: the process slot is free for others meanwhile.

@@ -8,6 +8,7 @@ field (``events[0].output[1].text``), as the real service names fields in its er
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentfn_asgi.wire import INPUT_EVENT_TYPES
@@ -19,6 +20,7 @@ __all__ = [
     "answer_approves",
     "check_answer",
     "error_body",
+    "list_page",
     "normalised_result",
     "parse_events_body",
 ]
@@ -69,6 +71,44 @@ def error_body(
 ) -> dict[str, Any]:
     """The standard error envelope ``{"error": {message, type, param, code}}``."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def list_page(
+    items: Sequence[Any],
+    query: Mapping[str, list[str]],
+    to_json: Callable[[Any], dict[str, Any]],
+    missing: str,
+    *,
+    ordered: bool = False,
+) -> tuple[int, dict[str, Any]]:
+    """The answer of a list route (wire protocol §2): a page of ``items`` (each with an
+    ``id``, in creation order) after ``after`` (the last id of the previous page;
+    ``missing`` formats the 400 for an unknown one), ``limit`` (1-100, default 20) long,
+    and with ``ordered`` in the ``order`` asked (``desc``, newest first, by default)."""
+    try:
+        limit = int(query.get("limit", ["20"])[-1])
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        return 400, error_body("limit must be between 1 and 100.", param="limit")
+    order = query.get("order", ["desc"])[-1] if ordered else "asc"
+    if order not in ("asc", "desc"):
+        return 400, error_body("order must be 'asc' or 'desc'.", param="order")
+    items = list(reversed(items)) if order == "desc" else list(items)
+    after = query.get("after", [None])[-1]
+    if after is not None:
+        ids = [item.id for item in items]
+        if after not in ids:
+            return 400, error_body(missing.format(after), param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return 200, {
+        "object": "list",
+        "data": [to_json(item) for item in page],
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 def parse_events_body(body: bytes) -> list[dict[str, Any]]:

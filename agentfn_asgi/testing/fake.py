@@ -260,13 +260,7 @@ class FakeAgentsAPI:
         Returns the new webhook-id, or None when nothing is pending or no URL is set.
         """
         session = self._get(session_id)
-        if not session.pending_calls():
-            return None
-        return self.webhooks.emit(
-            "agent.session.action_required",
-            {"id": session_id, "required_action": {"type": "function_call"}},
-            session_id=session_id,
-        )
+        return session.announce_action("function_call") if session.pending_calls() else None
 
     async def test_webhook_endpoint(self, endpoint_id: str, event_type: str) -> int | None:
         """Sign a sample ``event_type`` event with the endpoint's secret(s) and post it once

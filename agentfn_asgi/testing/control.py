@@ -29,6 +29,7 @@ from agentfn_asgi._asgi import exact_router
 from agentfn_asgi.integrations.starlette import not_found_hint
 from agentfn_asgi.testing.fake import FakeAgentsAPI
 from agentfn_asgi.testing.fake_state import FakeCall
+from agentfn_asgi.testing.fake_validation import json_type
 from agentfn_asgi.testing.fake_webhooks import DeliveryAttempt, webhook_backoff
 from agentfn_asgi.testing.server import serve_app
 
@@ -54,15 +55,6 @@ DEV_WEBHOOK_RETRY_WINDOW = 300.0
 
 _SCRIPT_KEYS = ("steps", "calls", "idle")
 _CALL_KEYS = ("name", "arguments", "call_id")
-_JSON_TYPES = {
-    dict: "an object",
-    list: "an array",
-    str: "a string",
-    bool: "a boolean",
-    int: "a number",
-    float: "a number",
-    type(None): "null",
-}
 
 
 class SessionScriptError(ValueError):
@@ -70,7 +62,7 @@ class SessionScriptError(ValueError):
 
 
 def _json_type(value: object) -> str:
-    return _JSON_TYPES.get(type(value), type(value).__name__)
+    return json_type(type(value))
 
 
 def _unknown_keys(found: dict[str, Any], allowed: Sequence[str], where: str) -> None:
@@ -180,9 +172,16 @@ class FakeControlApp:
             ("/_fake/sessions/{session_id}/budget", self._pause_on_budget, "POST"),
             ("/_fake/submissions", self._submissions, "GET"),
         ]
+        listed = [f"{allow} {path.replace('{session_id}', '{id}')}" for path, _, allow in routes]
+
+        async def no_endpoint(request: Request) -> JSONResponse:
+            where = f"{request.method} {request.url.path}"
+            answer = {"error": f"no control endpoint {where}", "endpoints": listed}
+            return JSONResponse(answer, status_code=404)
+
         self._router = exact_router(
             [(path, request_response(answer), allow) for path, answer, allow in routes],
-            request_response(_no_endpoint),
+            request_response(no_endpoint),
             _refuse,
         )
 
@@ -193,7 +192,8 @@ class FakeControlApp:
         await self.fake(scope, receive, send)
 
     async def _submissions(self, request: Request) -> JSONResponse:
-        return JSONResponse([_submission(s) for s in self.fake.submissions])
+        fields = ("session_id", "call_id", "success", "output", "error")
+        return JSONResponse([{f: getattr(s, f) for f in fields} for s in self.fake.submissions])
 
     async def _create(self, request: Request) -> JSONResponse:
         try:
@@ -275,33 +275,6 @@ class FakeControlApp:
 async def _refuse(scope: Scope, receive: Receive, send: Send, allow: str) -> None:
     answer = {"error": f"method not allowed (use {allow})"}
     await JSONResponse(answer, status_code=405, headers={"allow": allow})(scope, receive, send)
-
-
-async def _no_endpoint(request: Request) -> JSONResponse:
-    return JSONResponse(
-        {
-            "error": f"no control endpoint {request.method} {request.url.path}",
-            "endpoints": [
-                "POST /_fake/sessions",
-                "POST /_fake/sessions/{id}/redeliver",
-                "POST /_fake/sessions/{id}/cancel",
-                "POST /_fake/sessions/{id}/fail",
-                "POST /_fake/sessions/{id}/budget",
-                "GET /_fake/submissions",
-            ],
-        },
-        status_code=404,
-    )
-
-
-def _submission(submission: Any) -> dict[str, Any]:
-    return {
-        "session_id": submission.session_id,
-        "call_id": submission.call_id,
-        "success": submission.success,
-        "output": submission.output,
-        "error": submission.error,
-    }
 
 
 async def serve_fake_api(

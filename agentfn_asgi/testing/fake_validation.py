@@ -20,6 +20,7 @@ __all__ = [
     "answer_approves",
     "check_answer",
     "error_body",
+    "json_type",
     "list_page",
     "normalised_result",
     "parse_events_body",
@@ -174,14 +175,25 @@ def _require(event: dict[str, Any], where: str, name: str, kind: type) -> None:
     # bool is an int subclass in Python; JSON keeps them apart, so must we.
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise InvalidRequestError(
-            f"Invalid type for '{where}.{name}': expected {_json_type(kind)}.",
+            f"Invalid type for '{where}.{name}': expected {json_type(kind)}.",
             param=f"{where}.{name}",
         )
 
 
-def _json_type(kind: type) -> str:
-    names = {str: "a string", bool: "a boolean", list: "an array", dict: "an object"}
-    return names.get(kind, kind.__name__)
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def json_type(kind: type) -> str:
+    """What JSON calls values of the Python type ``kind`` ("an object", "a string"...)."""
+    return _JSON_TYPES.get(kind, kind.__name__)
 
 
 def _check_tool_result(event: dict[str, Any], where: str) -> None:

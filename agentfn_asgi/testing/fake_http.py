@@ -310,7 +310,7 @@ def _serve(
     try:
         _submit(fake, session_id, headers.get("idempotency-key"), body)
     except Rejection as rejection:
-        return _Reply(rejection.status, rejection.body())
+        return _Reply(rejection.status, rejection.body)
     return _Reply(202)
 
 

@@ -176,8 +176,7 @@ class FakeControlApp:
 
         async def no_endpoint(request: Request) -> JSONResponse:
             where = f"{request.method} {request.url.path}"
-            answer = {"error": f"no control endpoint {where}", "endpoints": listed}
-            return JSONResponse(answer, status_code=404)
+            return _error(404, f"no control endpoint {where}", endpoints=listed)
 
         self._router = exact_router(
             [(path, request_response(answer), allow) for path, answer, allow in routes],
@@ -205,19 +204,14 @@ class FakeControlApp:
             # A call id used twice is only known once the session plans its turn.
             session_id = self.fake.create_session(steps)
         except ValueError as exc:
-            return JSONResponse(
-                {
-                    "error": f"bad session script: {exc}",
-                    "expected": f"{SESSION_SCRIPT_SHAPE} or {ONE_STEP_SHAPE} for one step",
-                },
-                status_code=400,
-            )
+            expected = f"{SESSION_SCRIPT_SHAPE} or {ONE_STEP_SHAPE} for one step"
+            return _error(400, f"bad session script: {exc}", expected=expected)
         return JSONResponse({"id": session_id}, status_code=201)
 
     async def _end_turn(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
-            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+            return _error(404, f"no session {session_id}")
         if request.url.path.endswith("/cancel"):
             status, ended = "cancelled", self.fake.cancel_turn(session_id)
         else:
@@ -226,20 +220,16 @@ class FakeControlApp:
                 code = str(body.get("code", "internal_error"))
                 message = str(body.get("message", "The turn failed."))
             except (ValueError, AttributeError):
-                return JSONResponse(
-                    {"error": 'the body is not {"code": ..., "message": ...}'}, status_code=400
-                )
+                return _error(400, 'the body is not {"code": ..., "message": ...}')
             status, ended = "failed", self.fake.fail_turn(session_id, code, message)
         if not ended:
-            return JSONResponse(
-                {"error": f"session {session_id} has no active turn"}, status_code=409
-            )
+            return _error(409, f"session {session_id} has no active turn")
         return JSONResponse({"status": status})
 
     async def _pause_on_budget(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
-            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+            return _error(404, f"no session {session_id}")
         shape = '{"limit": cents, "consumed": cents} (whole numbers, consumed >= limit)'
         try:
             body = json.loads(await request.body() or b"{}")
@@ -251,25 +241,24 @@ class FakeControlApp:
                 raise ValueError("not whole numbers")
             self.fake.pause_on_budget(session_id, limit=limit, consumed=consumed)
         except (ValueError, AttributeError):
-            return JSONResponse({"error": f"the body is not {shape}"}, status_code=400)
+            return _error(400, f"the body is not {shape}")
         return JSONResponse({"status": "budget_reached"})
 
     async def _redeliver(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
-            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+            return _error(404, f"no session {session_id}")
         if not self.fake.webhooks.urls:
-            return JSONResponse(
-                {"error": "no webhook URL is set (start fake-api with --webhook-url)"},
-                status_code=409,
-            )
+            return _error(409, "no webhook URL is set (start fake-api with --webhook-url)")
         webhook_id = self.fake.redeliver(session_id)
         if webhook_id is None:
-            return JSONResponse(
-                {"error": f"session {session_id} has no pending calls: nothing to redeliver"},
-                status_code=409,
-            )
+            return _error(409, f"session {session_id} has no pending calls: nothing to redeliver")
         return JSONResponse({"webhook_id": webhook_id}, status_code=202)
+
+
+def _error(status: int, message: str, **fields: Any) -> JSONResponse:
+    """The control API's error answer: ``{"error": message, **fields}``."""
+    return JSONResponse({"error": message, **fields}, status_code=status)
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, allow: str) -> None:
@@ -315,26 +304,22 @@ async def serve_fake_api(
     )
     async with fake, serve_app(FakeControlApp(fake), host=host, port=port, lifespan="off") as root:
         base_url = root + "/v1"
-        print(f"FakeAgentsAPI listening on {base_url}", file=stream)
-        print(f"  OPENAI_BASE_URL={base_url}", file=stream)
-        print(f"  OPENAI_API_KEY={api_key}", file=stream)
-        print(f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}", file=stream)
         targets = ", ".join(webhook_urls) or (
             "nowhere (pass --webhook-url, create an endpoint with agentfn-asgi webhooks "
             "create --url URL, or forward from the event streams with agentfn-asgi listen "
             "--forward-to URL)"
         )
-        print(f"  webhooks go to {targets}", file=stream)
-        print(
+        banner = [
+            f"FakeAgentsAPI listening on {base_url}",
+            f"  OPENAI_BASE_URL={base_url}",
+            f"  OPENAI_API_KEY={api_key}",
+            f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}",
+            f"  webhooks go to {targets}",
             f"  a failed webhook is retried {len(delays)} time(s) over {sum(delays):g} s",
-            file=stream,
-        )
-        print(
             f"  create sessions: agentfn-asgi fake-api session --url {root} "
             """--call 'get_customer:{"customer_id":"123"}'""",
-            file=stream,
-            flush=True,
-        )
+        ]
+        print("\n".join(banner), file=stream, flush=True)
         if calls:
             session_id = fake.create_session([[FakeCall(name, args) for name, args in calls]])
             print(

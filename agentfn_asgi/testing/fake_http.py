@@ -193,22 +193,13 @@ def _check_request(
     if route == "unknown" or (session_id is None and route not in _SESSIONLESS):
         return _Reply(404, error_body("Invalid URL.", code=None))
     if headers.get("authorization") != f"Bearer {fake.api_key}":
-        return _Reply(
-            401,
-            error_body("Incorrect API key provided.", code="invalid_api_key"),
-        )
+        return _Reply(401, error_body("Incorrect API key provided.", code="invalid_api_key"))
     if route == "webhook_endpoints":
         return None  # the management API takes no OpenAI-Beta header (wire protocol §8.5)
     beta = [part.strip() for part in headers.get("openai-beta", "").split(",")]
     if "agents=v1" not in beta:
-        return _Reply(
-            400,
-            error_body(
-                "The OpenAI-Beta header must include 'agents=v1'.",
-                param="OpenAI-Beta",
-                code="invalid_beta",
-            ),
-        )
+        message = "The OpenAI-Beta header must include 'agents=v1'."
+        return _Reply(400, error_body(message, param="OpenAI-Beta", code="invalid_beta"))
     if session_id is not None and session_id not in fake.sessions:
         return _Reply(404, error_body(f"No session found with id '{session_id}'.", code=None))
     return None

@@ -127,19 +127,8 @@ class _Delivery:
         test: bool = False,
     ) -> DeliveryAttempt:
         """This attempt's record."""
-        return DeliveryAttempt(
-            self.webhook_id,
-            self.event_id,
-            self.event_type,
-            self.session_id,
-            self.url,
-            self.attempt,
-            status,
-            error,
-            at,
-            next_retry,
-            test,
-        )
+        shared = (self.webhook_id, self.event_id, self.event_type, self.session_id, self.url)
+        return DeliveryAttempt(*shared, self.attempt, status, error, at, next_retry, test)
 
 
 class WebhookSender:
@@ -161,10 +150,10 @@ class WebhookSender:
         self._sending: set[asyncio.Task[None]] = set()
         self.secrets = tuple(secrets)
         self.urls = list(urls)
+        """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
         #: Sessions whose events are not delivered right now (:meth:`FakeAgentsAPI.create_session`
         #: with ``deliver=False``).
         self.muted: set[str] = set()
-        """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
         self._url_clients: dict[str, httpx.AsyncClient] = {}
         self.retry_delays = tuple(retry_delays)
         self.attempts: list[DeliveryAttempt] = []

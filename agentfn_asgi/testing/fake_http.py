@@ -174,7 +174,7 @@ async def handle_http(fake: FakeAgentsAPI, scope: Scope, receive: Receive, send:
                 reply = await _endpoints(fake, method, path, body, scope)
             else:
                 reply = _serve(fake, route, session_id, headers, body, scope)
-            reply = _failure_after_processing(fake, route, session_id) or reply
+            reply = _injected(fake, route, session_id, after_processing=True) or reply
         if drop_after:
             await _drop(send)
         status = reply.status
@@ -187,9 +187,9 @@ def _check_request(
     fake: FakeAgentsAPI, route: str, session_id: str | None, headers: dict[str, str]
 ) -> _Reply | None:
     """Faults, auth, beta header and session lookup: an error reply, or None to proceed."""
-    failures = _failures(fake, route, session_id)
-    if failures and not failures[0].after_processing:
-        return _failure_reply(failures.popleft())
+    injected = _injected(fake, route, session_id, after_processing=False)
+    if injected is not None:
+        return injected
     if route == "unknown" or (session_id is None and route not in _SESSIONLESS):
         return _Reply(404, error_body("Invalid URL.", code=None))
     if headers.get("authorization") != f"Bearer {fake.api_key}":
@@ -205,31 +205,21 @@ def _check_request(
     return None
 
 
-def _failure_reply(failure: InjectedFailure) -> _Reply:
+def _injected(
+    fake: FakeAgentsAPI, route: str, session_id: str | None, *, after_processing: bool
+) -> _Reply | None:
+    """The injected failure that answers this request now, its session's before its route's:
+    before it is served, or (``after_processing``) in place of a served request's answer."""
+    failures = fake.faults.failures
+    queue = (failures.get(f"{route} {session_id}") if session_id else None) or failures.get(route)
+    if not queue or queue[0].after_processing != after_processing:
+        return None
+    failure = queue.popleft()
     body = failure.body
     if body is None:
-        body = error_body(
-            "Injected failure.", type="server_error" if failure.status >= 500 else "error"
-        )
+        kind = "server_error" if failure.status >= 500 else "error"
+        body = error_body("Injected failure.", type=kind)
     return _Reply(failure.status, body, dict(failure.headers))
-
-
-def _failures(
-    fake: FakeAgentsAPI, route: str, session_id: str | None
-) -> collections.deque[InjectedFailure] | None:
-    """The injected failures waiting for this request: its session's, then its route's."""
-    own = fake.faults.failures.get(f"{route} {session_id}") if session_id else None
-    return own or fake.faults.failures.get(route)
-
-
-def _failure_after_processing(
-    fake: FakeAgentsAPI, route: str, session_id: str | None
-) -> _Reply | None:
-    """The injected answer that replaces a served request's own (``after_processing``)."""
-    failures = _failures(fake, route, session_id)
-    if failures and failures[0].after_processing:
-        return _failure_reply(failures.popleft())
-    return None
 
 
 _SESSIONLESS = frozenset({"list", "webhook_endpoints"})

@@ -384,9 +384,7 @@ class FakeSession:
         return self._end_turn("cancelled", None)
 
     def fail_turn(self, code: str, message: str) -> bool:
-        """Fail the active turn with ``code`` (a turn error code such as
-        ``session_budget_exceeded``): its calls stop being pending, the session goes
-        ``failed`` (``agent.session.failed``). False if none was active."""
+        """Fail the active turn (:meth:`FakeAgentsAPI.fail_turn`). False if none was active."""
         return self._end_turn("failed", {"code": code, "message": message})
 
     def _end_turn(self, status: str, error: dict[str, str] | None) -> bool:
@@ -406,11 +404,7 @@ class FakeSession:
         return True
 
     def pause_on_budget(self, *, limit: int, consumed: int | None = None) -> None:
-        """Pause the session on its spending limit: ``spend_control`` becomes ``{limit,
-        consumed}`` (``consumed`` defaults to ``limit``), the status ``budget_reached`` and
-        the stream gets ``agent.session.budget_reached`` (no webhook exists for it). The
-        active turn, if any, is left as it is: its pending calls stay pending and accept
-        results, but no next step opens while the session is paused."""
+        """See :meth:`FakeAgentsAPI.pause_on_budget`; pending calls still accept results."""
         spent = limit if consumed is None else consumed
         if spent < limit:
             raise ValueError(f"a session paused on its budget has consumed {limit} or more")
@@ -555,11 +549,7 @@ class FakeSession:
     def _open_next_step(self, turn: FakeTurn) -> None:
         turn.step += 1
         if turn.step >= len(turn.steps):
-            turn.status = "completed"
-            turn.completed_at = int(self.host.clock())
-            self.current = None
-            self._emit_turn("agent.session.turn.completed", turn)
-            self._set_status("idle")
+            self._end_turn("completed", None)
             return
         for output_index, call in enumerate(turn.steps[turn.step]):
             call.state = "pending"

@@ -47,11 +47,10 @@ __all__ = [
     "handle_http",
 ]
 
-_PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events|/turns/[^/]+)?/?")
+_PATH = re.compile(r"(?:/v1)?/agents/sessions(?:/([^/]+)(/events|/turns/[^/]+)?)?/?")
 _ENDPOINTS_PATH = re.compile(
     r"(?:/v1)?/(webhook_endpoints|webhook_event_types)(?:/([^/]+))?(?:/([^/]+))?/?"
 )
-_LIST_PATH = re.compile(r"(?:/v1)?/agents/sessions/?")
 _ALNUM = string.ascii_letters + string.digits
 
 
@@ -69,8 +68,7 @@ class RecordedRequest:
     """One request the fake answered: ``status`` is None when the connection was dropped.
 
     ``route`` is ``list``, ``retrieve``, ``submit``, ``stream``, ``delete`` or ``unknown``;
-    ``headers``
-    are lower-cased.
+    ``headers`` are lower-cased.
     """
 
     method: str
@@ -129,12 +127,12 @@ class _Reply:
 def _route(method: str, path: str) -> tuple[str, str | None]:
     if _ENDPOINTS_PATH.fullmatch(path):
         return "webhook_endpoints", None
-    if _LIST_PATH.fullmatch(path):
-        return ("list" if method == "GET" else "unknown"), None
     match = _PATH.fullmatch(path)
     if match is None:
         return "unknown", None
     session_id, tail = match.group(1), match.group(2) or ""
+    if session_id is None:
+        return ("list" if method == "GET" else "unknown"), None
     routes = {
         ("GET", ""): "retrieve",
         ("DELETE", ""): "delete",

@@ -330,7 +330,7 @@ class FakeSession:
 
     def announce_created(self) -> None:
         """Emit ``agent.session.created`` (stream and webhook)."""
-        self._emit({"type": "agent.session.created", "session": self.snapshot()})
+        self._emit("agent.session.created", session=self.snapshot())
         self._webhook("agent.session.created")
 
     def start_turn(self, steps: Sequence[Sequence[FakeCall | FakeRequest]]) -> str:
@@ -519,14 +519,7 @@ class FakeSession:
                 "status": "completed" if event["success"] else "failed",
             }
         )
-        self._emit(
-            {
-                "type": "agent.session.turn.item.added",
-                "session_id": self.id,
-                "turn_id": call.turn_id,
-                "item": item,
-            }
-        )
+        self._emit_in_turn("agent.session.turn.item.added", call.turn_id, item=item)
         turn = self.current
         if turn is None or self.pending_calls() or self.status == "budget_reached":
             return  # (a session paused on its budget goes no further)
@@ -554,14 +547,8 @@ class FakeSession:
         for output_index, call in enumerate(turn.steps[turn.step]):
             call.state = "pending"
             item = {"id": "item_" + secrets.token_hex(12), **call.action(), "status": "completed"}
-            self._emit(
-                {
-                    "type": "agent.session.turn.item.added",
-                    "session_id": self.id,
-                    "turn_id": turn.id,
-                    "item": item,
-                    "output_index": output_index,
-                }
+            self._emit_in_turn(
+                "agent.session.turn.item.added", turn.id, item=item, output_index=output_index
             )
         turn.status = "waiting"
         self._set_status("requires_action")
@@ -569,7 +556,7 @@ class FakeSession:
     def _set_status(self, status: str) -> None:
         self.status = status
         self.last_active_at = int(self.host.clock())
-        self._emit({"type": _STATUS_EVENTS[status], "session": self.snapshot()})
+        self._emit(_STATUS_EVENTS[status], session=self.snapshot())
         if status == "budget_reached":
             return
         if status == "requires_action":
@@ -584,12 +571,13 @@ class FakeSession:
         )
 
     def _emit_turn(self, event_type: str, turn: FakeTurn) -> None:
-        self._emit(
-            {"type": event_type, "session_id": self.id, "turn_id": turn.id, "turn": turn.to_json()}
-        )
+        self._emit_in_turn(event_type, turn.id, turn=turn.to_json())
 
-    def _emit(self, event: dict[str, Any]) -> None:
-        event = {"event_id": "event_" + secrets.token_hex(12), **event}
+    def _emit_in_turn(self, event_type: str, turn_id: str, **fields: Any) -> None:
+        self._emit(event_type, session_id=self.id, turn_id=turn_id, **fields)
+
+    def _emit(self, event_type: str, **fields: Any) -> None:
+        event = {"event_id": "event_" + secrets.token_hex(12), "type": event_type, **fields}
         self.history.append(event)
         for queue in self.listeners:
             queue.put_nowait(event)

@@ -188,7 +188,7 @@ def _check_request(
     injected = _injected(fake, route, session_id, after_processing=False)
     if injected is not None:
         return injected
-    if route == "unknown" or (session_id is None and route not in _SESSIONLESS):
+    if route == "unknown":
         return _Reply(404, error_body("Invalid URL.", code=None))
     if headers.get("authorization") != f"Bearer {fake.api_key}":
         return _Reply(401, error_body("Incorrect API key provided.", code="invalid_api_key"))
@@ -218,9 +218,6 @@ def _injected(
         kind = "server_error" if failure.status >= 500 else "error"
         body = error_body("Injected failure.", type=kind)
     return _Reply(failure.status, body, dict(failure.headers))
-
-
-_SESSIONLESS = frozenset({"list", "webhook_endpoints"})
 
 
 async def _endpoints(

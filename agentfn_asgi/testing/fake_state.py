@@ -268,8 +268,7 @@ class FakeSession:
         return [call.action() for call in self.pending_calls()] + environments
 
     def require_environment(self, environment_id: str) -> None:
-        """The session waits for ``environment_id`` to connect: an
-        ``environment_connection`` action, announced by ``agent.session.action_required``."""
+        """See :meth:`FakeAgentsAPI.require_environment`."""
         if environment_id not in self.environment_connections:
             self.environment_connections.append(environment_id)
         self.announce_action("environment_connection")

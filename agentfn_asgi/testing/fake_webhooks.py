@@ -175,11 +175,7 @@ class WebhookSender:
         signed with its own secret(s)."""
 
     def add_url(self, url: str, client: httpx.AsyncClient | None = None) -> None:
-        """Send future events to ``url`` too, through ``client`` when given.
-
-        The client is the caller's (never closed here): an ``httpx.ASGITransport`` into an
-        app in the same process, for example.
-        """
+        """Send future events to ``url`` too, through ``client`` (the caller's) when given."""
         if url not in self.urls:
             self.urls.append(url)
         if client is not None:

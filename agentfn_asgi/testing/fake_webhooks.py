@@ -117,18 +117,10 @@ class _Delivery:
     #: each attempt (a rotation or an update applies to retries; a deletion drops them).
     endpoint_id: str | None = None
 
-    def outcome(
-        self,
-        status: int | None,
-        error: str | None,
-        at: float,
-        *,
-        next_retry: float | None = None,
-        test: bool = False,
-    ) -> DeliveryAttempt:
-        """This attempt's record."""
-        shared = (self.webhook_id, self.event_id, self.event_type, self.session_id, self.url)
-        return DeliveryAttempt(*shared, self.attempt, status, error, at, next_retry, test)
+    @property
+    def ids(self) -> tuple[str, str, str, str | None, str]:
+        """The first fields of an attempt's record: webhook id, event id and type, session, URL."""
+        return (self.webhook_id, self.event_id, self.event_type, self.session_id, self.url)
 
 
 class WebhookSender:
@@ -353,7 +345,9 @@ class WebhookSender:
         ok = status is not None and 200 <= status < 300
         if not ok and delivery.attempt < self.max_attempts:
             retry_in = self.retry_delays[delivery.attempt - 1]
-        self.attempts.append(delivery.outcome(status, error, self._clock(), next_retry=retry_in))
+        self.attempts.append(
+            DeliveryAttempt(*delivery.ids, delivery.attempt, status, error, self._clock(), retry_in)
+        )
         return retry_in
 
     async def send_test(self, endpoint_id: str, event_type: str) -> int | None:
@@ -362,9 +356,10 @@ class WebhookSender:
         endpoint = self.endpoints.by_id[endpoint_id]
         event = webhook_event(event_type, sample_data(event_type), clock=self._clock)
         body = json.dumps(event, separators=(",", ":")).encode()
-        delivery = _Delivery(new_webhook_id(), event["id"], event_type, None, endpoint.url, body, 1)
+        delivery = _Delivery(new_webhook_id(), event["id"], event_type, None, endpoint.url, body)
         status, error = await self._post_signed(delivery, endpoint.signing_secrets(self._clock()))
-        self.attempts.append(delivery.outcome(status, error, self._clock(), test=True))
+        now = self._clock()
+        self.attempts.append(DeliveryAttempt(*delivery.ids, 1, status, error, now, test=True))
         return status
 
     async def _post_signed(

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from agentfn_asgi._asgi import send_json
 from agentfn_asgi.app import AgentWebhookApp
 from agentfn_asgi.calls.records import CallKey
 from agentfn_asgi.client import AgentsClient
@@ -163,16 +164,7 @@ class _Mounted:
         ):
             await self.app(dict(scope, root_path=self.path), receive, send)
             return
-        body = b'{"error":"not found"}'
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": 404, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-
-def _mount_path(path: str) -> str:
-    if not path.startswith("/"):
-        raise ConfigurationError(f"mount_path must start with '/': {path!r}")
-    return path.rstrip("/")
+        await send_json(send, 404, {"error": "not found"})
 
 
 @contextlib.asynccontextmanager
@@ -211,7 +203,9 @@ async def connect(
         app_options: keyword arguments for the app (``settings``, ``resources``,
             ``telemetry``, ``clock``, ...). ``webhook_secret`` defaults to the fake's secrets.
     """
-    mount = _mount_path(mount_path)
+    if not mount_path.startswith("/"):
+        raise ConfigurationError(f"mount_path must start with '/': {mount_path!r}")
+    mount = mount_path.rstrip("/")
     telemetry = app_options.pop("telemetry", None)
     telemetry = telemetry if telemetry is not None else Telemetry()
     options = dict(client_options or {})

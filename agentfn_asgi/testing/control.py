@@ -29,6 +29,7 @@ from agentfn_asgi._asgi import exact_router
 from agentfn_asgi.integrations.starlette import not_found_hint
 from agentfn_asgi.testing.fake import FakeAgentsAPI
 from agentfn_asgi.testing.fake_state import FakeCall
+from agentfn_asgi.testing.fake_validation import json_type
 from agentfn_asgi.testing.fake_webhooks import DeliveryAttempt, webhook_backoff
 from agentfn_asgi.testing.server import serve_app
 
@@ -54,15 +55,6 @@ DEV_WEBHOOK_RETRY_WINDOW = 300.0
 
 _SCRIPT_KEYS = ("steps", "calls", "idle")
 _CALL_KEYS = ("name", "arguments", "call_id")
-_JSON_TYPES = {
-    dict: "an object",
-    list: "an array",
-    str: "a string",
-    bool: "a boolean",
-    int: "a number",
-    float: "a number",
-    type(None): "null",
-}
 
 
 class SessionScriptError(ValueError):
@@ -70,7 +62,7 @@ class SessionScriptError(ValueError):
 
 
 def _json_type(value: object) -> str:
-    return _JSON_TYPES.get(type(value), type(value).__name__)
+    return json_type(type(value))
 
 
 def _unknown_keys(found: dict[str, Any], allowed: Sequence[str], where: str) -> None:
@@ -180,9 +172,15 @@ class FakeControlApp:
             ("/_fake/sessions/{session_id}/budget", self._pause_on_budget, "POST"),
             ("/_fake/submissions", self._submissions, "GET"),
         ]
+        listed = [f"{allow} {path.replace('{session_id}', '{id}')}" for path, _, allow in routes]
+
+        async def no_endpoint(request: Request) -> JSONResponse:
+            where = f"{request.method} {request.url.path}"
+            return _error(404, f"no control endpoint {where}", endpoints=listed)
+
         self._router = exact_router(
             [(path, request_response(answer), allow) for path, answer, allow in routes],
-            request_response(_no_endpoint),
+            request_response(no_endpoint),
             _refuse,
         )
 
@@ -193,7 +191,8 @@ class FakeControlApp:
         await self.fake(scope, receive, send)
 
     async def _submissions(self, request: Request) -> JSONResponse:
-        return JSONResponse([_submission(s) for s in self.fake.submissions])
+        fields = ("session_id", "call_id", "success", "output", "error")
+        return JSONResponse([{f: getattr(s, f) for f in fields} for s in self.fake.submissions])
 
     async def _create(self, request: Request) -> JSONResponse:
         try:
@@ -205,19 +204,14 @@ class FakeControlApp:
             # A call id used twice is only known once the session plans its turn.
             session_id = self.fake.create_session(steps)
         except ValueError as exc:
-            return JSONResponse(
-                {
-                    "error": f"bad session script: {exc}",
-                    "expected": f"{SESSION_SCRIPT_SHAPE} or {ONE_STEP_SHAPE} for one step",
-                },
-                status_code=400,
-            )
+            expected = f"{SESSION_SCRIPT_SHAPE} or {ONE_STEP_SHAPE} for one step"
+            return _error(400, f"bad session script: {exc}", expected=expected)
         return JSONResponse({"id": session_id}, status_code=201)
 
     async def _end_turn(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
-            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+            return _error(404, f"no session {session_id}")
         if request.url.path.endswith("/cancel"):
             status, ended = "cancelled", self.fake.cancel_turn(session_id)
         else:
@@ -226,20 +220,16 @@ class FakeControlApp:
                 code = str(body.get("code", "internal_error"))
                 message = str(body.get("message", "The turn failed."))
             except (ValueError, AttributeError):
-                return JSONResponse(
-                    {"error": 'the body is not {"code": ..., "message": ...}'}, status_code=400
-                )
+                return _error(400, 'the body is not {"code": ..., "message": ...}')
             status, ended = "failed", self.fake.fail_turn(session_id, code, message)
         if not ended:
-            return JSONResponse(
-                {"error": f"session {session_id} has no active turn"}, status_code=409
-            )
+            return _error(409, f"session {session_id} has no active turn")
         return JSONResponse({"status": status})
 
     async def _pause_on_budget(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
-            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+            return _error(404, f"no session {session_id}")
         shape = '{"limit": cents, "consumed": cents} (whole numbers, consumed >= limit)'
         try:
             body = json.loads(await request.body() or b"{}")
@@ -251,57 +241,29 @@ class FakeControlApp:
                 raise ValueError("not whole numbers")
             self.fake.pause_on_budget(session_id, limit=limit, consumed=consumed)
         except (ValueError, AttributeError):
-            return JSONResponse({"error": f"the body is not {shape}"}, status_code=400)
+            return _error(400, f"the body is not {shape}")
         return JSONResponse({"status": "budget_reached"})
 
     async def _redeliver(self, request: Request) -> JSONResponse:
         session_id = request.path_params["session_id"]
         if session_id not in self.fake.sessions:
-            return JSONResponse({"error": f"no session {session_id}"}, status_code=404)
+            return _error(404, f"no session {session_id}")
         if not self.fake.webhooks.urls:
-            return JSONResponse(
-                {"error": "no webhook URL is set (start fake-api with --webhook-url)"},
-                status_code=409,
-            )
+            return _error(409, "no webhook URL is set (start fake-api with --webhook-url)")
         webhook_id = self.fake.redeliver(session_id)
         if webhook_id is None:
-            return JSONResponse(
-                {"error": f"session {session_id} has no pending calls: nothing to redeliver"},
-                status_code=409,
-            )
+            return _error(409, f"session {session_id} has no pending calls: nothing to redeliver")
         return JSONResponse({"webhook_id": webhook_id}, status_code=202)
+
+
+def _error(status: int, message: str, **fields: Any) -> JSONResponse:
+    """The control API's error answer: ``{"error": message, **fields}``."""
+    return JSONResponse({"error": message, **fields}, status_code=status)
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, allow: str) -> None:
     answer = {"error": f"method not allowed (use {allow})"}
     await JSONResponse(answer, status_code=405, headers={"allow": allow})(scope, receive, send)
-
-
-async def _no_endpoint(request: Request) -> JSONResponse:
-    return JSONResponse(
-        {
-            "error": f"no control endpoint {request.method} {request.url.path}",
-            "endpoints": [
-                "POST /_fake/sessions",
-                "POST /_fake/sessions/{id}/redeliver",
-                "POST /_fake/sessions/{id}/cancel",
-                "POST /_fake/sessions/{id}/fail",
-                "POST /_fake/sessions/{id}/budget",
-                "GET /_fake/submissions",
-            ],
-        },
-        status_code=404,
-    )
-
-
-def _submission(submission: Any) -> dict[str, Any]:
-    return {
-        "session_id": submission.session_id,
-        "call_id": submission.call_id,
-        "success": submission.success,
-        "output": submission.output,
-        "error": submission.error,
-    }
 
 
 async def serve_fake_api(
@@ -342,26 +304,22 @@ async def serve_fake_api(
     )
     async with fake, serve_app(FakeControlApp(fake), host=host, port=port, lifespan="off") as root:
         base_url = root + "/v1"
-        print(f"FakeAgentsAPI listening on {base_url}", file=stream)
-        print(f"  OPENAI_BASE_URL={base_url}", file=stream)
-        print(f"  OPENAI_API_KEY={api_key}", file=stream)
-        print(f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}", file=stream)
         targets = ", ".join(webhook_urls) or (
             "nowhere (pass --webhook-url, create an endpoint with agentfn-asgi webhooks "
             "create --url URL, or forward from the event streams with agentfn-asgi listen "
             "--forward-to URL)"
         )
-        print(f"  webhooks go to {targets}", file=stream)
-        print(
+        banner = [
+            f"FakeAgentsAPI listening on {base_url}",
+            f"  OPENAI_BASE_URL={base_url}",
+            f"  OPENAI_API_KEY={api_key}",
+            f"  OPENAI_WEBHOOK_SECRET={fake.webhook_secret}",
+            f"  webhooks go to {targets}",
             f"  a failed webhook is retried {len(delays)} time(s) over {sum(delays):g} s",
-            file=stream,
-        )
-        print(
             f"  create sessions: agentfn-asgi fake-api session --url {root} "
             """--call 'get_customer:{"customer_id":"123"}'""",
-            file=stream,
-            flush=True,
-        )
+        ]
+        print("\n".join(banner), file=stream, flush=True)
         if calls:
             session_id = fake.create_session([[FakeCall(name, args) for name, args in calls]])
             print(

@@ -31,20 +31,17 @@ replicas hitting the fake at once see the same atomic behaviour as the real serv
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
 from agentfn_asgi.signing import parse_secrets
-from agentfn_asgi.testing.deliveries import new_webhook_id, webhook_event
-from agentfn_asgi.testing.fake_endpoints import FakeEndpoints, sample_data
+from agentfn_asgi.testing.fake_endpoints import new_webhook_secret
 from agentfn_asgi.testing.fake_http import FaultPlan, InjectedFailure, RecordedRequest, handle_http
 from agentfn_asgi.testing.fake_state import FakeCall, FakeRequest, FakeSession, Submission
 from agentfn_asgi.testing.fake_webhooks import (
@@ -56,7 +53,7 @@ from agentfn_asgi.testing.fake_webhooks import (
 __all__ = ["FakeAgentsAPI", "Route"]
 
 Route = Literal["list", "retrieve", "submit", "stream", "delete", "webhook_endpoints"]
-_ROUTES = frozenset({"list", "retrieve", "submit", "stream", "delete", "webhook_endpoints"})
+_ROUTES = frozenset(get_args(Route))
 
 
 class FakeAgentsAPI:
@@ -93,9 +90,7 @@ class FakeAgentsAPI:
     ) -> None:
         self.api_key = api_key
         secrets_ = (
-            parse_secrets(webhook_secret)
-            if webhook_secret is not None
-            else ("whsec_" + _b64(secrets.token_bytes(24)),)
+            parse_secrets(webhook_secret) if webhook_secret is not None else (new_webhook_secret(),)
         )
         urls = [webhook_url] if isinstance(webhook_url, str) else list(webhook_url or ())
         self.webhooks = WebhookSender(
@@ -106,10 +101,9 @@ class FakeAgentsAPI:
             concurrency=webhook_concurrency,
             clock=clock,
         )
-        self.endpoints = FakeEndpoints(clock)
+        self.endpoints = self.webhooks.endpoints
         """Webhook endpoints created through ``/webhook_endpoints`` (the SDK's
         ``client.webhooks``); each gets the events it subscribes to, with its own secret."""
-        self.webhooks.endpoints = self.endpoints
         self.step_delay = step_delay
         self.sse_keepalive = sse_keepalive
         self.stream_duplicates = False
@@ -266,44 +260,14 @@ class FakeAgentsAPI:
         Returns the new webhook-id, or None when nothing is pending or no URL is set.
         """
         session = self._get(session_id)
-        if not session.pending_calls():
-            return None
-        return self.webhooks.emit(
-            "agent.session.action_required",
-            {"id": session_id, "required_action": {"type": "function_call"}},
-            session_id=session_id,
-        )
+        return session.announce_action("function_call") if session.pending_calls() else None
 
     async def test_webhook_endpoint(self, endpoint_id: str, event_type: str) -> int | None:
         """Sign a sample ``event_type`` event with the endpoint's secret(s) and post it once
         (what ``POST /webhook_endpoints/{id}/test`` does); return the status it got, None
         when no answer came (the attempt, with its error, is in :attr:`deliveries`).
         KeyError for an unknown endpoint."""
-        endpoint = self.endpoints.by_id[endpoint_id]
-        event = webhook_event(event_type, sample_data(event_type), clock=self.clock)
-        body = json.dumps(event, separators=(",", ":")).encode()
-        webhook_id = new_webhook_id()
-        status, error = await self.webhooks.post_signed(
-            endpoint.url,
-            body,
-            secrets=endpoint.signing_secrets(self.clock()),
-            webhook_id=webhook_id,
-        )
-        self.webhooks.record(
-            DeliveryAttempt(
-                webhook_id=webhook_id,
-                event_id=event["id"],
-                event_type=event_type,
-                session_id=None,
-                url=endpoint.url,
-                attempt=1,
-                status=status,
-                error=error,
-                at=self.clock(),
-                test=True,
-            )
-        )
-        return status
+        return await self.webhooks.send_test(endpoint_id, event_type)
 
     # -- faults -------------------------------------------------------------------------------
 
@@ -490,7 +454,3 @@ class FakeAgentsAPI:
     def _check_route(route: str) -> None:
         if route not in _ROUTES:
             raise ValueError(f"unknown route {route!r}; use one of {sorted(_ROUTES)}")
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()

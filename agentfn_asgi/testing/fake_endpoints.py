@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentfn_asgi.testing.fake_validation import error_body
+from agentfn_asgi.testing.fake_validation import error_body, list_page
 from agentfn_asgi.wire import WEBHOOK_EVENT_TYPES
 
 __all__ = [
@@ -45,6 +45,8 @@ KEEP_OLD_SECRET_SECONDS = 24 * 3600
 
 #: A reply of the endpoint routes: status and JSON body.
 EndpointReply = tuple[int, dict[str, Any]]
+#: A request's query string, parsed (``urllib.parse.parse_qs``).
+Query = Mapping[str, list[str]]
 
 _SAMPLE_PREFIXES = {
     "batch": "batch_",
@@ -116,6 +118,10 @@ class FakeEndpoint:
         return document
 
 
+#: What a route answers: a reply, or the endpoint a valid ``test`` goes to.
+_Answer = EndpointReply | FakeEndpoint
+
+
 class FakeEndpoints:
     """The project's webhook endpoints, in creation order (synchronous: each check and
     update is atomic on the event loop)."""
@@ -146,40 +152,38 @@ class FakeEndpoints:
         self.by_id[endpoint.id] = endpoint
         return 200, endpoint.to_json(with_secret=True)
 
-    def list(self, query: Mapping[str, list[str]]) -> EndpointReply:
-        """``GET /webhook_endpoints``: ``limit`` (1-100, default 20) and ``after``."""
-        try:
-            limit = int(query.get("limit", ["20"])[-1])
-        except ValueError:
-            limit = 0
-        if not 1 <= limit <= 100:
-            return 400, error_body("limit must be between 1 and 100.", param="limit")
-        endpoints = list(self.by_id.values())
-        after = query.get("after", [None])[-1]
-        if after is not None:
-            ids = [e.id for e in endpoints]
-            if after not in ids:
-                return 400, error_body(f"No webhook endpoint with id '{after}'.", param="after")
-            endpoints = endpoints[ids.index(after) + 1 :]
-        page = endpoints[:limit]
-        return 200, {
-            "object": "list",
-            "data": [e.to_json() for e in page],
-            "first_id": page[0].id if page else None,
-            "last_id": page[-1].id if page else None,
-            "has_more": len(endpoints) > limit,
+    def serve(
+        self, method: str, endpoint_id: str | None, action: str | None, body: Any, query: Query
+    ) -> _Answer | None:
+        """Answer one request of the routes below ``/webhook_endpoints``: a reply, the
+        endpoint a valid ``test`` goes to (the caller posts the sample), or None when no
+        such route exists."""
+        if endpoint_id is None:
+            if method == "POST":
+                return self.create(body)
+            return self.list(query) if method == "GET" else None
+        handlers: dict[tuple[str, str | None], Callable[[FakeEndpoint], _Answer]] = {
+            ("GET", None): lambda endpoint: (200, endpoint.to_json()),
+            ("POST", None): lambda endpoint: self.update(endpoint, body),
+            ("DELETE", None): self.delete,
+            ("POST", "rotate_secret"): lambda endpoint: self.rotate(endpoint, body),
+            ("POST", "test"): lambda endpoint: _test_target(endpoint, body),
         }
-
-    def retrieve(self, endpoint_id: str) -> EndpointReply:
-        """``GET /webhook_endpoints/{id}``."""
-        endpoint = self.by_id.get(endpoint_id)
-        return (200, endpoint.to_json()) if endpoint else _not_found(endpoint_id)
-
-    def update(self, endpoint_id: str, body: Any) -> EndpointReply:
-        """``POST /webhook_endpoints/{id}``: the fields given replace the old ones."""
+        handler = handlers.get((method, action))
+        if handler is None:
+            return None
         endpoint = self.by_id.get(endpoint_id)
         if endpoint is None:
-            return _not_found(endpoint_id)
+            return 404, error_body(f"No webhook endpoint found with id '{endpoint_id}'.")
+        return handler(endpoint)
+
+    def list(self, query: Query) -> EndpointReply:
+        """``GET /webhook_endpoints``: ``limit`` (1-100, default 20) and ``after``."""
+        missing = "No webhook endpoint with id '{}'."
+        return list_page(list(self.by_id.values()), query, FakeEndpoint.to_json, missing)
+
+    def update(self, endpoint: FakeEndpoint, body: Any) -> EndpointReply:
+        """``POST /webhook_endpoints/{id}``: the fields given replace the old ones."""
         problem = _check_fields(body, required=False)
         if problem is not None:
             return problem
@@ -193,17 +197,13 @@ class FakeEndpoints:
             endpoint.updated_at = int(self.clock())
         return 200, endpoint.to_json()
 
-    def delete(self, endpoint_id: str) -> EndpointReply:
+    def delete(self, endpoint: FakeEndpoint) -> EndpointReply:
         """``DELETE /webhook_endpoints/{id}``: nothing is sent there any more."""
-        if self.by_id.pop(endpoint_id, None) is None:
-            return _not_found(endpoint_id)
-        return 200, {"id": endpoint_id, "deleted": True, "object": "webhook_endpoint.deleted"}
+        del self.by_id[endpoint.id]
+        return 200, {"id": endpoint.id, "deleted": True, "object": "webhook_endpoint.deleted"}
 
-    def rotate(self, endpoint_id: str, body: Any) -> EndpointReply:
+    def rotate(self, endpoint: FakeEndpoint, body: Any) -> EndpointReply:
         """``POST /webhook_endpoints/{id}/rotate_secret``."""
-        endpoint = self.by_id.get(endpoint_id)
-        if endpoint is None:
-            return _not_found(endpoint_id)
         body = {} if body is None else body
         if not isinstance(body, dict):
             return 400, error_body("The request body must be a JSON object.")
@@ -220,23 +220,17 @@ class FakeEndpoints:
         endpoint.updated_at = int(now)
         return 200, endpoint.to_json(with_secret=True)
 
-    def test_target(self, endpoint_id: str, body: Any) -> FakeEndpoint | EndpointReply:
-        """Check a ``POST /webhook_endpoints/{id}/test``: the endpoint, or an error reply."""
-        endpoint = self.by_id.get(endpoint_id)
-        if endpoint is None:
-            return _not_found(endpoint_id)
-        event_type = body.get("event_type") if isinstance(body, dict) else None
-        if event_type not in WEBHOOK_EVENT_TYPES:
-            return 400, error_body(
-                f"Invalid event_type: {event_type!r}. Expected one of "
-                f"{', '.join(WEBHOOK_EVENT_TYPES)}.",
-                param="event_type",
-            )
-        return endpoint
 
-
-def _not_found(endpoint_id: str) -> EndpointReply:
-    return 404, error_body(f"No webhook endpoint found with id '{endpoint_id}'.")
+def _test_target(endpoint: FakeEndpoint, body: Any) -> _Answer:
+    """Check a ``POST /webhook_endpoints/{id}/test``: the endpoint, or an error reply."""
+    event_type = body.get("event_type") if isinstance(body, dict) else None
+    if event_type not in WEBHOOK_EVENT_TYPES:
+        return 400, error_body(
+            f"Invalid event_type: {event_type!r}. Expected one of "
+            f"{', '.join(WEBHOOK_EVENT_TYPES)}.",
+            param="event_type",
+        )
+    return endpoint
 
 
 def _check_fields(body: Any, *, required: bool) -> EndpointReply | None:

@@ -18,39 +18,39 @@ import random
 import re
 import secrets
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from agentfn_asgi.testing.fake_endpoints import FakeEndpoints
 from agentfn_asgi.testing.fake_state import STREAM_CUT, FakeSession, RawJSON, StreamItem
 from agentfn_asgi.testing.fake_validation import (
     MAX_REQUEST_BYTES,
     Rejection,
     error_body,
+    list_page,
     parse_events_body,
 )
-from agentfn_asgi.testing.fake_webhooks import WebhookSender
 from agentfn_asgi.wire import WEBHOOK_EVENT_TYPES
+
+if TYPE_CHECKING:
+    from agentfn_asgi.testing.fake import FakeAgentsAPI
 
 __all__ = [
     "FakeConnectionDropped",
     "FaultPlan",
-    "HTTPHost",
     "InjectedFailure",
     "RecordedRequest",
     "handle_http",
 ]
 
-_PATH = re.compile(r"(?:/v1)?/agents/sessions/([^/]+)(/events|/turns/[^/]+)?/?")
+_PATH = re.compile(r"(?:/v1)?/agents/sessions(?:/([^/]+)(/events|/turns/[^/]+)?)?/?")
 _ENDPOINTS_PATH = re.compile(
     r"(?:/v1)?/(webhook_endpoints|webhook_event_types)(?:/([^/]+))?(?:/([^/]+))?/?"
 )
-_LIST_PATH = re.compile(r"(?:/v1)?/agents/sessions/?")
 _ALNUM = string.ascii_letters + string.digits
 
 
@@ -68,8 +68,7 @@ class RecordedRequest:
     """One request the fake answered: ``status`` is None when the connection was dropped.
 
     ``route`` is ``list``, ``retrieve``, ``submit``, ``stream``, ``delete`` or ``unknown``;
-    ``headers``
-    are lower-cased.
+    ``headers`` are lower-cased.
     """
 
     method: str
@@ -118,27 +117,6 @@ class FaultPlan:
     )
 
 
-class HTTPHost(Protocol):
-    """What the HTTP layer needs from the fake that owns it (``FakeAgentsAPI``)."""
-
-    api_key: str
-    webhooks: WebhookSender
-    faults: FaultPlan
-    sessions: dict[str, FakeSession]
-    idempotency: dict[str, tuple[str, bytes]]
-    requests: list[RecordedRequest]
-    endpoints: FakeEndpoints
-    sse_keepalive: float
-    stream_duplicates: bool
-    clock: Callable[[], float]
-
-    def delete_session(self, session_id: str) -> None:
-        """Forget a session (``DELETE``)."""
-
-    async def test_webhook_endpoint(self, endpoint_id: str, event_type: str) -> int | None:
-        """Post a signed sample to an endpoint once; the status it got."""
-
-
 @dataclass(slots=True)
 class _Reply:
     status: int
@@ -149,12 +127,12 @@ class _Reply:
 def _route(method: str, path: str) -> tuple[str, str | None]:
     if _ENDPOINTS_PATH.fullmatch(path):
         return "webhook_endpoints", None
-    if _LIST_PATH.fullmatch(path):
-        return ("list" if method == "GET" else "unknown"), None
     match = _PATH.fullmatch(path)
     if match is None:
         return "unknown", None
     session_id, tail = match.group(1), match.group(2) or ""
+    if session_id is None:
+        return ("list" if method == "GET" else "unknown"), None
     routes = {
         ("GET", ""): "retrieve",
         ("DELETE", ""): "delete",
@@ -165,7 +143,7 @@ def _route(method: str, path: str) -> tuple[str, str | None]:
     return routes.get((method, tail.rsplit("/", 1)[0] or tail), "unknown"), session_id
 
 
-async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send) -> None:
+async def handle_http(fake: FakeAgentsAPI, scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one HTTP request and record it in ``fake.requests``."""
     fake.webhooks.ensure_started()
     method: str = scope["method"]
@@ -184,24 +162,17 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
         drop_after = drops.popleft() if drops else None
         if drop_after is False or (drop_after and route == "stream"):
             await _drop(send)
-        reply: _Reply | None
-        if route == "webhook_endpoints":
-            reply = _check_request(fake, route, session_id, headers)
-            if reply is None:
+        reply = _check_request(fake, route, session_id, headers)
+        if reply is None and route == "stream" and session_id is not None:
+            status = 200
+            await _stream(fake, session_id, scope, receive, send)
+            return
+        if reply is None:
+            if route == "webhook_endpoints":
                 reply = await _endpoints(fake, method, path, body, scope)
-                reply = _failure_after_processing(fake, route, session_id) or reply
-        elif route == "stream" and session_id is not None:
-            reply = _check_request(fake, route, session_id, headers)
-            if reply is None:
-                status = 200
-                await _stream(fake, session_id, scope, receive, send)
-                return
-        else:
-            reply = _check_request(fake, route, session_id, headers)
-            if reply is None:
+            else:
                 reply = _serve(fake, route, session_id, headers, body, scope)
-                reply = _failure_after_processing(fake, route, session_id) or reply
-        assert reply is not None
+            reply = _injected(fake, route, session_id, after_processing=True) or reply
         if drop_after:
             await _drop(send)
         status = reply.status
@@ -211,65 +182,47 @@ async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send
 
 
 def _check_request(
-    fake: HTTPHost, route: str, session_id: str | None, headers: dict[str, str]
+    fake: FakeAgentsAPI, route: str, session_id: str | None, headers: dict[str, str]
 ) -> _Reply | None:
     """Faults, auth, beta header and session lookup: an error reply, or None to proceed."""
-    failures = _failures(fake, route, session_id)
-    if failures and not failures[0].after_processing:
-        return _failure_reply(failures.popleft())
-    if route == "unknown" or (session_id is None and route not in _SESSIONLESS):
+    injected = _injected(fake, route, session_id, after_processing=False)
+    if injected is not None:
+        return injected
+    if route == "unknown":
         return _Reply(404, error_body("Invalid URL.", code=None))
     if headers.get("authorization") != f"Bearer {fake.api_key}":
-        return _Reply(
-            401,
-            error_body("Incorrect API key provided.", code="invalid_api_key"),
-        )
+        return _Reply(401, error_body("Incorrect API key provided.", code="invalid_api_key"))
     if route == "webhook_endpoints":
         return None  # the management API takes no OpenAI-Beta header (wire protocol §8.5)
     beta = [part.strip() for part in headers.get("openai-beta", "").split(",")]
     if "agents=v1" not in beta:
-        return _Reply(
-            400,
-            error_body(
-                "The OpenAI-Beta header must include 'agents=v1'.",
-                param="OpenAI-Beta",
-                code="invalid_beta",
-            ),
-        )
+        message = "The OpenAI-Beta header must include 'agents=v1'."
+        return _Reply(400, error_body(message, param="OpenAI-Beta", code="invalid_beta"))
     if session_id is not None and session_id not in fake.sessions:
         return _Reply(404, error_body(f"No session found with id '{session_id}'.", code=None))
     return None
 
 
-def _failure_reply(failure: InjectedFailure) -> _Reply:
+def _injected(
+    fake: FakeAgentsAPI, route: str, session_id: str | None, *, after_processing: bool
+) -> _Reply | None:
+    """The injected failure that answers this request now, its session's before its route's:
+    before it is served, or (``after_processing``) in place of a served request's answer."""
+    failures = fake.faults.failures
+    queue = (failures.get(f"{route} {session_id}") if session_id else None) or failures.get(route)
+    if not queue or queue[0].after_processing != after_processing:
+        return None
+    failure = queue.popleft()
     body = failure.body
     if body is None:
-        body = error_body(
-            "Injected failure.", type="server_error" if failure.status >= 500 else "error"
-        )
+        kind = "server_error" if failure.status >= 500 else "error"
+        body = error_body("Injected failure.", type=kind)
     return _Reply(failure.status, body, dict(failure.headers))
 
 
-def _failures(
-    fake: HTTPHost, route: str, session_id: str | None
-) -> collections.deque[InjectedFailure] | None:
-    """The injected failures waiting for this request: its session's, then its route's."""
-    own = fake.faults.failures.get(f"{route} {session_id}") if session_id else None
-    return own or fake.faults.failures.get(route)
-
-
-def _failure_after_processing(fake: HTTPHost, route: str, session_id: str | None) -> _Reply | None:
-    """The injected answer that replaces a served request's own (``after_processing``)."""
-    failures = _failures(fake, route, session_id)
-    if failures and failures[0].after_processing:
-        return _failure_reply(failures.popleft())
-    return None
-
-
-_SESSIONLESS = frozenset({"list", "webhook_endpoints"})
-
-
-async def _endpoints(fake: HTTPHost, method: str, path: str, body: bytes, scope: Scope) -> _Reply:
+async def _endpoints(
+    fake: FakeAgentsAPI, method: str, path: str, body: bytes, scope: Scope
+) -> _Reply:
     """The webhook endpoint routes (:mod:`~agentfn_asgi.testing.fake_endpoints`)."""
     match = _ENDPOINTS_PATH.fullmatch(path)
     assert match is not None
@@ -284,55 +237,32 @@ async def _endpoints(fake: HTTPHost, method: str, path: str, body: bytes, scope:
             payload = json.loads(body)
         except ValueError:
             return _Reply(400, error_body("The request body is not valid JSON."))
-    endpoints = fake.endpoints
-    answer: tuple[int, dict[str, Any]] | None = None
-    if endpoint_id is None:
-        if method == "POST":
-            answer = endpoints.create(payload)
-        elif method == "GET":
-            answer = endpoints.list(parse_qs(scope.get("query_string", b"").decode("latin-1")))
-    elif action is None:
-        if method == "GET":
-            answer = endpoints.retrieve(endpoint_id)
-        elif method == "POST":
-            answer = endpoints.update(endpoint_id, payload)
-        elif method == "DELETE":
-            answer = endpoints.delete(endpoint_id)
-    elif action == "rotate_secret" and method == "POST":
-        answer = endpoints.rotate(endpoint_id, payload)
-    elif action == "test" and method == "POST":
-        target = endpoints.test_target(endpoint_id, payload)
-        if isinstance(target, tuple):
-            answer = target
-        else:
-            event_type = payload["event_type"]
-            status = await fake.test_webhook_endpoint(endpoint_id, event_type)
-            if status is None:
-                error = fake.webhooks.attempts[-1].error
-                answer = (
-                    400,
-                    error_body(
-                        f"Could not deliver the test event to {target.url}: {error}", param="url"
-                    ),
-                )
-            else:
-                answer = (
-                    200,
-                    {
-                        "event_type": event_type,
-                        "object": "webhook_endpoint.test",
-                        "status_code": status,
-                        "success": True,
-                        "webhook_endpoint_id": endpoint_id,
-                    },
-                )
+    answer = fake.endpoints.serve(method, endpoint_id, action, payload, _query(scope))
     if answer is None:
         return _Reply(404, error_body(f"Invalid URL ({method} {path}).", code=None))
-    return _Reply(*answer)
+    if isinstance(answer, tuple):
+        return _Reply(*answer)
+    # A valid test: post the sample to the endpoint once.
+    event_type = payload["event_type"]
+    status = await fake.test_webhook_endpoint(answer.id, event_type)
+    if status is None:
+        error = fake.webhooks.attempts[-1].error
+        message = f"Could not deliver the test event to {answer.url}: {error}"
+        return _Reply(400, error_body(message, param="url"))
+    return _Reply(
+        200,
+        {
+            "event_type": event_type,
+            "object": "webhook_endpoint.test",
+            "status_code": status,
+            "success": True,
+            "webhook_endpoint_id": answer.id,
+        },
+    )
 
 
 def _serve(
-    fake: HTTPHost,
+    fake: FakeAgentsAPI,
     route: str,
     session_id: str | None,
     headers: dict[str, str],
@@ -340,7 +270,7 @@ def _serve(
     scope: Scope,
 ) -> _Reply:
     if route == "list":
-        return _list(fake, parse_qs(scope.get("query_string", b"").decode("latin-1")))
+        return _list(fake, _query(scope))
     assert session_id is not None
     if route == "retrieve":
         return _Reply(200, _with_raw_json(fake.sessions[session_id].snapshot()))
@@ -356,32 +286,16 @@ def _serve(
     try:
         _submit(fake, session_id, headers.get("idempotency-key"), body)
     except Rejection as rejection:
-        return _Reply(rejection.status, rejection.body())
+        return _Reply(rejection.status, rejection.body)
     return _Reply(202)
 
 
-def _list(fake: HTTPHost, query: dict[str, list[str]]) -> _Reply:
-    """``GET /agents/sessions``: ``limit`` (1-100, default 20), ``order`` (``desc``, newest
-    first, by default), ``after`` (the last id of the previous page), ``agent_id`` and
-    ``metadata[key]=value`` filters (wire protocol §2)."""
-
-    def last(name: str, default: str | None = None) -> str | None:
-        return query.get(name, [default])[-1]
-
-    try:
-        limit = int(last("limit", "20") or "")
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        return _Reply(400, error_body("limit must be between 1 and 100.", param="limit"))
-    order = last("order", "desc")
-    if order not in ("asc", "desc"):
-        return _Reply(400, error_body("order must be 'asc' or 'desc'.", param="order"))
+def _list(fake: FakeAgentsAPI, query: dict[str, list[str]]) -> _Reply:
+    """``GET /agents/sessions``: a page (:func:`list_page`, newest first by default) of the
+    sessions an ``agent_id`` and ``metadata[key]=value`` filters keep (wire protocol §2)."""
     # Sessions are kept in creation order; ``created_at`` has a resolution of seconds.
     sessions = list(fake.sessions.values())
-    if order == "desc":
-        sessions.reverse()
-    agent_id = last("agent_id")
+    agent_id = query.get("agent_id", [None])[-1]
     if agent_id is not None and agent_id != "agent_fake":
         sessions = []
     wanted = {
@@ -390,26 +304,13 @@ def _list(fake: HTTPHost, query: dict[str, list[str]]) -> _Reply:
         if key.startswith("metadata[") and key.endswith("]")
     }
     sessions = [s for s in sessions if all(s.metadata.get(k) == v for k, v in wanted.items())]
-    after = last("after")
-    if after is not None:
-        ids = [s.id for s in sessions]
-        if after not in ids:
-            return _Reply(400, error_body(f"No session found with id '{after}'.", param="after"))
-        sessions = sessions[ids.index(after) + 1 :]
-    page = sessions[:limit]
-    data = [session.snapshot() for session in page]
-    return _Reply(
-        200,
-        _with_raw_json(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": page[0].id if page else None,
-                "last_id": page[-1].id if page else None,
-                "has_more": len(sessions) > limit,
-            }
-        ),
-    )
+    missing = "No session found with id '{}'."
+    status, document = list_page(sessions, query, FakeSession.snapshot, missing, ordered=True)
+    return _Reply(status, _with_raw_json(document))
+
+
+def _query(scope: Scope) -> dict[str, list[str]]:
+    return parse_qs(scope.get("query_string", b"").decode("latin-1"))
 
 
 def _with_raw_json(document: dict[str, Any]) -> dict[str, Any] | bytes:
@@ -435,7 +336,7 @@ def _dumps_raw(document: dict[str, Any], **options: Any) -> tuple[str, bool]:
     return text, bool(raws)
 
 
-def _submit(fake: HTTPHost, session_id: str, key: str | None, body: bytes) -> None:
+def _submit(fake: FakeAgentsAPI, session_id: str, key: str | None, body: bytes) -> None:
     """Validate and apply a submission. No ``await``: the check and the update are atomic."""
     events = parse_events_body(body)
     if key is not None:
@@ -503,13 +404,12 @@ async def _drop(send: Send) -> None:
 
 
 async def _stream(
-    fake: HTTPHost, session_id: str, scope: Scope, receive: Receive, send: Send
+    fake: FakeAgentsAPI, session_id: str, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Serve ``GET …/events`` as SSE until the session is idle or failed after a turn
     (then ``data: [DONE]``), or the client leaves."""
     session = fake.sessions[session_id]
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    obfuscate = query.get("include_obfuscation", ["true"])[-1].lower() != "false"
+    obfuscate = _query(scope).get("include_obfuscation", ["true"])[-1].lower() != "false"
     queue: asyncio.Queue[StreamItem] = asyncio.Queue()
     session.listeners.add(queue)
 

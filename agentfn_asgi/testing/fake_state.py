@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from agentfn_asgi.testing.fake_validation import (
     TOOL_RESULT,
@@ -21,7 +21,9 @@ from agentfn_asgi.testing.fake_validation import (
     check_answer,
     normalised_result,
 )
-from agentfn_asgi.testing.fake_webhooks import WebhookSender
+
+if TYPE_CHECKING:
+    from agentfn_asgi.testing.fake import FakeAgentsAPI
 
 __all__ = [
     "STREAM_CUT",
@@ -29,7 +31,6 @@ __all__ = [
     "FakeRequest",
     "FakeSession",
     "FakeTurn",
-    "SessionHost",
     "StreamItem",
     "Submission",
 ]
@@ -162,20 +163,6 @@ class Submission:
     received_at: float
 
 
-class SessionHost(Protocol):
-    """What a session needs from the fake that owns it."""
-
-    webhooks: WebhookSender
-    clock: Callable[[], float]
-    step_delay: float
-    races: set[str]
-    submissions: list[Submission]
-    duplicate_submissions: list[Submission]
-
-    def notify(self) -> None:
-        """Something changed: wake waiters."""
-
-
 @dataclass(slots=True)
 class _Call:
     call_id: str
@@ -242,7 +229,7 @@ class FakeTurn:
 class FakeSession:
     """The state of one fake session (internal to the test kit; inspect through the fake)."""
 
-    def __init__(self, host: SessionHost, session_id: str, metadata: dict[str, str]) -> None:
+    def __init__(self, host: FakeAgentsAPI, session_id: str, metadata: dict[str, str]) -> None:
         self.host = host
         self.id = session_id
         self.metadata = metadata
@@ -281,13 +268,16 @@ class FakeSession:
         return [call.action() for call in self.pending_calls()] + environments
 
     def require_environment(self, environment_id: str) -> None:
-        """The session waits for ``environment_id`` to connect: an
-        ``environment_connection`` action, announced by ``agent.session.action_required``."""
+        """See :meth:`FakeAgentsAPI.require_environment`."""
         if environment_id not in self.environment_connections:
             self.environment_connections.append(environment_id)
-        self.host.webhooks.emit(
+        self.announce_action("environment_connection")
+
+    def announce_action(self, action_type: str) -> str | None:
+        """Send an ``agent.session.action_required`` webhook; its webhook-id (or None)."""
+        return self.host.webhooks.emit(
             "agent.session.action_required",
-            {"id": self.id, "required_action": {"type": "environment_connection"}},
+            {"id": self.id, "required_action": {"type": action_type}},
             session_id=self.id,
         )
 
@@ -339,7 +329,7 @@ class FakeSession:
 
     def announce_created(self) -> None:
         """Emit ``agent.session.created`` (stream and webhook)."""
-        self._emit({"type": "agent.session.created", "session": self.snapshot()})
+        self._emit("agent.session.created", session=self.snapshot())
         self._webhook("agent.session.created")
 
     def start_turn(self, steps: Sequence[Sequence[FakeCall | FakeRequest]]) -> str:
@@ -356,23 +346,17 @@ class FakeSession:
             batch = []
             for scripted in step:
                 if isinstance(scripted, FakeRequest):
-                    request_id = scripted.request_id or "req_" + secrets.token_hex(12)
-                    if request_id in self.calls or request_id in planned:
-                        raise ValueError(f"id {request_id} is already used in session {self.id}")
-                    planned.add(request_id)
-                    request = dict(scripted.request)
-                    batch.append(_Call(request_id, turn.id, "", {}, request=request))
-                    continue
-                call_id = scripted.call_id or "call_" + secrets.token_hex(12)
+                    label, call_id = "id", scripted.request_id or "req_" + secrets.token_hex(12)
+                    call = _Call(call_id, turn.id, "", {}, request=dict(scripted.request))
+                else:
+                    label, call_id = "call id", scripted.call_id or "call_" + secrets.token_hex(12)
+                    arguments = scripted.arguments
+                    arguments = arguments if isinstance(arguments, RawJSON) else dict(arguments)
+                    call = _Call(call_id, turn.id, scripted.name, arguments)
                 if call_id in self.calls or call_id in planned:
-                    raise ValueError(f"call id {call_id} is already used in session {self.id}")
+                    raise ValueError(f"{label} {call_id} is already used in session {self.id}")
                 planned.add(call_id)
-                arguments = (
-                    scripted.arguments
-                    if isinstance(scripted.arguments, RawJSON)
-                    else dict(scripted.arguments)
-                )
-                batch.append(_Call(call_id, turn.id, scripted.name, arguments))
+                batch.append(call)
             turn.steps.append(batch)
         return turn
 
@@ -399,9 +383,7 @@ class FakeSession:
         return self._end_turn("cancelled", None)
 
     def fail_turn(self, code: str, message: str) -> bool:
-        """Fail the active turn with ``code`` (a turn error code such as
-        ``session_budget_exceeded``): its calls stop being pending, the session goes
-        ``failed`` (``agent.session.failed``). False if none was active."""
+        """Fail the active turn (:meth:`FakeAgentsAPI.fail_turn`). False if none was active."""
         return self._end_turn("failed", {"code": code, "message": message})
 
     def _end_turn(self, status: str, error: dict[str, str] | None) -> bool:
@@ -421,11 +403,7 @@ class FakeSession:
         return True
 
     def pause_on_budget(self, *, limit: int, consumed: int | None = None) -> None:
-        """Pause the session on its spending limit: ``spend_control`` becomes ``{limit,
-        consumed}`` (``consumed`` defaults to ``limit``), the status ``budget_reached`` and
-        the stream gets ``agent.session.budget_reached`` (no webhook exists for it). The
-        active turn, if any, is left as it is: its pending calls stay pending and accept
-        results, but no next step opens while the session is paused."""
+        """See :meth:`FakeAgentsAPI.pause_on_budget`; pending calls still accept results."""
         spent = limit if consumed is None else consumed
         if spent < limit:
             raise ValueError(f"a session paused on its budget has consumed {limit} or more")
@@ -439,91 +417,54 @@ class FakeSession:
         not pending (400 "Unknown pending tool call: <id>"), a turn mismatch (400) or a
         different result for an answered call (409).
         """
-        plan: list[tuple[dict[str, Any], _Call | None, bool]] = []
+        plan: list[tuple[dict[str, Any], _Call | None, tuple[bool, str], bool]] = []
         seen: dict[str, tuple[bool, str]] = {}
         for index, event in enumerate(events):
             kind = event["type"]
-            if kind.endswith("approval_request_result"):
-                request_id = event["request_id"]
-                answered = self.calls.get(request_id)
-                if (
-                    answered is None
-                    or answered.request is None
-                    or answered.state in ("waiting", "cancelled")
-                ):
-                    raise Rejection(400, f"Unknown pending approval request: {request_id}")
-                checked = check_answer(answered.request, event, f"events[{index}]")
-                previous = seen.get(request_id)
-                if previous is None and answered.state == "answered":
-                    previous = answered.result
-                if previous is not None and previous != checked:
-                    raise Rejection(
-                        409,
-                        f"Approval request {request_id} already has a different answer.",
-                        code="conflict_error",
-                    )
-                seen[request_id] = checked
-                plan.append((event, answered, previous is not None))
+            approval = kind.endswith("approval_request_result")
+            if not approval and kind != TOOL_RESULT:
+                plan.append((event, None, (False, ""), False))
                 continue
-            if kind != TOOL_RESULT:
-                plan.append((event, None, False))
-                continue
-            call_id = event["call_id"]
-            if call_id in self.host.races:
-                self.host.races.discard(call_id)
-                raise Rejection(400, f"Unknown pending tool call: {call_id}")
-            result = normalised_result(event)
+            call_id = event["request_id" if approval else "call_id"]
             call = self.calls.get(call_id)
-            previous = seen.get(call_id)
-            if previous is None and call is not None and call.state == "answered":
-                previous = call.result
-            if call is None or call.state in ("waiting", "cancelled"):
-                raise Rejection(400, f"Unknown pending tool call: {call_id}")
-            if event["turn_id"] != call.turn_id:
-                raise Rejection(
-                    400,
-                    f"Tool call {call_id} does not belong to turn {event['turn_id']}.",
-                    param=f"events[{index}].turn_id",
-                )
+            if approval:
+                if call is None or call.request is None or call.state in ("waiting", "cancelled"):
+                    raise Rejection(400, f"Unknown pending approval request: {call_id}")
+                result = check_answer(call.request, event, f"events[{index}]")
+                conflict = f"Approval request {call_id} already has a different answer."
+            else:
+                if call_id in self.host.races:
+                    self.host.races.discard(call_id)
+                    raise Rejection(400, f"Unknown pending tool call: {call_id}")
+                result = normalised_result(event)
+                if call is None or call.state in ("waiting", "cancelled"):
+                    raise Rejection(400, f"Unknown pending tool call: {call_id}")
+                if event["turn_id"] != call.turn_id:
+                    raise Rejection(
+                        400,
+                        f"Tool call {call_id} does not belong to turn {event['turn_id']}.",
+                        param=f"events[{index}].turn_id",
+                    )
+                conflict = f"Tool call {call_id} already has a different result."
+            previous = seen.get(call_id) or (call.result if call.state == "answered" else None)
             if previous is not None and previous != result:
-                raise Rejection(
-                    409,
-                    f"Tool call {call_id} already has a different result.",
-                    code="conflict_error",
-                )
+                raise Rejection(409, conflict, code="conflict_error")
             seen[call_id] = result
-            plan.append((event, call, previous is not None))
+            plan.append((event, call, result, previous is not None))
 
         now = self.host.clock()
         applied: list[Submission] = []
-        for event, call, duplicate in plan:
+        for event, call, result, duplicate in plan:
             if call is None:
                 self._apply_input(event)
                 continue
             if call.request is not None:
-                submission = Submission(
-                    self.id,
-                    call.turn_id,
-                    call.call_id,
-                    answer_approves(event),
-                    event["response"],
-                    None,
-                    idempotency_key,
-                    now,
-                )
-                result = check_answer(call.request, event, "events")
+                output, error = event["response"], None
             else:
-                submission = Submission(
-                    self.id,
-                    call.turn_id,
-                    call.call_id,
-                    bool(event["success"]),
-                    event.get("output"),
-                    event.get("error"),
-                    idempotency_key,
-                    now,
-                )
-                result = normalised_result(event)
+                output, error = event.get("output"), event.get("error")
+            submission = Submission(
+                self.id, call.turn_id, call.call_id, result[0], output, error, idempotency_key, now
+            )
             if duplicate:
                 self.host.duplicate_submissions.append(submission)
                 continue
@@ -556,40 +497,28 @@ class FakeSession:
             self.start_turn(self.queued_turns.pop(0) if self.queued_turns else [])
 
     def _answered(self, call: _Call, event: dict[str, Any]) -> None:
+        item_id = "item_" + secrets.token_hex(12)
         item = (
             {
                 "type": call.action_type.replace("_request", "_response"),
-                "id": "item_" + secrets.token_hex(12),
+                "id": item_id,
                 "request_id": call.call_id,
                 "turn_id": call.turn_id,
                 # A sign-in's submitted values are never echoed back.
                 "approve": answer_approves(event),
             }
             if call.request is not None
-            else self._call_output(call, event)
-        )
-        self._after_answer(call, item)
-
-    def _call_output(self, call: _Call, event: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "type": "function_call_output",
-            "id": "item_" + secrets.token_hex(12),
-            "call_id": call.call_id,
-            "turn_id": call.turn_id,
-            "output": event.get("output"),
-            "error": event.get("error"),
-            "status": "completed" if event["success"] else "failed",
-        }
-
-    def _after_answer(self, call: _Call, item: dict[str, Any]) -> None:
-        self._emit(
-            {
-                "type": "agent.session.turn.item.added",
-                "session_id": self.id,
+            else {
+                "type": "function_call_output",
+                "id": item_id,
+                "call_id": call.call_id,
                 "turn_id": call.turn_id,
-                "item": item,
+                "output": event.get("output"),
+                "error": event.get("error"),
+                "status": "completed" if event["success"] else "failed",
             }
         )
+        self._emit_in_turn("agent.session.turn.item.added", call.turn_id, item=item)
         turn = self.current
         if turn is None or self.pending_calls() or self.status == "budget_reached":
             return  # (a session paused on its budget goes no further)
@@ -612,23 +541,13 @@ class FakeSession:
     def _open_next_step(self, turn: FakeTurn) -> None:
         turn.step += 1
         if turn.step >= len(turn.steps):
-            turn.status = "completed"
-            turn.completed_at = int(self.host.clock())
-            self.current = None
-            self._emit_turn("agent.session.turn.completed", turn)
-            self._set_status("idle")
+            self._end_turn("completed", None)
             return
         for output_index, call in enumerate(turn.steps[turn.step]):
             call.state = "pending"
             item = {"id": "item_" + secrets.token_hex(12), **call.action(), "status": "completed"}
-            self._emit(
-                {
-                    "type": "agent.session.turn.item.added",
-                    "session_id": self.id,
-                    "turn_id": turn.id,
-                    "item": item,
-                    "output_index": output_index,
-                }
+            self._emit_in_turn(
+                "agent.session.turn.item.added", turn.id, item=item, output_index=output_index
             )
         turn.status = "waiting"
         self._set_status("requires_action")
@@ -636,17 +555,12 @@ class FakeSession:
     def _set_status(self, status: str) -> None:
         self.status = status
         self.last_active_at = int(self.host.clock())
-        self._emit({"type": _STATUS_EVENTS[status], "session": self.snapshot()})
+        self._emit(_STATUS_EVENTS[status], session=self.snapshot())
         if status == "budget_reached":
             return
         if status == "requires_action":
             pending = self.pending_calls()
-            kind = pending[0].action_type if pending else "function_call"
-            self.host.webhooks.emit(
-                "agent.session.action_required",
-                {"id": self.id, "required_action": {"type": kind}},
-                session_id=self.id,
-            )
+            self.announce_action(pending[0].action_type if pending else "function_call")
         else:
             self._webhook(_STATUS_EVENTS[status])
 
@@ -656,12 +570,13 @@ class FakeSession:
         )
 
     def _emit_turn(self, event_type: str, turn: FakeTurn) -> None:
-        self._emit(
-            {"type": event_type, "session_id": self.id, "turn_id": turn.id, "turn": turn.to_json()}
-        )
+        self._emit_in_turn(event_type, turn.id, turn=turn.to_json())
 
-    def _emit(self, event: dict[str, Any]) -> None:
-        event = {"event_id": "event_" + secrets.token_hex(12), **event}
+    def _emit_in_turn(self, event_type: str, turn_id: str, **fields: Any) -> None:
+        self._emit(event_type, session_id=self.id, turn_id=turn_id, **fields)
+
+    def _emit(self, event_type: str, **fields: Any) -> None:
+        event = {"event_id": "event_" + secrets.token_hex(12), "type": event_type, **fields}
         self.history.append(event)
         for queue in self.listeners:
             queue.put_nowait(event)

@@ -8,6 +8,7 @@ field (``events[0].output[1].text``), as the real service names fields in its er
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentfn_asgi.wire import INPUT_EVENT_TYPES
@@ -19,6 +20,8 @@ __all__ = [
     "answer_approves",
     "check_answer",
     "error_body",
+    "json_type",
+    "list_page",
     "normalised_result",
     "parse_events_body",
 ]
@@ -37,20 +40,12 @@ class Rejection(Exception):  # noqa: N818 - an answer to send, not a failure of 
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = "invalid_request_error",
     ) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        """The JSON error envelope."""
-        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+        self.body = error_body(message, param=param, code=code)
 
 
 class InvalidRequestError(Rejection):
@@ -58,6 +53,19 @@ class InvalidRequestError(Rejection):
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(400, message, param=param)
+
+
+def _missing(param: str) -> InvalidRequestError:
+    return InvalidRequestError(f"Missing required parameter: '{param}'.", param=param)
+
+
+def _invalid(param: str, problem: str, what: str = "value") -> InvalidRequestError:
+    """``Invalid value for 'param': problem`` (``what="type"``: ``Invalid type ...``)."""
+    return InvalidRequestError(f"Invalid {what} for '{param}': {problem}", param=param)
+
+
+def _not_object(param: str) -> InvalidRequestError:
+    return InvalidRequestError(f"'{param}' must be an object.", param=param)
 
 
 def error_body(
@@ -69,6 +77,44 @@ def error_body(
 ) -> dict[str, Any]:
     """The standard error envelope ``{"error": {message, type, param, code}}``."""
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def list_page(
+    items: Sequence[Any],
+    query: Mapping[str, list[str]],
+    to_json: Callable[[Any], dict[str, Any]],
+    missing: str,
+    *,
+    ordered: bool = False,
+) -> tuple[int, dict[str, Any]]:
+    """The answer of a list route (wire protocol §2): a page of ``items`` (each with an
+    ``id``, in creation order) after ``after`` (the last id of the previous page;
+    ``missing`` formats the 400 for an unknown one), ``limit`` (1-100, default 20) long,
+    and with ``ordered`` in the ``order`` asked (``desc``, newest first, by default)."""
+    try:
+        limit = int(query.get("limit", ["20"])[-1])
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        return 400, error_body("limit must be between 1 and 100.", param="limit")
+    order = query.get("order", ["desc"])[-1] if ordered else "asc"
+    if order not in ("asc", "desc"):
+        return 400, error_body("order must be 'asc' or 'desc'.", param="order")
+    items = list(reversed(items)) if order == "desc" else list(items)
+    after = query.get("after", [None])[-1]
+    if after is not None:
+        ids = [item.id for item in items]
+        if after not in ids:
+            return 400, error_body(missing.format(after), param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return 200, {
+        "object": "list",
+        "data": [to_json(item) for item in page],
+        "first_id": page[0].id if page else None,
+        "last_id": page[-1].id if page else None,
+        "has_more": len(items) > limit,
+    }
 
 
 def parse_events_body(body: bytes) -> list[dict[str, Any]]:
@@ -89,7 +135,7 @@ def parse_events_body(body: bytes) -> list[dict[str, Any]]:
     if not isinstance(payload, dict):
         raise InvalidRequestError("The request body must be a JSON object.")
     if "events" not in payload:
-        raise InvalidRequestError("Missing required parameter: 'events'.", param="events")
+        raise _missing("events")
     events = payload["events"]
     if not isinstance(events, list):
         raise InvalidRequestError("'events' must be an array.", param="events")
@@ -102,17 +148,12 @@ def parse_events_body(body: bytes) -> list[dict[str, Any]]:
 
 def _check_event(event: object, where: str) -> None:
     if not isinstance(event, dict):
-        raise InvalidRequestError(f"'{where}' must be an object.", param=where)
+        raise _not_object(where)
     kind = event.get("type")
     if not isinstance(kind, str):
-        raise InvalidRequestError(
-            f"Missing required parameter: '{where}.type'.", param=f"{where}.type"
-        )
+        raise _missing(f"{where}.type")
     if kind not in INPUT_EVENT_TYPES:
-        raise InvalidRequestError(
-            f"Invalid value for '{where}.type': {kind!r} is not a supported input event.",
-            param=f"{where}.type",
-        )
+        raise _invalid(f"{where}.type", f"{kind!r} is not a supported input event.")
     if kind == TOOL_RESULT:
         _check_tool_result(event, where)
     elif kind == "agent.session.input.message":
@@ -127,21 +168,27 @@ def _check_event(event: object, where: str) -> None:
 
 def _require(event: dict[str, Any], where: str, name: str, kind: type) -> None:
     if name not in event:
-        raise InvalidRequestError(
-            f"Missing required parameter: '{where}.{name}'.", param=f"{where}.{name}"
-        )
+        raise _missing(f"{where}.{name}")
     value = event[name]
     # bool is an int subclass in Python; JSON keeps them apart, so must we.
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise InvalidRequestError(
-            f"Invalid type for '{where}.{name}': expected {_json_type(kind)}.",
-            param=f"{where}.{name}",
-        )
+        raise _invalid(f"{where}.{name}", f"expected {json_type(kind)}.", "type")
 
 
-def _json_type(kind: type) -> str:
-    names = {str: "a string", bool: "a boolean", list: "an array", dict: "an object"}
-    return names.get(kind, kind.__name__)
+_JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def json_type(kind: type) -> str:
+    """What JSON calls values of the Python type ``kind`` ("an object", "a string"...)."""
+    return _JSON_TYPES.get(kind, kind.__name__)
 
 
 def _check_tool_result(event: dict[str, Any], where: str) -> None:
@@ -151,34 +198,25 @@ def _check_tool_result(event: dict[str, Any], where: str) -> None:
     output = event.get("output")
     if output is not None and not isinstance(output, str):
         if not isinstance(output, list):
-            raise InvalidRequestError(
-                f"Invalid type for '{where}.output': expected a string, an array of content "
-                "parts, or null.",
-                param=f"{where}.output",
-            )
+            expected = "expected a string, an array of content parts, or null."
+            raise _invalid(f"{where}.output", expected, "type")
         for index, part in enumerate(output):
             _check_part(part, f"{where}.output[{index}]")
     error = event.get("error")
     if error is not None and not isinstance(error, str):
-        raise InvalidRequestError(
-            f"Invalid type for '{where}.error': expected a string or null.",
-            param=f"{where}.error",
-        )
+        raise _invalid(f"{where}.error", "expected a string or null.", "type")
 
 
 def _check_part(part: object, where: str) -> None:
     if not isinstance(part, dict):
-        raise InvalidRequestError(f"'{where}' must be an object.", param=where)
+        raise _not_object(where)
     kind = part.get("type")
     if kind == "input_text":
         _require(part, where, "text", str)
     elif kind == "input_image":
         _require(part, where, "image_url", str)
     else:
-        raise InvalidRequestError(
-            f"Invalid value for '{where}.type': expected 'input_text' or 'input_image'.",
-            param=f"{where}.type",
-        )
+        raise _invalid(f"{where}.type", "expected 'input_text' or 'input_image'.")
 
 
 def normalised_result(event: dict[str, Any]) -> tuple[bool, str]:
@@ -204,25 +242,18 @@ def check_answer(request: dict[str, Any], event: dict[str, Any], where: str) -> 
         else "agent.session.input.computer_use_approval_request_result"
     )
     if event["type"] != expected:
-        raise Rejection(
-            400,
+        raise InvalidRequestError(
             f"Approval request {event['request_id']} is answered with {expected}.",
             param=f"{where}.type",
         )
     response = event["response"]
     param = f"{where}.response"
     if response.get("type") != kind:
-        raise Rejection(
-            400, f"Invalid value for '{param}.type': expected {kind!r}.", param=f"{param}.type"
-        )
+        raise _invalid(f"{param}.type", f"expected {kind!r}.")
     if kind == "browser_authentication":
         _check_sign_in(request, response, param)
     elif response.get("decision") not in _DECISIONS:
-        raise Rejection(
-            400,
-            f"Invalid value for '{param}.decision': expected one of {', '.join(_DECISIONS)}.",
-            param=f"{param}.decision",
-        )
+        raise _invalid(f"{param}.decision", f"expected one of {', '.join(_DECISIONS)}.")
     return answer_approves(event), json.dumps(response, sort_keys=True, separators=(",", ":"))
 
 
@@ -231,33 +262,26 @@ def _check_sign_in(request: dict[str, Any], response: dict[str, Any], param: str
     if action == "cancel":
         return
     if action != "submit":
-        raise Rejection(
-            400,
-            f"Invalid value for '{param}.action': expected 'submit' or 'cancel'.",
-            param=f"{param}.action",
-        )
+        raise _invalid(f"{param}.action", "expected 'submit' or 'cancel'.")
     fields = response.get("fields")
     if not isinstance(fields, list) or len(fields) > _SIGN_IN_FIELDS:
-        raise Rejection(
-            400,
-            f"Invalid value for '{param}.fields': expected at most {_SIGN_IN_FIELDS} fields.",
-            param=f"{param}.fields",
-        )
+        raise _invalid(f"{param}.fields", f"expected at most {_SIGN_IN_FIELDS} fields.")
     known = {f.get("id") for f in request.get("fields") or [] if isinstance(f, dict)}
     size = 0
     for index, item in enumerate(fields):
         here = f"{param}.fields[{index}]"
         if not isinstance(item, dict):
-            raise Rejection(400, f"'{here}' must be an object.", param=here)
+            raise _not_object(here)
         _require(item, here, "field_id", str)
         _require(item, here, "value", str)
         if item["field_id"] not in known:
-            raise Rejection(
-                400, f"Unknown field id {item['field_id']!r}.", param=f"{here}.field_id"
-            )
+            message = f"Unknown field id {item['field_id']!r}."
+            raise InvalidRequestError(message, param=f"{here}.field_id")
         size += len(item["value"].encode("utf-8", "surrogatepass"))
     if size > _SIGN_IN_BYTES:
-        raise Rejection(400, f"'{param}.fields' values are too large.", param=f"{param}.fields")
+        raise InvalidRequestError(
+            f"'{param}.fields' values are too large.", param=f"{param}.fields"
+        )
 
 
 def answer_approves(event: dict[str, Any]) -> bool:

@@ -22,14 +22,14 @@ import collections
 import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
-from agentfn_asgi.signing import signed_headers
-from agentfn_asgi.testing.deliveries import WEBHOOK_USER_AGENT, new_webhook_id, webhook_event
+from agentfn_asgi.testing.deliveries import new_webhook_id, signed_delivery, webhook_event
+from agentfn_asgi.testing.fake_endpoints import FakeEndpoints, sample_data
 
 __all__ = [
     "DEFAULT_WEBHOOK_RETRY_DELAYS",
@@ -117,18 +117,10 @@ class _Delivery:
     #: each attempt (a rotation or an update applies to retries; a deletion drops them).
     endpoint_id: str | None = None
 
-
-class EndpointDirectory(Protocol):
-    """Endpoints created through the API (:class:`~.fake_endpoints.FakeEndpoints`)."""
-
-    clock: Callable[[], float]
-
-    def subscribed(self, event_type: str) -> Sequence[Any]:
-        """The endpoints (with ``id``, ``url``, ``signing_secrets(now)``) of a type."""
-
     @property
-    def by_id(self) -> Mapping[str, Any]:
-        """Every endpoint by id."""
+    def ids(self) -> tuple[str, str, str, str | None, str]:
+        """The first fields of an attempt's record: webhook id, event id and type, session, URL."""
+        return (self.webhook_id, self.event_id, self.event_type, self.session_id, self.url)
 
 
 class WebhookSender:
@@ -150,10 +142,10 @@ class WebhookSender:
         self._sending: set[asyncio.Task[None]] = set()
         self.secrets = tuple(secrets)
         self.urls = list(urls)
+        """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
         #: Sessions whose events are not delivered right now (:meth:`FakeAgentsAPI.create_session`
         #: with ``deliver=False``).
         self.muted: set[str] = set()
-        """Where every event goes. A delivery to a URL removed meanwhile is dropped."""
         self._url_clients: dict[str, httpx.AsyncClient] = {}
         self.retry_delays = tuple(retry_delays)
         self.attempts: list[DeliveryAttempt] = []
@@ -170,16 +162,12 @@ class WebhookSender:
         self._task: asyncio.Task[None] | None = None
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.endpoints: EndpointDirectory | None = None
+        self.endpoints = FakeEndpoints(clock)
         """Endpoints created through the API: each gets the events it subscribes to,
         signed with its own secret(s)."""
 
     def add_url(self, url: str, client: httpx.AsyncClient | None = None) -> None:
-        """Send future events to ``url`` too, through ``client`` when given.
-
-        The client is the caller's (never closed here): an ``httpx.ASGITransport`` into an
-        app in the same process, for example.
-        """
+        """Send future events to ``url`` too, through ``client`` (the caller's) when given."""
         if url not in self.urls:
             self.urls.append(url)
         if client is not None:
@@ -203,7 +191,7 @@ class WebhookSender:
         return its ``webhook-id`` (None when it goes nowhere, or for a muted session)."""
         if session_id is not None and session_id in self.muted:
             return None
-        subscribed = self.endpoints.subscribed(event_type) if self.endpoints else []
+        subscribed = self.endpoints.subscribed(event_type)
         if not self.urls and not subscribed:
             return None
         event = webhook_event(event_type, data, clock=self._clock)
@@ -344,7 +332,7 @@ class WebhookSender:
         """Make one attempt; return the delay before a retry, or None if none follows."""
         secrets = self.secrets
         if delivery.endpoint_id is not None:
-            endpoint = self.endpoints.by_id.get(delivery.endpoint_id) if self.endpoints else None
+            endpoint = self.endpoints.by_id.get(delivery.endpoint_id)
             if endpoint is None:
                 return None  # the endpoint was deleted: nothing is sent there any more
             delivery.url = endpoint.url
@@ -352,39 +340,36 @@ class WebhookSender:
         elif delivery.url not in self.urls:
             return None  # the URL was removed: nothing is sent there any more
         delivery.attempt += 1
-        status, error = await self.post_signed(
-            delivery.url, delivery.body, secrets=secrets, webhook_id=delivery.webhook_id
-        )
+        status, error = await self._post_signed(delivery, secrets)
         retry_in: float | None = None
         ok = status is not None and 200 <= status < 300
         if not ok and delivery.attempt < self.max_attempts:
             retry_in = self.retry_delays[delivery.attempt - 1]
         self.attempts.append(
-            DeliveryAttempt(
-                webhook_id=delivery.webhook_id,
-                event_id=delivery.event_id,
-                event_type=delivery.event_type,
-                session_id=delivery.session_id,
-                url=delivery.url,
-                attempt=delivery.attempt,
-                status=status,
-                error=error,
-                at=self._clock(),
-                next_retry=retry_in,
-            )
+            DeliveryAttempt(*delivery.ids, delivery.attempt, status, error, self._clock(), retry_in)
         )
         return retry_in
 
-    async def post_signed(
-        self, url: str, body: bytes, *, secrets: Sequence[str], webhook_id: str
+    async def send_test(self, endpoint_id: str, event_type: str) -> int | None:
+        """Sign a sample ``event_type`` event with the endpoint's secret(s) and post it once,
+        recorded as a ``test`` attempt; the status it got. KeyError for an unknown endpoint."""
+        endpoint = self.endpoints.by_id[endpoint_id]
+        event = webhook_event(event_type, sample_data(event_type), clock=self._clock)
+        body = json.dumps(event, separators=(",", ":")).encode()
+        delivery = _Delivery(new_webhook_id(), event["id"], event_type, None, endpoint.url, body)
+        status, error = await self._post_signed(delivery, endpoint.signing_secrets(self._clock()))
+        now = self._clock()
+        self.attempts.append(DeliveryAttempt(*delivery.ids, 1, status, error, now, test=True))
+        return status
+
+    async def _post_signed(
+        self, delivery: _Delivery, secrets: Sequence[str]
     ) -> tuple[int | None, str | None]:
-        """POST ``body`` to ``url`` once, signed with every one of ``secrets`` (one ``v1,``
+        """POST the delivery once, signed with every one of ``secrets`` (one ``v1,``
         signature each); return the status, or None and what went wrong."""
-        headers = {
-            "content-type": "application/json",
-            "user-agent": WEBHOOK_USER_AGENT,
-            **signed_headers(secrets, body, msg_id=webhook_id, timestamp=int(self._clock())),
-        }
+        url, body = delivery.url, delivery.body
+        timestamp = int(self._clock())
+        _, headers = signed_delivery(secrets, body, msg_id=delivery.webhook_id, timestamp=timestamp)
         try:
             # Redirects are not followed: a sender counts a 3xx as a failed delivery.
             response = await self._client_for(url).post(
@@ -393,10 +378,6 @@ class WebhookSender:
         except Exception as exc:  # the fake must survive any receiver, even a crashing one
             return None, f"{type(exc).__name__}: {exc}"
         return response.status_code, None
-
-    def record(self, attempt: DeliveryAttempt) -> None:
-        """Add an attempt made outside the queue (a test delivery) to :attr:`attempts`."""
-        self.attempts.append(attempt)
 
     def _schedule_retry(self, delivery: _Delivery, delay: float) -> None:
         assert self._loop is not None

@@ -321,10 +321,8 @@ class Config:
                 "no API key: set the OPENAI_API_KEY environment variable (or pass client= "
                 "an AgentsClient(api_key=...))"
             )
-        options.setdefault("api_key", self.api_key)
-        options.setdefault("base_url", self.base_url)
-        options.setdefault("project", self.project)
-        options.setdefault("organization", self.organization)
+        for name in ("api_key", "base_url", "project", "organization"):
+            options.setdefault(name, getattr(self, name))
         return AgentsClient(**options)
 
 

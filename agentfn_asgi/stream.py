@@ -233,19 +233,12 @@ async def follow_session(
     while True:
         if failures:
             await sleep(pause.delay(failures))
+        trouble = "cannot open the event stream ({}); retrying"
         try:
             stream = await client.open_event_stream(session_id, include_obfuscation=False)
-        except NotFoundError:
-            return end("deleted")
-        except APIError as exc:
-            if _permanent(exc):
-                raise
-            failures += 1
-            say(f"session {session_id}: cannot open the event stream ({exc}); retrying")
-            continue
-        opened += 1
-        async with stream:
-            try:
+            opened += 1
+            trouble = "stream dropped ({}); reconnecting"
+            async with stream:
                 # Subscribed first, then read: nothing can fall between the two.
                 session = await read()
                 failures = 0
@@ -282,14 +275,14 @@ async def follow_session(
                     elif isinstance(event, ErrorEvent):
                         say(f"session {session_id}: streamed error: {event.error.message}")
                     root_turn, root_ended = _root_turn(event, root_turn, root_ended)
-            except NotFoundError:
-                return end("deleted")
-            except APIError as exc:
-                if _permanent(exc):
-                    raise
-                failures += 1
-                say(f"session {session_id}: stream dropped ({exc}); reconnecting")
-                continue
+        except NotFoundError:
+            return end("deleted")
+        except APIError as exc:
+            if _permanent(exc):
+                raise
+            failures += 1
+            say(f"session {session_id}: {trouble.format(exc)}")
+            continue
         # The stream ended while the session was active: reconnect (gently, in case the
         # server keeps ending it at once).
         failures = max(failures, 1)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -70,49 +69,31 @@ class CompletionResult:
     status: Literal["accepted", "duplicate", "stale", "conflict"]
 
 
-# -- completing a call: one exchange, two drivers ---------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Post:
-    url: str
-    body: bytes
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class _Sleep:
-    seconds: float
+# -- completing a call: one retry policy, two drivers ----------------------------------------
 
 
 _RETRY = Backoff(base=0.25, cap=4.0, jitter=0.25)  # between tries of one completion
 
-#: What the exchange is told after a ``_Post``: the response, or the transport error.
-_Answer = httpx.Response | httpx.HTTPError
 
-
-def _exchange(
-    url: str, token: str, completion: Completion, attempts: int
-) -> Generator[_Post | _Sleep, _Answer | None, CompletionResult]:
-    """The retry policy of a completion, without I/O: yields a request or a pause, is sent
-    each request's answer, returns the app's answer (or raises). The drivers below only
-    perform what it yields."""
+def _request(token: str, completion: Completion) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of a completion's POST (the same on every try)."""
     body = json.dumps(
         completion.to_dict(), separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
-    post = _Post(
-        url, body, {"authorization": f"Bearer {token}", "content-type": "application/json"}
-    )
-    for attempt in range(1, attempts + 1):
-        answer = yield post
-        last = attempt >= attempts
-        if isinstance(answer, httpx.Response):
-            if last or not _retryable(answer):
-                return _interpret(answer)
-        elif last:
-            raise APIConnectionError(f"cannot reach {url}: {answer}") from answer
-        yield _Sleep(_RETRY.delay(attempt))
-    raise AssertionError("unreachable")  # pragma: no cover - the loop always returns
+    return body, {"authorization": f"Bearer {token}", "content-type": "application/json"}
+
+
+def _outcome(
+    url: str, answer: httpx.Response | httpx.HTTPError, *, last: bool
+) -> CompletionResult | None:
+    """The retry policy, without I/O: the app's answer to one try (or raise), or None to
+    try again after a pause. The drivers below only perform the tries and pauses."""
+    if isinstance(answer, httpx.Response):
+        if last or not _retryable(answer):
+            return _interpret(answer)
+    elif last:
+        raise APIConnectionError(f"cannot reach {url}: {answer}") from answer
+    return None
 
 
 def _retryable(response: httpx.Response) -> bool:
@@ -158,24 +139,20 @@ async def complete_call(
     on 401, APIConnectionError when the app cannot be reached, and APIStatusError for other
     refusals.
     """
-    steps = _exchange(url, token, Completion(success, output, error), attempts)
+    body, headers = _request(token, Completion(success, output, error))
     client = http_client if http_client is not None else httpx.AsyncClient(timeout=request_timeout)
     try:
-        answer: _Answer | None = None
-        while True:
+        for attempt in range(1, attempts + 1):
+            answer: httpx.Response | httpx.HTTPError
             try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: CompletionResult = done.value
-                return result
-            answer = None
-            if isinstance(step, _Sleep):
-                await anyio.sleep(step.seconds)
-                continue
-            try:
-                answer = await client.post(step.url, content=step.body, headers=step.headers)
+                answer = await client.post(url, content=body, headers=headers)
             except httpx.HTTPError as exc:
                 answer = exc
+            result = _outcome(url, answer, last=attempt >= attempts)
+            if result is not None:
+                return result
+            await anyio.sleep(_RETRY.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover - the last try returns
     finally:
         if http_client is None:
             await client.aclose()
@@ -193,24 +170,20 @@ def complete_call_sync(
     attempts: int = 4,
 ) -> CompletionResult:
     """:func:`complete_call` for synchronous workers (Celery, RQ), over ``httpx.Client``."""
-    steps = _exchange(url, token, Completion(success, output, error), attempts)
+    body, headers = _request(token, Completion(success, output, error))
     client = http_client if http_client is not None else httpx.Client(timeout=request_timeout)
     try:
-        answer: _Answer | None = None
-        while True:
+        for attempt in range(1, attempts + 1):
+            answer: httpx.Response | httpx.HTTPError
             try:
-                step = steps.send(answer)
-            except StopIteration as done:
-                result: CompletionResult = done.value
-                return result
-            answer = None
-            if isinstance(step, _Sleep):
-                time.sleep(step.seconds)
-                continue
-            try:
-                answer = client.post(step.url, content=step.body, headers=step.headers)
+                answer = client.post(url, content=body, headers=headers)
             except httpx.HTTPError as exc:
                 answer = exc
+            result = _outcome(url, answer, last=attempt >= attempts)
+            if result is not None:
+                return result
+            time.sleep(_RETRY.delay(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover - the last try returns
     finally:
         if http_client is None:
             client.close()

@@ -31,6 +31,8 @@ command agrees with the app on the store, the keys and the ``AGENTFN_*`` setting
 from __future__ import annotations
 
 import argparse
+import asyncio
+import inspect
 import os
 import signal
 import sys
@@ -67,7 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.handler(args)
+        code = args.handler(args)
+        if inspect.iscoroutine(code):  # an ``async def`` command
+            code = asyncio.run(code)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -82,4 +86,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"agentfn-asgi {args.command}: {what}{exc}", file=sys.stderr)
         usage = isinstance(exc, ConfigurationError | CLIUsageError)
         return EXIT_USAGE if usage else EXIT_FAILURE
-    return code
+    return int(code)

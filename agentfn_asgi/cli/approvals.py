@@ -15,8 +15,8 @@ which poll for approved calls every second; a denied one is answered at once.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
+import functools
 import getpass
 import json
 import time
@@ -156,7 +156,7 @@ def register(sub: Any) -> None:
         help="also each call's arguments, read from its live session (needs OPENAI_API_KEY)",
     )
     approvals.add_argument("--store", help=STORE_HELP)
-    approvals.set_defaults(handler=lambda args: asyncio.run(_list(args)))
+    approvals.set_defaults(handler=_list)
     which = approvals.add_subparsers(dest="approvals_command", metavar="SUBCOMMAND")
 
     for name, approve, what in (
@@ -171,6 +171,4 @@ def register(sub: Any) -> None:
             "--as", dest="who", metavar="NAME", help="who decides (default: your user name)"
         )
         decide.add_argument("--store", help=STORE_HELP)
-        decide.set_defaults(
-            handler=lambda args, approve=approve: asyncio.run(_decide(args, approve=approve))
-        )
+        decide.set_defaults(handler=functools.partial(_decide, approve=approve))

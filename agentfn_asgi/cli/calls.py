@@ -9,7 +9,6 @@ submitted once under its stable key; ``--rerun`` runs the handler with the next 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import time
@@ -295,7 +294,7 @@ def register(sub: Any) -> None:
     calls.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
     calls.add_argument("--json", action="store_true", help="a JSON array of objects")
     calls.add_argument("--store", help=STORE_HELP)
-    calls.set_defaults(handler=lambda args: asyncio.run(_calls(args)))
+    calls.set_defaults(handler=_calls)
     which = calls.add_subparsers(dest="calls_command", metavar="SUBCOMMAND")
 
     show = which.add_parser("show", help="one call's history as a timeline")
@@ -308,7 +307,7 @@ def register(sub: Any) -> None:
     )
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.add_argument("--store", help=STORE_HELP)
-    show.set_defaults(handler=lambda args: asyncio.run(_show(args)))
+    show.set_defaults(handler=_show)
 
     settle = which.add_parser(
         "settle",
@@ -330,7 +329,7 @@ def register(sub: Any) -> None:
         "--tools", type=tools_spec, metavar="MODULE:ATTR", help="the registry (needed by --rerun)"
     )
     settle.add_argument("--store", help=STORE_HELP)
-    settle.set_defaults(handler=lambda args: asyncio.run(_settle(args)))
+    settle.set_defaults(handler=_settle)
 
     deliveries = sub.add_parser(
         "deliveries",
@@ -341,4 +340,4 @@ def register(sub: Any) -> None:
     deliveries.add_argument("--limit", type=int, default=50, help="at most this many")
     deliveries.add_argument("--json", action="store_true", help="machine-readable output")
     deliveries.add_argument("--store", help=STORE_HELP)
-    deliveries.set_defaults(handler=lambda args: asyncio.run(_deliveries(args)))
+    deliveries.set_defaults(handler=_deliveries)

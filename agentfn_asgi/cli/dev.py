@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from typing import Any
 
@@ -164,35 +163,40 @@ async def _send(args: argparse.Namespace) -> int:
     return EXIT_OK if response.is_success else EXIT_FAILURE
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+async def _cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo
 
-    return asyncio.run(run_demo(time_limit=args.timeout, verbose=args.verbose))
+    return await run_demo(time_limit=args.timeout, verbose=args.verbose)
 
 
-def _cmd_fake_api(args: argparse.Namespace) -> int:
+async def _cmd_fake_api(args: argparse.Namespace) -> int:
     from ..testing.control import serve_fake_api
     from ..testing.fake_webhooks import webhook_backoff
 
     calls = [parse_call_spec(spec) for spec in args.call]
     try:
-        return asyncio.run(
-            serve_fake_api(
-                host=args.host,
-                port=args.port,
-                webhook_urls=args.webhook_url,
-                webhook_secret=args.secret or ",".join(Config.from_env().webhook_secrets) or None,
-                api_key=args.api_key,
-                webhook_retry_delays=webhook_backoff(args.webhook_retry_for),
-                calls=calls,
-                stop_on_sigterm=True,
-            )
+        return await serve_fake_api(
+            host=args.host,
+            port=args.port,
+            webhook_urls=args.webhook_url,
+            webhook_secret=args.secret or ",".join(Config.from_env().webhook_secrets) or None,
+            api_key=args.api_key,
+            webhook_retry_delays=webhook_backoff(args.webhook_retry_for),
+            calls=calls,
+            stop_on_sigterm=True,
         )
     except OSError as exc:  # the port is taken, the host is not ours: say it in one line
         raise CLIError(
             f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
             "(pick another --port, or 0 for any free one)"
         ) from None
+
+
+def _add_call(parser: argparse.ArgumentParser, of: str, **options: Any) -> None:
+    """``--call NAME:JSON`` of ``fake-api`` and ``fake-api session``."""
+    example = """'get_customer:{"customer_id":"123"}'"""
+    about = f"a call of {of}: {example} (repeatable)"
+    parser.add_argument("--call", action="append", metavar="NAME:JSON", help=about, **options)
 
 
 def register(sub: Any) -> None:
@@ -261,13 +265,7 @@ def register(sub: Any) -> None:
     fake.add_argument(
         "--api-key", default="sk-test", help="bearer token to accept (default sk-test)"
     )
-    fake.add_argument(
-        "--call",
-        action="append",
-        default=[],
-        metavar="NAME:JSON",
-        help="""a call of the first session: 'get_customer:{"customer_id":"123"}' (repeatable)""",
-    )
+    _add_call(fake, "the first session", default=[])
     fake.add_argument(
         "--webhook-retry-for",
         type=seconds_type(zero=True),
@@ -292,19 +290,13 @@ def register(sub: Any) -> None:
             "/_fake/sessions (see fake-api --help)."
         ),
     )
-    session.add_argument(
-        "--call",
-        action="append",
-        required=True,
-        metavar="NAME:JSON",
-        help="""a call of the session: 'get_customer:{"customer_id":"123"}' (repeatable)""",
-    )
+    _add_call(session, "the session", required=True)
     session.add_argument(
         "--url",
         help=f"the fake's root URL (default: OPENAI_BASE_URL without /v1, else {_FAKE_ROOT})",
     )
     session.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    session.set_defaults(handler=lambda args: asyncio.run(_fake_session(args)))
+    session.set_defaults(handler=_fake_session)
 
     send = sub.add_parser(
         "send",
@@ -337,7 +329,7 @@ def register(sub: Any) -> None:
     )
     send.add_argument("--webhook-id", help="the webhook-id header (default: a fresh wh_ id)")
     send.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    send.set_defaults(handler=lambda args: asyncio.run(_send(args)))
+    send.set_defaults(handler=_send)
 
     tools = sub.add_parser(
         "tools",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import time
 from dataclasses import asdict
@@ -167,7 +166,7 @@ def register(sub: Any) -> None:
     )
     status.add_argument("--store", help=STORE_HELP)
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(handler=lambda args: asyncio.run(_status(args)))
+    status.set_defaults(handler=_status)
 
     recover = sub.add_parser(
         "recover",
@@ -190,4 +189,4 @@ def register(sub: Any) -> None:
     recover.add_argument(
         "--drain-timeout", type=float, default=60.0, help="seconds to let calls finish (default 60)"
     )
-    recover.set_defaults(handler=lambda args: asyncio.run(_recover(args)))
+    recover.set_defaults(handler=_recover)

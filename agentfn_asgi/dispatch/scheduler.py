@@ -229,9 +229,9 @@ class Dispatcher:
             spawn=self._spawn,
         )
         self._executor = Executor(
-            store,
-            self._submitter,
-            leases,
+            store=store,
+            submitter=self._submitter,
+            leases=leases,
             settings=self.settings,
             owner=self.owner,
             telemetry=self.telemetry,
@@ -243,9 +243,9 @@ class Dispatcher:
         )
 
         self.approvals = Approvals(
-            store,
-            client,
-            self._executor,
+            store=store,
+            client=client,
+            executor=self._executor,
             tools=tools,
             settings=self.settings,
             owner=self.owner,
@@ -255,12 +255,14 @@ class Dispatcher:
             busy=lambda key: key in self._inflight,
             spawn=self._spawn,
         )
-        self._canceller = Canceller(store, client, tools, owner=self.owner, stop=self._stop_call)
+        self._canceller = Canceller(
+            store=store, client=client, tools=tools, owner=self.owner, stop=self._stop_call
+        )
         self._settler = Settler(
-            store,
-            client,
-            self._submitter,
-            self._executor,
+            store=store,
+            client=client,
+            submitter=self._submitter,
+            executor=self._executor,
             settings=self.settings,
             owner=self.owner,
             clock=clock,

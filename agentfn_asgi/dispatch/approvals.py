@@ -51,14 +51,11 @@ from ..errors import (
 )
 from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
 from ..results import failure_result
-from ..store.base import Store
 from ..tools import FunctionTools
-from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .actions import saved_answer
 from .alarms import call_fields
 from .execution import Executor
-from .settings import DispatchSettings
 from .submission import read_session
 
 __all__ = ["ApprovalView", "Approvals", "approval_view"]
@@ -139,16 +136,12 @@ def approval_view(record: CallRecord, links: dict[str, str] | None = None) -> Ap
 
 @dataclass(slots=True, kw_only=True, eq=False)
 class Approvals:
-    """Decides approval requests and runs approved calls for one dispatcher."""
+    """Decides approval requests and runs approved calls for one dispatcher (the store,
+    settings, owner, clock and telemetry are its executor's)."""
 
-    store: Store
     client: AgentsClient
     executor: Executor
     tools: FunctionTools
-    settings: DispatchSettings
-    owner: str
-    clock: Callable[[], float]
-    telemetry: Telemetry
     track: Callable[[CallKey, Coroutine[Any, Any, None]], None]
     busy: Callable[[CallKey], bool]
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
@@ -191,9 +184,9 @@ class Approvals:
         already, or the session stopped waiting). ``digest``, when given (a signed link),
         must be the request's: the decision is bound to the arguments the person saw.
         """
-        store = self.store
+        store = self.executor.store
         record, request = await self._waiting(approval_id, digest)
-        if self.clock() >= request.expires_at:
+        if self.executor.clock() >= request.expires_at:
             await self._expire(record)
             raise ApprovalExpiredError(
                 f"approval request {approval_id} expired before this decision; the call "
@@ -238,7 +231,7 @@ class Approvals:
         """The call waiting on ``approval_id``, and its request; raises as :meth:`decide`
         does when there is none, it is for other arguments than ``digest``, or it was
         decided."""
-        record = await self.store.find_approval(approval_id)
+        record = await self.executor.store.find_approval(approval_id)
         if record is None or record.approval is None:
             raise ApprovalNotFoundError(
                 f"no approval request {approval_id} in this store", approval_id=approval_id
@@ -275,8 +268,8 @@ class Approvals:
         """The log line and the histogram of one decision."""
         request = record.approval
         assert request is not None and request.decision is not None
-        waited = (request.decided_at or self.clock()) - request.requested_at
-        self.telemetry.record_approval_decision(request.decision, waited)
+        waited = (request.decided_at or self.executor.clock()) - request.requested_at
+        self.executor.telemetry.record_approval_decision(request.decision, waited)
         fields = call_fields(
             record.key,
             record.tool_name,
@@ -307,7 +300,7 @@ class Approvals:
         assert request is not None
         message = APPROVAL_EXPIRED_MESSAGE.format(name=record.tool_name)
         result = _refusal(record, message, "approval_expired")
-        decided = await self.store.decide_approval(
+        decided = await self.executor.store.decide_approval(
             record.key,
             approval_id=request.approval_id,
             decision="expired",
@@ -324,9 +317,11 @@ class Approvals:
     # -- the poll ----------------------------------------------------------------------------
     async def poll(self) -> None:
         """One pass: expire lapsed requests, claim and run approved calls, count waiting."""
-        store = self.store
+        store = self.executor.store
         await self._confirm_requests()
-        for record in await store.waiting_approvals(expired_by=self.clock(), limit=POLL_BATCH):
+        for record in await store.waiting_approvals(
+            expired_by=self.executor.clock(), limit=POLL_BATCH
+        ):
             if not self.busy(record.key):
                 await self._expire(record)
         now = time.monotonic()
@@ -342,22 +337,22 @@ class Approvals:
                 await self._run_approved(record)
         if time.monotonic() >= self._count_due:
             # The gauge needs no second's precision: count at the sweep's pace.
-            self._count_due = time.monotonic() + self.settings.recovery_interval
-            self.telemetry.set_approvals_waiting(await store.count_waiting_approvals())
+            self._count_due = time.monotonic() + self.executor.settings.recovery_interval
+            self.executor.telemetry.set_approvals_waiting(await store.count_waiting_approvals())
 
     async def _confirm_requests(self) -> None:
         """Tell of the requests whose write went unanswered, now that the store shows
         they were made, and run the approved calls whose claim went unanswered, now that the
         store shows it is ours (a store still failing keeps them for the next poll)."""
         for key, (nonce, sent, action) in list(self._unanswered_claims.items()):
-            record = await self.store.get_call(key)
+            record = await self.executor.store.get_call(key)
             del self._unanswered_claims[key]
-            if claimed_with(record, owner=self.owner, nonce=nonce):
+            if claimed_with(record, owner=self.executor.owner, nonce=nonce):
                 assert record is not None
                 tool = self.tools.get(action.name)
                 self.track(key, self.executor.rerun(record, action, tool, claimed_at=sent))
         for key, request in list(self._unconfirmed.items()):
-            record = await self.store.get_call(key)
+            record = await self.executor.store.get_call(key)
             del self._unconfirmed[key]
             if (
                 record is not None
@@ -371,16 +366,16 @@ class Approvals:
         run it as a fresh attempt; a session that no longer waits makes it stale."""
         key = record.key
         # What another replica saved after this read (less the clock margin) stands.
-        read_at = self.clock() - self.settings.fence_margin
+        read_at = self.executor.clock() - self.executor.settings.fence_margin
         try:
             session = await read_session(
-                self.client, key.session_id, pauses=self.settings.not_found_retries
+                self.client, key.session_id, pauses=self.executor.settings.not_found_retries
             )
         except NotFoundError:
             self._unreadable.pop(key, None)
             logger.info("approved call %s is not run: its session no longer exists", key)
-            await self.store.cancel(
-                key, owner=self.owner, reason=_GONE_DELETED, known_before=read_at
+            await self.executor.store.cancel(
+                key, owner=self.executor.owner, reason=_GONE_DELETED, known_before=read_at
             )
             return
         except APIError as exc:
@@ -397,12 +392,17 @@ class Approvals:
         self._unreadable.pop(key, None)
         action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
-            await self.store.cancel(key, owner=self.owner, reason=_GONE, known_before=read_at)
+            await self.executor.store.cancel(
+                key, owner=self.executor.owner, reason=_GONE, known_before=read_at
+            )
             return
         sent, nonce = time.monotonic(), secrets.token_hex(8)
         try:
-            claimed = await self.store.claim_approved(
-                key, owner=self.owner, lease_seconds=self.settings.lease_seconds, nonce=nonce
+            claimed = await self.executor.store.claim_approved(
+                key,
+                owner=self.executor.owner,
+                lease_seconds=self.executor.settings.lease_seconds,
+                nonce=nonce,
             )
         except StoreError:
             # Its answer was lost and the store could not be read back: the claim may be
@@ -427,7 +427,7 @@ class Approvals:
                 logger.exception("unexpected error in the approval poll")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._wake.wait(), timeout=self.settings.approval_poll_interval
+                    self._wake.wait(), timeout=self.executor.settings.approval_poll_interval
                 )
 
     # -- telling someone -----------------------------------------------------------------------

@@ -243,14 +243,9 @@ class Dispatcher:
         )
 
         self.approvals = Approvals(
-            store=store,
             client=client,
             executor=self._executor,
             tools=tools,
-            settings=self.settings,
-            owner=self.owner,
-            clock=clock,
-            telemetry=self.telemetry,
             track=self._track,
             busy=lambda key: key in self._inflight,
             spawn=self._spawn,
@@ -258,16 +253,7 @@ class Dispatcher:
         self._canceller = Canceller(
             store=store, client=client, tools=tools, owner=self.owner, stop=self._stop_call
         )
-        self._settler = Settler(
-            store=store,
-            client=client,
-            submitter=self._submitter,
-            executor=self._executor,
-            settings=self.settings,
-            owner=self.owner,
-            clock=clock,
-            track=self._track,
-        )
+        self._settler = Settler(client=client, executor=self._executor, track=self._track)
 
     # -- lifecycle -----------------------------------------------------------------------
     @property

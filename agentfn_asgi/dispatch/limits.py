@@ -190,6 +190,7 @@ class _Place:
     gone: bool = False
 
 
+@dataclass(eq=False, slots=True)
 class _Line:
     """This process's waiting calls of one limiter, in the order they arrived (the store's
     order: ``(created_at, session_id, turn_id, call_id)``).
@@ -199,22 +200,21 @@ class _Line:
     :meth:`~agentfn_asgi.store.base.Store.keep_places` for all of them every third of the
     lease) and calls those whose ``max_wait`` passed."""
 
-    def __init__(self) -> None:
-        self.places: list[_Place] = []
-        #: Slots of the limiter freed here since the head last asked (:meth:`Waiter.wake`).
-        self.freed = 0
-        #: Set by :meth:`Waiter.wake`: the head's nap ends.
-        self.bell = asyncio.Event()
-        #: The head's pause before it asks again (backing off while refused).
-        self.pause = _FIRST_POLL
-        #: When (monotonic) the last admission here was asked for, and how many asks were
-        #: refused since: a rated line's head asks again one token interval after it.
-        self.admitted: float | None = None
-        self.refused = 0
-        #: When (monotonic) the places behind the head last kept their place, and the
-        #: task keeping them (:meth:`Waiter._keep`).
-        self.kept = time.monotonic()
-        self.keeping: asyncio.Task[None] | None = None
+    places: list[_Place] = field(default_factory=list)
+    #: Slots of the limiter freed here since the head last asked (:meth:`Waiter.wake`).
+    freed: int = 0
+    #: Set by :meth:`Waiter.wake`: the head's nap ends.
+    bell: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The head's pause before it asks again (backing off while refused).
+    pause: float = _FIRST_POLL
+    #: When (monotonic) the last admission here was asked for, and how many asks were
+    #: refused since: a rated line's head asks again one token interval after it.
+    admitted: float | None = None
+    refused: int = 0
+    #: When (monotonic) the places behind the head last kept their place, and the
+    #: task keeping them (:meth:`Waiter._keep`).
+    kept: float = field(default_factory=time.monotonic)
+    keeping: asyncio.Task[None] | None = None
 
     def join(self, place: _Place) -> None:
         bisect.insort(self.places, place, key=lambda p: p.order)

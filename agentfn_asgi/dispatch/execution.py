@@ -92,7 +92,7 @@ from ..results import (
     failure_result,
     submission_key,
 )
-from ..running import invoke, run_reconcile
+from ..running import invoke, is_async_callable, run_reconcile
 from ..store.base import Store
 from ..tools import FunctionTool, NotRun, Ran, ReconcileOutcome, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
@@ -963,9 +963,7 @@ class Executor:
         machine, call an API). A sync run past its time limit keeps its thread: the next
         run for the same action waits for it (within its own time limit), never beside it."""
         with anyio.fail_after(self.settings.default_timeout):
-            if inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
-                getattr(hook, "__call__", None)  # noqa: B004 - an object with an async __call__
-            ):
+            if is_async_callable(hook):
                 await connect_environment(hook, request)
                 return
             previous = self._connecting.get(key)
@@ -1001,7 +999,7 @@ class Executor:
         except Exception as exc:
             # No exc_info: a hook's exception may quote the values.
             logger.error("the sign-in hook failed on %s (%s); cancelling", key, type(exc).__name__)
-            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+            answer = None
         if answer is None:
             return saved_answer(key, attempt.action.name, "cancel", source="policy")
         event, redacted = answer

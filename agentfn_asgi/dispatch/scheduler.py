@@ -219,8 +219,6 @@ class Dispatcher:
             not_found_pauses=self.settings.not_found_retries,
             clock=clock,
         )
-        #: How MCP and computer-use approval requests are answered (``actions=``).
-        self._answers = RequestAnswers(actions, sign_in, connect_environment)
         leases = LeaseKeeper(
             store,
             owner=self.owner,
@@ -239,7 +237,8 @@ class Dispatcher:
             clock=clock,
             handoff=handoff,
             sleep=sleep,
-            answers=self._answers,
+            # How MCP and computer-use approval requests are answered (``actions=``).
+            answers=RequestAnswers(actions, sign_in, connect_environment),
         )
 
         self.approvals = Approvals(
@@ -275,7 +274,7 @@ class Dispatcher:
             self._workers.append(self._spawn(self._reread_loop()))
         # A policy may ask a person about an approval request: the poll runs its decisions.
         gated = any(tool.approval is not False for tool in self.tools)
-        if gated or self._answers.policy is not None:
+        if gated or self._executor.answers.policy is not None:
             self._workers.append(self._spawn(self.approvals.loop()))
         self.telemetry.observe_pending(self._executor.oldest_running_age)
 
@@ -333,7 +332,7 @@ class Dispatcher:
         """Is the pending action ``action`` beyond a function call (an approval request, an
         environment connection, an unknown type) answered here, rather than recorded
         ``unanswered``?"""
-        return self._answers.answers(action)
+        return self._executor.answers.answers(action)
 
     # -- scheduling ----------------------------------------------------------------------
     def schedule(
@@ -569,7 +568,7 @@ class Dispatcher:
             and not turnless
             and calls[0].request_type is None
         )
-        self._answers.unanswered(session)
+        self._executor.answers.unanswered(session)
         self._seen_turnless(session.id, (CallKey(session.id, "", c.call_id) for c in turnless))
         # Turn-less actions (environment connections, unknown types) too: answered by a
         # hook, or recorded unanswered (the executor decides which).

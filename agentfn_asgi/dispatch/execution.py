@@ -224,12 +224,10 @@ class Executor:
     #: Calls this process just held for a person (their span's source is ``approval``).
     _held_for_approval: set[CallKey] = field(default_factory=set, init=False)
     #: Called with each new approval request (the app's notifier), never awaited here.
-    on_approval_request: Callable[[CallRecord], None] | None = field(default=None, init=False)
+    on_approval_request: Callable[[CallRecord], None] | None = None
     #: Called with a request whose write may or may not have happened (its answer lost,
     #: the store not read back): the notifier reads it again later.
-    on_approval_unconfirmed: Callable[[CallKey, ApprovalRequest], None] | None = field(
-        default=None, init=False
-    )
+    on_approval_unconfirmed: Callable[[CallKey, ApprovalRequest], None] | None = None
     _closing: bool = field(default=False, init=False)
     _closed: asyncio.Event | None = field(default=None, init=False)
     _waiter: Waiter = field(init=False)
@@ -237,11 +235,7 @@ class Executor:
     def __post_init__(self) -> None:
         self._threads = ThreadPool(self.settings.thread_pool_size)
         self._waiter = Waiter(
-            store=self.store,
-            settings=self.settings,
-            telemetry=self.telemetry,
-            owner=self.owner,
-            clock=self.clock,
+            self.store, self.settings, self.telemetry, owner=self.owner, clock=self.clock
         )
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final
 
 from ..calls.records import (
@@ -231,13 +231,14 @@ class _Line:
             self.places[0].called.set()
 
 
-@dataclass(slots=True, kw_only=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Waiter:
     """The waits of one executor's calls for their limiters (see the module docstring)."""
 
     store: Store
     settings: DispatchSettings
     telemetry: Telemetry
+    _: KW_ONLY
     owner: str
     clock: Callable[[], float]
     #: limiter name -> its line here (dropped when it empties).

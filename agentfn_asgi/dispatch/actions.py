@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Final
 
 from ..actions import (
@@ -64,22 +65,17 @@ def saved_answer(key: CallKey, name: str, decision: Decision, *, source: str) ->
     return answer_result(key, event, error_type=_REFUSALS.get(decision), source=source)
 
 
+@dataclass(slots=True, eq=False)
 class RequestAnswers:
     """The policy of one dispatcher, and the warnings about actions nobody answers."""
 
-    def __init__(
-        self,
-        policy: ActionPolicy | None,
-        sign_in: SignInHook | None = None,
-        connect_environment: ConnectEnvironmentHook | None = None,
-    ) -> None:
-        self.policy = policy
-        #: The host's sign-in hook: asked for a ``browser_authentication`` request's values
-        #: when its answer is due (:meth:`Executor._sign_in`), the policy is not asked.
-        self.sign_in = sign_in
-        #: The host's hook for ``environment_connection`` (:meth:`Executor._connect`).
-        self.connect_environment = connect_environment
-        self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
+    policy: ActionPolicy | None
+    #: The host's sign-in hook: asked for a ``browser_authentication`` request's values
+    #: when its answer is due (:meth:`Executor._sign_in`), the policy is not asked.
+    sign_in: SignInHook | None = None
+    #: The host's hook for ``environment_connection`` (:meth:`Executor._connect`).
+    connect_environment: ConnectEnvironmentHook | None = None
+    _warned: OrderedDict[tuple[str, str], None] = field(default_factory=OrderedDict, init=False)
 
     def answers(self, action: FunctionCallAction) -> bool:
         """Is the action ``action`` (a request, an environment connection, an unknown

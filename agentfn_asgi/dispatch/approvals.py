@@ -51,14 +51,11 @@ from ..errors import (
 )
 from ..messages import APPROVAL_DENIED_MESSAGE, APPROVAL_EXPIRED_MESSAGE
 from ..results import failure_result
-from ..store.base import Store
 from ..tools import FunctionTools
-from ..tracing import Telemetry
 from ..wire import FunctionCallAction
 from .actions import saved_answer
 from .alarms import call_fields
 from .execution import Executor
-from .settings import DispatchSettings
 from .submission import read_session
 
 __all__ = ["ApprovalView", "Approvals", "approval_view"]
@@ -137,50 +134,36 @@ def approval_view(record: CallRecord, links: dict[str, str] | None = None) -> Ap
     )
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Approvals:
-    """Decides approval requests and runs approved calls for one dispatcher."""
+    """Decides approval requests and runs approved calls for one dispatcher (the store,
+    settings, owner, clock and telemetry are its executor's)."""
 
-    def __init__(
-        self,
-        store: Store,
-        client: AgentsClient,
-        executor: Executor,
-        *,
-        tools: FunctionTools,
-        settings: DispatchSettings,
-        owner: str,
-        clock: Callable[[], float],
-        telemetry: Telemetry,
-        track: Callable[[CallKey, Coroutine[Any, Any, None]], None],
-        busy: Callable[[CallKey], bool],
-        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
-    ) -> None:
-        self._store = store
-        self._client = client
-        self._executor = executor
-        self._tools = tools
-        self._settings = settings
-        self._owner = owner
-        self._clock = clock
-        self._telemetry = telemetry
-        self._track = track
-        self._busy = busy
-        self._spawn = spawn
-        self._wake = asyncio.Event()
-        self._count_due = 0.0
-        # Approved calls whose session could not be read: (next read due, last pause).
-        self._unreadable: dict[CallKey, tuple[float, int]] = {}  # (next read, failures)
-        # Requests made here whose write went unanswered: read again by the next poll.
-        self._unconfirmed: dict[CallKey, ApprovalRequest] = {}
-        # Approved calls whose claim went unanswered: (its nonce, when sent, the action).
-        self._unanswered_claims: dict[CallKey, tuple[str, float, FunctionCallAction]] = {}
-        #: The host's ``on_approval_request``: told of each request made here, once.
-        self.notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
-        #: Builds the links of a request (the operator page's signed link), when the page
-        #: knows its public URL (``AdminApp(public_url=...)``).
-        self.links: Callable[[ApprovalView], dict[str, str]] | None = None
-        executor.on_approval_request = self._requested
-        executor.on_approval_unconfirmed = self._unconfirmed.__setitem__
+    client: AgentsClient
+    executor: Executor
+    tools: FunctionTools
+    track: Callable[[CallKey, Coroutine[Any, Any, None]], None]
+    busy: Callable[[CallKey], bool]
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
+    #: The host's ``on_approval_request``: told of each request made here, once.
+    notify: Callable[[ApprovalView], Awaitable[Any]] | None = None
+    #: Builds the links of a request (the operator page's signed link), when the page
+    #: knows its public URL (``AdminApp(public_url=...)``).
+    links: Callable[[ApprovalView], dict[str, str]] | None = None
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    _count_due: float = field(default=0.0, init=False)
+    # Approved calls whose session could not be read: (next read due, last pause).
+    _unreadable: dict[CallKey, tuple[float, int]] = field(default_factory=dict, init=False)
+    # Requests made here whose write went unanswered: read again by the next poll.
+    _unconfirmed: dict[CallKey, ApprovalRequest] = field(default_factory=dict, init=False)
+    # Approved calls whose claim went unanswered: (its nonce, when sent, the action).
+    _unanswered_claims: dict[CallKey, tuple[str, float, FunctionCallAction]] = field(
+        default_factory=dict, init=False
+    )
+
+    def __post_init__(self) -> None:
+        self.executor.on_approval_request = self._requested
+        self.executor.on_approval_unconfirmed = self._unconfirmed.__setitem__
 
     # -- deciding ----------------------------------------------------------------------------
     async def decide(
@@ -201,9 +184,9 @@ class Approvals:
         already, or the session stopped waiting). ``digest``, when given (a signed link),
         must be the request's: the decision is bound to the arguments the person saw.
         """
-        store = self._store
+        store = self.executor.store
         record, request = await self._waiting(approval_id, digest)
-        if self._clock() >= request.expires_at:
+        if self.executor.clock() >= request.expires_at:
             await self._expire(record)
             raise ApprovalExpiredError(
                 f"approval request {approval_id} expired before this decision; the call "
@@ -239,7 +222,7 @@ class Approvals:
         if approve:
             self._wake.set()  # run it now if this process runs the dispatcher's poll
         else:  # a failed submission is the sweep's to retry
-            await self._executor.resubmit(decided)
+            await self.executor.resubmit(decided)
         return approval_view(decided)
 
     async def _waiting(
@@ -248,7 +231,7 @@ class Approvals:
         """The call waiting on ``approval_id``, and its request; raises as :meth:`decide`
         does when there is none, it is for other arguments than ``digest``, or it was
         decided."""
-        record = await self._store.find_approval(approval_id)
+        record = await self.executor.store.find_approval(approval_id)
         if record is None or record.approval is None:
             raise ApprovalNotFoundError(
                 f"no approval request {approval_id} in this store", approval_id=approval_id
@@ -285,8 +268,8 @@ class Approvals:
         """The log line and the histogram of one decision."""
         request = record.approval
         assert request is not None and request.decision is not None
-        waited = (request.decided_at or self._clock()) - request.requested_at
-        self._telemetry.record_approval_decision(request.decision, waited)
+        waited = (request.decided_at or self.executor.clock()) - request.requested_at
+        self.executor.telemetry.record_approval_decision(request.decision, waited)
         fields = call_fields(
             record.key,
             record.tool_name,
@@ -317,7 +300,7 @@ class Approvals:
         assert request is not None
         message = APPROVAL_EXPIRED_MESSAGE.format(name=record.tool_name)
         result = _refusal(record, message, "approval_expired")
-        decided = await self._store.decide_approval(
+        decided = await self.executor.store.decide_approval(
             record.key,
             approval_id=request.approval_id,
             decision="expired",
@@ -328,16 +311,18 @@ class Approvals:
         )
         if decided is not None:
             self._decided(decided)
-            await self._executor.resubmit(decided)
+            await self.executor.resubmit(decided)
         return decided
 
     # -- the poll ----------------------------------------------------------------------------
     async def poll(self) -> None:
         """One pass: expire lapsed requests, claim and run approved calls, count waiting."""
-        store = self._store
+        store = self.executor.store
         await self._confirm_requests()
-        for record in await store.waiting_approvals(expired_by=self._clock(), limit=POLL_BATCH):
-            if not self._busy(record.key):
+        for record in await store.waiting_approvals(
+            expired_by=self.executor.clock(), limit=POLL_BATCH
+        ):
+            if not self.busy(record.key):
                 await self._expire(record)
         now = time.monotonic()
         resting = {key for key, (due, _) in self._unreadable.items() if due > now}
@@ -348,26 +333,26 @@ class Approvals:
             listed = {record.key for record in approved}
             self._unreadable = {k: v for k, v in self._unreadable.items() if k in listed}
         for record in approved:
-            if not self._busy(record.key) and record.key not in resting:
+            if not self.busy(record.key) and record.key not in resting:
                 await self._run_approved(record)
         if time.monotonic() >= self._count_due:
             # The gauge needs no second's precision: count at the sweep's pace.
-            self._count_due = time.monotonic() + self._settings.recovery_interval
-            self._telemetry.set_approvals_waiting(await store.count_waiting_approvals())
+            self._count_due = time.monotonic() + self.executor.settings.recovery_interval
+            self.executor.telemetry.set_approvals_waiting(await store.count_waiting_approvals())
 
     async def _confirm_requests(self) -> None:
         """Tell of the requests whose write went unanswered, now that the store shows
         they were made, and run the approved calls whose claim went unanswered, now that the
         store shows it is ours (a store still failing keeps them for the next poll)."""
         for key, (nonce, sent, action) in list(self._unanswered_claims.items()):
-            record = await self._store.get_call(key)
+            record = await self.executor.store.get_call(key)
             del self._unanswered_claims[key]
-            if claimed_with(record, owner=self._owner, nonce=nonce):
+            if claimed_with(record, owner=self.executor.owner, nonce=nonce):
                 assert record is not None
-                tool = self._tools.get(action.name)
-                self._track(key, self._executor.rerun(record, action, tool, claimed_at=sent))
+                tool = self.tools.get(action.name)
+                self.track(key, self.executor.rerun(record, action, tool, claimed_at=sent))
         for key, request in list(self._unconfirmed.items()):
-            record = await self._store.get_call(key)
+            record = await self.executor.store.get_call(key)
             del self._unconfirmed[key]
             if (
                 record is not None
@@ -381,16 +366,16 @@ class Approvals:
         run it as a fresh attempt; a session that no longer waits makes it stale."""
         key = record.key
         # What another replica saved after this read (less the clock margin) stands.
-        read_at = self._clock() - self._settings.fence_margin
+        read_at = self.executor.clock() - self.executor.settings.fence_margin
         try:
             session = await read_session(
-                self._client, key.session_id, pauses=self._settings.not_found_retries
+                self.client, key.session_id, pauses=self.executor.settings.not_found_retries
             )
         except NotFoundError:
             self._unreadable.pop(key, None)
             logger.info("approved call %s is not run: its session no longer exists", key)
-            await self._store.cancel(
-                key, owner=self._owner, reason=_GONE_DELETED, known_before=read_at
+            await self.executor.store.cancel(
+                key, owner=self.executor.owner, reason=_GONE_DELETED, known_before=read_at
             )
             return
         except APIError as exc:
@@ -407,12 +392,17 @@ class Approvals:
         self._unreadable.pop(key, None)
         action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
-            await self._store.cancel(key, owner=self._owner, reason=_GONE, known_before=read_at)
+            await self.executor.store.cancel(
+                key, owner=self.executor.owner, reason=_GONE, known_before=read_at
+            )
             return
         sent, nonce = time.monotonic(), secrets.token_hex(8)
         try:
-            claimed = await self._store.claim_approved(
-                key, owner=self._owner, lease_seconds=self._settings.lease_seconds, nonce=nonce
+            claimed = await self.executor.store.claim_approved(
+                key,
+                owner=self.executor.owner,
+                lease_seconds=self.executor.settings.lease_seconds,
+                nonce=nonce,
             )
         except StoreError:
             # Its answer was lost and the store could not be read back: the claim may be
@@ -422,8 +412,8 @@ class Approvals:
             raise
         if claimed is None:
             return  # another replica claimed it first
-        tool = self._tools.get(action.name)
-        self._track(key, self._executor.rerun(claimed, action, tool, claimed_at=sent))
+        tool = self.tools.get(action.name)
+        self.track(key, self.executor.rerun(claimed, action, tool, claimed_at=sent))
 
     async def loop(self) -> None:
         """Poll every ``approval_poll_interval``, or at once when woken by a decision."""
@@ -437,7 +427,7 @@ class Approvals:
                 logger.exception("unexpected error in the approval poll")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._wake.wait(), timeout=self._settings.approval_poll_interval
+                    self._wake.wait(), timeout=self.executor.settings.approval_poll_interval
                 )
 
     # -- telling someone -----------------------------------------------------------------------
@@ -459,7 +449,7 @@ class Approvals:
         view = approval_view(record)
         if self.links is not None:
             view = dataclasses.replace(view, links=self.links(view))
-        self._spawn(self._notify(view))
+        self.spawn(self._notify(view))
 
     async def _notify(self, view: ApprovalView) -> None:
         notify = self.notify

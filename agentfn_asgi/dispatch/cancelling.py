@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final
 
 from ..calls.records import CallKey, CallRecord, CallState
@@ -67,26 +68,18 @@ _TURN_ENDED: Final = {
 _ENDED: Final = "the session no longer waits for it (its occurrence ended)"
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Canceller:
     """Settles the calls a session no longer waits for (see the module docstring).
 
     ``stop(key, reason)`` stops whatever runs or waits for the call in this process.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        client: AgentsClient,
-        tools: FunctionTools,
-        *,
-        owner: str,
-        stop: Callable[[CallKey, str], None],
-    ) -> None:
-        self._store = store
-        self._client = client
-        self._tools = tools
-        self._owner = owner
-        self._stop = stop
+    store: Store
+    client: AgentsClient
+    tools: FunctionTools
+    owner: str
+    stop: Callable[[CallKey, str], None]
 
     async def settle(
         self,
@@ -109,11 +102,11 @@ class Canceller:
         read_at = read_sent - margin
         later = False
         ended: dict[str, str | None] = {}
-        for record in await self._store.calls_for_session(session_id):
+        for record in await self.store.calls_for_session(session_id):
             key = record.key
             if key in pending:
                 continue
-            known_before = read_sent if record.owner == self._owner else read_at
+            known_before = read_sent if record.owner == self.owner else read_at
             if not key.turn_id:  # a turn-less action: this occurrence is over
                 if record.state in _OCCURRENCE_ENDS:
                     ended_here = await self.end_occurrence(key, known_before=known_before)
@@ -122,7 +115,7 @@ class Canceller:
             if record.state.terminal:
                 continue
             if record.state in SAVED:
-                await self._store.mark_stale(key, unchanged_since=read_at)
+                await self.store.mark_stale(key, unchanged_since=read_at)
                 continue
             if key.turn_id not in ended:
                 ended[key.turn_id] = (
@@ -133,11 +126,11 @@ class Canceller:
                 continue  # its turn goes on: never stop a handler on a read that lags
             if why is None and record.state is CallState.UNANSWERED:
                 # Its turn goes on without it: answered elsewhere.
-                await self._store.mark_stale(key, unchanged_since=known_before)
+                await self.store.mark_stale(key, unchanged_since=known_before)
                 continue
             reason = f"{why or 'the session no longer waits for it'}; {self._doing(record)}"
-            cancelled = await self._store.cancel(
-                key, owner=self._owner, reason=reason, known_before=known_before
+            cancelled = await self.store.cancel(
+                key, owner=self.owner, reason=reason, known_before=known_before
             )
             later |= not cancelled and record.created_at > known_before
             if cancelled:
@@ -149,22 +142,22 @@ class Canceller:
                     reason,
                     extra={"agentfn": fields},
                 )
-                self._stop(key, reason)
+                self.stop(key, reason)
         return later
 
     async def end_occurrence(self, key: CallKey, *, known_before: float) -> bool:
         """Retire the turn-less action ``key`` that a read sent at ``known_before`` no
         longer lists, and stop its hook if it runs here. Whether it was retired (refused:
         first claimed after that read, or retired already)."""
-        retired = await self._store.retire(key, known_before=known_before)
+        retired = await self.store.retire(key, known_before=known_before)
         if retired:
-            self._stop(key, _ENDED)
+            self.stop(key, _ENDED)
         return retired
 
     def _doing(self, record: CallRecord) -> str:
         if record.state is not CallState.CLAIMED:
             return _DOING.get(record.state, "withdrawn")
-        tool = self._tools.get(record.tool_name)
+        tool = self.tools.get(record.tool_name)
         if tool is not None and tool.side_effects:
             return "stopped while it ran: it may have run"
         return "stopped while it ran"
@@ -172,7 +165,7 @@ class Canceller:
     async def _turn_ended(self, key: CallKey) -> str | None:
         """Why the call's turn ended, or None while it goes on (or cannot be read)."""
         try:
-            turn = await self._client.retrieve_turn(key.session_id, key.turn_id)
+            turn = await self.client.retrieve_turn(key.session_id, key.turn_id)
         except NotFoundError:
             return "the session no longer has its turn"
         except (APIError, ValueError) as exc:

@@ -29,7 +29,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import anyio
@@ -92,7 +92,7 @@ from ..results import (
     failure_result,
     submission_key,
 )
-from ..running import invoke, run_reconcile
+from ..running import invoke, is_async_callable, run_reconcile
 from ..store.base import Store
 from ..tools import FunctionTool, NotRun, Ran, ReconcileOutcome, ToolContext, derive_idempotency_key
 from ..tracing import Telemetry
@@ -194,56 +194,49 @@ _OURS = (ClaimStatus.CLAIMED, ClaimStatus.IN_DOUBT, ClaimStatus.RETRY)
 _OCCURRENCE_BEGINS = frozenset({"claimed", "taken_up"})
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Executor:
     """Claims, runs, saves and submits calls for one dispatcher; see the module docstring."""
 
-    def __init__(
-        self,
-        store: Store,
-        submitter: Submitter,
-        leases: LeaseKeeper,
-        *,
-        settings: DispatchSettings,
-        owner: str,
-        telemetry: Telemetry,
-        resources: Any,
-        clock: Callable[[], float],
-        handoff: JobHandoff | None,
-        sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
-        answers: RequestAnswers,
-    ) -> None:
-        self._store = store
-        self._answers = answers
-        self._submitter = submitter
-        self._leases = leases
-        self._settings = settings
-        self._owner = owner
-        self._telemetry = telemetry
-        self._resources = resources
-        self._clock = clock
-        self._handoff = handoff
-        self._sleep = sleep  # waits for a scheduled retry's time (a test's fake clock moves)
-        self._slots: asyncio.Semaphore | None = None
-        self._threads = ThreadPool(settings.thread_pool_size)
-        self._running_since: dict[CallKey, float] = {}
-        #: The sync ``connect_environment`` hook's run per action, until its thread ends.
-        self._connecting: dict[CallKey, asyncio.Future[Any]] = {}
-        #: The lease of each attempt running here: :meth:`stop` loses it.
-        self._running: dict[CallKey, Lease] = {}
-        #: Attempts running here per (session, turn): a result with siblings still running
-        #: waits one loop turn for those saved with it, to go in one POST.
-        self._turn_running: Counter[tuple[str, str]] = Counter()
-        self._policies: dict[str, ResolvedPolicy] = {}
-        #: Calls this process just held for a person (their span's source is ``approval``).
-        self._held_for_approval: set[CallKey] = set()
-        #: Called with each new approval request (the app's notifier), never awaited here.
-        self.on_approval_request: Callable[[CallRecord], None] | None = None
-        #: Called with a request whose write may or may not have happened (its answer lost,
-        #: the store not read back): the notifier reads it again later.
-        self.on_approval_unconfirmed: Callable[[CallKey, ApprovalRequest], None] | None = None
-        self._closing = False
-        self._closed: asyncio.Event | None = None
-        self._waiter = Waiter(store, settings, telemetry, owner=owner, clock=clock)
+    store: Store
+    submitter: Submitter
+    leases: LeaseKeeper
+    settings: DispatchSettings
+    owner: str
+    telemetry: Telemetry
+    resources: Any
+    clock: Callable[[], float]
+    handoff: JobHandoff | None
+    answers: RequestAnswers
+    #: Waits for a scheduled retry's time (a test's fake clock moves).
+    sleep: Callable[[float], Awaitable[None]] = anyio.sleep
+    _slots: asyncio.Semaphore | None = field(default=None, init=False)
+    _threads: ThreadPool = field(init=False)
+    _running_since: dict[CallKey, float] = field(default_factory=dict, init=False)
+    #: The sync ``connect_environment`` hook's run per action, until its thread ends.
+    _connecting: dict[CallKey, asyncio.Future[Any]] = field(default_factory=dict, init=False)
+    #: The lease of each attempt running here: :meth:`stop` loses it.
+    _running: dict[CallKey, Lease] = field(default_factory=dict, init=False)
+    #: Attempts running here per (session, turn): a result with siblings still running
+    #: waits one loop turn for those saved with it, to go in one POST.
+    _turn_running: Counter[tuple[str, str]] = field(default_factory=Counter, init=False)
+    _policies: dict[str, ResolvedPolicy] = field(default_factory=dict, init=False)
+    #: Calls this process just held for a person (their span's source is ``approval``).
+    _held_for_approval: set[CallKey] = field(default_factory=set, init=False)
+    #: Called with each new approval request (the app's notifier), never awaited here.
+    on_approval_request: Callable[[CallRecord], None] | None = None
+    #: Called with a request whose write may or may not have happened (its answer lost,
+    #: the store not read back): the notifier reads it again later.
+    on_approval_unconfirmed: Callable[[CallKey, ApprovalRequest], None] | None = None
+    _closing: bool = field(default=False, init=False)
+    _closed: asyncio.Event | None = field(default=None, init=False)
+    _waiter: Waiter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._threads = ThreadPool(self.settings.thread_pool_size)
+        self._waiter = Waiter(
+            self.store, self.settings, self.telemetry, owner=self.owner, clock=self.clock
+        )
 
     def close(self) -> None:
         """Claim nothing more: call tasks that have not claimed yet give up (shutdown), and
@@ -259,7 +252,7 @@ class Executor:
 
     def start(self) -> None:
         """Create the concurrency bounds (on the running loop)."""
-        self._slots = asyncio.Semaphore(self._settings.max_concurrency)
+        self._slots = asyncio.Semaphore(self.settings.max_concurrency)
         self._closed = asyncio.Event()
 
     def stop(self, key: CallKey, reason: str) -> bool:
@@ -333,7 +326,7 @@ class Executor:
             return
         if status in _OURS:
             try:
-                await self._store.leave(key, owner=self._owner, attempt=record.attempt, reason=why)
+                await self.store.leave(key, owner=self.owner, attempt=record.attempt, reason=why)
             except StoreError as exc:  # its claim lapses; the sweep's read leaves it again
                 logger.warning("recording action %s as unanswered failed: %s", key, exc)
 
@@ -349,7 +342,7 @@ class Executor:
         while due is not None and not self._closing:
             # The store's `due` guard refuses a claim before the time, so waking a little
             # early (another clock) only means waiting again.
-            await self._wait_unless_closed(max(0.0, due - self._clock()))
+            await self._wait_unless_closed(max(0.0, due - self.clock()))
             if self._closing:
                 return  # the retry stays scheduled in the store for the next process
             due = await self._claim_and_run(key, action, tool, None, None, admission)
@@ -372,7 +365,7 @@ class Executor:
 
             for event in events:
                 group.start_soon(stop_when_set, event)
-            await self._sleep(seconds)
+            await self.sleep(seconds)
             group.cancel_scope.cancel()
 
     async def _claim_and_run(
@@ -434,8 +427,8 @@ class Executor:
         status, record = outcome.status, outcome.record
         if status is ClaimStatus.DONE and record.state in states:
             try:
-                taken = await self._store.take_up(
-                    record.key, owner=self._owner, lease_seconds=self._settings.lease_seconds
+                taken = await self.store.take_up(
+                    record.key, owner=self.owner, lease_seconds=self.settings.lease_seconds
                 )
             except StoreError as exc:  # left as it is: the next read that lists it tries again
                 logger.warning("taking up call %s failed: %s", record.key, exc)
@@ -460,12 +453,12 @@ class Executor:
         an outage that never ends. ``claimed`` (None: a retry's claim) is told the claim
         was decided, or its failure (then None is returned)."""
         claim = functools.partial(
-            self._store.claim_call,
+            self.store.claim_call,
             key,
-            owner=self._owner,
-            lease_seconds=self._settings.lease_seconds,
+            owner=self.owner,
+            lease_seconds=self.settings.lease_seconds,
             delivery_id=delivery_id,
-            margin=self._settings.fence_margin,
+            margin=self.settings.fence_margin,
             resolves_delivery=resolves,
         )
         refused = None
@@ -545,8 +538,8 @@ class Executor:
         if isinstance(admission, str):
             # An operator's re-run of a request asks the policy again; left, it is
             # recorded unanswered (the re-run's claim is ours).
-            await self._store.leave(
-                record.key, owner=self._owner, attempt=record.attempt, reason=admission
+            await self.store.leave(
+                record.key, owner=self.owner, attempt=record.attempt, reason=admission
             )
             return
         limit = admission.limit
@@ -583,10 +576,10 @@ class Executor:
         without limits never asks it); for a request, the policy's, or why nobody here
         answers it. A request a person ``approved`` is answered, never limited."""
         if action.request_type is not None:
-            return NO_LIMIT if approved else await self._answers.admission(key, action)
+            return NO_LIMIT if approved else await self.answers.admission(key, action)
         if tool is None or not tool.policy.limited:
             return NO_LIMIT
-        return await limit_for(key, action, tool, self._resources)
+        return await limit_for(key, action, tool, self.resources)
 
     def _attempt(
         self,
@@ -610,7 +603,7 @@ class Executor:
             number=record.attempt,
             in_doubt=in_doubt,
             delivery_id=delivery_id,
-            lease=self._leases.lease(record.key, attempt=record.attempt, claimed_at=sent),
+            lease=self.leases.lease(record.key, attempt=record.attempt, claimed_at=sent),
             created_at=record.created_at,
             approval=record.approval,
             limiter=None if admission.limit is None else admission.limit.name,
@@ -628,13 +621,13 @@ class Executor:
         self._running[key] = attempt.lease
         turn = (key.session_id, key.turn_id)
         self._turn_running[turn] += 1
-        span_scope = self._telemetry.tool_call(
+        span_scope = self.telemetry.tool_call(
             tool_name=action.name,
             session_id=key.session_id,
             turn_id=key.turn_id,
             call_id=key.call_id,
             attempt=attempt.number,
-            delivery_link=self._telemetry.link_for_delivery(attempt.delivery_id),
+            delivery_link=self.telemetry.link_for_delivery(attempt.delivery_id),
             description=tool.description if tool is not None else None,
         )
         try:
@@ -648,7 +641,7 @@ class Executor:
                     result = await self._obtain_result_safely(attempt)
                     if result is not None:
                         # Nothing produced after the lease was lost may be saved.
-                        self._leases.check(attempt.lease)
+                        self.leases.check(attempt.lease)
                 except LeaseLostError as exc:
                     why = await self._cancelled(key)
                     if why is not None:
@@ -671,9 +664,9 @@ class Executor:
                 if isinstance(result, _Retry):
                     return await self._schedule_retry(attempt, result, span)
                 crash_point("after_handler", action.name)
-                record = await self._store.save_result(
+                record = await self.store.save_result(
                     key,
-                    owner=self._owner,
+                    owner=self.owner,
                     attempt=attempt.number,
                     result=result,
                     duration=time.monotonic() - self._running_since[key],
@@ -688,7 +681,7 @@ class Executor:
                     _log_superseded(record, attempt.number, mine=result)
                 if record.result is not None:
                     span.record_result(record.result)
-                submitted = await self._submitter.submit(
+                submitted = await self.submitter.submit(
                     record, attempt.delivery_id, together=self._turn_running[turn] > 1
                 )
                 _log_finished(record, submitted, time.monotonic() - self._running_since[key])
@@ -709,8 +702,8 @@ class Executor:
         """Keep the next attempt's time in the store (only while our claim stands)."""
         span.set_error(retry.error_type)
         span.set_source("retry_scheduled")
-        scheduled = await self._store.schedule_retry(
-            attempt.key, owner=self._owner, attempt=attempt.number, at=retry.at, reason=retry.reason
+        scheduled = await self.store.schedule_retry(
+            attempt.key, owner=self.owner, attempt=attempt.number, at=retry.at, reason=retry.reason
         )
         if not scheduled:
             logger.warning(
@@ -739,19 +732,19 @@ class Executor:
         None for a worker's result: its own); ``together``: with the results of its turn
         resubmitted in the same loop turn."""
         key = record.key
-        with self._telemetry.tool_call(
+        with self.telemetry.tool_call(
             tool_name=record.tool_name,
             session_id=key.session_id,
             turn_id=key.turn_id,
             call_id=key.call_id,
             attempt=record.attempt,
-            delivery_link=self._telemetry.link_for_delivery(delivery_id),
+            delivery_link=self.telemetry.link_for_delivery(delivery_id),
         ) as span:
             if record.result is not None:
                 span.record_result(record.result, source)
             started = time.monotonic()
             try:
-                submitted = await self._submitter.submit(record, delivery_id, together=together)
+                submitted = await self.submitter.submit(record, delivery_id, together=together)
             except (APIError, StoreError) as exc:
                 logger.warning("submitting %s failed; the recovery sweep retries it: %s", key, exc)
                 return
@@ -828,13 +821,13 @@ class Executor:
             # Past its job deadline, its job may still be running: fail the call rather than
             # queue it again (before it, its claim expired early: the process died between
             # claiming it and handing over its job).
-            record = await self._store.get_call(key)
-            if record is None or self._clock() >= record.created_at + tool.job_deadline:
+            record = await self.store.get_call(key)
+            if record is None or self.clock() >= record.created_at + tool.job_deadline:
                 return failure_result(key, JOB_DEADLINE_MESSAGE, "job_deadline", source="worker")
         if attempt.in_doubt and tool.side_effects:
             # The lease must outlive a slow reconcile hook, or another replica takes the call
             # over, reconciles from the same state, and runs the side effect a second time.
-            async with self._leases.kept(attempt.lease):
+            async with self.leases.kept(attempt.lease):
                 verdict = await self._reconcile(tool, arguments, context)
             if isinstance(verdict, Ran):
                 return self._encode(key, tool, verdict.result, source="reconciled")
@@ -865,9 +858,9 @@ class Executor:
         if budget is None or attempt.counted:
             return None
         key = attempt.key
-        self._leases.check(attempt.lease)
-        record = await self._store.count_call(
-            key, owner=self._owner, attempt=attempt.number, budget=budget
+        self.leases.check(attempt.lease)
+        record = await self.store.count_call(
+            key, owner=self.owner, attempt=attempt.number, budget=budget
         )
         if record is not None and record.counted is not None:
             return None
@@ -886,11 +879,11 @@ class Executor:
         """An approval request the policy asked a person about: held for them, or, once
         approved, its approval (bound to the request the person saw)."""
         key, name = attempt.key, attempt.action.name
-        if name.startswith("sign_in:") and self._answers.sign_in is not None:
-            return await self._sign_in(attempt, self._answers.sign_in)
+        if name.startswith("sign_in:") and self.answers.sign_in is not None:
+            return await self._sign_in(attempt, self.answers.sign_in)
         if not attempt.approved:
             return await self._request_approval(
-                attempt, name=name, lapses_in=self._settings.approval_timeout
+                attempt, name=name, lapses_in=self.settings.approval_timeout
             )
         assert attempt.approval is not None
         if arguments_digest(attempt.action.arguments) != attempt.approval.digest:
@@ -904,7 +897,7 @@ class Executor:
         as a retry scheduled in the store (the sweep's backoff, ``retry_base`` doubling),
         holding no slot while it waits; after ``max_attempts`` runs the action is left
         ``unanswered`` saying so: shown, and taken up by the next read that lists it."""
-        hook = self._answers.connect_environment
+        hook = self.answers.connect_environment
         assert hook is not None
         key, action = attempt.key, attempt.action
         request = EnvironmentConnection(
@@ -913,7 +906,7 @@ class Executor:
             environment=action.arguments if isinstance(action.arguments, dict) else None,
         )
         try:
-            async with self._leases.kept(attempt.lease):
+            async with self.leases.kept(attempt.lease):
                 await self._run_connect(key, hook, request)
         except LeaseLostError:
             raise
@@ -927,15 +920,15 @@ class Executor:
         ``max_attempts`` runs in this occurrence, the action left ``unanswered``."""
         key, runs = attempt.key, await self._runs_this_occurrence(attempt.key)
         error = "timeout" if isinstance(exc, TimeoutError) else "hook_error"
-        if runs < self._settings.max_attempts:
+        if runs < self.settings.max_attempts:
             logger.warning(
                 "the connect_environment hook failed for %s (run %d of %d): %s",
                 key,
                 runs,
-                self._settings.max_attempts,
+                self.settings.max_attempts,
                 type(exc).__name__,
             )
-            at = self._clock() + self._settings.retry_delay(runs)
+            at = self.clock() + self.settings.retry_delay(runs)
             return _Retry(at=at, reason=type(exc).__name__, error_type=error)
         logger.error(
             "the connect_environment hook failed for %s %d times; left unanswered",
@@ -943,15 +936,15 @@ class Executor:
             runs,
             exc_info=exc,
         )
-        self._leases.check(attempt.lease)
+        self.leases.check(attempt.lease)
         reason = f"the connect_environment hook failed {runs} times"
-        await self._store.leave(key, owner=self._owner, attempt=attempt.number, reason=reason)
+        await self.store.leave(key, owner=self.owner, attempt=attempt.number, reason=reason)
         return None
 
     async def _runs_this_occurrence(self, key: CallKey) -> int:
         """The hook's runs in the occurrence so far, this one included: one more than the
         retries its history shows since the occurrence's first claim (or take-up)."""
-        record = await self._store.get_call(key, history=True)
+        record = await self.store.get_call(key, history=True)
         kinds = [event.kind for event in (record.history if record is not None else ())]
         began = max((i for i, kind in enumerate(kinds) if kind in _OCCURRENCE_BEGINS), default=0)
         return 1 + kinds[began:].count("retry_scheduled")
@@ -963,17 +956,15 @@ class Executor:
         past it), a sync one in the sync handlers' thread pool (it may block: start a
         machine, call an API). A sync run past its time limit keeps its thread: the next
         run for the same action waits for it (within its own time limit), never beside it."""
-        with anyio.fail_after(self._settings.default_timeout):
-            if inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(
-                getattr(hook, "__call__", None)  # noqa: B004 - an object with an async __call__
-            ):
+        with anyio.fail_after(self.settings.default_timeout):
+            if is_async_callable(hook):
                 await connect_environment(hook, request)
                 return
             previous = self._connecting.get(key)
             if previous is not None:
                 await asyncio.wait({previous})
             run = asyncio.ensure_future(
-                self._threads.run(hook, request, wait_limit=self._settings.thread_wait)
+                self._threads.run(hook, request, wait_limit=self.settings.thread_wait)
             )
             self._connecting[key] = run
             run.add_done_callback(functools.partial(self._connect_ended, key))
@@ -995,22 +986,22 @@ class Executor:
         request = request_of(key.session_id, attempt.action)
         assert isinstance(request, SignInRequest)
         try:
-            async with self._leases.kept(attempt.lease):
+            async with self.leases.kept(attempt.lease):
                 answer = await sign_in_answer(hook, request)
         except LeaseLostError:
             raise
         except Exception as exc:
             # No exc_info: a hook's exception may quote the values.
             logger.error("the sign-in hook failed on %s (%s); cancelling", key, type(exc).__name__)
-            return saved_answer(key, attempt.action.name, "cancel", source="policy")
+            answer = None
         if answer is None:
             return saved_answer(key, attempt.action.name, "cancel", source="policy")
         event, redacted = answer
         stored = event_json(redacted)
         idempotency_key = submission_key(key, stored)
-        self._leases.check(attempt.lease)
+        self.leases.check(attempt.lease)
         try:
-            outcome = await self._submitter.submit_unsaved(key, event_json(event), idempotency_key)
+            outcome = await self.submitter.submit_unsaved(key, event_json(event), idempotency_key)
         except APIError as exc:
             # Nothing is kept: once the claim lapses, its taker asks the hook again.
             logger.warning("submitting the sign-in answer of %s failed: %s", key, exc)
@@ -1020,9 +1011,7 @@ class Executor:
         if outcome == "stale":
             # Answered meanwhile, or its turn ended: owed no longer, and nothing to keep.
             reason = "the session no longer waits for this sign-in"
-            await self._store.cancel(
-                key, owner=self._owner, reason=reason, known_before=self._clock()
-            )
+            await self.store.cancel(key, owner=self.owner, reason=reason, known_before=self.clock())
             return None
         if outcome == "refused":
             logger.error("the API refused the sign-in answer of %s; cancelling the request", key)
@@ -1033,8 +1022,8 @@ class Executor:
         self, attempt: _Attempt, *, name: str, lapses_in: float
     ) -> SavedResult | None:
         """Hold the call for a person (``awaiting_approval``) if our claim still stands."""
-        key, store = attempt.key, self._store
-        now = self._clock()
+        key, store = attempt.key, self.store
+        now = self.clock()
         request = ApprovalRequest(
             approval_id="apr_" + secrets.token_hex(12),
             tool_name=name,
@@ -1043,10 +1032,10 @@ class Executor:
             expires_at=now + lapses_in,
             asked_at=attempt.number,
         )
-        self._leases.check(attempt.lease)
+        self.leases.check(attempt.lease)
         try:
             record = await store.request_approval(
-                key, owner=self._owner, attempt=attempt.number, request=request
+                key, owner=self.owner, attempt=attempt.number, request=request
             )
         except StoreError:
             # The answer was lost and the store could not be read back: the request may be
@@ -1077,9 +1066,9 @@ class Executor:
             call_id=key.call_id,
             tool_name=tool.name,
             attempt=attempt.runs,
-            deadline=None if timeout is None else self._clock() + timeout,
+            deadline=None if timeout is None else self.clock() + timeout,
             idempotency_key=derive_idempotency_key(key.session_id, key.turn_id, key.call_id),
-            resources=self._resources,
+            resources=self.resources,
             cancelled=attempt.lease.cancelled,
         )
 
@@ -1087,7 +1076,7 @@ class Executor:
         """The tool's policy merged with our settings (merged once per policy)."""
         resolved = self._policies.get(tool.name)
         if resolved is None or resolved.policy is not tool.policy:
-            resolved = self._policies[tool.name] = resolve(tool.policy, self._settings)
+            resolved = self._policies[tool.name] = resolve(tool.policy, self.settings)
         return resolved
 
     async def _run(
@@ -1097,7 +1086,7 @@ class Executor:
         policy = self._policy(tool)
         timeout = policy.timeout
         try:
-            async with self._leases.kept(attempt.lease):
+            async with self.leases.kept(attempt.lease):
                 value = await invoke(
                     tool,
                     arguments,
@@ -1154,7 +1143,7 @@ class Executor:
         if lease is not None and (lease.lost or "").startswith(_CANCELLED):
             return (lease.lost or "").removeprefix(_CANCELLED)
         try:
-            record = await self._store.get_call(key)
+            record = await self.store.get_call(key)
         except StoreError:
             return None
         if record is not None and record.state is CallState.RETIRED:
@@ -1216,7 +1205,7 @@ class Executor:
         if after is None:
             assert retry is not None
             after = retry.backoff(number, random.random())
-        at = self._clock() + after
+        at = self.clock() + after
         deadline = None if retry is None else retry.deadline
         within = deadline is None or at <= attempt.started_at + deadline
         error, asked = type(exc).__name__, isinstance(exc, RetryLater)
@@ -1246,8 +1235,8 @@ class Executor:
             tool_name=tool.name,
             truncate=tool.truncate_oversize,
             source=source,
-            limit=self._settings.result_limit,
-            margin=self._settings.result_margin,
+            limit=self.settings.result_limit,
+            margin=self.settings.result_margin,
         )
 
     async def _hold_or(
@@ -1257,9 +1246,9 @@ class Executor:
         (quarantined for ``reason``), if our claim still stands."""
         if not hold:
             return failure
-        self._leases.check(attempt.lease)
-        await self._store.quarantine(
-            attempt.key, owner=self._owner, attempt=attempt.number, reason=reason
+        self.leases.check(attempt.lease)
+        await self.store.quarantine(
+            attempt.key, owner=self.owner, attempt=attempt.number, reason=reason
         )
         return None
 
@@ -1275,13 +1264,13 @@ class Executor:
         the deadline, so the job is never queued twice.
         """
         key = attempt.key
-        await self._leases.extend(attempt.lease, tool.job_deadline)
+        await self.leases.extend(attempt.lease, tool.job_deadline)
         try:
-            if self._handoff is None:  # the app refuses such a registry; recover may not
+            if self.handoff is None:  # the app refuses such a registry; recover may not
                 raise ConfigurationError("no completion secret is configured to issue job tokens")
             with anyio.fail_after(self._policy(tool).timeout):
-                await self._handoff.hand_off(
-                    key, tool, arguments, context, owner=self._owner, threads=self._threads
+                await self.handoff.hand_off(
+                    key, tool, arguments, context, owner=self.owner, threads=self._threads
                 )
         except Exception:
             logger.exception("could not enqueue call %s of tool %s", key, tool.name)
@@ -1310,7 +1299,7 @@ class Executor:
         Raises StoreError, or :class:`~agentfn_asgi.errors.CompletionMismatchError` (a
         ``LookupError``) when ``tool_name`` is not the call's tool.
         """
-        record = await self._store.get_call(key)
+        record = await self.store.get_call(key)
         if record is None or record.state in _NOT_OWED:
             return "stale", None
         if record.tool_name != tool_name:
@@ -1323,7 +1312,7 @@ class Executor:
             result = failure_result(key, error or "", "worker_error", source="worker")
         fresh = record.state is CallState.CLAIMED
         if fresh:
-            record = await self._store.save_result(key, owner=owner, attempt=attempt, result=result)
+            record = await self.store.save_result(key, owner=owner, attempt=attempt, result=result)
             crash_point("after_save", tool_name)
         if record.state in _NOT_OWED:
             return "stale", None

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import anyio
@@ -46,6 +47,7 @@ class LeaseLostError(Exception):
         self.reason = reason
 
 
+@dataclass(slots=True, eq=False)
 class Lease:
     """One claim's lease, as its holder sees it (monotonic time, never the store's clock).
 
@@ -53,17 +55,14 @@ class Lease:
     minus the margin. :meth:`check` raises once that moment has passed or the lease was lost.
     """
 
-    __slots__ = ("attempt", "cancelled", "fence_at", "key", "lost", "scope")
-
-    def __init__(self, key: CallKey, attempt: int, fence_at: float) -> None:
-        self.key = key
-        self.attempt = attempt
-        self.fence_at = fence_at
-        self.lost: str | None = None
-        #: The cancel scope of the block running under the lease, if one is running.
-        self.scope: anyio.CancelScope | None = None
-        #: The handler's ``ctx.cancelled``: set when the lease is lost.
-        self.cancelled = Cancellation()
+    key: CallKey
+    attempt: int
+    fence_at: float
+    lost: str | None = field(default=None, init=False)
+    #: The cancel scope of the block running under the lease, if one is running.
+    scope: anyio.CancelScope | None = field(default=None, init=False)
+    #: The handler's ``ctx.cancelled``: set when the lease is lost.
+    cancelled: Cancellation = field(default_factory=Cancellation, init=False)
 
     def lose(self, reason: str) -> None:
         """Stop the work held under this lease (the running block is cancelled, a
@@ -83,6 +82,7 @@ class Lease:
             raise LeaseLostError(self.key, self.lost)
 
 
+@dataclass(slots=True, eq=False)
 class LeaseKeeper:
     """Renews the leases this owner holds, one heartbeat task per :meth:`kept` block.
 
@@ -91,48 +91,41 @@ class LeaseKeeper:
     docstring).
     """
 
-    def __init__(
-        self,
-        store: Store,
-        *,
-        owner: str,
-        lease_seconds: float,
-        margin: float,
-        spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[Any]],
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if not 0 <= margin < lease_seconds:
+    store: Store
+    _: KW_ONLY
+    owner: str
+    lease_seconds: float
+    margin: float
+    spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[Any]]
+    monotonic: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < self.lease_seconds:
             raise ValueError("the lease margin must be shorter than the lease")
-        self._store = store
-        self._owner = owner
-        self._lease_seconds = lease_seconds
-        self._margin = margin
-        self._spawn = spawn
-        self._monotonic = monotonic
 
     def lease(self, key: CallKey, *, attempt: int, claimed_at: float) -> Lease:
         """The lease of ``attempt``'s claim, sent at monotonic time ``claimed_at`` (counted
         from the request, never from its answer)."""
-        return Lease(key, attempt, claimed_at + self._lease_seconds - self._margin)
+        return Lease(key, attempt, claimed_at + self.lease_seconds - self.margin)
 
     def check(self, lease: Lease) -> None:
         """Raise LeaseLostError if ``lease`` is lost or past its fence now: call it before
         saving anything produced under the lease."""
-        lease.check(self._monotonic())
+        lease.check(self.monotonic())
 
     async def extend(self, lease: Lease, seconds: float) -> None:
         """Extend ``lease`` to ``seconds`` from now in the store (a job hand-off holds its call
         until the job's deadline). Raises LeaseLostError when the claim is no longer ours,
         StoreError when the store cannot say."""
         self.check(lease)
-        sent = self._monotonic()
-        renewed = await self._store.renew_lease(
-            lease.key, owner=self._owner, attempt=lease.attempt, lease_seconds=seconds
+        sent = self.monotonic()
+        renewed = await self.store.renew_lease(
+            lease.key, owner=self.owner, attempt=lease.attempt, lease_seconds=seconds
         )
         if not renewed:
             lease.lose("taken over")
             raise LeaseLostError(lease.key, "taken over")
-        lease.fence_at = sent + seconds - self._margin
+        lease.fence_at = sent + seconds - self.margin
 
     @contextlib.asynccontextmanager
     async def kept(self, lease: Lease) -> AsyncIterator[None]:
@@ -150,7 +143,7 @@ class LeaseKeeper:
 
         def start() -> None:
             nonlocal heartbeat
-            heartbeat = self._spawn(self._heartbeat(lease, due=True, block=scope))
+            heartbeat = self.spawn(self._heartbeat(lease, due=True, block=scope))
 
         timer = asyncio.get_running_loop().call_later(self._first_wait(lease), start)
         with scope:
@@ -168,8 +161,8 @@ class LeaseKeeper:
         self.check(lease)
 
     def _first_wait(self, lease: Lease) -> float:
-        interval = max(self._lease_seconds / 3, 0.05)
-        return max(min(interval, lease.fence_at - self._monotonic()), 0)
+        interval = max(self.lease_seconds / 3, 0.05)
+        return max(min(interval, lease.fence_at - self.monotonic()), 0)
 
     async def _heartbeat(
         self, lease: Lease, *, due: bool = False, block: anyio.CancelScope | None = None
@@ -187,22 +180,22 @@ class LeaseKeeper:
                 due = False
             else:
                 await asyncio.sleep(self._first_wait(lease))
-            if self._monotonic() >= lease.fence_at:
+            if self.monotonic() >= lease.fence_at:
                 logger.error(
                     "could not renew the lease of %s in time: stopping its work (fenced)",
                     lease.key,
                 )
                 lease.lose("not renewed in time")
                 return
-            sent = self._monotonic()
+            sent = self.monotonic()
             try:
                 # Never wait on the store past the fence: a paused store must not hold it.
                 async with asyncio.timeout(max(lease.fence_at - sent, 0.001)):
-                    kept = await self._store.renew_lease(
+                    kept = await self.store.renew_lease(
                         lease.key,
-                        owner=self._owner,
+                        owner=self.owner,
                         attempt=lease.attempt,
-                        lease_seconds=self._lease_seconds,
+                        lease_seconds=self.lease_seconds,
                     )
             except (StoreError, TimeoutError) as exc:
                 logger.warning("could not renew the lease of %s (will retry): %s", lease.key, exc)
@@ -212,6 +205,6 @@ class LeaseKeeper:
                 logger.warning("lost the lease of %s to another replica: stopping", lease.key)
                 lease.lose("taken over")
                 return
-            lease.fence_at = sent + self._lease_seconds - self._margin
+            lease.fence_at = sent + self.lease_seconds - self.margin
             if block is not None and lease.scope is not block:
                 return  # the block ended while this renewal was in flight

@@ -35,7 +35,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final
 
 from ..calls.records import (
@@ -190,6 +190,7 @@ class _Place:
     gone: bool = False
 
 
+@dataclass(eq=False, slots=True)
 class _Line:
     """This process's waiting calls of one limiter, in the order they arrived (the store's
     order: ``(created_at, session_id, turn_id, call_id)``).
@@ -199,22 +200,21 @@ class _Line:
     :meth:`~agentfn_asgi.store.base.Store.keep_places` for all of them every third of the
     lease) and calls those whose ``max_wait`` passed."""
 
-    def __init__(self) -> None:
-        self.places: list[_Place] = []
-        #: Slots of the limiter freed here since the head last asked (:meth:`Waiter.wake`).
-        self.freed = 0
-        #: Set by :meth:`Waiter.wake`: the head's nap ends.
-        self.bell = asyncio.Event()
-        #: The head's pause before it asks again (backing off while refused).
-        self.pause = _FIRST_POLL
-        #: When (monotonic) the last admission here was asked for, and how many asks were
-        #: refused since: a rated line's head asks again one token interval after it.
-        self.admitted: float | None = None
-        self.refused = 0
-        #: When (monotonic) the places behind the head last kept their place, and the
-        #: task keeping them (:meth:`Waiter._keep`).
-        self.kept = time.monotonic()
-        self.keeping: asyncio.Task[None] | None = None
+    places: list[_Place] = field(default_factory=list)
+    #: Slots of the limiter freed here since the head last asked (:meth:`Waiter.wake`).
+    freed: int = 0
+    #: Set by :meth:`Waiter.wake`: the head's nap ends.
+    bell: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The head's pause before it asks again (backing off while refused).
+    pause: float = _FIRST_POLL
+    #: When (monotonic) the last admission here was asked for, and how many asks were
+    #: refused since: a rated line's head asks again one token interval after it.
+    admitted: float | None = None
+    refused: int = 0
+    #: When (monotonic) the places behind the head last kept their place, and the
+    #: task keeping them (:meth:`Waiter._keep`).
+    kept: float = field(default_factory=time.monotonic)
+    keeping: asyncio.Task[None] | None = None
 
     def join(self, place: _Place) -> None:
         bisect.insort(self.places, place, key=lambda p: p.order)
@@ -231,25 +231,18 @@ class _Line:
             self.places[0].called.set()
 
 
+@dataclass(slots=True, eq=False)
 class Waiter:
     """The waits of one executor's calls for their limiters (see the module docstring)."""
 
-    def __init__(
-        self,
-        store: Store,
-        settings: DispatchSettings,
-        telemetry: Telemetry,
-        *,
-        owner: str,
-        clock: Callable[[], float],
-    ) -> None:
-        self._store = store
-        self._settings = settings
-        self._telemetry = telemetry
-        self._owner = owner
-        self._clock = clock
-        #: limiter name -> its line here (dropped when it empties).
-        self._lines: dict[str, _Line] = {}
+    store: Store
+    settings: DispatchSettings
+    telemetry: Telemetry
+    _: KW_ONLY
+    owner: str
+    clock: Callable[[], float]
+    #: limiter name -> its line here (dropped when it empties).
+    _lines: dict[str, _Line] = field(default_factory=dict, init=False)
 
     def wake(self, limiter: str) -> None:
         """A slot of ``limiter`` was freed here: the head of its line here asks now (one
@@ -275,13 +268,13 @@ class Waiter:
         or WAITING, still ours) and the monotonic time it was sent; None when the call is
         not ours any more. Raises StoreError."""
         sent = time.monotonic()
-        outcome = await self._store.admit_call(
+        outcome = await self.store.admit_call(
             key,
-            owner=self._owner,
+            owner=self.owner,
             attempt=attempt,
             limit=limit,
-            lease_seconds=self._settings.lease_seconds,
-            margin=self._settings.fence_margin,
+            lease_seconds=self.settings.lease_seconds,
+            margin=self.settings.fence_margin,
         )
         if outcome is None or outcome.status not in (ClaimStatus.CLAIMED, ClaimStatus.WAITING):
             return None  # not ours any more: settled, stale or adopted
@@ -320,14 +313,14 @@ class Waiter:
             sent=sent,
         )
         _log_waiting(record, limit)
-        self._telemetry.add_calls_waiting(record.tool_name, 1)
+        self.telemetry.add_calls_waiting(record.tool_name, 1)
         waiting = True
 
         def stop_waiting() -> None:
             nonlocal waiting
             if waiting:
                 waiting = False
-                self._telemetry.add_calls_waiting(record.tool_name, -1)
+                self.telemetry.add_calls_waiting(record.tool_name, -1)
 
         async def fail(waited: float) -> float | None:
             """Its wait passed ``max_wait``: its turn comes with that failure."""
@@ -349,14 +342,14 @@ class Waiter:
                         async with slots:
                             if closing():
                                 return None
-                            return await fail(max(0.0, self._clock() - place.began))
+                            return await fail(max(0.0, self.clock() - place.began))
                     continue
                 # The head of the line: it asks for the line, after a nap.
                 await self._nap(line, place, limit, nap)
                 if closing():
                     return None
                 self._look_behind(line, place)
-                waited = max(0.0, self._clock() - place.began)
+                waited = max(0.0, self.clock() - place.began)
                 async with slots:
                     if closing():
                         return None  # the waiter's lease lapses; another replica adopts it
@@ -395,7 +388,7 @@ class Waiter:
         elif line.freed:
             line.freed -= 1
             return
-        cap = min(_LONGEST_POLL, self._settings.lease_seconds / 3)
+        cap = min(_LONGEST_POLL, self.settings.lease_seconds / 3)
         if limit.rate is not None:
             # A rated line's head must ask as soon as its token exists, or the rate goes
             # unused (a full bucket refills nothing: an ask that comes late loses the time
@@ -418,7 +411,7 @@ class Waiter:
             pause = min(line.pause, cap)
             line.pause = min(line.pause * 2, cap)
         if head.max_wait is not None:
-            pause = min(pause, max(0.0, head.began + head.max_wait - self._clock()))
+            pause = min(pause, max(0.0, head.began + head.max_wait - self.clock()))
         await nap(pause, bell)
         line.bell.clear()
         line.freed = max(0, line.freed - 1)
@@ -428,7 +421,7 @@ class Waiter:
         called to fail, and every third of the lease the others are kept (:meth:`_keep`,
         on a task of the line's own: the head asks meanwhile, a batch of a thousand takes
         a PostgreSQL connection for most of a second)."""
-        now = self._clock()
+        now = self.clock()
         for place in line.places:
             if (
                 place is not head
@@ -438,7 +431,7 @@ class Waiter:
             ):
                 place.expired = True
                 place.called.set()
-        if time.monotonic() - line.kept < self._settings.lease_seconds / 3:
+        if time.monotonic() - line.kept < self.settings.lease_seconds / 3:
             return
         if line.keeping is not None and not line.keeping.done():
             return
@@ -452,10 +445,10 @@ class Waiter:
         to stop (settled, stale or adopted)."""
         sent = time.monotonic()
         try:
-            kept = await self._store.keep_places(
+            kept = await self.store.keep_places(
                 [(p.key, p.attempt) for p in behind],
-                owner=self._owner,
-                lease_seconds=self._settings.lease_seconds,
+                owner=self.owner,
+                lease_seconds=self.settings.lease_seconds,
             )
         except Exception as exc:  # a task of its own: nothing else would see it
             # Tried again at the head's next turn; past the lease, another replica adopts.

@@ -219,8 +219,6 @@ class Dispatcher:
             not_found_pauses=self.settings.not_found_retries,
             clock=clock,
         )
-        #: How MCP and computer-use approval requests are answered (``actions=``).
-        self._answers = RequestAnswers(actions, sign_in, connect_environment)
         leases = LeaseKeeper(
             store,
             owner=self.owner,
@@ -229,9 +227,9 @@ class Dispatcher:
             spawn=self._spawn,
         )
         self._executor = Executor(
-            store,
-            self._submitter,
-            leases,
+            store=store,
+            submitter=self._submitter,
+            leases=leases,
             settings=self.settings,
             owner=self.owner,
             telemetry=self.telemetry,
@@ -239,33 +237,22 @@ class Dispatcher:
             clock=clock,
             handoff=handoff,
             sleep=sleep,
-            answers=self._answers,
+            # How MCP and computer-use approval requests are answered (``actions=``).
+            answers=RequestAnswers(actions, sign_in, connect_environment),
         )
 
         self.approvals = Approvals(
-            store,
-            client,
-            self._executor,
+            client=client,
+            executor=self._executor,
             tools=tools,
-            settings=self.settings,
-            owner=self.owner,
-            clock=clock,
-            telemetry=self.telemetry,
             track=self._track,
             busy=lambda key: key in self._inflight,
             spawn=self._spawn,
         )
-        self._canceller = Canceller(store, client, tools, owner=self.owner, stop=self._stop_call)
-        self._settler = Settler(
-            store,
-            client,
-            self._submitter,
-            self._executor,
-            settings=self.settings,
-            owner=self.owner,
-            clock=clock,
-            track=self._track,
+        self._canceller = Canceller(
+            store=store, client=client, tools=tools, owner=self.owner, stop=self._stop_call
         )
+        self._settler = Settler(client=client, executor=self._executor, track=self._track)
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -287,7 +274,7 @@ class Dispatcher:
             self._workers.append(self._spawn(self._reread_loop()))
         # A policy may ask a person about an approval request: the poll runs its decisions.
         gated = any(tool.approval is not False for tool in self.tools)
-        if gated or self._answers.policy is not None:
+        if gated or self._executor.answers.policy is not None:
             self._workers.append(self._spawn(self.approvals.loop()))
         self.telemetry.observe_pending(self._executor.oldest_running_age)
 
@@ -345,7 +332,7 @@ class Dispatcher:
         """Is the pending action ``action`` beyond a function call (an approval request, an
         environment connection, an unknown type) answered here, rather than recorded
         ``unanswered``?"""
-        return self._answers.answers(action)
+        return self._executor.answers.answers(action)
 
     # -- scheduling ----------------------------------------------------------------------
     def schedule(
@@ -581,7 +568,7 @@ class Dispatcher:
             and not turnless
             and calls[0].request_type is None
         )
-        self._answers.unanswered(session)
+        self._executor.answers.unanswered(session)
         self._seen_turnless(session.id, (CallKey(session.id, "", c.call_id) for c in turnless))
         # Turn-less actions (environment connections, unknown types) too: answered by a
         # hook, or recorded unanswered (the executor decides which).

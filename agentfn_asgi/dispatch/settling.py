@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..actions import action_kind
@@ -18,11 +19,8 @@ from ..calls.states import settleable
 from ..client import AgentsClient
 from ..errors import CallNotFoundError, OperatorInputError
 from ..results import encode_result, failure_result
-from ..store.base import Store
 from ..tools import FunctionTool, FunctionTools
 from .execution import Executor
-from .settings import DispatchSettings
-from .submission import Submitter
 
 __all__ = ["SettleStatus", "Settler"]
 
@@ -43,30 +41,14 @@ def _not_settleable(record: CallRecord | None, *, now: float, margin: float) -> 
     return f"it is {record.state.value}: nothing is owed any more"
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Settler:
     """Settles calls for operators with one dispatcher's parts (``track`` runs a re-run as
-    the call's in-flight task)."""
+    the call's in-flight task; the store, settings, owner and clock are the executor's)."""
 
-    def __init__(
-        self,
-        store: Store,
-        client: AgentsClient,
-        submitter: Submitter,
-        executor: Executor,
-        *,
-        settings: DispatchSettings,
-        owner: str,
-        clock: Callable[[], float],
-        track: Callable[[CallKey, Coroutine[Any, Any, None]], None],
-    ) -> None:
-        self._store = store
-        self._client = client
-        self._submitter = submitter
-        self._executor = executor
-        self._settings = settings
-        self._owner = owner
-        self._clock = clock
-        self._track = track
+    client: AgentsClient
+    executor: Executor
+    track: Callable[[CallKey, Coroutine[Any, Any, None]], None]
 
     async def settle(
         self,
@@ -87,10 +69,12 @@ class Settler:
         Returns ``(status, message)``: ``submitted``, ``saved`` (the sweep retries the
         submission), ``running`` or ``refused``.
         """
-        record = await self._store.get_call(key)
+        record = await self.executor.store.get_call(key)
         if record is None:
             raise CallNotFoundError(f"no call {key} in the store")
-        refusal = _not_settleable(record, now=self._clock(), margin=self._settings.fence_margin)
+        refusal = _not_settleable(
+            record, now=self.executor.clock(), margin=self.executor.settings.fence_margin
+        )
         if refusal is not None:
             return "refused", refusal
         tool = tools.get(record.tool_name)
@@ -112,15 +96,17 @@ class Settler:
                 tool_name=record.tool_name,
                 truncate=tool is not None and tool.truncate_oversize,
                 source="operator",
-                limit=self._settings.result_limit,
-                margin=self._settings.result_margin,
+                limit=self.executor.settings.result_limit,
+                margin=self.executor.settings.result_margin,
             )
-        saved = await self._store.settle(key, result=result, margin=self._settings.fence_margin)
+        saved = await self.executor.store.settle(
+            key, result=result, margin=self.executor.settings.fence_margin
+        )
         if saved is None:  # it changed since we looked
-            latest = await self._store.get_call(key)
-            refusal = _not_settleable(latest, now=self._clock(), margin=0.0)
+            latest = await self.executor.store.get_call(key)
+            refusal = _not_settleable(latest, now=self.executor.clock(), margin=0.0)
             return "refused", refusal or "it changed meanwhile"
-        submitted = await self._submitter.submit(saved)
+        submitted = await self.executor.submitter.submit(saved)
         if submitted == "submitted":
             return "submitted", f"the result was saved and submitted (attempt {saved.attempt})"
         return "saved", f"the result was saved; its submission {submitted}: the sweep retries it"
@@ -129,27 +115,27 @@ class Settler:
         self, record: CallRecord, tool: FunctionTool | None
     ) -> tuple[SettleStatus, str]:
         key = record.key
-        session = await self._client.retrieve_session(key.session_id)
+        session = await self.client.retrieve_session(key.session_id)
         action = session.pending_call(key.turn_id, key.call_id)
         if action is None:
             # Read after the call's claim, so known before it: an in-doubt call is cancelled
             # (a quarantined one is terminal and stays as it is).
-            cancelled = await self._store.cancel(
+            cancelled = await self.executor.store.cancel(
                 key,
-                owner=self._owner,
+                owner=self.executor.owner,
                 reason="the session no longer waits for it; found by an operator's re-run",
-                known_before=self._clock(),
+                known_before=self.executor.clock(),
             )
             done = "it is now cancelled" if cancelled else "nothing was changed"
             return "refused", f"the API no longer waits for this call: {done}"
         sent = time.monotonic()
-        released = await self._store.release(
+        released = await self.executor.store.release(
             key,
-            owner=self._owner,
-            lease_seconds=self._settings.lease_seconds,
-            margin=self._settings.fence_margin,
+            owner=self.executor.owner,
+            lease_seconds=self.executor.settings.lease_seconds,
+            margin=self.executor.settings.fence_margin,
         )
         if released is None:
             return "refused", "it changed meanwhile"
-        self._track(key, self._executor.rerun(released, action, tool, claimed_at=sent))
+        self.track(key, self.executor.rerun(released, action, tool, claimed_at=sent))
         return "running", f"running it again as attempt {released.attempt}"

@@ -24,7 +24,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final, Literal
 
 from .._crash import crash_point
@@ -116,6 +116,7 @@ async def read_session(
     return await client.retrieve_session(session_id)
 
 
+@dataclass(slots=True, eq=False)
 class Submitter:
     """Submits saved results for one dispatcher. Raises StoreError; API errors are settled
     here (logged, or the call marked stale) and left to the recovery sweep.
@@ -126,30 +127,19 @@ class Submitter:
     is still missing that long after the result was saved.
     """
 
-    def __init__(
-        self,
-        client: AgentsClient,
-        store: Store,
-        telemetry: Telemetry,
-        *,
-        alarm: ConfigurationAlarm | None = None,
-        retry_delay: Callable[[int], float] = lambda failures: 5.0,
-        not_found_grace: float = 60.0,
-        not_found_pauses: Sequence[float] = (),
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._client = client
-        self._retry_delay = retry_delay
-        self._not_found_grace = not_found_grace
-        self._not_found_pauses = tuple(not_found_pauses)
-        self._clock = clock
-        self._alarm = alarm if alarm is not None else ConfigurationAlarm()
-        self._store = store
-        self._telemetry = telemetry
-        # When each delivery arrived (bounded): the delivery-to-result latency metric.
-        self._received: OrderedDict[str, float] = OrderedDict()
-        #: Per (session, turn): the batch gathering now (see the module docstring).
-        self._gathering: dict[tuple[str, str], _Batch] = {}
+    client: AgentsClient
+    store: Store
+    telemetry: Telemetry
+    _: KW_ONLY
+    alarm: ConfigurationAlarm = field(default_factory=ConfigurationAlarm)
+    retry_delay: Callable[[int], float] = lambda failures: 5.0
+    not_found_grace: float = 60.0
+    not_found_pauses: Sequence[float] = ()
+    clock: Callable[[], float] = time.time
+    # When each delivery arrived (bounded): the delivery-to-result latency metric.
+    _received: OrderedDict[str, float] = field(default_factory=OrderedDict, init=False)
+    #: Per (session, turn): the batch gathering now (see the module docstring).
+    _gathering: dict[tuple[str, str], _Batch] = field(default_factory=dict, init=False)
 
     def delivery_received(self, delivery_id: str) -> None:
         """Note that ``delivery_id`` arrived now."""
@@ -174,12 +164,12 @@ class Submitter:
         if result.source == SUBMITTED_BEFORE_SAVED:
             # A sign-in's answer went out (values in memory) before its redacted copy was
             # saved: there is nothing to send again, only the record to close.
-            await self._store.mark_submitted(key, detail="submitted before it was saved")
+            await self.store.mark_submitted(key, detail="submitted before it was saved")
             return "submitted"
         if result.source == NOT_POSTED:
-            await self._store.mark_submitted(key, detail="not posted: an environment connection")
+            await self.store.mark_submitted(key, detail="not posted: an environment connection")
             return "submitted"
-        with self._telemetry.submission(
+        with self.telemetry.submission(
             session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
         ) as span:
             kind, answer = await self._gather(record) if together else ("alone", "")
@@ -191,19 +181,19 @@ class Submitter:
             span.set_outcome(outcome)
             if outcome == "failed":
                 # The sweep retries it later, with backoff, so it never crowds out the rest.
-                retry_at = self._clock() + self._retry_delay(record.failures + 1)
-                await self._store.submission_failed(key, detail=answer, retry_at=retry_at)
-                self._telemetry.record_recovery_failure("submission")
+                retry_at = self.clock() + self.retry_delay(record.failures + 1)
+                await self.store.submission_failed(key, detail=answer, retry_at=retry_at)
+                self.telemetry.record_recovery_failure("submission")
             if outcome != "submitted":
                 return outcome
-            self._alarm.cleared()
+            self.alarm.cleared()
             crash_point("after_submit", record.tool_name)
             requests = span.attempts
-            await self._store.mark_submitted(
+            await self.store.mark_submitted(
                 key, detail=f"{answer}, {requests} request{'' if requests == 1 else 's'}"
             )
         received = self._received.get(delivery_id) if delivery_id is not None else None
-        self._telemetry.record_submission(
+        self.telemetry.record_submission(
             attempts=span.attempts,
             delivery_to_submit_seconds=None if received is None else time.monotonic() - received,
         )
@@ -269,7 +259,7 @@ class Submitter:
         body = batch_body([_saved_text(r) for r in records])
         idempotency_key = batch_key([_saved_key(r) for r in records])
         try:
-            await self._client.submit_raw_events(session_id, body, idempotency_key=idempotency_key)
+            await self.client.submit_raw_events(session_id, body, idempotency_key=idempotency_key)
         except APIError as exc:
             if exc.status is not None and exc.status < 500 and exc.status not in _TRY_LATER:
                 # Refused (one bad event, a call no longer pending, a batch too large or not
@@ -295,7 +285,7 @@ class Submitter:
         the API refused the answer itself (a 400). Raises APIError for a failure worth
         another try (the caller keeps nothing: whoever takes the call over asks for the
         values again)."""
-        with self._telemetry.submission(
+        with self.telemetry.submission(
             session_id=key.session_id, turn_id=key.turn_id, call_id=key.call_id
         ) as span:
             outcome: Literal["submitted", "stale", "refused"] = "submitted"
@@ -310,7 +300,7 @@ class Submitter:
 
     async def _post(self, key: CallKey, event_json_text: str, idempotency_key: str) -> None:
         """POST one event for the call ``key``."""
-        await self._client.submit_raw_events(
+        await self.client.submit_raw_events(
             key.session_id, events_body(event_json_text), idempotency_key=idempotency_key
         )
 
@@ -326,7 +316,7 @@ class Submitter:
             return ("stale" if stale else "failed"), _answer(exc)
         except APIStatusError as exc:
             if is_configuration_error(exc):
-                self._alarm.report(exc, doing=f"the result of call {key}")
+                self.alarm.report(exc, doing=f"the result of call {key}")
             elif exc.status in _REFUSING_STATUSES:
                 if await self._submit_refusal(record, exc):
                     return "submitted", _answer(exc)
@@ -367,17 +357,15 @@ class Submitter:
         """
         key = record.key
         try:
-            session = await read_session(
-                self._client, key.session_id, pauses=self._not_found_pauses
-            )
+            session = await read_session(self.client, key.session_id, pauses=self.not_found_pauses)
         except NotFoundError:
-            missing_for = self._clock() - record.updated_at
-            if missing_for < self._not_found_grace:
+            missing_for = self.clock() - record.updated_at
+            if missing_for < self.not_found_grace:
                 logger.info(
                     "session of call %s not found (%s); keeping its result for %.0f s more",
                     key,
                     exc.message,
-                    self._not_found_grace - missing_for,
+                    self.not_found_grace - missing_for,
                 )
                 return False
             logger.info("session of call %s no longer exists; marking the call stale", key)
@@ -389,7 +377,7 @@ class Submitter:
                 logger.info("call %s still pending after %s; will resubmit", key, exc)
                 return False
             logger.info("call %s is no longer pending (%s); marking it stale", key, exc.message)
-        await self._store.mark_stale(key)
+        await self.store.mark_stale(key)
         return True
 
 

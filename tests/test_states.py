@@ -15,6 +15,7 @@ from agentfn_asgi.calls.states import (
     PRUNABLE,
     SAVED,
     TRANSITIONS,
+    WORKLISTS,
     Guard,
     Target,
     Transition,
@@ -281,3 +282,24 @@ def test_the_time_columns_are_read_by_what_they_hold() -> None:
     saved = dataclasses.replace(held, state=CallState.SUCCEEDED, next_attempt_at=NOW + 7)
     assert (saved.due_at, saved.lease_until, saved.waiting_since) == (NOW + 7, None, None)
     assert held.waiting_since is None
+
+
+@pytest.mark.parametrize(
+    ("name", "rows"),
+    [("expired_claims", ("take_over", "adopt")), ("due_retries", ("retry",))],
+)
+def test_a_sweep_worklist_lists_exactly_the_calls_its_rows_may_take(
+    name: str, rows: tuple[str, ...]
+) -> None:
+    """The sweep reads the calls its rows can then take: the worklist's states and bound
+    (``upto`` is now - margin for a takeover, now for a retry) agree with the rows' guards
+    at the bound and on both sides of it, in every state."""
+    work = WORKLISTS[name]
+    states = frozenset().union(*work.states)
+    margin = 0.5 if name == "expired_claims" else 0.0
+    upto = NOW - margin
+    for state, lease in itertools.product(CallState, (upto - 1, upto, upto + 1)):
+        call = record(state, lease=lease)
+        listed = state in states and (lease < upto if work.strict else lease <= upto)
+        taken = any(allows(TRANSITIONS[r], call, now=NOW, margin=margin) for r in rows)
+        assert listed == taken, (state, lease - upto)

@@ -18,14 +18,15 @@ import random
 import re
 import secrets
 import string
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from agentfn_asgi.testing.fake_endpoints import FakeEndpoints
 from agentfn_asgi.testing.fake_state import STREAM_CUT, FakeSession, RawJSON, StreamItem
 from agentfn_asgi.testing.fake_validation import (
     MAX_REQUEST_BYTES,
@@ -34,14 +35,13 @@ from agentfn_asgi.testing.fake_validation import (
     list_page,
     parse_events_body,
 )
+from agentfn_asgi.testing.fake_webhooks import WebhookSender
 from agentfn_asgi.wire import WEBHOOK_EVENT_TYPES
-
-if TYPE_CHECKING:
-    from agentfn_asgi.testing.fake import FakeAgentsAPI
 
 __all__ = [
     "FakeConnectionDropped",
     "FaultPlan",
+    "HTTPHost",
     "InjectedFailure",
     "RecordedRequest",
     "handle_http",
@@ -143,7 +143,29 @@ def _route(method: str, path: str) -> tuple[str, str | None]:
     return routes.get((method, tail.rsplit("/", 1)[0] or tail), "unknown"), session_id
 
 
-async def handle_http(fake: FakeAgentsAPI, scope: Scope, receive: Receive, send: Send) -> None:
+class HTTPHost(Protocol):
+    """What the HTTP layer needs from the fake that owns it (``FakeAgentsAPI``; a protocol,
+    so that this module does not import the one that imports it)."""
+
+    api_key: str
+    webhooks: WebhookSender
+    faults: FaultPlan
+    sessions: dict[str, FakeSession]
+    idempotency: dict[str, tuple[str, bytes]]
+    requests: list[RecordedRequest]
+    endpoints: FakeEndpoints
+    sse_keepalive: float
+    stream_duplicates: bool
+    clock: Callable[[], float]
+
+    def delete_session(self, session_id: str) -> None:
+        """Forget a session (``DELETE``)."""
+
+    async def test_webhook_endpoint(self, endpoint_id: str, event_type: str) -> int | None:
+        """Post a signed sample to an endpoint once; the status it got."""
+
+
+async def handle_http(fake: HTTPHost, scope: Scope, receive: Receive, send: Send) -> None:
     """Serve one HTTP request and record it in ``fake.requests``."""
     fake.webhooks.ensure_started()
     method: str = scope["method"]
@@ -182,7 +204,7 @@ async def handle_http(fake: FakeAgentsAPI, scope: Scope, receive: Receive, send:
 
 
 def _check_request(
-    fake: FakeAgentsAPI, route: str, session_id: str | None, headers: dict[str, str]
+    fake: HTTPHost, route: str, session_id: str | None, headers: dict[str, str]
 ) -> _Reply | None:
     """Faults, auth, beta header and session lookup: an error reply, or None to proceed."""
     injected = _injected(fake, route, session_id, after_processing=False)
@@ -204,7 +226,7 @@ def _check_request(
 
 
 def _injected(
-    fake: FakeAgentsAPI, route: str, session_id: str | None, *, after_processing: bool
+    fake: HTTPHost, route: str, session_id: str | None, *, after_processing: bool
 ) -> _Reply | None:
     """The injected failure that answers this request now, its session's before its route's:
     before it is served, or (``after_processing``) in place of a served request's answer."""
@@ -220,9 +242,7 @@ def _injected(
     return _Reply(failure.status, body, dict(failure.headers))
 
 
-async def _endpoints(
-    fake: FakeAgentsAPI, method: str, path: str, body: bytes, scope: Scope
-) -> _Reply:
+async def _endpoints(fake: HTTPHost, method: str, path: str, body: bytes, scope: Scope) -> _Reply:
     """The webhook endpoint routes (:mod:`~agentfn_asgi.testing.fake_endpoints`)."""
     match = _ENDPOINTS_PATH.fullmatch(path)
     assert match is not None
@@ -262,7 +282,7 @@ async def _endpoints(
 
 
 def _serve(
-    fake: FakeAgentsAPI,
+    fake: HTTPHost,
     route: str,
     session_id: str | None,
     headers: dict[str, str],
@@ -290,7 +310,7 @@ def _serve(
     return _Reply(202)
 
 
-def _list(fake: FakeAgentsAPI, query: dict[str, list[str]]) -> _Reply:
+def _list(fake: HTTPHost, query: dict[str, list[str]]) -> _Reply:
     """``GET /agents/sessions``: a page (:func:`list_page`, newest first by default) of the
     sessions an ``agent_id`` and ``metadata[key]=value`` filters keep (wire protocol §2)."""
     # Sessions are kept in creation order; ``created_at`` has a resolution of seconds.
@@ -336,7 +356,7 @@ def _dumps_raw(document: dict[str, Any], **options: Any) -> tuple[str, bool]:
     return text, bool(raws)
 
 
-def _submit(fake: FakeAgentsAPI, session_id: str, key: str | None, body: bytes) -> None:
+def _submit(fake: HTTPHost, session_id: str, key: str | None, body: bytes) -> None:
     """Validate and apply a submission. No ``await``: the check and the update are atomic."""
     events = parse_events_body(body)
     if key is not None:
@@ -404,7 +424,7 @@ async def _drop(send: Send) -> None:
 
 
 async def _stream(
-    fake: FakeAgentsAPI, session_id: str, scope: Scope, receive: Receive, send: Send
+    fake: HTTPHost, session_id: str, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Serve ``GET …/events`` as SSE until the session is idle or failed after a turn
     (then ``data: [DONE]``), or the client leaves."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from agentfn_asgi.testing.fake_validation import (
     TOOL_RESULT,
@@ -21,9 +21,7 @@ from agentfn_asgi.testing.fake_validation import (
     check_answer,
     normalised_result,
 )
-
-if TYPE_CHECKING:
-    from agentfn_asgi.testing.fake import FakeAgentsAPI
+from agentfn_asgi.testing.fake_webhooks import WebhookSender
 
 __all__ = [
     "STREAM_CUT",
@@ -31,6 +29,7 @@ __all__ = [
     "FakeRequest",
     "FakeSession",
     "FakeTurn",
+    "SessionHost",
     "StreamItem",
     "Submission",
 ]
@@ -163,6 +162,21 @@ class Submission:
     received_at: float
 
 
+class SessionHost(Protocol):
+    """What a session needs from the fake that owns it (``FakeAgentsAPI``; a protocol, so
+    that this module does not import the one that imports it)."""
+
+    webhooks: WebhookSender
+    clock: Callable[[], float]
+    step_delay: float
+    races: set[str]
+    submissions: list[Submission]
+    duplicate_submissions: list[Submission]
+
+    def notify(self) -> None:
+        """Something changed: wake waiters."""
+
+
 @dataclass(slots=True)
 class _Call:
     call_id: str
@@ -229,7 +243,7 @@ class FakeTurn:
 class FakeSession:
     """The state of one fake session (internal to the test kit; inspect through the fake)."""
 
-    def __init__(self, host: FakeAgentsAPI, session_id: str, metadata: dict[str, str]) -> None:
+    def __init__(self, host: SessionHost, session_id: str, metadata: dict[str, str]) -> None:
         self.host = host
         self.id = session_id
         self.metadata = metadata
